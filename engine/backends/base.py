@@ -1,0 +1,32 @@
+"""The one small interface every accelerated core implements."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from engine.batching import ModelBatch
+
+
+class Backend(ABC):
+    """Runs padded batches: `infer(batch) -> (rerank_score [B], sentence_probs [B, S])`."""
+
+    name: str = "backend"
+    #: Largest batch the core accepts in one call (None: no limit).
+    max_batch_size: int | None = None
+
+    @abstractmethod
+    def infer(self, batch: ModelBatch) -> tuple[np.ndarray, np.ndarray]:
+        """float32 rerank scores [B] and sentence probabilities [B, S], S = max(sentence_ids)+1."""
+
+    def health(self) -> bool:
+        return True
+
+    def warmup(self, batch: ModelBatch) -> None:
+        self.infer(batch)
+
+    def close(self) -> None:
+        pass
+
+    def describe(self) -> str:
+        return self.name

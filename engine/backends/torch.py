@@ -1,0 +1,38 @@
+"""PyTorch: runs the checkpoint itself. The fp32 reference every backend is tested against."""
+from __future__ import annotations
+
+import numpy as np
+
+from engine.backends.base import Backend
+from engine.batching import ModelBatch
+from engine.errors import BackendError
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def __init__(self, model, *, device: str = "cpu", dtype: str = "float32", threads: int | None = None):
+        import torch
+        if threads:
+            torch.set_num_threads(int(threads))
+        self.torch = torch
+        self.device = torch.device(device)
+        self.dtype = getattr(torch, dtype)
+        self.model = model.to(self.device, self.dtype).eval()
+        self.uses_token_type_ids = True
+
+    def infer(self, batch: ModelBatch) -> tuple[np.ndarray, np.ndarray]:
+        torch = self.torch
+        t = {k: torch.from_numpy(getattr(batch, k)).to(self.device)
+             for k in ("input_ids", "attention_mask", "sentence_ids", "token_type_ids")}
+        try:
+            with torch.inference_mode():
+                rerank, probs = self.model(t["input_ids"], t["attention_mask"], t["sentence_ids"],
+                                           t["token_type_ids"])
+        except Exception as exc:
+            raise BackendError(f"PyTorch failed on a batch of shape {batch.shape}: {exc}") from exc
+        return (rerank.float().cpu().numpy().astype(np.float32, copy=False),
+                probs.float().cpu().numpy().astype(np.float32, copy=False))
+
+    def describe(self) -> str:
+        return f"torch {self.torch.__version__} {self.device} {str(self.dtype).replace('torch.', '')}"

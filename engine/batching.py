@@ -1,0 +1,104 @@
+"""Pack blocks into model batches: sort by length, fill a token budget, pad to buckets.
+
+The budget counts padding, as text-embeddings-inference does: a batch whose rows are
+padded to length P may hold at most `max_batch_tokens // P` rows (and `max_batch_size`).
+Padding to a small set of lengths lets ONNX Runtime reuse its buffers and lets a Triton
+server batch requests from many clients (onnxruntime/tensorrt need equal shapes).
+"""
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.encode import Block
+
+DEFAULT_BUCKETS = (64, 128, 256, 384, 512)
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    max_batch_tokens: int = 16384
+    max_batch_size: int = 64
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    strategy: str = "sorted"   # "sorted": length-sorted token budget; "fixed": input order, fixed size
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        if self.max_batch_tokens < 1:
+            raise ValueError("max_batch_tokens must be >= 1")
+        if self.strategy not in ("sorted", "fixed"):
+            raise ValueError("strategy must be 'sorted' or 'fixed'")
+        if not self.buckets or any(b < 1 for b in self.buckets):
+            raise ValueError("buckets must be positive lengths")
+
+    def buckets_for(self, max_length: int) -> tuple[int, ...]:
+        return tuple(sorted({b for b in self.buckets if b < max_length} | {max_length}))
+
+
+@dataclass
+class ModelBatch:
+    """What a backend runs: padded int64 arrays, plus which blocks the rows are."""
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    sentence_ids: np.ndarray
+    token_type_ids: np.ndarray
+    blocks: list[int]
+
+    def inputs(self, names: Sequence[str]) -> dict[str, np.ndarray]:
+        return {n: getattr(self, n) for n in names}
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.input_ids.shape  # type: ignore[return-value]
+
+
+def padded_length(n: int, buckets: Sequence[int]) -> int:
+    i = bisect.bisect_left(buckets, n)
+    if i == len(buckets):
+        raise ValueError(f"block of {n} tokens exceeds the largest bucket {buckets[-1]}")
+    return buckets[i]
+
+
+def plan(lengths: Sequence[int], cfg: BatchingConfig, max_length: int) -> list[tuple[int, list[int]]]:
+    """Group block indices into batches; returns (padded length, indices) per batch."""
+    buckets = cfg.buckets_for(max_length)
+    if cfg.strategy == "fixed":
+        out = []
+        for s in range(0, len(lengths), cfg.max_batch_size):
+            idx = list(range(s, min(s + cfg.max_batch_size, len(lengths))))
+            out.append((padded_length(max(lengths[i] for i in idx), buckets), idx))
+        return out
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[tuple[int, list[int]]] = []
+    current: list[int] = []
+    pad = 0
+    for i in order:
+        p = padded_length(lengths[i], buckets)
+        if current and ((len(current) + 1) * p > cfg.max_batch_tokens or len(current) >= cfg.max_batch_size):
+            batches.append((pad, current))
+            current = []
+        current.append(i)
+        pad = p
+    if current:
+        batches.append((pad, current))
+    return batches
+
+
+def collate(blocks: Sequence[Block], indices: Sequence[int], length: int, pad_id: int) -> ModelBatch:
+    n = len(indices)
+    input_ids = np.full((n, length), pad_id, dtype=np.int64)
+    attention = np.zeros((n, length), dtype=np.int64)
+    sentence_ids = np.full((n, length), -1, dtype=np.int64)
+    token_types = np.zeros((n, length), dtype=np.int64)
+    for row, i in enumerate(indices):
+        b = blocks[i]
+        k = len(b)
+        input_ids[row, :k] = b.input_ids
+        attention[row, :k] = 1
+        sentence_ids[row, :k] = b.sentence_ids
+        token_types[row, :k] = b.token_type_ids
+    return ModelBatch(input_ids, attention, sentence_ids, token_types, list(indices))

@@ -1,0 +1,160 @@
+"""`prune`: one command line with subcommands.
+
+    prune export  --model CHECKPOINT --out build/provence
+    prune run     --model build/provence --question "..." --context-file doc.txt
+    prune test-checkpoint --family all --out build/test-checkpoints
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from engine.errors import PruneError
+
+
+def _add_batching(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-batch-tokens", type=int, default=int(os.environ.get("PRUNE_MAX_BATCH_TOKENS", 16384)),
+                   help="padded tokens per model batch (env PRUNE_MAX_BATCH_TOKENS); larger "
+                        "batches help until the core is compute bound")
+    p.add_argument("--max-batch-size", type=int, default=int(os.environ.get("PRUNE_MAX_BATCH_SIZE", 64)),
+                   help="rows per model batch (env PRUNE_MAX_BATCH_SIZE)")
+
+
+def _batching(args):
+    from engine.batching import BatchingConfig
+    return BatchingConfig(max_batch_tokens=args.max_batch_tokens, max_batch_size=args.max_batch_size)
+
+
+def cmd_export(args) -> int:
+    from export.onnx import export_model
+    export_model(args.model, args.out, family=args.family, tokenizer=args.tokenizer,
+                 max_length=args.max_length, opset=args.opset, external_data=args.external_data,
+                 verify=not args.no_verify, overwrite=args.overwrite,
+                 log=lambda m: print(m, file=sys.stderr, flush=True))
+    return 0
+
+
+def _read_contexts(args) -> list[str]:
+    contexts = list(args.context or [])
+    for f in args.context_file or []:
+        path = Path(f)
+        if str(f) == "-":
+            contexts.append(sys.stdin.read())
+            continue
+        if not path.is_file():
+            raise PruneError(f"--context-file {f}: no such file")
+        contexts.append(path.read_text(encoding="utf-8"))
+    if not contexts:
+        raise PruneError("give at least one --context or --context-file")
+    return contexts
+
+
+def cmd_run(args) -> int:
+    from engine.pruner import Pruner
+    t0 = time.perf_counter()
+    pruner = Pruner.load(args.model, backend=args.backend, family=args.family, threads=args.threads,
+                         batching=_batching(args))
+    t_load = time.perf_counter() - t0
+    contexts = _read_contexts(args)
+    t1 = time.perf_counter()
+    kwargs = {}
+    if args.alpha is not None:
+        kwargs["alpha"] = None if args.alpha < 0 else args.alpha
+    results = pruner.prune(args.question, contexts, threshold=args.threshold, title=args.title,
+                           reorder=args.reorder, top_k=args.top_k, **kwargs)
+    t_run = time.perf_counter() - t1
+    if args.json:
+        print(json.dumps([r.to_dict() for r in results], ensure_ascii=False, indent=2))
+        return 0
+    fam = pruner.family
+    print(f"# model {args.model} ({fam.name}, {pruner.backend.describe()}); loaded in {t_load:.2f} s, "
+          f"pruned {len(results)} passage(s) in {t_run * 1000:.0f} ms")
+    for r in results:
+        score = "n/a" if r.reranking_score is None else f"{r.reranking_score:.4f}"
+        kept = sum(s.kept for s in r.sentences)
+        print(f"\n## passage {r.index}: reranking_score {score}, kept {kept}/{len(r.sentences)} sentences, "
+              f"compression {r.compression_rate:.0%}, threshold {r.threshold}, blocks {r.blocks}")
+        if args.highlight:
+            print(r.highlight(args.pre, args.post))
+        else:
+            for s in r.sentences:
+                print(f"  [{'x' if s.kept else ' '}] {s.probability:.3f}  {s.text[:100]}")
+            print("\npruned_context:\n" + r.pruned_context)
+    return 0
+
+
+def cmd_test_checkpoint(args) -> int:
+    from engine.families import FAMILIES
+    from export.checkpoints import make_test_checkpoint
+    names = list(FAMILIES) if args.family == "all" else [args.family]
+    for name in names:
+        out = Path(args.out) / name if args.family == "all" else Path(args.out)
+        make_test_checkpoint(name, out, seed=args.seed)
+        print(f"wrote {out} (random weights: outputs are meaningless)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="prune", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    e = sub.add_parser("export", help="checkpoint -> ONNX graph + tokenizer + manifest, checked against PyTorch")
+    e.add_argument("--model", required=True, help="checkpoint folder or hub id")
+    e.add_argument("--out", required=True, help="output folder")
+    e.add_argument("--family", help="override the detected family (provence, xprovence, open_provence, opensearch)")
+    e.add_argument("--tokenizer", help="tokenizer folder or hub id, if the checkpoint has none")
+    e.add_argument("--max-length", type=int, help="model window in tokens (default: the checkpoint's, at most 512)")
+    e.add_argument("--opset", type=int, default=17)
+    e.add_argument("--external-data", choices=["auto", "always", "never"], default="auto",
+                   help="store weights beside the graph (auto: when over 2 GB)")
+    e.add_argument("--no-verify", action="store_true", help="skip the parity check against PyTorch")
+    e.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+    e.set_defaults(func=cmd_export)
+
+    r = sub.add_parser("run", help="prune passages for a question")
+    r.add_argument("--model", required=True, help="exported folder (onnxruntime) or checkpoint (--backend torch)")
+    r.add_argument("--backend", choices=["onnxruntime", "torch"], default="onnxruntime")
+    r.add_argument("--family", help="family override for --backend torch")
+    r.add_argument("--question", required=True)
+    r.add_argument("--context", action="append", help="a passage (repeatable)")
+    r.add_argument("--context-file", action="append", help="a file holding one passage; - for stdin (repeatable)")
+    r.add_argument("--threshold", type=float, help="keep threshold (default: the family's)")
+    r.add_argument("--title", choices=["first_sentence", "none"], help="title rule (default: the family's)")
+    r.add_argument("--alpha", type=float, help="backoff alpha; negative disables (default: the family's)")
+    r.add_argument("--reorder", action="store_true", help="sort passages by reranking score")
+    r.add_argument("--top-k", type=int, help="keep the k best passages by reranking score")
+    r.add_argument("--threads", type=int, help="intra-op threads of the core")
+    r.add_argument("--json", action="store_true", help="print results as JSON")
+    r.add_argument("--highlight", action="store_true", help="print passages with kept sentences tagged")
+    r.add_argument("--pre", default="<em>")
+    r.add_argument("--post", default="</em>")
+    _add_batching(r)
+    r.set_defaults(func=cmd_run)
+
+    t = sub.add_parser("test-checkpoint", help="write tiny random-weight checkpoints with the real layouts")
+    t.add_argument("--family", default="all", help="a family name, or all")
+    t.add_argument("--out", required=True)
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(func=cmd_test_checkpoint)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except PruneError as exc:
+        print(f"prune {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # invalid batching settings and the like
+        print(f"prune {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

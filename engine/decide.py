@@ -1,0 +1,127 @@
+"""Sentence decisions and results: threshold, title rule, backoff, reorder / top_k.
+
+Rules, in order, for one passage with sentence probabilities p:
+1. keep sentence i when p[i] > threshold (Provence-type families) or p[i] >= threshold
+   (the OpenSearch highlighter), as each family's reference does;
+2. backoff (when `alpha` is set): if no sentence is kept and the best p >= alpha, keep the
+   best one;
+3. title rule "first_sentence": the first sentence is the passage's title; it is kept
+   exactly when some other sentence is kept (with one sentence, rule 1 decides).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine.errors import InputError
+from engine.families import Family
+
+TITLE_RULES = ("first_sentence", "none")
+
+
+@dataclass(frozen=True)
+class Sentence:
+    text: str
+    start: int
+    end: int
+    probability: float
+    kept: bool
+
+
+@dataclass
+class PruneResult:
+    index: int                      # position of the passage in the call's input
+    context: str                    # the passage, untouched
+    pruned_context: str             # kept sentences in order, original text and separators
+    reranking_score: float | None   # raw rerank logit (0.0 for families without a rerank head;
+                                    # None for an empty passage, which is not run)
+    sentences: list[Sentence]
+    compression_rate: float         # share of characters removed, 0..1
+    threshold: float
+    blocks: int = 1                 # model windows the passage needed
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def highlights(self) -> list[dict[str, Any]]:
+        """Kept sentences as OpenSearch-style `{text, start, end, probability}` spans."""
+        return [{"text": s.text, "start": s.start, "end": s.end, "probability": s.probability}
+                for s in self.sentences if s.kept]
+
+    def highlight(self, pre: str = "<em>", post: str = "</em>") -> str:
+        """The passage with every kept sentence wrapped in `pre` ... `post`."""
+        out, pos = [], 0
+        for s in self.sentences:
+            if s.kept:
+                out += [self.context[pos:s.start], pre, self.context[s.start:s.end], post]
+                pos = s.end
+        out.append(self.context[pos:])
+        return "".join(out)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("extra")
+        return d
+
+
+def check_threshold(value: Any, name: str = "threshold") -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InputError(f"{name} must be a finite number in [0, 1], got {value!r}")
+    if not 0.0 <= float(value) <= 1.0:
+        raise InputError(f"{name} must be in [0, 1], got {value!r}")
+    return float(value)
+
+
+def keep_mask(probs: np.ndarray, family: Family, threshold: float, title: str,
+              alpha: float | None) -> np.ndarray:
+    """The kept flags of one passage's sentences (rules in the module docstring)."""
+    n = len(probs)
+    kept = probs > threshold if family.keep_rule == "gt" else probs >= threshold
+    kept = np.asarray(kept, dtype=bool).copy()
+    use_title = title == "first_sentence" and n > 1
+    body = slice(1, None) if use_title else slice(0, None)
+    if alpha is not None and n and not kept[body].any():
+        best = int(np.argmax(probs[body])) + (1 if use_title else 0)
+        if probs[best] >= alpha:
+            kept[best] = True
+    if use_title:
+        kept[0] = bool(kept[1:].any())
+    return kept
+
+
+def build_result(index: int, context: str, spans: list[tuple[int, int]], probs: np.ndarray,
+                 kept: np.ndarray, reranking_score: float | None, threshold: float,
+                 blocks: int) -> PruneResult:
+    sentences = [Sentence(context[s:e], s, e, float(p), bool(k))
+                 for (s, e), p, k in zip(spans, probs, kept)]
+    parts: list[str] = []
+    prev_end = None
+    for i, s in enumerate(sentences):
+        if not s.kept:
+            continue
+        if prev_end is not None:
+            # The original whitespace before this sentence keeps paragraph breaks and
+            # CJK (no space) intact; a sentence after a pruned one gets the same.
+            gap = context[spans[i - 1][1]:s.start] if i > 0 else ""
+            parts.append(gap if gap.strip() == "" else " ")
+        parts.append(s.text)
+        prev_end = s.end
+    pruned = "".join(parts)
+    rate = 1.0 - len(pruned) / len(context) if context else 0.0
+    return PruneResult(index=index, context=context, pruned_context=pruned,
+                       reranking_score=reranking_score, sentences=sentences,
+                       compression_rate=max(0.0, rate), threshold=threshold, blocks=blocks)
+
+
+def order_results(results: list[PruneResult], reorder: bool, top_k: int | None) -> list[PruneResult]:
+    """Input order by default; by reranking score (best first) with reorder or top_k."""
+    if top_k is not None:
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise InputError(f"top_k must be a positive integer, got {top_k!r}")
+    if not reorder and top_k is None:
+        return results
+    ranked = sorted(results, key=lambda r: (r.reranking_score is None,
+                                            -(r.reranking_score or 0.0), r.index))
+    return ranked[:top_k] if top_k is not None else ranked

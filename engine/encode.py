@@ -1,0 +1,130 @@
+"""Where tokens meet sentences: tokenize once, build the family's template, cut blocks.
+
+Each sentence is tokenized once (one batched call of the fast tokenizer for every
+sentence of every passage), then sentences are concatenated into the family's template
+
+    [CLS] question [SEP] (x seps_between) sentence_0 sentence_1 ... [SEP]
+
+with `sentence_ids` giving each context token the block-local index of its sentence
+(-1 for question, special and padding tokens). A passage that does not fit the window is
+cut at sentence ends into blocks, each with the question in front. A single sentence
+longer than a block is cut into pieces; their scores are merged token-weighted.
+Nothing is truncated.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from engine.errors import InputError, ModelLoadError
+from engine.spec import ModelSpec
+
+MIN_CONTEXT_TOKENS = 64
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """The fast tokenizer from a `tokenizer.json`, with padding and truncation off."""
+    path = Path(path)
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as exc:
+        raise ModelLoadError(f"{path}: cannot load tokenizer ({exc})") from exc
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
+
+
+@dataclass
+class Unit:
+    """One sentence, or one piece of a sentence longer than a block."""
+    sentence: int        # index of the sentence in its passage
+    token_ids: list[int]
+
+
+@dataclass
+class Block:
+    passage: int                   # index of the passage in the call
+    first: bool                    # first block of its passage: source of the reranking score
+    input_ids: np.ndarray          # int64 [n], the whole template, unpadded
+    sentence_ids: np.ndarray       # int64 [n]
+    token_type_ids: np.ndarray     # int64 [n]
+    units: list[tuple[int, int]]   # per block-local sentence slot: (sentence index, token count)
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+class Encoder:
+    """Turns a question and sentence-split passages into model blocks for one ModelSpec."""
+
+    def __init__(self, tokenizer: Tokenizer, spec: ModelSpec, min_context_tokens: int = MIN_CONTEXT_TOKENS):
+        self.tokenizer = tokenizer
+        self.spec = spec
+        self.n_special = 2 + spec.family.seps_between
+        self.min_context_tokens = min_context_tokens
+        if spec.max_length - self.n_special < min_context_tokens + 1:
+            raise ModelLoadError(f"max_length {spec.max_length} is too small for this template")
+
+    @property
+    def max_question_tokens(self) -> int:
+        """The longest question that leaves `min_context_tokens` of passage per block."""
+        return self.spec.max_length - self.n_special - self.min_context_tokens
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        if not texts:
+            return []
+        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+    def question_ids(self, question: str) -> list[int]:
+        ids = self.tokenize([question])[0]
+        if not ids:
+            raise InputError("the question has no tokens")
+        if len(ids) > self.max_question_tokens:
+            raise InputError(
+                f"the question is {len(ids)} tokens; this model's window of {self.spec.max_length} "
+                f"tokens allows at most {self.max_question_tokens} so that each block keeps "
+                f"{self.min_context_tokens} tokens for the passage. Shorten the question.")
+        return ids
+
+    def blocks(self, question: list[int], passage: int, sentences: list[list[int]]) -> list[Block]:
+        """Blocks for one passage whose sentences are already tokenized."""
+        capacity = self.spec.max_length - self.n_special - len(question)
+        units: list[Unit] = []
+        for i, ids in enumerate(sentences):
+            if not ids:
+                continue  # a sentence with no tokens gets probability 0 (see decide)
+            for start in range(0, len(ids), capacity):
+                units.append(Unit(i, ids[start:start + capacity]))
+        groups: list[list[Unit]] = []
+        used = capacity + 1
+        for unit in units:
+            if used + len(unit.token_ids) > capacity:
+                groups.append([])
+                used = 0
+            groups[-1].append(unit)
+            used += len(unit.token_ids)
+        return [self._block(question, passage, g, k == 0) for k, g in enumerate(groups)]
+
+    def _block(self, question: list[int], passage: int, units: list[Unit], first: bool) -> Block:
+        spec = self.spec
+        head = [spec.cls_id, *question, *([spec.sep_id] * spec.family.seps_between)]
+        ctx_len = sum(len(u.token_ids) for u in units)
+        n = len(head) + ctx_len + 1
+        input_ids = np.empty(n, dtype=np.int64)
+        sentence_ids = np.full(n, -1, dtype=np.int64)
+        token_type_ids = np.zeros(n, dtype=np.int64)
+        input_ids[:len(head)] = head
+        pos = len(head)
+        for slot, unit in enumerate(units):
+            k = len(unit.token_ids)
+            input_ids[pos:pos + k] = unit.token_ids
+            sentence_ids[pos:pos + k] = slot
+            pos += k
+        input_ids[pos] = spec.sep_id
+        token_type_ids[len(head):] = 1
+        return Block(passage=passage, first=first, input_ids=input_ids, sentence_ids=sentence_ids,
+                     token_type_ids=token_type_ids,
+                     units=[(u.sentence, len(u.token_ids)) for u in units])

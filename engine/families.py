@@ -1,0 +1,121 @@
+"""The model families the engine serves, and how to recognise them from a checkpoint.
+
+Torch-free: the client, the exporter and the Triton tooling all read this module.
+A family fixes the input template, how sentence scores are made (mean of token keep
+probabilities, or a classifier over mean-pooled sentence states), the sentence decision
+rule and its defaults. See the README's "Model families" section for the sources.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ModelLoadError
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    backbone: str                 # transformers model_type of the encoder
+    sentence_pooling: str         # "token_probs": mean keep prob of tokens; "hidden": classifier on mean state
+    has_rerank_head: bool
+    uses_token_type_ids: bool
+    seps_between: int             # separator tokens between question and context
+    threshold: float              # default keep threshold
+    keep_rule: str                # "gt": prob > threshold; "ge": prob >= threshold
+    title: str                    # "first_sentence" or "none"
+    backoff_alpha: float | None   # keep the best sentence if none passes and best >= alpha
+    description: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+FAMILIES: dict[str, Family] = {
+    "provence": Family(
+        name="provence", backbone="deberta-v2", sentence_pooling="token_probs",
+        has_rerank_head=True, uses_token_type_ids=False, seps_between=1,
+        threshold=0.1, keep_rule="gt", title="first_sentence", backoff_alpha=None,
+        description="naver/provence-reranker-debertav3-v1: DeBERTa-v3 + rerank and token heads",
+    ),
+    "xprovence": Family(
+        name="xprovence", backbone="xlm-roberta", sentence_pooling="token_probs",
+        has_rerank_head=True, uses_token_type_ids=False, seps_between=1,
+        threshold=0.1, keep_rule="gt", title="first_sentence", backoff_alpha=None,
+        description="naver/xprovence-reranker-bgem3: XLM-RoBERTa + rerank and token heads",
+    ),
+    "open_provence": Family(
+        name="open_provence", backbone="xlm-roberta", sentence_pooling="token_probs",
+        has_rerank_head=True, uses_token_type_ids=False, seps_between=2,
+        threshold=0.5, keep_rule="gt", title="none", backoff_alpha=None,
+        description="zilliz/semantic-highlight-bilingual-v1 and OpenProvence checkpoints",
+    ),
+    "opensearch": Family(
+        name="opensearch", backbone="bert", sentence_pooling="hidden",
+        has_rerank_head=False, uses_token_type_ids=True, seps_between=1,
+        threshold=0.5, keep_rule="ge", title="none", backoff_alpha=0.05,
+        description="opensearch-project/opensearch-semantic-highlighter-v1: BERT sentence tagger",
+    ),
+}
+
+# Names seen in config.json "architectures" of the real checkpoints.
+_ARCHITECTURES = {
+    "Provence": "provence",
+    "XProvence": "xprovence",
+    "XLMRobertaForCompressionAndRanking": "xprovence",
+    "OpenProvenceModel": "open_provence",
+    "OpenProvenceForPruning": "open_provence",
+    "BertTaggerForSentenceExtractionWithBackoff": "opensearch",
+}
+
+
+def get_family(name: str) -> Family:
+    key = name.strip().lower().replace("-", "_")
+    if key in ("zilliz", "openprovence"):
+        key = "open_provence"
+    if key not in FAMILIES:
+        raise ModelLoadError(f"unknown family {name!r}; known families: {', '.join(FAMILIES)}")
+    return FAMILIES[key]
+
+
+def read_config(folder: str | Path) -> dict[str, Any]:
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise ModelLoadError(f"{folder}: no config.json (is this a checkpoint folder?)")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"{path}: not valid JSON ({exc})") from exc
+
+
+def detect_family(config: dict[str, Any], weight_names: list[str] | None = None) -> Family:
+    """Family of a checkpoint from its config.json (and, failing that, its tensor names)."""
+    model_type = str(config.get("model_type", "")).lower()
+    archs = [str(a) for a in (config.get("architectures") or [])]
+    if model_type == "open_provence" or "pruning_config" in config:
+        return FAMILIES["open_provence"]
+    for arch in archs:
+        if arch in _ARCHITECTURES:
+            return FAMILIES[_ARCHITECTURES[arch]]
+    if model_type == "provence":
+        return FAMILIES["provence"]
+    if weight_names:
+        names = set(weight_names)
+        def has(prefix: str) -> bool:
+            return any(n.startswith(prefix) for n in names)
+        if has("pruning_head."):
+            return FAMILIES["open_provence"]
+        if has("token_classifier.") and has("deberta."):
+            return FAMILIES["provence"]
+        if has("token_classifier.") and has("roberta."):
+            return FAMILIES["xprovence"]
+        if has("bert.") and "classifier.weight" in names and not has("token_classifier."):
+            return FAMILIES["opensearch"]
+    raise ModelLoadError(
+        "cannot tell the model family: config.json has model_type="
+        f"{config.get('model_type')!r}, architectures={archs!r}"
+        + (f", tensors like {sorted(weight_names)[:4]!r}" if weight_names else "")
+        + f". Known families: {', '.join(FAMILIES)}; pass --family to choose one."
+    )

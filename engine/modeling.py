@@ -1,0 +1,311 @@
+"""PyTorch modules for the four families, with the real checkpoints' state-dict names.
+
+These are the fp32 reference: the torch backend runs them, the exporter traces them.
+Every module has the engine's contract as its forward:
+
+    forward(input_ids, attention_mask, sentence_ids, token_type_ids=None)
+        -> rerank_score float32 [B], sentence_probs float32 [B, S]
+
+with S = max(sentence_ids) + 1 and sentence_ids = -1 outside the context. Softmax and
+the per-sentence mean always run in float32, whatever dtype the encoder runs in.
+
+Loading never runs code from the model folder (no trust_remote_code): the family is
+read from config.json and the weights from safetensors, or from a PyTorch pickle with
+`torch.load(weights_only=True)`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.errors import ModelLoadError
+from engine.families import Family, detect_family, get_family, read_config
+
+_CONFIG_ONLY_KEYS = {"model_type", "architectures", "auto_map", "transformers_version",
+                     "_name_or_path", "torch_dtype", "dtype"}
+
+
+def _sentence_onehot(sentence_ids: torch.Tensor) -> torch.Tensor:
+    """[B, L] sentence ids (-1 outside the context) -> float32 one-hot [B, L, S]."""
+    n_sent = (sentence_ids.max() + 1).clamp(min=0)
+    idx = torch.arange(n_sent, device=sentence_ids.device, dtype=sentence_ids.dtype)
+    return (sentence_ids.unsqueeze(-1) == idx.view(1, 1, -1)).to(torch.float32)
+
+
+def pool_token_probs(token_logits: torch.Tensor, sentence_ids: torch.Tensor) -> torch.Tensor:
+    """Mean keep probability of each sentence's tokens (softmax column 1), in float32."""
+    keep = torch.softmax(token_logits.to(torch.float32), dim=-1)[..., 1]          # [B, L]
+    onehot = _sentence_onehot(sentence_ids)                                       # [B, L, S]
+    sums = torch.bmm(keep.unsqueeze(1), onehot).squeeze(1)                        # [B, S]
+    counts = onehot.sum(dim=1)
+    return sums / counts.clamp(min=1.0)
+
+
+def pool_hidden(hidden: torch.Tensor, sentence_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean hidden state of each sentence's tokens, in float32: ([B, S, H], counts [B, S])."""
+    onehot = _sentence_onehot(sentence_ids)
+    sums = torch.bmm(onehot.transpose(1, 2), hidden.to(torch.float32))           # [B, S, H]
+    counts = onehot.sum(dim=1)
+    return sums / counts.clamp(min=1.0).unsqueeze(-1), counts
+
+
+class ProvenceModel(nn.Module):
+    """naver/provence-reranker-debertav3-v1: `deberta.*`, `pooler.dense.*`,
+    `classifier.*` (rerank logit = column 0), `token_classifier.*` (Linear(h, 2))."""
+
+    def __init__(self, config: Any):
+        super().__init__()
+        from transformers.models.deberta_v2.modeling_deberta_v2 import ContextPooler, DebertaV2Model
+        self.config = config
+        self.deberta = DebertaV2Model(config)
+        self.pooler = ContextPooler(config)
+        self.classifier = nn.Linear(self.pooler.output_dim, getattr(config, "num_labels", 1))
+        self.token_classifier = nn.Linear(config.hidden_size, 2)
+
+    def forward(self, input_ids, attention_mask, sentence_ids, token_type_ids=None):
+        hidden = self.deberta(input_ids=input_ids, attention_mask=attention_mask)[0]
+        rerank = self.classifier(self.pooler(hidden))[:, 0].to(torch.float32)
+        return rerank, pool_token_probs(self.token_classifier(hidden), sentence_ids)
+
+
+class XProvenceModel(nn.Module):
+    """naver/xprovence-reranker-bgem3: `roberta.*` (with pooler), `classifier.*` on the
+    pooled output (rerank logit = column 0), `token_classifier.*` (Linear(h, 2))."""
+
+    def __init__(self, config: Any):
+        super().__init__()
+        from transformers import XLMRobertaModel
+        self.config = config
+        self.roberta = XLMRobertaModel(config)
+        self.classifier = nn.Linear(config.hidden_size, getattr(config, "num_labels", 1))
+        self.token_classifier = nn.Linear(config.hidden_size, 2)
+
+    def forward(self, input_ids, attention_mask, sentence_ids, token_type_ids=None):
+        out = self.roberta(input_ids=input_ids, attention_mask=attention_mask)
+        rerank = self.classifier(out.pooler_output)[:, 0].to(torch.float32)
+        return rerank, pool_token_probs(self.token_classifier(out.last_hidden_state), sentence_ids)
+
+
+class _PruningHead(nn.Module):
+    def __init__(self, hidden_size: int, num_labels: int = 2):
+        super().__init__()
+        self.classifier = nn.Linear(hidden_size, num_labels)
+
+
+class OpenProvenceModel(nn.Module):
+    """OpenProvence / zilliz semantic-highlight: `ranking_model.*` (a whole
+    XLMRobertaForSequenceClassification, one label = rerank logit) and
+    `pruning_head.classifier.*` (Linear(h, 2)). The encoder runs once for both heads."""
+
+    def __init__(self, base_config: Any, pruning_hidden: int | None = None):
+        super().__init__()
+        from transformers import AutoModelForSequenceClassification
+        if base_config.model_type not in ("xlm-roberta", "roberta"):
+            raise ModelLoadError(f"open_provence checkpoints on a {base_config.model_type!r} "
+                                 "backbone are not supported (xlm-roberta, roberta are)")
+        self.config = base_config
+        self.ranking_model = AutoModelForSequenceClassification.from_config(base_config)
+        self.pruning_head = _PruningHead(pruning_hidden or base_config.hidden_size)
+
+    def forward(self, input_ids, attention_mask, sentence_ids, token_type_ids=None):
+        hidden = self.ranking_model.base_model(input_ids=input_ids, attention_mask=attention_mask)[0]
+        rerank = self.ranking_model.classifier(hidden)[:, 0].to(torch.float32)
+        return rerank, pool_token_probs(self.pruning_head.classifier(hidden), sentence_ids)
+
+
+class OpenSearchHighlighterModel(nn.Module):
+    """opensearch-semantic-highlighter-v1: `bert.*` and `classifier.*` (Linear(h, 2))
+    over mean-pooled sentence states. No rerank head: rerank_score is 0."""
+
+    def __init__(self, config: Any, with_pooler: bool = False):
+        super().__init__()
+        from transformers import BertModel
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=with_pooler)
+        self.classifier = nn.Linear(config.hidden_size, getattr(config, "num_labels", 2))
+
+    def forward(self, input_ids, attention_mask, sentence_ids, token_type_ids=None):
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask,
+                           token_type_ids=token_type_ids)[0]
+        pooled, counts = pool_hidden(hidden, sentence_ids)
+        logits = self.classifier(pooled.to(self.classifier.weight.dtype)).to(torch.float32)
+        probs = torch.softmax(logits, dim=-1)[..., 1] * (counts > 0).to(torch.float32)
+        rerank = torch.zeros(input_ids.shape[0], dtype=torch.float32, device=input_ids.device)
+        return rerank, probs
+
+
+# --------------------------------------------------------------------------- loading
+
+@dataclass
+class LoadedCheckpoint:
+    model: nn.Module
+    family: Family
+    folder: Path
+    config: dict[str, Any]
+    max_length: int
+    weights_sha256: str
+
+
+def resolve_checkpoint(name_or_path: str | Path) -> Path:
+    """A local folder, or a hub id downloaded (config, weights, tokenizer files only)."""
+    path = Path(name_or_path)
+    if path.exists():
+        if not path.is_dir():
+            raise ModelLoadError(f"{path} is a file; expected a checkpoint folder")
+        return path
+    text = str(name_or_path)
+    if text.count("/") != 1 or text.startswith((".", "/")):
+        raise ModelLoadError(f"{text}: no such folder (and not a hub id like 'org/name')")
+    try:
+        from huggingface_hub import snapshot_download
+        return Path(snapshot_download(
+            text, allow_patterns=["*.json", "*.safetensors", "*.bin", "*.model", "*.txt"]))
+    except Exception as exc:  # offline, unknown repo, auth...
+        raise ModelLoadError(f"{text}: not a local folder and the hub download failed: {exc}") from exc
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    st = sorted(folder.glob("*.safetensors"))
+    if st:
+        return st
+    bins = sorted(p for p in folder.glob("*.bin") if p.name.startswith("pytorch_model"))
+    if bins:
+        return bins
+    raise ModelLoadError(f"{folder}: no weights (*.safetensors or pytorch_model*.bin)")
+
+
+def weight_names(folder: Path) -> list[str]:
+    names: list[str] = []
+    for f in _weight_files(folder):
+        if f.suffix == ".safetensors":
+            from safetensors import safe_open
+            try:
+                with safe_open(str(f), framework="pt") as fh:
+                    names.extend(fh.keys())
+            except Exception as exc:
+                raise ModelLoadError(f"{f}: unreadable safetensors file ({exc})") from exc
+    return names
+
+
+def load_state_dict(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
+    """All tensors of a checkpoint, and a sha256 over the weight files."""
+    state: dict[str, torch.Tensor] = {}
+    digest = hashlib.sha256()
+    for f in _weight_files(folder):
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                digest.update(chunk)
+        try:
+            if f.suffix == ".safetensors":
+                from safetensors.torch import load_file
+                state.update(load_file(str(f)))
+            else:
+                state.update(torch.load(str(f), map_location="cpu", weights_only=True))
+        except Exception as exc:
+            raise ModelLoadError(f"{f}: cannot read weights ({type(exc).__name__}: {exc})") from exc
+    return state, digest.hexdigest()
+
+
+def _backbone_config(kind: str, raw: dict[str, Any], attn: str):
+    from transformers import AutoConfig
+    cfg = AutoConfig.for_model(kind, **{k: v for k, v in raw.items() if k not in _CONFIG_ONLY_KEYS})
+    cfg._attn_implementation = attn
+    return cfg
+
+
+def build_model(family: Family, raw: dict[str, Any], state_names: set[str], attn: str = "eager") -> nn.Module:
+    if family.name == "provence":
+        return ProvenceModel(_backbone_config("deberta-v2", raw, attn))
+    if family.name == "xprovence":
+        return XProvenceModel(_backbone_config("xlm-roberta", raw, attn))
+    if family.name == "opensearch":
+        with_pooler = any(n.startswith("bert.pooler.") for n in state_names)
+        return OpenSearchHighlighterModel(_backbone_config("bert", raw, attn), with_pooler)
+    if family.name == "open_provence":
+        base = dict(raw.get("base_model_config") or {})
+        if not base:
+            raise ModelLoadError("open_provence config.json has no base_model_config")
+        kind = base.get("model_type", "xlm-roberta")
+        base.setdefault("num_labels", 1)
+        cfg = _backbone_config(kind, base, attn)
+        cfg.model_type = kind
+        pruning = raw.get("pruning_config") or {}
+        return OpenProvenceModel(cfg, pruning.get("hidden_size"))
+    raise ModelLoadError(f"no PyTorch module for family {family.name!r}")
+
+
+def _remap_keys(family: Family, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    if family.name == "open_provence" and not any(k.startswith("ranking_model.") for k in state):
+        # Older OpenProvence checkpoints store the backbone without the prefix.
+        return {(k if k.startswith("pruning_head.") else "ranking_model." + k): v
+                for k, v in state.items()}
+    return state
+
+
+def checkpoint_max_length(family: Family, raw: dict[str, Any]) -> int:
+    if family.name == "open_provence":
+        base = raw.get("base_model_config") or {}
+        limit = int(raw.get("max_length") or base.get("max_position_embeddings", 514) - 2)
+        return min(limit, int(base.get("max_position_embeddings", 514)) - 2)
+    positions = int(raw.get("max_position_embeddings", 512))
+    if family.backbone == "xlm-roberta":
+        positions -= 2  # positions start after padding_idx + 1
+    # The published models were trained at 512 (XProvence's card says 8192, but it was
+    # trained at 512): a longer window is an explicit --max-length choice.
+    return min(positions, 512)
+
+
+def load_checkpoint(name_or_path: str | Path, family: str | None = None,
+                    attn: str = "eager") -> LoadedCheckpoint:
+    """Load a checkpoint of any family into its reference module, strictly: a missing or
+    unexpected tensor is an error naming them."""
+    folder = resolve_checkpoint(name_or_path)
+    raw = read_config(folder)
+    names = weight_names(folder)
+    fam = get_family(family) if family else detect_family(raw, names)
+    state, sha = load_state_dict(folder)
+    state = _remap_keys(fam, state)
+    try:
+        model = build_model(fam, raw, set(state), attn)
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(f"{folder}: config.json does not build a {fam.name} model "
+                             f"({type(exc).__name__}: {exc})") from exc
+    expected = model.state_dict()
+    # Non-persistent or derived buffers that some checkpoints carry and some do not.
+    optional = {k for k in expected if k.endswith(("position_ids", "token_type_ids"))}
+    missing = sorted(set(expected) - set(state) - optional)
+    unexpected = sorted(k for k in set(state) - set(expected) if not k.endswith("position_ids"))
+    if missing or unexpected:
+        raise ModelLoadError(
+            f"{folder}: weights do not match the {fam.name} layout: "
+            f"missing {missing[:8]}{'...' if len(missing) > 8 else ''} ({len(missing)}), "
+            f"unexpected {unexpected[:8]}{'...' if len(unexpected) > 8 else ''} ({len(unexpected)})")
+    bad_shape = [k for k in state if k in expected and state[k].shape != expected[k].shape]
+    if bad_shape:
+        k = bad_shape[0]
+        raise ModelLoadError(f"{folder}: tensor {k} has shape {tuple(state[k].shape)}, the config "
+                             f"implies {tuple(expected[k].shape)}")
+    model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
+    model.eval().to(torch.float32)
+    return LoadedCheckpoint(model=model, family=fam, folder=folder, config=raw,
+                            max_length=checkpoint_max_length(fam, raw), weights_sha256=sha)
+
+
+def save_checkpoint(model: nn.Module, folder: Path, config: dict[str, Any]) -> None:
+    """Write config.json and model.safetensors (used by the test-checkpoint maker)."""
+    from safetensors.torch import save_file
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    state = {k: v.contiguous() for k, v in model.state_dict().items()
+             if not k.endswith(("position_ids", "embeddings.token_type_ids"))}
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})

@@ -1,0 +1,211 @@
+"""`Pruner`: the user-facing API around an accelerated core.
+
+    pruner = Pruner.load("build/provence")            # ONNX Runtime in-process
+    results = pruner.prune(question, [p1, p2, ...], threshold=0.1)
+
+Pipeline: split sentences (engine.text) -> tokenize once, build blocks (engine.encode)
+-> sort and pack by a token budget (engine.batching) -> backend.infer -> merge blocks
+and decide (engine.decide).
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine import text as textmod
+from engine.backends.base import Backend
+from engine.batching import BatchingConfig, ModelBatch, collate, plan
+from engine.decide import (TITLE_RULES, PruneResult, build_result, check_threshold, keep_mask,
+                           order_results)
+from engine.encode import Block, Encoder, load_tokenizer
+from engine.errors import BackendError, InputError, ModelLoadError
+from engine.spec import ModelSpec, read_manifest, spec_from_manifest
+
+log = logging.getLogger(__name__)
+
+MAX_PASSAGES = 10_000
+MAX_PASSAGE_CHARS = 20_000_000
+
+
+@dataclass
+class Scored:
+    """Per-passage model outputs after merging blocks."""
+    probs: np.ndarray
+    rerank: float | None
+    blocks: int
+
+
+class Pruner:
+    def __init__(self, backend: Backend, tokenizer: Any, spec: ModelSpec,
+                 batching: BatchingConfig | None = None, min_context_tokens: int = 64):
+        self.backend = backend
+        self.spec = spec
+        self.encoder = Encoder(tokenizer, spec, min_context_tokens)
+        self.batching = batching or BatchingConfig()
+        if backend.max_batch_size and backend.max_batch_size < self.batching.max_batch_size:
+            self.batching = BatchingConfig(self.batching.max_batch_tokens, backend.max_batch_size,
+                                           self.batching.buckets, self.batching.strategy)
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def load(cls, path: str | Path, backend: str = "onnxruntime", *, family: str | None = None,
+             threads: int | None = None, providers: list[str] | None = None,
+             batching: BatchingConfig | None = None, graph: str | None = None,
+             device: str = "cpu") -> "Pruner":
+        """Load an exported model folder (ONNX Runtime), or a checkpoint (backend="torch").
+
+        `threads` sets ONNX Runtime's intra-op threads (or torch's threads).
+        """
+        path = Path(path)
+        if backend == "onnxruntime":
+            from engine.backends.onnxruntime import OnnxRuntimeBackend
+            manifest = read_manifest(path)
+            spec = spec_from_manifest(manifest, name=path.name)
+            tokenizer = load_tokenizer(path / manifest["tokenizer"].get("file", "tokenizer.json"))
+            core = OnnxRuntimeBackend(path / (graph or manifest["graph"]), intra_op_threads=threads,
+                                      providers=providers)
+            missing = set(spec.input_names) - set(core.input_names)
+            if missing:
+                raise ModelLoadError(f"{path}: graph lacks inputs {sorted(missing)}")
+            return cls(core, tokenizer, spec, batching)
+        if backend == "torch":
+            from engine.backends.torch import TorchBackend
+            from engine.reference import load_reference
+            model, tokenizer, spec = load_reference(path, family=family)
+            return cls(TorchBackend(model, threads=threads, device=device), tokenizer, spec, batching)
+        raise InputError(f"unknown backend {backend!r}: onnxruntime or torch "
+                         "(Triton: Pruner.connect)")
+
+    @property
+    def family(self):
+        return self.spec.family
+
+    # ------------------------------------------------------------------ prune
+    def prune(self, question: str, passages: str | Sequence[str], *, threshold: float | None = None,
+              title: str | None = None, alpha: float | None = ..., reorder: bool = False,  # type: ignore[assignment]
+              top_k: int | None = None,
+              sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None) -> list[PruneResult]:
+        """Prune each passage for `question`; one PruneResult per passage, in input order
+        (or by reranking score with `reorder` / `top_k`).
+
+        threshold: keep a sentence whose probability passes it (family default if None).
+        title: "first_sentence" or "none" (family default if None).
+        alpha: backoff: if nothing passes, keep the best sentence when its probability >= alpha
+               (family default if not given; None disables).
+        sentences: per passage, the caller's own sentences (strings found in order in the
+               passage, or (start, end) spans) instead of the built-in splitter.
+        """
+        fam = self.spec.family
+        threshold = fam.threshold if threshold is None else check_threshold(threshold)
+        title = fam.title if title is None else title
+        if title not in TITLE_RULES:
+            raise InputError(f"title must be one of {TITLE_RULES}, got {title!r}")
+        alpha = fam.backoff_alpha if alpha is ... else alpha
+        if alpha is not None:
+            alpha = check_threshold(alpha, "alpha")
+        passages = self._check_inputs(question, passages, sentences)
+        if not passages:
+            return []
+
+        spans = [textmod.spans_from_sentences(p, sentences[i]) if sentences is not None
+                 else textmod.split_sentences(p) for i, p in enumerate(passages)]
+        scored = self.score(question, passages, spans)
+        results = []
+        for i, (p, sp, sc) in enumerate(zip(passages, spans, scored)):
+            kept = keep_mask(sc.probs, fam, threshold, title, alpha)
+            results.append(build_result(i, p, sp, sc.probs, kept, sc.rerank, threshold, sc.blocks))
+        return order_results(results, reorder, top_k)
+
+    def _check_inputs(self, question: Any, passages: Any, sentences: Any) -> list[str]:
+        if not isinstance(question, str):
+            raise InputError(f"question must be a str, got {type(question).__name__}")
+        if not question.strip():
+            raise InputError("question is empty")
+        if isinstance(passages, str):
+            passages = [passages]
+        if not isinstance(passages, Sequence):
+            raise InputError(f"passages must be a list of str, got {type(passages).__name__}")
+        passages = list(passages)
+        if len(passages) > MAX_PASSAGES:
+            raise InputError(f"{len(passages)} passages in one call; the limit is {MAX_PASSAGES}")
+        for i, p in enumerate(passages):
+            if not isinstance(p, str):
+                raise InputError(f"passage {i} must be a str, got {type(p).__name__}")
+            if len(p) > MAX_PASSAGE_CHARS:
+                raise InputError(f"passage {i} has {len(p)} characters; the limit is {MAX_PASSAGE_CHARS}")
+        if sentences is not None and (not isinstance(sentences, Sequence) or len(sentences) != len(passages)):
+            raise InputError("sentences must hold one list of sentences per passage")
+        return passages
+
+    # ------------------------------------------------------------------ model
+    def encode(self, question: str, passages: Sequence[str],
+               spans: Sequence[Sequence[tuple[int, int]]]) -> list[Block]:
+        """All blocks of a call (sentences of every passage tokenized in one batch)."""
+        q_ids = self.encoder.question_ids(question)
+        flat = [p[s:e] for p, sp in zip(passages, spans) for s, e in sp]
+        ids = self.encoder.tokenize(flat)
+        blocks: list[Block] = []
+        pos = 0
+        for i, sp in enumerate(spans):
+            blocks.extend(self.encoder.blocks(q_ids, i, ids[pos:pos + len(sp)]))
+            pos += len(sp)
+        return blocks
+
+    def batches(self, blocks: Sequence[Block]) -> list[ModelBatch]:
+        lengths = [len(b) for b in blocks]
+        return [collate(blocks, idx, length, self.spec.pad_id)
+                for length, idx in plan(lengths, self.batching, self.spec.max_length)]
+
+    def run_blocks(self, blocks: Sequence[Block]) -> list[tuple[float, np.ndarray]]:
+        """Model outputs per block: (rerank score, probabilities of its sentence slots)."""
+        out: list[tuple[float, np.ndarray] | None] = [None] * len(blocks)
+        for batch in self.batches(blocks):
+            rerank, probs = self.backend.infer(batch)
+            if rerank.shape[0] != len(batch.blocks) or probs.shape[0] != len(batch.blocks):
+                raise BackendError(f"backend returned {rerank.shape[0]} rows for a batch of "
+                                   f"{len(batch.blocks)}")
+            for row, b in enumerate(batch.blocks):
+                n_slots = len(blocks[b].units)
+                if probs.shape[1] < n_slots:
+                    raise BackendError(f"backend returned {probs.shape[1]} sentence columns, "
+                                       f"block needs {n_slots}")
+                out[b] = (float(rerank[row]), np.asarray(probs[row, :n_slots], dtype=np.float64))
+        return out  # type: ignore[return-value]
+
+    def score(self, question: str, passages: Sequence[str],
+              spans: Sequence[Sequence[tuple[int, int]]]) -> list[Scored]:
+        """Sentence probabilities and reranking score per passage, blocks merged."""
+        blocks = self.encode(question, passages, spans)
+        outputs = self.run_blocks(blocks)
+        weighted = [np.zeros(len(sp)) for sp in spans]
+        tokens = [np.zeros(len(sp)) for sp in spans]
+        rerank: list[float | None] = [None] * len(passages)
+        n_blocks = [0] * len(passages)
+        for block, (score, probs) in zip(blocks, outputs):
+            i = block.passage
+            n_blocks[i] += 1
+            if block.first:
+                rerank[i] = score
+            for (sent, n_tok), p in zip(block.units, probs):
+                weighted[i][sent] += p * n_tok
+                tokens[i][sent] += n_tok
+        scored = []
+        for i in range(len(passages)):
+            probs = np.divide(weighted[i], tokens[i], out=np.zeros_like(weighted[i]),
+                              where=tokens[i] > 0)
+            scored.append(Scored(probs=probs, rerank=rerank[i], blocks=n_blocks[i]))
+        return scored
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def __enter__(self) -> "Pruner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,44 @@
+"""The fp32 PyTorch reference: a checkpoint folder (or hub id) -> module, tokenizer, spec."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ModelLoadError
+from engine.spec import ModelSpec, special_ids
+
+
+def load_hf_tokenizer(folder: str | Path) -> Any:
+    """The checkpoint's transformers tokenizer, never running code from the folder."""
+    import transformers
+    from transformers import AutoTokenizer
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # custom model_type in config.json is expected
+    try:
+        tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+    except Exception as exc:
+        raise ModelLoadError(f"{folder}: cannot load a tokenizer ({type(exc).__name__}: {exc}); "
+                             "pass --tokenizer with a folder that has one") from exc
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    if getattr(tok, "backend_tokenizer", None) is None:
+        raise ModelLoadError(f"{folder}: the tokenizer has no fast (tokenizers) backend")
+    return tok
+
+
+def load_reference(path: str | Path, family: str | None = None, tokenizer: str | Path | None = None,
+                   max_length: int | None = None):
+    """(module, tokenizers.Tokenizer, ModelSpec) for running a checkpoint with PyTorch."""
+    from engine.modeling import load_checkpoint
+    ck = load_checkpoint(path, family=family)
+    hf_tok = load_hf_tokenizer(tokenizer or ck.folder)
+    backend_tok = hf_tok.backend_tokenizer
+    backend_tok.no_padding()
+    backend_tok.no_truncation()
+    if max_length is not None and not 0 < int(max_length) <= ck.max_length:
+        raise ModelLoadError(f"max_length {max_length} is outside 1..{ck.max_length}, the window "
+                             "this checkpoint's position embeddings allow")
+    spec = ModelSpec(family=ck.family, max_length=int(max_length or ck.max_length),
+                     name=Path(str(path)).name, **special_ids(hf_tok),
+                     extra={"checkpoint": ck, "hf_tokenizer": hf_tok})
+    return ck.model, backend_tok, spec

@@ -1,0 +1,79 @@
+"""What the client must know about a model: family, window, special tokens, inputs.
+
+An exported model folder carries it in `manifest.json`; a PyTorch checkpoint folder is
+described by reading its config and tokenizer. Torch-free.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ModelLoadError
+from engine.families import Family, get_family
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "prune-engine/1"
+GRAPH_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "sentence_ids")
+GRAPH_OUTPUTS = ("rerank_score", "sentence_probs")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    family: Family
+    max_length: int
+    cls_id: int
+    sep_id: int
+    pad_id: int
+    name: str = "model"
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(n for n in GRAPH_INPUTS
+                     if n != "token_type_ids" or self.family.uses_token_type_ids)
+
+    def special_tokens(self) -> dict[str, int]:
+        return {"cls_id": self.cls_id, "sep_id": self.sep_id, "pad_id": self.pad_id}
+
+
+def special_ids(tokenizer: Any) -> dict[str, int]:
+    """cls/sep/pad ids of a transformers tokenizer (RoBERTa's <s>/</s> count as cls/sep)."""
+    cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+    sep_id = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+    pad_id = tokenizer.pad_token_id
+    if cls_id is None or sep_id is None or pad_id is None:
+        raise ModelLoadError(f"tokenizer {type(tokenizer).__name__} lacks a cls/sep/pad token "
+                             f"(cls={cls_id}, sep={sep_id}, pad={pad_id})")
+    return {"cls_id": int(cls_id), "sep_id": int(sep_id), "pad_id": int(pad_id)}
+
+
+def read_manifest(folder: str | Path) -> dict[str, Any]:
+    folder = Path(folder)
+    path = folder / MANIFEST
+    if not folder.exists():
+        raise ModelLoadError(f"{folder}: no such model folder")
+    if not path.is_file():
+        raise ModelLoadError(f"{folder}: no {MANIFEST}; export a checkpoint first "
+                             f"(prune export --model CHECKPOINT --out {folder})")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"{path}: corrupted manifest ({exc})") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise ModelLoadError(f"{path}: not a {MANIFEST_FORMAT} manifest")
+    for key in ("family", "max_length", "tokenizer", "graph"):
+        if key not in manifest:
+            raise ModelLoadError(f"{path}: manifest lacks {key!r}")
+    return manifest
+
+
+def spec_from_manifest(manifest: dict[str, Any], name: str = "model") -> ModelSpec:
+    tok = manifest["tokenizer"]
+    try:
+        return ModelSpec(family=get_family(manifest["family"]), max_length=int(manifest["max_length"]),
+                         cls_id=int(tok["cls_id"]), sep_id=int(tok["sep_id"]), pad_id=int(tok["pad_id"]),
+                         name=name, extra={"manifest": manifest})
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelLoadError(f"manifest is incomplete: {exc}") from exc

@@ -1,0 +1,229 @@
+"""Checkpoint -> one ONNX graph with the engine's contract, checked against PyTorch.
+
+Output folder:
+    model.onnx            the graph (+ model.onnx.data when weights exceed protobuf's 2 GB)
+    tokenizer.json ...    the checkpoint's tokenizer (fast)
+    manifest.json         family, defaults, window, special tokens, opset, source hash,
+                          and the measured parity with PyTorch
+
+Why `torch.onnx.export` and not optimum: optimum's exporter does not know these custom
+heads and `optimum-onnx` pins transformers<4.58; the legacy TorchScript exporter traces
+the reference module exactly (max diff < 1e-6 here) in under a second for small models.
+Attention runs in the "eager" implementation, the one ONNX Runtime's transformer
+optimizer can fuse.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+import engine
+from engine.batching import BatchingConfig
+from engine.encode import Encoder
+from engine.errors import ExportError
+from engine.reference import load_reference
+from engine.spec import GRAPH_OUTPUTS, MANIFEST, MANIFEST_FORMAT, ModelSpec
+
+DEFAULT_OPSET = 17
+EXTERNAL_DATA_BYTES = 1_800_000_000   # protobuf's hard limit is 2 GiB for the whole file
+PARITY_TOLERANCE = 1e-4               # fp32 graph vs fp32 PyTorch, on probabilities and scores
+
+SAMPLE_QUESTION = "What goes on the bottom of the pie, and who wrote about it first?"
+SAMPLE_PASSAGES = [
+    "Shepherd's pie. In early cookery books, the dish was a means of using leftover roasted meat. "
+    "The pie dish was lined on the sides and bottom with mashed potato.",
+    "Paris is the capital of France.",
+    " ".join(f"Sentence number {i} talks about the weather in 2020 and the price of 3.50 dollars."
+             for i in range(60)),
+    "北京是中国的首都。上海是一个大城市。The museum opened a new exhibition about ancient Egypt.",
+]
+
+
+class _ContractModule(torch.nn.Module):
+    """Orders the reference module's arguments as the graph's inputs."""
+
+    def __init__(self, model: torch.nn.Module, with_token_types: bool):
+        super().__init__()
+        self.model = model
+        self.with_token_types = with_token_types
+
+    def forward(self, input_ids, attention_mask, *rest):
+        if self.with_token_types:
+            token_type_ids, sentence_ids = rest
+        else:
+            (sentence_ids,), token_type_ids = rest, None
+        return self.model(input_ids, attention_mask, sentence_ids, token_type_ids)
+
+
+def sample_batches(encoder: Encoder, batch_sizes=(1, 3)) -> list[dict[str, np.ndarray]]:
+    """Realistic inputs from the engine's own encoder: short, long (multi-block), CJK."""
+    from engine.batching import collate, plan
+    from engine.text import split_sentences
+    q = encoder.question_ids(SAMPLE_QUESTION)
+    blocks = []
+    for i, p in enumerate(SAMPLE_PASSAGES):
+        spans = split_sentences(p)
+        blocks += encoder.blocks(q, i, encoder.tokenize([p[s:e] for s, e in spans]))
+    out = []
+    for size in batch_sizes:
+        cfg = BatchingConfig(max_batch_tokens=10**9, max_batch_size=size)
+        for length, idx in plan([len(b) for b in blocks], cfg, encoder.spec.max_length):
+            batch = collate(blocks, idx, length, encoder.spec.pad_id)
+            out.append(batch.inputs(encoder.spec.input_names))
+    return out
+
+
+def compare(reference: Callable[[dict], tuple], candidate: Callable[[dict], tuple],
+            batches: list[dict[str, np.ndarray]]) -> dict[str, float]:
+    """Max |diff| of rerank scores and of valid sentence probabilities over `batches`."""
+    max_prob = max_rerank = 0.0
+    for feed in batches:
+        r_ref, p_ref = reference(feed)
+        r_got, p_got = candidate(feed)
+        if p_got.shape != p_ref.shape or r_got.shape != r_ref.shape:
+            raise ExportError(f"shape mismatch: {p_got.shape} vs {p_ref.shape}")
+        if not (np.isfinite(p_got).all() and np.isfinite(r_got).all()):
+            raise ExportError("the graph produced NaN or inf")
+        max_prob = max(max_prob, float(np.abs(p_got - p_ref).max(initial=0.0)))
+        max_rerank = max(max_rerank, float(np.abs(r_got - r_ref).max(initial=0.0)))
+    return {"max_abs_diff_sentence_probs": max_prob, "max_abs_diff_rerank_score": max_rerank,
+            "batches": len(batches)}
+
+
+def torch_runner(model: torch.nn.Module, spec: ModelSpec) -> Callable[[dict], tuple]:
+    def run(feed: dict[str, np.ndarray]):
+        t = {k: torch.from_numpy(v) for k, v in feed.items()}
+        with torch.inference_mode():
+            r, p = model(t["input_ids"], t["attention_mask"], t["sentence_ids"], t.get("token_type_ids"))
+        return r.numpy(), p.numpy()
+    return run
+
+
+def ort_runner(graph: Path) -> Callable[[dict], tuple]:
+    import onnxruntime as ort
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(str(graph), opts, providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+
+    def run(feed: dict[str, np.ndarray]):
+        return tuple(sess.run(list(GRAPH_OUTPUTS), {n: feed[n] for n in names}))
+    return run
+
+
+def _param_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def export_model(checkpoint: str | Path, out: str | Path, *, family: str | None = None,
+                 tokenizer: str | Path | None = None, max_length: int | None = None,
+                 opset: int = DEFAULT_OPSET, external_data: str = "auto", verify: bool = True,
+                 tolerance: float = PARITY_TOLERANCE, overwrite: bool = False,
+                 log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Export `checkpoint` into `out`; returns the manifest. Raises ExportError on mismatch."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ExportError(f"{out} exists and is not empty (pass overwrite=True / --overwrite)")
+    if external_data not in ("auto", "always", "never"):
+        raise ExportError("external_data must be auto, always or never")
+    t0 = time.perf_counter()
+    log(f"loading {checkpoint} ...")
+    model, tok, spec = load_reference(checkpoint, family=family, tokenizer=tokenizer, max_length=max_length)
+    ck = spec.extra["checkpoint"]
+    hf_tok = spec.extra["hf_tokenizer"]
+    fam = spec.family
+    log(f"family {fam.name} ({fam.description}); window {spec.max_length} tokens; "
+        f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
+    encoder = Encoder(tok, spec)
+    input_names = list(spec.input_names)
+    wrapper = _ContractModule(model, fam.uses_token_type_ids).eval()
+    example = sample_batches(encoder, batch_sizes=(2,))[0]
+    args = tuple(torch.from_numpy(example[n]) for n in input_names)
+    dynamic_axes = {n: {0: "batch", 1: "sequence"} for n in input_names}
+    dynamic_axes["rerank_score"] = {0: "batch"}
+    dynamic_axes["sentence_probs"] = {0: "batch", 1: "sentences"}
+    big = _param_bytes(model) > EXTERNAL_DATA_BYTES
+    use_external = external_data == "always" or (external_data == "auto" and big)
+    if big and external_data == "never":
+        raise ExportError("the weights exceed protobuf's 2 GB limit: external data is required")
+
+    with tempfile.TemporaryDirectory(prefix="prune-export-") as tmp:
+        tmp_dir = Path(tmp)
+        raw_graph = tmp_dir / "raw" / "model.onnx"
+        raw_graph.parent.mkdir()
+        log(f"exporting ONNX (opset {opset}) ...")
+        try:
+            with torch.inference_mode():
+                torch.onnx.export(wrapper, args, str(raw_graph), input_names=input_names,
+                                  output_names=list(GRAPH_OUTPUTS), dynamic_axes=dynamic_axes,
+                                  opset_version=opset, do_constant_folding=True, dynamo=False)
+        except Exception as exc:
+            raise ExportError(f"torch.onnx.export failed: {type(exc).__name__}: {exc}") from exc
+        stage = tmp_dir / "out"
+        stage.mkdir()
+        graph = stage / "model.onnx"
+        import onnx
+        proto = onnx.load(str(raw_graph))  # also pulls any external files torch wrote
+        proto.producer_name = "prune-engine"
+        if use_external:
+            onnx.save_model(proto, str(graph), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location="model.onnx.data", size_threshold=1024)
+        else:
+            onnx.save_model(proto, str(graph))
+        del proto
+        onnx.checker.check_model(str(graph))
+        hf_tok.save_pretrained(str(stage))
+        if not (stage / "tokenizer.json").is_file():
+            raise ExportError("the tokenizer could not be saved as tokenizer.json (fast tokenizer)")
+
+        manifest: dict[str, Any] = {
+            "format": MANIFEST_FORMAT,
+            "family": fam.name,
+            "defaults": {"threshold": fam.threshold, "keep_rule": fam.keep_rule, "title": fam.title,
+                         "backoff_alpha": fam.backoff_alpha},
+            "max_length": spec.max_length,
+            "buckets": list(BatchingConfig().buckets_for(spec.max_length)),
+            "graph": "model.onnx",
+            "external_data": "model.onnx.data" if use_external else None,
+            "precision": "fp32",
+            "opset": opset,
+            "inputs": input_names,
+            "outputs": list(GRAPH_OUTPUTS),
+            "tokenizer": {"file": "tokenizer.json", "class": type(hf_tok).__name__,
+                          "vocab_size": len(hf_tok), "seps_between": fam.seps_between,
+                          **spec.special_tokens()},
+            "source": {"checkpoint": str(checkpoint), "weights_sha256": ck.weights_sha256},
+            "exported_with": {"engine": engine.__version__, "torch": torch.__version__,
+                              "transformers": __import__("transformers").__version__,
+                              "onnx": onnx.__version__},
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        if verify:
+            log("checking the graph against PyTorch ...")
+            batches = sample_batches(encoder)
+            report = compare(torch_runner(model, spec), ort_runner(graph), batches)
+            report["tolerance"] = tolerance
+            worst = max(report["max_abs_diff_sentence_probs"], report["max_abs_diff_rerank_score"])
+            if worst > tolerance:
+                raise ExportError(f"the exported graph disagrees with PyTorch: max |diff| {worst:.3g} "
+                                  f"> tolerance {tolerance:g} ({report})")
+            manifest["verification"] = report
+            log(f"parity OK: max |diff| probs {report['max_abs_diff_sentence_probs']:.2e}, "
+                f"rerank {report['max_abs_diff_rerank_score']:.2e} over {report['batches']} batches")
+        (stage / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        out.mkdir(parents=True, exist_ok=True)
+        for item in stage.iterdir():
+            target = out / item.name
+            if target.exists():
+                target.unlink() if target.is_file() else shutil.rmtree(target)
+            shutil.move(str(item), str(target))
+    log(f"exported {fam.name} to {out} in {time.perf_counter() - t0:.1f} s")
+    return manifest
