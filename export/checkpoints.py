@@ -139,9 +139,11 @@ def _spread_heads(model: torch.nn.Module, gen: torch.Generator) -> None:
         if isinstance(module, torch.nn.Linear) and name.split(".")[-1] in (
                 "classifier", "token_classifier", "out_proj") and "attention" not in name:
             fan_in = module.in_features
+            # Token heads are averaged over a sentence's tokens, which narrows the spread.
+            scale = 8.0 if name in ("token_classifier", "pruning_head.classifier") else 2.5
             with torch.no_grad():
-                module.weight.copy_(torch.randn(module.weight.shape, generator=gen) * 2.5 / fan_in ** 0.5)
-                module.bias.copy_(torch.randn(module.bias.shape, generator=gen) * 0.5)
+                module.weight.copy_(torch.randn(module.weight.shape, generator=gen) * scale / fan_in ** 0.5)
+                module.bias.zero_()
 
 
 def make_test_checkpoint(family_name: str, out: str | Path, seed: int = 0) -> Path:

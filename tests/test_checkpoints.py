@@ -1,0 +1,132 @@
+"""Checkpoints laid out like the real ones load strictly, without remote code."""
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine.errors import ModelLoadError
+from engine.families import detect_family, get_family, read_config
+from engine.modeling import load_checkpoint, weight_names
+from engine.reference import load_hf_tokenizer
+from tests.conftest import FAMILY_NAMES
+
+EXPECTED_ARCH = {"provence": "Provence", "xprovence": "XProvence",
+                 "open_provence": "OpenProvenceModel", "opensearch": "BertTaggerForSentenceExtractionWithBackoff"}
+HEAD_TENSORS = {
+    "provence": ["deberta.embeddings.word_embeddings.weight", "deberta.encoder.rel_embeddings.weight",
+                 "pooler.dense.weight", "classifier.weight", "token_classifier.weight"],
+    "xprovence": ["roberta.embeddings.word_embeddings.weight", "roberta.pooler.dense.weight",
+                  "classifier.weight", "token_classifier.weight"],
+    "open_provence": ["ranking_model.roberta.embeddings.word_embeddings.weight",
+                      "ranking_model.classifier.dense.weight", "ranking_model.classifier.out_proj.weight",
+                      "pruning_head.classifier.weight"],
+    "opensearch": ["bert.embeddings.word_embeddings.weight", "bert.encoder.layer.0.attention.self.query.weight",
+                   "classifier.weight"],
+}
+TOKENIZER_CLASS = {"provence": "DebertaV2Tokenizer", "xprovence": "XLMRobertaTokenizer",
+                   "open_provence": "XLMRobertaTokenizer", "opensearch": "BertTokenizer"}
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_real_layout_loads_with_every_tensor_used(checkpoints, name):
+    folder = checkpoints[name]
+    config = read_config(folder)
+    assert EXPECTED_ARCH[name] in config["architectures"]
+    if name != "opensearch":
+        assert "auto_map" in config  # the remote-code pointer real checkpoints carry
+    names = weight_names(folder)
+    for t in HEAD_TENSORS[name]:
+        assert t in names
+    assert detect_family(config).name == name
+    ck = load_checkpoint(folder)
+    assert ck.family.name == name
+    model_keys = set(ck.model.state_dict())
+    stored = set(load_file(str(folder / "model.safetensors")))
+    # every stored tensor is used, and every parameter came from the file
+    assert stored <= model_keys
+    assert {k for k in model_keys if not k.endswith(("position_ids", "token_type_ids"))} <= stored
+    for k in stored:
+        assert torch.equal(ck.model.state_dict()[k], load_file(str(folder / "model.safetensors"))[k])
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_tokenizer_type_and_vocabulary(checkpoints, name):
+    tok = load_hf_tokenizer(checkpoints[name])
+    assert type(tok).__name__ == TOKENIZER_CLASS[name]
+    assert len(tok) > 250  # a failed sentencepiece conversion gives ~7 tokens
+    ids = tok("the quick brown fox", add_special_tokens=False)["input_ids"]
+    assert 2 <= len(ids) <= 12
+
+
+def test_family_detection_by_tensor_names_and_errors():
+    assert detect_family({"model_type": "deberta-v2"}, ["deberta.x", "token_classifier.weight"]).name == "provence"
+    assert detect_family({}, ["roberta.x", "token_classifier.weight"]).name == "xprovence"
+    assert detect_family({}, ["roberta.x", "pruning_head.classifier.weight"]).name == "open_provence"
+    assert detect_family({}, ["bert.x", "classifier.weight"]).name == "opensearch"
+    with pytest.raises(ModelLoadError, match="model_type='gpt2'.*--family"):
+        detect_family({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, ["h.0.attn.weight"])
+    with pytest.raises(ModelLoadError, match="unknown family"):
+        get_family("llama")
+    assert get_family("zilliz").name == "open_provence"
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_missing_and_unexpected_tensors_are_named(checkpoints, tmp_path):
+    folder = _copy(checkpoints["provence"], tmp_path / "p")
+    state = load_file(str(folder / "model.safetensors"))
+    state.pop("token_classifier.weight")
+    state["extra_head.weight"] = torch.zeros(2)
+    save_file(state, str(folder / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match=r"missing \['token_classifier.weight'\].*unexpected \['extra_head.weight'\]"):
+        load_checkpoint(folder)
+
+
+def test_old_open_provence_keys_without_prefix(checkpoints, tmp_path):
+    folder = _copy(checkpoints["open_provence"], tmp_path / "o")
+    state = load_file(str(folder / "model.safetensors"))
+    state = {k.removeprefix("ranking_model."): v for k, v in state.items()}
+    save_file(state, str(folder / "model.safetensors"))
+    ck = load_checkpoint(folder)
+    ref = load_checkpoint(checkpoints["open_provence"])
+    for k, v in ref.model.state_dict().items():
+        assert torch.equal(v, ck.model.state_dict()[k])
+
+
+def test_pickle_weights_load_with_weights_only(checkpoints, tmp_path):
+    folder = _copy(checkpoints["opensearch"], tmp_path / "b")
+    state = load_file(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    torch.save(state, folder / "pytorch_model.bin")
+    assert load_checkpoint(folder).family.name == "opensearch"
+
+
+def test_bad_folders_fail_clearly(checkpoints, tmp_path):
+    with pytest.raises(ModelLoadError, match="no such folder"):
+        load_checkpoint(tmp_path / "nope")
+    with pytest.raises(ModelLoadError, match="hub download failed"):
+        load_checkpoint("no-such-org/no-such-model-for-tests")
+    folder = _copy(checkpoints["provence"], tmp_path / "c")
+    (folder / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+    with pytest.raises(ModelLoadError, match="safetensors"):
+        load_checkpoint(folder)
+    folder2 = _copy(checkpoints["provence"], tmp_path / "d")
+    (folder2 / "config.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match="not valid JSON"):
+        load_checkpoint(folder2)
+    folder3 = _copy(checkpoints["provence"], tmp_path / "e")
+    (folder3 / "model.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match="no weights"):
+        load_checkpoint(folder3)
+    folder4 = _copy(checkpoints["provence"], tmp_path / "f")
+    cfg = json.loads((folder4 / "config.json").read_text())
+    cfg["hidden_size"] = 64
+    cfg["pooler_hidden_size"] = 64
+    (folder4 / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="shape"):
+        load_checkpoint(folder4)

@@ -1,0 +1,200 @@
+"""The in-process engine: invariances, decisions, results, bad input."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from engine.batching import BatchingConfig, plan
+from engine.decide import keep_mask
+from engine.errors import InputError, ModelLoadError
+from engine.families import FAMILIES
+from engine.pruner import Pruner
+from tests.conftest import FAMILY_NAMES, with_window
+
+Q = "Who built the stadium in 1923?"
+DOCS = [
+    "The stadium was built in 1923. It holds about 80,000 people. Football is played there.",
+    "Paris is the capital of France. 北京是中国的首都。",
+    " ".join(f"Sentence {i} mentions a price of {i}.50 dollars." for i in range(40)),
+    "Short one.",
+    "Line one\n\n- bullet a\n- bullet b",
+]
+
+
+def _probs(results):
+    return [[s.probability for s in r.sentences] for r in results]
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_list_equals_each_passage_alone_whatever_the_budget(pruners, name):
+    ort_p, _ = pruners[name]
+    base = with_window(ort_p, 96)
+    alone = [base.prune(Q, [d])[0] for d in DOCS]
+    for cfg in [dict(max_batch_tokens=96, max_batch_size=1), dict(max_batch_tokens=400, max_batch_size=4),
+                dict(max_batch_tokens=10**6, max_batch_size=64), dict(strategy="fixed", max_batch_size=3)]:
+        together = with_window(ort_p, 96, **cfg).prune(Q, DOCS)
+        assert [r.index for r in together] == list(range(len(DOCS)))
+        for a, t in zip(alone, together):
+            np.testing.assert_allclose([s.probability for s in a.sentences],
+                                       [s.probability for s in t.sentences], atol=1e-5)
+            assert [s.kept for s in a.sentences] == [s.kept for s in t.sentences]
+            assert a.reranking_score == pytest.approx(t.reranking_score, abs=1e-4)
+    # and the order of passages does not change any passage's result
+    rev = base.prune(Q, DOCS[::-1])
+    for a, r in zip(alone, rev[::-1]):
+        np.testing.assert_allclose([s.probability for s in a.sentences], [s.probability for s in r.sentences], atol=1e-5)
+
+
+def test_token_budget_packing_counts_padding():
+    cfg = BatchingConfig(max_batch_tokens=512, max_batch_size=64, buckets=(64, 128, 256, 512))
+    lengths = [30, 200, 60, 100, 500, 64, 65]
+    batches = plan(lengths, cfg, 512)
+    seen = sorted(i for _, idx in batches for i in idx)
+    assert seen == list(range(len(lengths)))
+    for pad, idx in batches:
+        assert all(lengths[i] <= pad for i in idx)
+        assert pad * len(idx) <= 512 or len(idx) == 1
+    # 30, 60, 64 pad to 64; 65 pads to 128 and 4 x 128 = 512 still fits; 100 would make 640
+    assert batches[0] == (128, [0, 2, 5, 6])
+    assert batches[1:] == [(256, [3, 1]), (512, [4])]
+    fixed = plan(lengths, BatchingConfig(strategy="fixed", max_batch_size=3, buckets=(64, 128, 256, 512)), 512)
+    assert [idx for _, idx in fixed] == [[0, 1, 2], [3, 4, 5], [6]]
+    with pytest.raises(ValueError):
+        BatchingConfig(max_batch_size=0)
+
+
+def test_long_sentence_pieces_merge_token_weighted(pruners):
+    ort_p, _ = pruners["provence"]
+    small = with_window(ort_p, 96)
+    long_sentence = "word " * 300 + "end."
+    r = small.prune(Q, [long_sentence])[0]
+    assert len(r.sentences) == 1 and r.blocks > 1
+    # recompute by hand from the per-block outputs
+    spans = [[(0, len(long_sentence.strip()))]]
+    blocks = small.encode(Q, [long_sentence], spans)
+    outs = small.run_blocks(blocks)
+    num = sum(p[0] * b.units[0][1] for b, (_, p) in zip(blocks, outs))
+    den = sum(b.units[0][1] for b in blocks)
+    assert r.sentences[0].probability == pytest.approx(num / den, abs=1e-9)
+    assert den == len(small.encoder.tokenize([long_sentence.strip()])[0])  # no token lost
+
+
+def test_one_megabyte_passage_is_processed_whole(pruners):
+    ort_p, _ = pruners["opensearch"]
+    big = ("The committee met again on Monday and approved the new budget for the year. " * 14000)[:1_000_000]
+    r = ort_p.prune(Q, [big])[0]
+    assert len(r.context) == 1_000_000
+    assert r.blocks > 100
+    assert sum(len(s.text) for s in r.sentences) + len(r.sentences) - 1 >= len(big.strip())
+    assert all(not math.isnan(s.probability) for s in r.sentences)
+
+
+def test_decision_rules():
+    fam = FAMILIES["provence"]
+    p = np.array([0.05, 0.2, 0.05, 0.1])
+    assert keep_mask(p, fam, 0.1, "none", None).tolist() == [False, True, False, False]   # strict >
+    assert keep_mask(p, FAMILIES["opensearch"], 0.1, "none", None).tolist() == [False, True, False, True]
+    # title kept exactly when another sentence is kept
+    assert keep_mask(np.array([0.9, 0.05]), fam, 0.1, "first_sentence", None).tolist() == [False, False]
+    assert keep_mask(np.array([0.0, 0.5]), fam, 0.1, "first_sentence", None).tolist() == [True, True]
+    assert keep_mask(np.array([0.9]), fam, 0.1, "first_sentence", None).tolist() == [True]
+    # backoff: keep the best if nothing passes and it reaches alpha
+    assert keep_mask(np.array([0.02, 0.04]), fam, 0.5, "none", 0.03).tolist() == [False, True]
+    assert keep_mask(np.array([0.02, 0.04]), fam, 0.5, "none", 0.05).tolist() == [False, False]
+    assert keep_mask(np.array([0.9, 0.02, 0.04]), fam, 0.5, "first_sentence", 0.03).tolist() == [True, False, True]
+
+
+def test_results_fields_highlight_and_pruned_text(pruners):
+    ort_p, _ = pruners["xprovence"]
+    doc = "Alpha one. Beta two.\n\nGamma three. 中文句子。第二句！"
+    r = ort_p.prune(Q, [doc], threshold=0.0, title="none")[0]
+    assert all(s.kept for s in r.sentences)
+    assert r.pruned_context == doc.strip()          # everything kept: the original text
+    assert r.compression_rate == 0.0
+    for s in r.sentences:
+        assert doc[s.start:s.end] == s.text
+    assert r.highlight("[", "]") == "[Alpha one.] [Beta two.]\n\n[Gamma three.] [中文句子。][第二句！]"
+    r2 = ort_p.prune(Q, [doc], threshold=1.0, title="none")[0]
+    assert r2.pruned_context == "" and r2.compression_rate == 1.0 and r2.highlights == []
+    json.dumps(r.to_dict())
+    # drop one middle sentence: the others keep their own separators
+    sentences = ["Alpha one.", "Beta two.", "Gamma three."]
+    r3 = ort_p.prune(Q, ["Alpha one. Beta two. Gamma three."], sentences=[sentences], threshold=0.0)[0]
+    assert [s.text for s in r3.sentences] == sentences
+
+
+def test_reorder_and_top_k(pruners):
+    ort_p, _ = pruners["provence"]
+    res = ort_p.prune(Q, DOCS, reorder=True)
+    scores = [r.reranking_score for r in res]
+    assert scores == sorted(scores, reverse=True)
+    top = ort_p.prune(Q, DOCS, top_k=2)
+    assert [r.index for r in top] == [r.index for r in res[:2]]
+    with pytest.raises(InputError):
+        ort_p.prune(Q, DOCS, top_k=0)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(question=""), "question is empty"),
+    (dict(question="   "), "question is empty"),
+    (dict(question=None), "question must be a str"),
+    (dict(passages=[1, "x"]), "passage 0 must be a str"),
+    (dict(passages=None), "passages must be a list"),
+    (dict(threshold=1.5), r"threshold must be in \[0, 1\]"),
+    (dict(threshold=float("nan")), "finite"),
+    (dict(threshold="0.3"), "finite number"),
+    (dict(alpha=-0.1), r"alpha must be in \[0, 1\]"),
+    (dict(title="middle"), "title must be one of"),
+    (dict(sentences=[["One."], ["Two."]]), "one list of sentences per passage"),
+    (dict(sentences=[["Three."]]), "not found in its passage"),
+])
+def test_bad_input_is_a_clear_error(pruners, bad, match):
+    ort_p, _ = pruners["provence"]
+    kwargs = dict(question=Q, passages=["One. Two."])
+    kwargs.update(bad)
+    with pytest.raises(InputError, match=match):
+        ort_p.prune(kwargs.pop("question"), kwargs.pop("passages"), **kwargs)
+
+
+def test_defined_results_for_empty_input(pruners):
+    ort_p, torch_p = pruners["open_provence"]
+    assert ort_p.prune(Q, []) == []
+    res = ort_p.prune(Q, ["", "   \n ", "Real text here."])
+    assert [len(r.sentences) for r in res] == [0, 0, 1]
+    assert res[0].pruned_context == "" and res[0].reranking_score is None and res[0].blocks == 0
+    assert res[2].reranking_score is not None
+    single = ort_p.prune(Q, "Real text here.")
+    assert len(single) == 1
+
+
+def test_question_longer_than_window_is_an_error(pruners):
+    ort_p, _ = pruners["opensearch"]
+    with pytest.raises(InputError, match="the question is .* tokens"):
+        ort_p.prune("why " * 600, ["Some passage."])
+
+
+def test_missing_or_corrupted_model_folder(exported, tmp_path):
+    import shutil
+    with pytest.raises(ModelLoadError, match="no such model folder"):
+        Pruner.load(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="no manifest.json"):
+        Pruner.load(tmp_path / "empty")
+    broken = tmp_path / "broken"
+    shutil.copytree(exported["provence"], broken)
+    (broken / "model.onnx").write_bytes(b"not a graph")
+    with pytest.raises(ModelLoadError, match="cannot load the graph"):
+        Pruner.load(broken)
+    bad_manifest = tmp_path / "bad_manifest"
+    shutil.copytree(exported["provence"], bad_manifest)
+    (bad_manifest / "manifest.json").write_text("{")
+    with pytest.raises(ModelLoadError, match="corrupted manifest"):
+        Pruner.load(bad_manifest)
+    no_tok = tmp_path / "no_tok"
+    shutil.copytree(exported["provence"], no_tok)
+    (no_tok / "tokenizer.json").unlink()
+    with pytest.raises(ModelLoadError, match="cannot load tokenizer"):
+        Pruner.load(no_tok)
+    with pytest.raises(InputError, match="unknown backend"):
+        Pruner.load(exported["provence"], backend="tensorflow")
