@@ -90,3 +90,17 @@ def test_cli_end_to_end(tmp_path, capsys):
 def test_console_script_is_installed():
     proc = subprocess.run([sys.executable, "-m", "engine.cli", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "export" in proc.stdout and "run" in proc.stdout
+
+
+def test_client_path_does_not_import_torch_or_transformers(exported):
+    code = (
+        "import sys\n"
+        "from engine.pruner import Pruner\n"
+        f"p = Pruner.load({str(exported['provence'])!r})\n"
+        "r = p.prune('q?', ['One. Two.'])\n"
+        "assert len(r[0].sentences) == 2\n"
+        "bad = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
