@@ -22,6 +22,7 @@ def _add_batching(p: argparse.ArgumentParser) -> None:
                         "batches help until the core is compute bound")
     p.add_argument("--max-batch-size", type=int, default=int(os.environ.get("PRUNE_MAX_BATCH_SIZE", 64)),
                    help="rows per model batch (env PRUNE_MAX_BATCH_SIZE)")
+    p.add_argument("--threads", type=int, help="intra-op threads of the core (env PRUNE_INTRA_OP_THREADS)")
 
 
 def _batching(args):
@@ -29,11 +30,28 @@ def _batching(args):
     return BatchingConfig(max_batch_tokens=args.max_batch_tokens, max_batch_size=args.max_batch_size)
 
 
+def _add_embedding_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("embedding family (sentence-embedding encoders)")
+    g.add_argument("--embedding-mode", choices=["isolated", "passage", "full"],
+                   help="what a sentence's tokens attend to (default isolated: each sentence alone)")
+    g.add_argument("--similarity-scale", type=float, help="p = sigmoid(scale * (cos - shift)); default 8")
+    g.add_argument("--similarity-shift", type=float, help="cosine that maps to p = 0.5; default 0.5")
+    g.add_argument("--embedding-rerank", choices=["max", "mean"],
+                   help="passage score: best sentence cosine (max) or cosine with the passage mean")
+
+
+def _embedding_options(args) -> dict:
+    return {k: v for k, v in {"mode": getattr(args, "embedding_mode", None),
+                              "scale": getattr(args, "similarity_scale", None),
+                              "shift": getattr(args, "similarity_shift", None),
+                              "rerank": getattr(args, "embedding_rerank", None)}.items() if v is not None}
+
+
 def cmd_export(args) -> int:
     from export.onnx import export_model
     export_model(args.model, args.out, family=args.family, tokenizer=args.tokenizer,
                  max_length=args.max_length, opset=args.opset, external_data=args.external_data,
-                 verify=not args.no_verify, overwrite=args.overwrite,
+                 verify=not args.no_verify, overwrite=args.overwrite, options=_embedding_options(args),
                  log=lambda m: print(m, file=sys.stderr, flush=True))
     return 0
 
@@ -114,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="store weights beside the graph (auto: when over 2 GB)")
     e.add_argument("--no-verify", action="store_true", help="skip the parity check against PyTorch")
     e.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+    _add_embedding_options(e)
     e.set_defaults(func=cmd_export)
 
     r = sub.add_parser("run", help="prune passages for a question")
@@ -128,7 +147,6 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--alpha", type=float, help="backoff alpha; negative disables (default: the family's)")
     r.add_argument("--reorder", action="store_true", help="sort passages by reranking score")
     r.add_argument("--top-k", type=int, help="keep the k best passages by reranking score")
-    r.add_argument("--threads", type=int, help="intra-op threads of the core")
     r.add_argument("--json", action="store_true", help="print results as JSON")
     r.add_argument("--highlight", action="store_true", help="print passages with kept sentences tagged")
     r.add_argument("--pre", default="<em>")

@@ -63,7 +63,10 @@ class Encoder:
     def __init__(self, tokenizer: Tokenizer, spec: ModelSpec, min_context_tokens: int = MIN_CONTEXT_TOKENS):
         self.tokenizer = tokenizer
         self.spec = spec
-        self.n_special = 2 + spec.family.seps_between
+        # Embedding models wrap each sentence in its own [CLS] ... [SEP] (2 tokens per
+        # sentence) and need no closing [SEP]; the others close the block with one.
+        self.per_unit = 2 if spec.family.sentence_specials else 0
+        self.n_special = 1 + spec.family.seps_between + (0 if self.per_unit else 1)
         self.min_context_tokens = min_context_tokens
         if spec.max_length - self.n_special < min_context_tokens + 1:
             raise ModelLoadError(f"max_length {spec.max_length} is too small for this template")
@@ -92,39 +95,43 @@ class Encoder:
     def blocks(self, question: list[int], passage: int, sentences: list[list[int]]) -> list[Block]:
         """Blocks for one passage whose sentences are already tokenized."""
         capacity = self.spec.max_length - self.n_special - len(question)
+        piece = capacity - self.per_unit
         units: list[Unit] = []
         for i, ids in enumerate(sentences):
             if not ids:
                 continue  # a sentence with no tokens gets probability 0 (see decide)
-            for start in range(0, len(ids), capacity):
-                units.append(Unit(i, ids[start:start + capacity]))
+            for start in range(0, len(ids), piece):
+                units.append(Unit(i, ids[start:start + piece]))
         groups: list[list[Unit]] = []
         used = capacity + 1
         for unit in units:
-            if used + len(unit.token_ids) > capacity:
+            cost = len(unit.token_ids) + self.per_unit
+            if used + cost > capacity:
                 groups.append([])
                 used = 0
             groups[-1].append(unit)
-            used += len(unit.token_ids)
+            used += cost
         return [self._block(question, passage, g, k == 0) for k, g in enumerate(groups)]
 
     def _block(self, question: list[int], passage: int, units: list[Unit], first: bool) -> Block:
         spec = self.spec
         head = [spec.cls_id, *question, *([spec.sep_id] * spec.family.seps_between)]
-        ctx_len = sum(len(u.token_ids) for u in units)
-        n = len(head) + ctx_len + 1
+        ctx_len = sum(len(u.token_ids) + self.per_unit for u in units)
+        n = len(head) + ctx_len + (0 if self.per_unit else 1)
         input_ids = np.empty(n, dtype=np.int64)
         sentence_ids = np.full(n, -1, dtype=np.int64)
         token_type_ids = np.zeros(n, dtype=np.int64)
         input_ids[:len(head)] = head
         pos = len(head)
         for slot, unit in enumerate(units):
-            k = len(unit.token_ids)
-            input_ids[pos:pos + k] = unit.token_ids
-            sentence_ids[pos:pos + k] = slot
+            ids = [spec.cls_id, *unit.token_ids, spec.sep_id] if self.per_unit else unit.token_ids
+            k = len(ids)
+            input_ids[pos:pos + k] = ids
+            sentence_ids[pos:pos + k] = slot  # an embedding model pools its [CLS]/[SEP] too
             pos += k
-        input_ids[pos] = spec.sep_id
-        token_type_ids[len(head):] = 1
+        if not self.per_unit:
+            input_ids[pos] = spec.sep_id
+            token_type_ids[len(head):] = 1
         return Block(passage=passage, first=first, input_ids=input_ids, sentence_ids=sentence_ids,
                      token_type_ids=token_type_ids,
                      units=[(u.sentence, len(u.token_ids)) for u in units])

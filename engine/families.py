@@ -28,6 +28,8 @@ class Family:
     title: str                    # "first_sentence" or "none"
     backoff_alpha: float | None   # keep the best sentence if none passes and best >= alpha
     description: str
+    sentence_specials: bool = False  # each sentence wrapped in its own [CLS] ... [SEP]
+    rerank_merge: str = "first"      # passage score from the "first" block, or the "max" over blocks
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -57,6 +59,14 @@ FAMILIES: dict[str, Family] = {
         has_rerank_head=False, uses_token_type_ids=True, seps_between=1,
         threshold=0.5, keep_rule="ge", title="none", backoff_alpha=0.05,
         description="opensearch-project/opensearch-semantic-highlighter-v1: BERT sentence tagger",
+    ),
+    "embedding": Family(
+        name="embedding", backbone="auto", sentence_pooling="embedding",
+        has_rerank_head=True, uses_token_type_ids=False, seps_between=1,
+        threshold=0.5, keep_rule="gt", title="none", backoff_alpha=0.0,
+        description="any sentence-embedding encoder (e.g. all-MiniLM-L6-v2): cosine of "
+                    "question and sentence embeddings, mapped to a probability",
+        sentence_specials=True, rerank_merge="max",
     ),
 }
 
@@ -90,7 +100,13 @@ def read_config(folder: str | Path) -> dict[str, Any]:
         raise ModelLoadError(f"{path}: not valid JSON ({exc})") from exc
 
 
-def detect_family(config: dict[str, Any], weight_names: list[str] | None = None) -> Family:
+# Plain encoders without a task head: used as sentence-embedding models.
+_ENCODER_ARCHITECTURES = {"BertModel", "RobertaModel", "XLMRobertaModel", "MPNetModel",
+                          "DistilBertModel", "DebertaV2Model", "ElectraModel", "NomicBertModel"}
+
+
+def detect_family(config: dict[str, Any], weight_names: list[str] | None = None,
+                  folder: str | Path | None = None) -> Family:
     """Family of a checkpoint from its config.json (and, failing that, its tensor names)."""
     model_type = str(config.get("model_type", "")).lower()
     archs = [str(a) for a in (config.get("architectures") or [])]
@@ -101,6 +117,9 @@ def detect_family(config: dict[str, Any], weight_names: list[str] | None = None)
             return FAMILIES[_ARCHITECTURES[arch]]
     if model_type == "provence":
         return FAMILIES["provence"]
+    if any(a in _ENCODER_ARCHITECTURES for a in archs) or (
+            folder is not None and (Path(folder) / "modules.json").is_file()):
+        return FAMILIES["embedding"]
     if weight_names:
         names = set(weight_names)
         def has(prefix: str) -> bool:

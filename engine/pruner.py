@@ -56,7 +56,7 @@ class Pruner:
     def load(cls, path: str | Path, backend: str = "onnxruntime", *, family: str | None = None,
              threads: int | None = None, providers: list[str] | None = None,
              batching: BatchingConfig | None = None, graph: str | None = None,
-             device: str = "cpu") -> "Pruner":
+             device: str = "cpu", options: dict[str, Any] | None = None) -> "Pruner":
         """Load an exported model folder (ONNX Runtime), or a checkpoint (backend="torch").
 
         `threads` sets ONNX Runtime's intra-op threads (or torch's threads).
@@ -76,7 +76,7 @@ class Pruner:
         if backend == "torch":
             from engine.backends.torch import TorchBackend
             from engine.reference import load_reference
-            model, tokenizer, spec = load_reference(path, family=family)
+            model, tokenizer, spec = load_reference(path, family=family, options=options)
             return cls(TorchBackend(model, threads=threads, device=device), tokenizer, spec, batching)
         raise InputError(f"unknown backend {backend!r}: onnxruntime or torch "
                          "(Triton: Pruner.connect)")
@@ -186,11 +186,14 @@ class Pruner:
         tokens = [np.zeros(len(sp)) for sp in spans]
         rerank: list[float | None] = [None] * len(passages)
         n_blocks = [0] * len(passages)
+        use_max = self.spec.family.rerank_merge == "max"
         for block, (score, probs) in zip(blocks, outputs):
             i = block.passage
             n_blocks[i] += 1
-            if block.first:
+            if block.first and not use_max:
                 rerank[i] = score
+            elif use_max:
+                rerank[i] = score if rerank[i] is None else max(rerank[i], score)
             for (sent, n_tok), p in zip(block.units, probs):
                 weighted[i][sent] += p * n_tok
                 tokens[i][sent] += n_tok

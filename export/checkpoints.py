@@ -123,6 +123,11 @@ def _config(family_name: str, vocab_size: int) -> dict:
                 "pruning_config": {"hidden_size": TINY["hidden_size"], "num_labels": 2,
                                    "sentence_pooling": "mean", "dropout": 0.1},
                 "max_length": 512, "default_threshold": 0.5}
+    if family_name == "embedding":
+        return {"architectures": ["BertModel"], "model_type": "bert", **TINY, "vocab_size": vocab_size,
+                "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+                "type_vocab_size": 2, "initializer_range": 0.02, "layer_norm_eps": 1e-12,
+                "pad_token_id": 0, "position_embedding_type": "absolute"}
     if family_name == "opensearch":
         return {"architectures": ["BertTaggerForSentenceExtractionWithBackoff"], "model_type": "bert",
                 **TINY, "vocab_size": vocab_size, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
@@ -150,7 +155,7 @@ def make_test_checkpoint(family_name: str, out: str | Path, seed: int = 0) -> Pa
     """Write a tiny random-weight checkpoint of `family_name` into `out`."""
     fam = get_family(family_name)
     out = Path(out)
-    tok = make_tokenizer(fam.backbone)
+    tok = make_tokenizer("bert" if fam.backbone == "auto" else fam.backbone)
     config = _config(fam.name, len(tok))
     torch.manual_seed(seed)
     model = build_model(fam, config, set())
@@ -158,6 +163,16 @@ def make_test_checkpoint(family_name: str, out: str | Path, seed: int = 0) -> Pa
     _spread_heads(model, gen)
     save_checkpoint(model, out, config)
     tok.save_pretrained(str(out))
+    if fam.name == "embedding":  # the sentence-transformers files of an embedding model
+        (out / "modules.json").write_text(json.dumps([
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}],
+            indent=2))
+        (out / "1_Pooling").mkdir(exist_ok=True)
+        (out / "1_Pooling" / "config.json").write_text(json.dumps(
+            {"word_embedding_dimension": TINY["hidden_size"], "pooling_mode_cls_token": False,
+             "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False}, indent=2))
     (out / "README.md").write_text(
         f"# Test checkpoint: {fam.name}\n\nRandom weights with the real layout of {fam.description}.\n"
         "Its outputs are meaningless; it exists for tests and smoke runs.\n")

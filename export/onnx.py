@@ -120,6 +120,16 @@ def ort_runner(graph: Path) -> Callable[[dict], tuple]:
     return run
 
 
+def family_options(model: torch.nn.Module) -> dict[str, Any]:
+    """Options baked into the graph that a reader of the manifest should know."""
+    from engine.modeling import EmbeddingHighlighterModel
+    if isinstance(model, EmbeddingHighlighterModel):
+        return {"mode": model.mode, "pooling": model.pooling, "scale": model.scale,
+                "shift": model.shift, "rerank": model.rerank,
+                "probability": "sigmoid(scale * (cosine - shift))"}
+    return {}
+
+
 def _param_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
@@ -128,6 +138,7 @@ def export_model(checkpoint: str | Path, out: str | Path, *, family: str | None 
                  tokenizer: str | Path | None = None, max_length: int | None = None,
                  opset: int = DEFAULT_OPSET, external_data: str = "auto", verify: bool = True,
                  tolerance: float = PARITY_TOLERANCE, overwrite: bool = False,
+                 options: dict[str, Any] | None = None,
                  log: Callable[[str], None] = print) -> dict[str, Any]:
     """Export `checkpoint` into `out`; returns the manifest. Raises ExportError on mismatch."""
     out = Path(out)
@@ -137,7 +148,8 @@ def export_model(checkpoint: str | Path, out: str | Path, *, family: str | None 
         raise ExportError("external_data must be auto, always or never")
     t0 = time.perf_counter()
     log(f"loading {checkpoint} ...")
-    model, tok, spec = load_reference(checkpoint, family=family, tokenizer=tokenizer, max_length=max_length)
+    model, tok, spec = load_reference(checkpoint, family=family, tokenizer=tokenizer,
+                                      max_length=max_length, options=options)
     ck = spec.extra["checkpoint"]
     hf_tok = spec.extra["hf_tokenizer"]
     fam = spec.family
@@ -205,6 +217,7 @@ def export_model(checkpoint: str | Path, out: str | Path, *, family: str | None 
                           "vocab_size": len(hf_tok), "seps_between": fam.seps_between,
                           **spec.special_tokens()},
             "source": {"checkpoint": str(checkpoint), "weights_sha256": ck.weights_sha256},
+            "options": family_options(model),
             "exported_with": {"engine": engine.__version__, "torch": torch.__version__,
                               "transformers": __import__("transformers").__version__,
                               "onnx": onnx.__version__},

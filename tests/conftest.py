@@ -11,7 +11,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-FAMILY_NAMES = ["provence", "xprovence", "open_provence", "opensearch"]
+FAMILY_NAMES = ["provence", "xprovence", "open_provence", "opensearch", "embedding"]
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 

@@ -12,7 +12,7 @@ from engine.modeling import load_checkpoint, weight_names
 from engine.reference import load_hf_tokenizer
 from tests.conftest import FAMILY_NAMES
 
-EXPECTED_ARCH = {"provence": "Provence", "xprovence": "XProvence",
+EXPECTED_ARCH = {"provence": "Provence", "xprovence": "XProvence", "embedding": "BertModel",
                  "open_provence": "OpenProvenceModel", "opensearch": "BertTaggerForSentenceExtractionWithBackoff"}
 HEAD_TENSORS = {
     "provence": ["deberta.embeddings.word_embeddings.weight", "deberta.encoder.rel_embeddings.weight",
@@ -24,9 +24,11 @@ HEAD_TENSORS = {
                       "pruning_head.classifier.weight"],
     "opensearch": ["bert.embeddings.word_embeddings.weight", "bert.encoder.layer.0.attention.self.query.weight",
                    "classifier.weight"],
+    "embedding": ["embeddings.word_embeddings.weight", "encoder.layer.0.attention.self.query.weight"],
 }
 TOKENIZER_CLASS = {"provence": "DebertaV2Tokenizer", "xprovence": "XLMRobertaTokenizer",
-                   "open_provence": "XLMRobertaTokenizer", "opensearch": "BertTokenizer"}
+                   "open_provence": "XLMRobertaTokenizer", "opensearch": "BertTokenizer",
+                   "embedding": "BertTokenizer"}
 
 
 @pytest.mark.parametrize("name", FAMILY_NAMES)
@@ -34,21 +36,24 @@ def test_real_layout_loads_with_every_tensor_used(checkpoints, name):
     folder = checkpoints[name]
     config = read_config(folder)
     assert EXPECTED_ARCH[name] in config["architectures"]
-    if name != "opensearch":
+    if name not in ("opensearch", "embedding"):
         assert "auto_map" in config  # the remote-code pointer real checkpoints carry
     names = weight_names(folder)
     for t in HEAD_TENSORS[name]:
         assert t in names
-    assert detect_family(config).name == name
+    assert detect_family(config, folder=folder).name == name
     ck = load_checkpoint(folder)
     assert ck.family.name == name
     model_keys = set(ck.model.state_dict())
+    if name == "embedding":  # sentence-transformers stores the bare backbone names
+        model_keys = {k.removeprefix("encoder.") for k in model_keys}
     stored = set(load_file(str(folder / "model.safetensors")))
     # every stored tensor is used, and every parameter came from the file
     assert stored <= model_keys
     assert {k for k in model_keys if not k.endswith(("position_ids", "token_type_ids"))} <= stored
-    for k in stored:
-        assert torch.equal(ck.model.state_dict()[k], load_file(str(folder / "model.safetensors"))[k])
+    state = ck.model.state_dict()
+    for k, v in load_file(str(folder / "model.safetensors")).items():
+        assert torch.equal(state[("encoder." + k) if name == "embedding" else k], v)
 
 
 @pytest.mark.parametrize("name", FAMILY_NAMES)

@@ -60,7 +60,7 @@ def test_export_fails_loudly_on_mismatch_and_leaves_nothing(checkpoints, tmp_pat
 def test_family_override_and_max_length(checkpoints, tmp_path):
     m = export_model(checkpoints["opensearch"], tmp_path / "o", family="opensearch", max_length=128,
                      log=lambda s: None)
-    assert m["max_length"] == 128 and m["buckets"] == [64, 128]
+    assert m["max_length"] == 128 and m["buckets"] == [32, 64, 96, 128]
     with pytest.raises(Exception, match="max_length 4096 is outside"):
         export_model(checkpoints["opensearch"], tmp_path / "o2", max_length=4096, log=lambda s: None)
 

@@ -71,4 +71,4 @@ def test_decisions_vary_on_random_models(pruners, name):
     """Guard against a vacuous parity test: probabilities are spread, not constant."""
     ort_p, _ = pruners[name]
     probs = [s.probability for r in ort_p.prune(QUESTION, PASSAGES) for s in r.sentences]
-    assert max(probs) - min(probs) > 0.1
+    assert max(probs) - min(probs) > 0.05

@@ -55,9 +55,10 @@ def test_token_budget_packing_counts_padding():
     for pad, idx in batches:
         assert all(lengths[i] <= pad for i in idx)
         assert pad * len(idx) <= 512 or len(idx) == 1
-    # 30, 60, 64 pad to 64; 65 pads to 128 and 4 x 128 = 512 still fits; 100 would make 640
-    assert batches[0] == (128, [0, 2, 5, 6])
-    assert batches[1:] == [(256, [3, 1]), (512, [4])]
+    # one bucket per batch: 30, 60, 64 pad to 64; 65 and 100 to 128; then 256 and 512
+    assert batches == [(64, [0, 2, 5]), (128, [6, 3]), (256, [1]), (512, [4])]
+    tight = plan([60, 62, 63, 64, 64], BatchingConfig(max_batch_tokens=128, buckets=(64, 128)), 128)
+    assert tight == [(64, [0, 1]), (64, [2, 3]), (64, [4])]   # 3 x 64 > 128
     fixed = plan(lengths, BatchingConfig(strategy="fixed", max_batch_size=3, buckets=(64, 128, 256, 512)), 512)
     assert [idx for _, idx in fixed] == [[0, 1, 2], [3, 4, 5], [6]]
     with pytest.raises(ValueError):

@@ -1,0 +1,349 @@
+"""Quality evaluation, the seed study's method for any model (`prune eval`).
+
+Sentence level (pruning): precision, recall and F1 of the kept sentences against the
+labels of a JSONL file (fields `question`, `context`, `sentences` as [start, end) spans,
+`labels`), micro-averaged over all sentences and averaged per document; a grid search
+over the threshold (and the backoff alpha) reports the best F1 and its setting, as the
+seed study did; baselines (keep everything, keep the first k, BM25 of each sentence
+against the question) go through the same code.
+
+Passage level (reranking): MRR@10 and hit@1 of the gold passage by reranking score on a
+JSONL file with `question`, `passages`, `gold`; BM25 of each passage is the baseline.
+
+The data are for evaluation only: the grid search picks a setting to report, as in the
+seed study; it is not training.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+THRESHOLDS = tuple(round(x, 3) for x in np.linspace(0.0, 1.0, 101))
+ALPHAS = (None, 0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+# --------------------------------------------------------------------------- data
+
+@dataclass
+class PruneSample:
+    id: str
+    question: str
+    context: str
+    spans: list[tuple[int, int]]
+    labels: np.ndarray
+
+
+@dataclass
+class RagSample:
+    id: str
+    question: str
+    passages: list[str]
+    gold: int
+
+
+def _read_jsonl(path: str | Path) -> Iterable[dict[str, Any]]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such data file")
+    with path.open(encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{n}: not JSON ({exc})") from exc
+
+
+def load_prune_data(path: str | Path, limit: int | None = None) -> list[PruneSample]:
+    out = []
+    for i, row in enumerate(_read_jsonl(path)):
+        if limit is not None and i >= limit:
+            break
+        spans = [(int(s), int(e)) for s, e in row["sentences"]]
+        labels = np.asarray(row["labels"], dtype=bool)
+        if len(spans) != len(labels):
+            raise ValueError(f"{path}: sample {row.get('id', i)} has {len(spans)} sentences and {len(labels)} labels")
+        out.append(PruneSample(str(row.get("id", i)), row["question"], row["context"], spans, labels))
+    return out
+
+
+def load_rag_data(path: str | Path, limit: int | None = None) -> list[RagSample]:
+    out = []
+    for i, row in enumerate(_read_jsonl(path)):
+        if limit is not None and i >= limit:
+            break
+        out.append(RagSample(str(row.get("id", i)), row["question"], list(row["passages"]), int(row["gold"])))
+    return out
+
+
+# --------------------------------------------------------------------------- metrics
+
+@dataclass
+class PRF:
+    precision: float
+    recall: float
+    f1: float
+
+
+def prf(tp: int, fp: int, fn: int) -> PRF:
+    p = tp / (tp + fp) if tp + fp else 0.0
+    r = tp / (tp + fn) if tp + fn else 0.0
+    f = 2 * p * r / (p + r) if p + r else 0.0
+    return PRF(p, r, f)
+
+
+def sentence_metrics(preds: Sequence[np.ndarray], labels: Sequence[np.ndarray]) -> dict[str, Any]:
+    """Micro P/R/F1 over all sentences, and P/R/F1 averaged over documents."""
+    tp = fp = fn = 0
+    per_doc = []
+    for p, y in zip(preds, labels):
+        p = np.asarray(p, dtype=bool)
+        y = np.asarray(y, dtype=bool)
+        dtp, dfp, dfn = int((p & y).sum()), int((p & ~y).sum()), int((~p & y).sum())
+        tp, fp, fn = tp + dtp, fp + dfp, fn + dfn
+        per_doc.append(prf(dtp, dfp, dfn))
+    micro = prf(tp, fp, fn)
+    n = max(len(per_doc), 1)
+    macro = PRF(sum(d.precision for d in per_doc) / n, sum(d.recall for d in per_doc) / n,
+                sum(d.f1 for d in per_doc) / n)
+    kept = sum(int(np.asarray(p, dtype=bool).sum()) for p in preds)
+    total = sum(len(p) for p in preds)
+    return {"micro": asdict(micro), "per_document": asdict(macro),
+            "kept_share": kept / total if total else 0.0}
+
+
+def decide(probs: np.ndarray, threshold: float, alpha: float | None, strict: bool = True) -> np.ndarray:
+    """Threshold then backoff, the engine's rule (no title rule: these are plain passages)."""
+    kept = probs > threshold if strict else probs >= threshold
+    if alpha is not None and len(probs) and not kept.any() and probs.max() >= alpha:
+        kept = kept.copy()
+        kept[int(np.argmax(probs))] = True
+    return kept
+
+
+@dataclass
+class GridResult:
+    name: str
+    best: dict[str, Any]
+    setting: dict[str, Any]
+    curve: list[dict[str, float]] = field(default_factory=list)   # precision/recall per threshold
+
+
+def grid_search(name: str, scores: Sequence[np.ndarray], labels: Sequence[np.ndarray],
+                thresholds: Sequence[float] = THRESHOLDS, alphas: Sequence[float | None] = ALPHAS,
+                strict: bool = True) -> GridResult:
+    """Best micro F1 over threshold x alpha; ties go to the first setting in grid order."""
+    best_f1, best, setting = -1.0, None, None
+    curve = []
+    for alpha in alphas:
+        for t in thresholds:
+            m = sentence_metrics([decide(s, t, alpha, strict) for s in scores], labels)
+            if alpha is None:
+                curve.append({"threshold": t, **m["micro"]})
+            if m["micro"]["f1"] > best_f1 + 1e-12:
+                best_f1, best, setting = m["micro"]["f1"], m, {"threshold": t, "alpha": alpha}
+    return GridResult(name, best, setting, curve)
+
+
+def first_k_baseline(labels: Sequence[np.ndarray], ks: Sequence[int] = range(1, 11)) -> GridResult:
+    best_f1, best, setting = -1.0, None, None
+    for k in ks:
+        preds = [np.arange(len(y)) < k for y in labels]
+        m = sentence_metrics(preds, labels)
+        if m["micro"]["f1"] > best_f1:
+            best_f1, best, setting = m["micro"]["f1"], m, {"k": k}
+    return GridResult("first-k", best, setting)
+
+
+def keep_all_baseline(labels: Sequence[np.ndarray]) -> GridResult:
+    return GridResult("keep-all", sentence_metrics([np.ones(len(y), bool) for y in labels], labels), {})
+
+
+# --------------------------------------------------------------------------- BM25
+
+def words(text: str) -> list[str]:
+    return [w.lower() for w in _WORD.findall(text)]
+
+
+class BM25:
+    """Okapi BM25 (k1=1.5, b=0.75) with IDF from `corpus` (lists of words)."""
+
+    def __init__(self, corpus: Sequence[Sequence[str]], k1: float = 1.5, b: float = 0.75):
+        self.k1, self.b = k1, b
+        n = len(corpus)
+        df = Counter(w for doc in corpus for w in set(doc))
+        self.idf = {w: math.log(1 + (n - c + 0.5) / (c + 0.5)) for w, c in df.items()}
+        self.avgdl = sum(len(d) for d in corpus) / max(n, 1) or 1.0
+
+    def score(self, query: Sequence[str], doc: Sequence[str]) -> float:
+        tf = Counter(doc)
+        norm = self.k1 * (1 - self.b + self.b * len(doc) / self.avgdl)
+        return sum(self.idf.get(w, 0.0) * tf[w] * (self.k1 + 1) / (tf[w] + norm)
+                   for w in set(query) if w in tf)
+
+
+def bm25_sentence_scores(samples: Sequence[PruneSample]) -> list[np.ndarray]:
+    """Each sentence's BM25 against the question, divided by the document's best (0..1)."""
+    sent_words = [[words(s.context[a:b]) for a, b in s.spans] for s in samples]
+    bm = BM25([w for doc in sent_words for w in doc])
+    out = []
+    for s, doc in zip(samples, sent_words):
+        q = words(s.question)
+        sc = np.array([bm.score(q, w) for w in doc], dtype=np.float64)
+        out.append(sc / sc.max() if sc.size and sc.max() > 0 else sc)
+    return out
+
+
+# --------------------------------------------------------------------------- models
+
+def _progress(iterable, total: int, desc: str, enabled: bool):
+    if not enabled:
+        return iterable
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return iterable
+    return tqdm(iterable, total=total, desc=desc, unit="doc", mininterval=1.0)
+
+
+def model_sentence_scores(pruner, samples: Sequence[PruneSample], progress: bool = True) -> list[np.ndarray]:
+    """The model's sentence probabilities on the dataset's own sentence spans."""
+    out = []
+    for s in _progress(samples, len(samples), "pruning", progress):
+        out.append(pruner.score(s.question, [s.context], [s.spans])[0].probs)
+    return out
+
+
+def reranking_metrics(rankings: Sequence[Sequence[float]], golds: Sequence[int], k: int = 10) -> dict[str, float]:
+    """MRR@k and hit@1 of the gold passage; ties rank the gold passage last (pessimistic)."""
+    rr, hits = [], []
+    for scores, gold in zip(rankings, golds):
+        scores = np.asarray(scores, dtype=np.float64)
+        rank = 1 + int((scores > scores[gold]).sum()) + int((scores[np.arange(len(scores)) != gold] == scores[gold]).sum())
+        rr.append(1.0 / rank if rank <= k else 0.0)
+        hits.append(1.0 if rank == 1 else 0.0)
+    n = max(len(rr), 1)
+    return {"mrr@%d" % k: sum(rr) / n, "hit@1": sum(hits) / n, "queries": len(rr)}
+
+
+def model_rankings(pruner, samples: Sequence[RagSample], progress: bool = True) -> list[list[float]]:
+    out = []
+    for s in _progress(samples, len(samples), "reranking", progress):
+        results = pruner.prune(s.question, s.passages)
+        out.append([r.reranking_score if r.reranking_score is not None else -math.inf for r in results])
+    return out
+
+
+def bm25_rankings(samples: Sequence[RagSample]) -> list[list[float]]:
+    corpus = [words(p) for s in samples for p in s.passages]
+    bm = BM25(corpus)
+    return [[bm.score(words(s.question), words(p)) for p in s.passages] for s in samples]
+
+
+# --------------------------------------------------------------------------- report
+
+def table(rows: Sequence[GridResult]) -> str:
+    lines = ["| method | F1 | precision | recall | per-doc F1 | kept | best setting |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        m, d = r.best["micro"], r.best["per_document"]
+        setting = ", ".join(f"{k} {v}" for k, v in r.setting.items()) or "-"
+        lines.append(f"| {r.name} | {100 * m['f1']:.2f} | {100 * m['precision']:.2f} | {100 * m['recall']:.2f} | "
+                     f"{100 * d['f1']:.2f} | {100 * r.best['kept_share']:.0f}% | {setting} |")
+    return "\n".join(lines)
+
+
+def rerank_table(rows: dict[str, dict[str, float]]) -> str:
+    lines = ["| method | MRR@10 | hit@1 | queries |", "|---|---|---|---|"]
+    for name, m in rows.items():
+        lines.append(f"| {name} | {m['mrr@10']:.4f} | {m['hit@1']:.4f} | {m['queries']} |")
+    return "\n".join(lines)
+
+
+def plot_pr(rows: Sequence[GridResult], path: str | Path) -> Path | None:
+    """Precision/recall curves over the threshold grid (no backoff) as a PNG."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 5))
+    for r in rows:
+        if r.curve:
+            ax.plot([c["recall"] for c in r.curve], [c["precision"] for c in r.curve], label=r.name)
+        else:
+            m = r.best["micro"]
+            ax.scatter([m["recall"]], [m["precision"]], label=r.name, marker="x")
+    ax.set_xlabel("recall")
+    ax.set_ylabel("precision")
+    ax.set_xlim(0, 1.02)
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Sentence-level precision / recall over the threshold grid")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: str | Path | None,
+             limit: int | None = None, rag_limit: int | None = None, progress: bool = True,
+             log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run every model and the baselines; returns the report as a dict."""
+    report: dict[str, Any] = {"pruning": None, "reranking": None}
+    if prune_data:
+        samples = load_prune_data(prune_data, limit)
+        labels = [s.labels for s in samples]
+        rows = [keep_all_baseline(labels), first_k_baseline(labels),
+                grid_search("BM25 (sentence vs question)", bm25_sentence_scores(samples), labels)]
+        for name, pruner in models.items():
+            log(f"scoring {len(samples)} documents with {name} ...")
+            scores = model_sentence_scores(pruner, samples, progress)
+            rows.append(grid_search(name, scores, labels, strict=pruner.family.keep_rule == "gt"))
+        report["pruning"] = {"data": str(prune_data), "documents": len(samples),
+                             "sentences": int(sum(len(y) for y in labels)),
+                             "positive_share": float(sum(y.sum() for y in labels) / sum(len(y) for y in labels)),
+                             "rows": [asdict(r) for r in rows]}
+        report["_rows"] = rows
+    if rag_data:
+        rag = load_rag_data(rag_data, rag_limit)
+        golds = [s.gold for s in rag]
+        rr = {"BM25 (passage vs question)": reranking_metrics(bm25_rankings(rag), golds)}
+        for name, pruner in models.items():
+            log(f"reranking {len(rag)} queries with {name} ...")
+            rr[name] = reranking_metrics(model_rankings(pruner, rag, progress), golds)
+        report["reranking"] = {"data": str(rag_data), "metrics": rr}
+    return report
+
+
+def write_report(report: dict[str, Any], out_dir: str | Path, title: str, command: str) -> dict[str, Path]:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = report.pop("_rows", None)
+    paths = {"json": out_dir / "eval.json", "markdown": out_dir / "eval.md"}
+    paths["json"].write_text(json.dumps(report, indent=2) + "\n")
+    md = [f"# {title}", "", "Command:", "", "```", command, "```", ""]
+    if report.get("pruning"):
+        pr = report["pruning"]
+        md += [f"## Sentence-level pruning: {pr['data']}", "",
+               f"{pr['documents']} documents, {pr['sentences']} sentences, "
+               f"{100 * pr['positive_share']:.1f}% labelled keep. Best micro F1 over the grid "
+               "(threshold 0-1 step 0.01, backoff alpha in {none, 0, .01, .02, .05, .1, .2, .3, .5}).", "",
+               table(rows) if rows else "", ""]
+        if rows and plot_pr(rows, out_dir / "pr_curve.png"):
+            paths["plot"] = out_dir / "pr_curve.png"
+            md += ["![precision-recall](pr_curve.png)", ""]
+    if report.get("reranking"):
+        md += [f"## Reranking: {report['reranking']['data']}", "", rerank_table(report["reranking"]["metrics"]), ""]
+    paths["markdown"].write_text("\n".join(md))
+    return paths
