@@ -52,7 +52,15 @@ def cmd_export(args) -> int:
     export_model(args.model, args.out, family=args.family, tokenizer=args.tokenizer,
                  max_length=args.max_length, opset=args.opset, external_data=args.external_data,
                  verify=not args.no_verify, overwrite=args.overwrite, options=_embedding_options(args),
+                 precision=args.precision, optimize=not args.no_optimize,
+                 int8_weight_type=args.int8_weight_type, int8_per_channel=args.int8_per_channel,
+                 tensorrt_graph=args.tensorrt,
                  log=lambda m: print(m, file=sys.stderr, flush=True))
+    if args.tensorrt:
+        from export.tensorrt import export_tensorrt
+        export_tensorrt(Path(args.out), precision="fp16" if args.precision == "fp32" else args.precision,
+                        max_batch_size=args.max_batch_size,
+                        log=lambda m: print(m, file=sys.stderr, flush=True))
     return 0
 
 
@@ -137,6 +145,26 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_fidelity(args) -> int:
+    from benchmarks.fidelity import format_report, load_docs, measure, save
+    from engine.pruner import Pruner
+    candidate = Pruner.load(args.model, threads=args.threads, batching=_batching(args))
+    manifest = json.loads((Path(args.model) / "manifest.json").read_text())
+    reference = Pruner.load(args.reference or manifest["source"]["checkpoint"], backend="torch",
+                            family=manifest["family"], threads=args.threads, batching=_batching(args),
+                            options={k: v for k, v in manifest.get("options", {}).items()
+                                     if k in ("mode", "scale", "shift", "rerank", "pooling")})
+    docs = load_docs(args.data, args.limit)
+    rep = measure(candidate, reference, docs, progress=not args.no_progress,
+                  log=lambda m: print(m, file=sys.stderr, flush=True))
+    rep.update(model=args.model, precision=manifest.get("precision"), data=args.data)
+    print(format_report(f"{Path(args.model).name} ({manifest.get('precision')})", rep))
+    if args.out:
+        save(rep, args.out)
+        print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_test_checkpoint(args) -> int:
     from engine.families import FAMILIES
     from export.checkpoints import make_test_checkpoint
@@ -164,6 +192,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="store weights beside the graph (auto: when over 2 GB)")
     e.add_argument("--no-verify", action="store_true", help="skip the parity check against PyTorch")
     e.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+    e.add_argument("--precision", choices=["fp32", "int8", "fp16"], default="fp32",
+                   help="int8: dynamic quantization for CPUs; fp16: for GPUs (float32 I/O, softmax, pooling)")
+    e.add_argument("--no-optimize", action="store_true", help="skip ONNX Runtime's transformer optimizer")
+    e.add_argument("--int8-weight-type", choices=["QInt8", "QUInt8"], default="QInt8")
+    e.add_argument("--int8-per-channel", action="store_true")
+    e.add_argument("--tensorrt", action="store_true",
+                   help="also build a TensorRT plan (needs TensorRT: NVIDIA's TensorRT or Triton container); "
+                        "writes build_tensorrt.sh either way")
+    e.add_argument("--max-batch-size", type=int, default=64, help="largest batch of the TensorRT profiles")
     _add_embedding_options(e)
     e.set_defaults(func=cmd_export)
 
@@ -197,6 +234,16 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--no-progress", action="store_true")
     _add_batching(v)
     v.set_defaults(func=cmd_eval)
+
+    f = sub.add_parser("fidelity", help="compare an exported precision with the fp32 PyTorch reference")
+    f.add_argument("--model", required=True, help="exported folder (any precision)")
+    f.add_argument("--reference", help="the checkpoint (default: the manifest's source)")
+    f.add_argument("--data", required=True, help="JSONL: sentence-labelled (context, sentences) or RAG (passages)")
+    f.add_argument("--limit", type=int, help="first N documents")
+    f.add_argument("--out", help="write the report as JSON here")
+    f.add_argument("--no-progress", action="store_true")
+    _add_batching(f)
+    f.set_defaults(func=cmd_fidelity)
 
     t = sub.add_parser("test-checkpoint", help="write tiny random-weight checkpoints with the real layouts")
     t.add_argument("--family", default="all", help="a family name, or all")

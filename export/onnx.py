@@ -32,10 +32,17 @@ from engine.encode import Encoder
 from engine.errors import ExportError
 from engine.reference import load_reference
 from engine.spec import GRAPH_OUTPUTS, MANIFEST, MANIFEST_FORMAT, ModelSpec
+from export.optimize import convert_fp16, encoder_dims, optimize_graph, quantize_int8
 
 DEFAULT_OPSET = 17
 EXTERNAL_DATA_BYTES = 1_800_000_000   # protobuf's hard limit is 2 GiB for the whole file
 PARITY_TOLERANCE = 1e-4               # fp32 graph vs fp32 PyTorch, on probabilities and scores
+# Gates for the reduced precisions on the sample inputs (max |diff| of a probability or
+# a score); they catch a broken conversion. The fidelity a user can expect is measured
+# on a corpus by `prune fidelity` (README).
+INT8_TOLERANCE = 0.15
+FP16_TOLERANCE = 0.02
+PRECISIONS = ("fp32", "int8", "fp16")
 
 SAMPLE_QUESTION = "What goes on the bottom of the pie, and who wrote about it first?"
 SAMPLE_PASSAGES = [
@@ -120,6 +127,12 @@ def ort_runner(graph: Path) -> Callable[[dict], tuple]:
     return run
 
 
+def _step_path(tmp_dir: Path, step: str) -> Path:
+    folder = tmp_dir / step
+    folder.mkdir()
+    return folder / "model.onnx"
+
+
 def family_options(model: torch.nn.Module) -> dict[str, Any]:
     """Options baked into the graph that a reader of the manifest should know."""
     from engine.modeling import EmbeddingHighlighterModel
@@ -138,7 +151,9 @@ def export_model(checkpoint: str | Path, out: str | Path, *, family: str | None 
                  tokenizer: str | Path | None = None, max_length: int | None = None,
                  opset: int = DEFAULT_OPSET, external_data: str = "auto", verify: bool = True,
                  tolerance: float = PARITY_TOLERANCE, overwrite: bool = False,
-                 options: dict[str, Any] | None = None,
+                 options: dict[str, Any] | None = None, precision: str = "fp32",
+                 optimize: bool = True, int8_weight_type: str = "QInt8", int8_per_channel: bool = False,
+                 tensorrt_graph: bool = False,
                  log: Callable[[str], None] = print) -> dict[str, Any]:
     """Export `checkpoint` into `out`; returns the manifest. Raises ExportError on mismatch."""
     out = Path(out)
@@ -146,6 +161,8 @@ def export_model(checkpoint: str | Path, out: str | Path, *, family: str | None 
         raise ExportError(f"{out} exists and is not empty (pass overwrite=True / --overwrite)")
     if external_data not in ("auto", "always", "never"):
         raise ExportError("external_data must be auto, always or never")
+    if precision not in PRECISIONS:
+        raise ExportError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     t0 = time.perf_counter()
     log(f"loading {checkpoint} ...")
     model, tok, spec = load_reference(checkpoint, family=family, tokenizer=tokenizer,
@@ -185,20 +202,74 @@ def export_model(checkpoint: str | Path, out: str | Path, *, family: str | None 
             raise ExportError(f"torch.onnx.export failed: {type(exc).__name__}: {exc}") from exc
         stage = tmp_dir / "out"
         stage.mkdir()
-        graph = stage / "model.onnx"
         import onnx
         proto = onnx.load(str(raw_graph))  # also pulls any external files torch wrote
-        proto.producer_name = "prune-engine"
+        # The transformer optimizer checks the producer; our own mark goes in the metadata.
+        proto.producer_name, proto.producer_version = "pytorch", torch.__version__
+        onnx.helper.set_model_props(proto, {"prune-engine": engine.__version__, "family": fam.name})
+        fp32 = _step_path(tmp_dir, "fp32")
         if use_external:
-            onnx.save_model(proto, str(graph), save_as_external_data=True, all_tensors_to_one_file=True,
+            onnx.save_model(proto, str(fp32), save_as_external_data=True, all_tensors_to_one_file=True,
                             location="model.onnx.data", size_threshold=1024)
         else:
-            onnx.save_model(proto, str(graph))
+            onnx.save_model(proto, str(fp32))
         del proto
-        onnx.checker.check_model(str(graph))
+        onnx.checker.check_model(str(fp32))
         hf_tok.save_pretrained(str(stage))
         if not (stage / "tokenizer.json").is_file():
             raise ExportError("the tokenizer could not be saved as tokenizer.json (fast tokenizer)")
+
+        checks: list[dict[str, Any]] = []
+        reference = torch_runner(model, spec)
+        batches = sample_batches(encoder) if verify else []
+
+        def check(graph: Path, step: str, tol: float) -> None:
+            if not verify:
+                return
+            log(f"checking the {step} graph against PyTorch ...")
+            report = compare(reference, ort_runner(graph), batches)
+            report.update(step=step, tolerance=tol)
+            checks.append(report)
+            worst = max(report["max_abs_diff_sentence_probs"], report["max_abs_diff_rerank_score"])
+            if worst > tol:
+                raise ExportError(f"the {step} graph disagrees with PyTorch: max |diff| {worst:.3g} "
+                                  f"> tolerance {tol:g} ({report})")
+            log(f"parity OK ({step}): max |diff| probs {report['max_abs_diff_sentence_probs']:.2e}, "
+                f"rerank {report['max_abs_diff_rerank_score']:.2e} over {report['batches']} batches")
+
+        check(fp32, "fp32", tolerance)
+        current = fp32
+        details: dict[str, Any] = {}
+        heads, hidden = encoder_dims(None, ck.config)
+        if optimize:
+            log("optimizing the graph (ONNX Runtime transformer optimizer) ...")
+            opt = _step_path(tmp_dir, "optimized")
+            details["fusions"] = optimize_graph(current, opt, heads, hidden, external_data=use_external)
+            log(f"fused: {details['fusions'] or 'nothing'}")
+            check(opt, "fp32 optimized", tolerance)
+            current = opt
+        if precision == "int8":
+            log(f"quantizing to INT8 ({int8_weight_type}, per_channel={int8_per_channel}) ...")
+            q = _step_path(tmp_dir, "int8")
+            details["quantization"] = quantize_int8(current, q, int8_weight_type, int8_per_channel, use_external)
+            check(q, "int8", INT8_TOLERANCE)
+            current = q
+        elif precision == "fp16":
+            log("converting to FP16 (float32 inputs/outputs, softmax, heads and pooling) ...")
+            h = _step_path(tmp_dir, "fp16")
+            details["fp16"] = convert_fp16(current, h, heads, hidden, fam.backbone == "deberta-v2", use_external)
+            check(h, "fp16", FP16_TOLERANCE)
+            current = h
+        for item in current.parent.iterdir():
+            shutil.copy2(item, stage / item.name)
+        if tensorrt_graph:
+            # TensorRT parses the plain fp32 graph (not ONNX Runtime's fused contrib ops).
+            from export.tensorrt import fix_graph
+            trt_proto = onnx.load(str(fp32))
+            details["tensorrt_graph_fixes"] = fix_graph(trt_proto)
+            onnx.save_model(trt_proto, str(stage / "model.trt.onnx"), save_as_external_data=use_external,
+                            all_tensors_to_one_file=True, location="model.trt.onnx.data")
+            del trt_proto
 
         manifest: dict[str, Any] = {
             "format": MANIFEST_FORMAT,
@@ -208,33 +279,28 @@ def export_model(checkpoint: str | Path, out: str | Path, *, family: str | None 
             "max_length": spec.max_length,
             "buckets": list(BatchingConfig().buckets_for(spec.max_length)),
             "graph": "model.onnx",
-            "external_data": "model.onnx.data" if use_external else None,
-            "precision": "fp32",
+            "external_data": "model.onnx.data" if (stage / "model.onnx.data").exists() else None,
+            "precision": precision,
+            "optimized": bool(optimize),
+            **details,
             "opset": opset,
             "inputs": input_names,
             "outputs": list(GRAPH_OUTPUTS),
             "tokenizer": {"file": "tokenizer.json", "class": type(hf_tok).__name__,
                           "vocab_size": len(hf_tok), "seps_between": fam.seps_between,
                           **spec.special_tokens()},
-            "source": {"checkpoint": str(checkpoint), "weights_sha256": ck.weights_sha256},
+            "source": {"checkpoint": str(checkpoint), "weights_sha256": ck.weights_sha256,
+                       "num_attention_heads": heads, "hidden_size": hidden},
             "options": family_options(model),
             "exported_with": {"engine": engine.__version__, "torch": torch.__version__,
                               "transformers": __import__("transformers").__version__,
-                              "onnx": onnx.__version__},
+                              "onnx": onnx.__version__,
+                              "onnxruntime": __import__("onnxruntime").__version__},
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
         if verify:
-            log("checking the graph against PyTorch ...")
-            batches = sample_batches(encoder)
-            report = compare(torch_runner(model, spec), ort_runner(graph), batches)
-            report["tolerance"] = tolerance
-            worst = max(report["max_abs_diff_sentence_probs"], report["max_abs_diff_rerank_score"])
-            if worst > tolerance:
-                raise ExportError(f"the exported graph disagrees with PyTorch: max |diff| {worst:.3g} "
-                                  f"> tolerance {tolerance:g} ({report})")
-            manifest["verification"] = report
-            log(f"parity OK: max |diff| probs {report['max_abs_diff_sentence_probs']:.2e}, "
-                f"rerank {report['max_abs_diff_rerank_score']:.2e} over {report['batches']} batches")
+            manifest["verification"] = checks[-1]
+            manifest["verification_steps"] = checks
         (stage / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         out.mkdir(parents=True, exist_ok=True)
         for item in stage.iterdir():

@@ -1,0 +1,135 @@
+"""Fidelity of a precision against the fp32 PyTorch reference (`prune fidelity`).
+
+Both models score the same corpus (the sentence-labelled JSONL, using its own sentence
+spans, or the RAG JSONL, using the engine's splitter); the report gives
+
+- sentence decision agreement at several thresholds (the share of sentences whose
+  keep/prune decision is the same);
+- max and mean |delta probability| over all sentences;
+- reranking score: max |error| and Spearman rank correlation over all passages;
+- the share of documents whose pruned text changed (at the family's default threshold).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from benchmarks.quality import _progress, _read_jsonl
+
+THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
+
+
+@dataclass
+class Doc:
+    question: str
+    context: str
+    spans: list[tuple[int, int]] | None
+
+
+def load_docs(path: str | Path, limit: int | None = None) -> list[Doc]:
+    """Documents from either data format: `context` (+ `sentences`) or `passages`."""
+    docs: list[Doc] = []
+    for row in _read_jsonl(path):
+        if "context" in row:
+            spans = [(int(a), int(b)) for a, b in row["sentences"]] if "sentences" in row else None
+            docs.append(Doc(row["question"], row["context"], spans))
+        else:
+            docs.extend(Doc(row["question"], p, None) for p in row["passages"])
+        if limit is not None and len(docs) >= limit:
+            return docs[:limit]
+    return docs
+
+
+def rankdata(x: np.ndarray) -> np.ndarray:
+    """Ranks with ties averaged (as scipy.stats.rankdata)."""
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(len(x), dtype=np.float64)
+    sorted_x = x[order]
+    i = 0
+    while i < len(x):
+        j = i
+        while j + 1 < len(x) and sorted_x[j + 1] == sorted_x[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    return ranks
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    ra, rb = rankdata(np.asarray(a, dtype=np.float64)), rankdata(np.asarray(b, dtype=np.float64))
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def fidelity_report(ref_probs: Sequence[np.ndarray], got_probs: Sequence[np.ndarray],
+                    ref_rerank: Sequence[float], got_rerank: Sequence[float],
+                    ref_pruned: Sequence[str], got_pruned: Sequence[str],
+                    keep_rule: str = "gt", thresholds: Sequence[float] = THRESHOLDS) -> dict[str, Any]:
+    """The figures of the module docstring from per-document outputs of both models."""
+    r = np.concatenate([np.asarray(p, dtype=np.float64) for p in ref_probs]) if ref_probs else np.zeros(0)
+    g = np.concatenate([np.asarray(p, dtype=np.float64) for p in got_probs]) if got_probs else np.zeros(0)
+    if r.shape != g.shape:
+        raise ValueError(f"sentence counts differ: {r.shape} vs {g.shape}")
+    agreement = {}
+    for t in thresholds:
+        kr, kg = (r > t, g > t) if keep_rule == "gt" else (r >= t, g >= t)
+        agreement[str(t)] = float((kr == kg).mean()) if len(r) else 1.0
+    delta = np.abs(r - g)
+    rr, gr = np.asarray(ref_rerank, dtype=np.float64), np.asarray(got_rerank, dtype=np.float64)
+    changed = sum(a != b for a, b in zip(ref_pruned, got_pruned))
+    return {
+        "documents": len(ref_probs), "sentences": int(len(r)),
+        "decision_agreement": agreement,
+        "max_abs_delta_prob": float(delta.max()) if len(delta) else 0.0,
+        "mean_abs_delta_prob": float(delta.mean()) if len(delta) else 0.0,
+        "rerank_max_abs_error": float(np.abs(rr - gr).max()) if len(rr) else 0.0,
+        "rerank_spearman": spearman(rr, gr) if len(rr) > 1 else float("nan"),
+        "pruned_text_changed_share": changed / max(len(ref_pruned), 1),
+    }
+
+
+def run_model(pruner, docs: Sequence[Doc], progress: bool, desc: str):
+    probs, rerank, pruned = [], [], []
+    fam = pruner.family
+    from engine import text as textmod
+    from engine.decide import build_result, keep_mask
+    for d in _progress(docs, len(docs), desc, progress):
+        spans = d.spans if d.spans is not None else textmod.split_sentences(d.context)
+        sc = pruner.score(d.question, [d.context], [spans])[0]
+        probs.append(sc.probs)
+        rerank.append(sc.rerank if sc.rerank is not None else 0.0)
+        kept = keep_mask(sc.probs, fam, fam.threshold, fam.title, fam.backoff_alpha)
+        pruned.append(build_result(0, d.context, spans, sc.probs, kept, sc.rerank, fam.threshold, 1).pruned_context)
+    return probs, rerank, pruned
+
+
+def measure(candidate, reference, docs: Sequence[Doc], progress: bool = True,
+            log: Callable[[str], None] = print) -> dict[str, Any]:
+    log(f"scoring {len(docs)} documents with the candidate ({candidate.backend.describe()}) ...")
+    got = run_model(candidate, docs, progress, "candidate")
+    log(f"scoring {len(docs)} documents with the reference ({reference.backend.describe()}) ...")
+    ref = run_model(reference, docs, progress, "reference")
+    return fidelity_report(ref[0], got[0], ref[1], got[1], ref[2], got[2], candidate.family.keep_rule)
+
+
+def format_report(name: str, rep: dict[str, Any]) -> str:
+    agree = " | ".join(f"{100 * v:.2f}%" for v in rep["decision_agreement"].values())
+    heads = " | ".join(f"agree@{t}" for t in rep["decision_agreement"])
+    return "\n".join([
+        f"| model | {heads} | max abs dp | mean abs dp | rerank max err | rerank Spearman | pruned text changed |",
+        "|---|" + "---|" * (len(rep["decision_agreement"]) + 5),
+        f"| {name} | {agree} | {rep['max_abs_delta_prob']:.2e} | {rep['mean_abs_delta_prob']:.2e} | "
+        f"{rep['rerank_max_abs_error']:.2e} | {rep['rerank_spearman']:.5f} | "
+        f"{100 * rep['pruned_text_changed_share']:.1f}% |",
+        f"({rep['documents']} documents, {rep['sentences']} sentences)",
+    ])
+
+
+def save(rep: dict[str, Any], path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(rep, indent=2) + "\n")

@@ -1,0 +1,183 @@
+"""Optimized fp32, INT8 and FP16 graphs against the fp32 PyTorch reference; TensorRT's
+pure parts.
+
+Stated tolerances (measured on the test checkpoints, whose heads are widened so that
+probabilities spread over 0..1, which makes them harder than real models):
+- fp32 optimized: |dp| <= 1e-5 and identical decisions at 0.1 / 0.3 / 0.5;
+- INT8 (dynamic, QInt8 weights): |dp| <= 0.02 (measured up to ~1e-3);
+- FP16: |dp| <= 0.005 (measured up to ~3e-4).
+"""
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from benchmarks.fidelity import fidelity_report, rankdata, spearman
+from engine.pruner import Pruner
+from export.onnx import export_model
+from export.tensorrt import (fix_graph, profiles, tensorrt_available, trtexec_command,
+                             write_build_script)
+from tests.conftest import FAMILY_NAMES
+from tests.test_parity import PASSAGES, QUESTION
+
+TOL = {"fp32": 1e-5, "int8": 0.02, "fp16": 0.005}
+
+
+@pytest.fixture(scope="module")
+def variants(checkpoints, tmp_path_factory):
+    root = tmp_path_factory.mktemp("precisions")
+    out = {}
+    for name in FAMILY_NAMES:
+        for precision in ("fp32", "int8", "fp16"):
+            folder = root / f"{name}-{precision}"
+            export_model(checkpoints[name], folder, precision=precision, log=lambda m: None)
+            out[name, precision] = folder
+    return out
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+@pytest.mark.parametrize("precision", ["fp32", "int8", "fp16"])
+def test_precision_against_reference(variants, pruners, name, precision):
+    _, reference = pruners[name]
+    candidate = Pruner.load(variants[name, precision], threads=1)
+    ref = reference.prune(QUESTION, PASSAGES)
+    got = candidate.prune(QUESTION, PASSAGES)
+    dp = max(abs(a.probability - b.probability) for ra, rb in zip(ref, got)
+             for a, b in zip(ra.sentences, rb.sentences))
+    assert dp <= TOL[precision], f"{name} {precision}: max |dp| {dp:.2e}"
+    if precision == "fp32":
+        for t in (0.1, 0.3, 0.5):
+            a = reference.prune(QUESTION, PASSAGES, threshold=t)
+            b = candidate.prune(QUESTION, PASSAGES, threshold=t)
+            assert [[s.kept for s in r.sentences] for r in a] == [[s.kept for s in r.sentences] for r in b]
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_optimizer_fused_what_it_can(variants, name):
+    import json
+    m = json.loads((variants[name, "fp32"] / "manifest.json").read_text())
+    assert m["optimized"] and m["fusions"].get("SkipLayerNormalization", 0) > 0
+    ops = {n.op_type for n in onnx.load(str(variants[name, "fp32"] / "model.onnx")).graph.node}
+    if name in ("xprovence", "open_provence", "opensearch"):
+        assert "Attention" in ops        # BERT / XLM-R attention is fused
+    else:
+        assert "Attention" not in ops    # DeBERTa's and the custom-mask attention are not
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_int8_keeps_heads_and_pooling_in_float32(variants, name):
+    graph = onnx.load(str(variants[name, "int8"] / "model.onnx")).graph
+    ops = [n.op_type for n in graph.node]
+    assert "MatMulInteger" in ops or "QAttention" in ops or "DynamicQuantizeMatMul" in ops
+    for n in graph.node:
+        if "/encoder/layer" not in n.name and not n.name.startswith("Attention"):
+            assert n.op_type not in ("MatMulInteger", "QAttention", "DynamicQuantizeMatMul"), n.name
+        if n.op_type == "Softmax":
+            assert not n.name.endswith("_quant")
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_fp16_float32_io_and_finite_on_long_inputs(variants, name):
+    folder = variants[name, "fp16"]
+    model = onnx.load(str(folder / "model.onnx"))
+    assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in model.graph.initializer)
+    for o in model.graph.output:
+        assert o.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    for n in model.graph.node:
+        if n.op_type == "Softmax":
+            # the graph around every softmax is float32 (blocked from conversion)
+            assert "fp16" not in n.name.lower()
+    pruner = Pruner.load(folder, threads=1)
+    long_passage = " ".join(f"Sentence {i} repeats the long word antidisestablishmentarianism {i} times."
+                            for i in range(200))
+    res = pruner.prune(QUESTION, [long_passage, "Short."])
+    probs = np.array([s.probability for r in res for s in r.sentences])
+    assert np.isfinite(probs).all() and res[0].blocks > 2
+    assert all(np.isfinite(r.reranking_score) for r in res)
+
+
+def test_fidelity_report_with_a_known_disagreement():
+    ref = [np.array([0.05, 0.2, 0.6]), np.array([0.9, 0.45])]
+    got = [np.array([0.05, 0.35, 0.6]), np.array([0.9, 0.55])]
+    rep = fidelity_report(ref, got, [1.0, 2.0], [1.1, 1.9], ["a", "b"], ["a", "c"], thresholds=(0.1, 0.3, 0.5))
+    assert rep["decision_agreement"] == {"0.1": 1.0, "0.3": 0.8, "0.5": 0.8}
+    assert rep["max_abs_delta_prob"] == pytest.approx(0.15)
+    assert rep["mean_abs_delta_prob"] == pytest.approx(0.25 / 5)
+    assert rep["rerank_max_abs_error"] == pytest.approx(0.1)
+    assert rep["rerank_spearman"] == pytest.approx(1.0)
+    assert rep["pruned_text_changed_share"] == 0.5
+    assert rankdata(np.array([3.0, 1.0, 3.0])).tolist() == [2.5, 1.0, 2.5]
+    assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+
+
+# ------------------------------------------------------------------ TensorRT
+
+def test_tensorrt_profiles_follow_the_buckets():
+    names = ["input_ids", "attention_mask", "sentence_ids"]
+    buckets = list(range(32, 513, 32))
+    profs = profiles(names, buckets, max_batch_size=64)
+    assert len(profs) == 3
+    assert profs[0]["input_ids"] == ((1, 32), (32, 128), (64, 128))
+    assert profs[1]["input_ids"] == ((1, 160), (32, 256), (64, 256))
+    assert profs[2]["sentence_ids"] == ((1, 288), (32, 512), (64, 512))
+    single = profiles(names, [64, 128], max_batch_size=8, groups=(512,), opt_batch=4)
+    assert single == [{n: ((1, 64), (4, 128), (8, 128)) for n in names}]
+
+
+def test_trtexec_command_and_script(tmp_path):
+    prof = {"input_ids": ((1, 32), (8, 256), (16, 512)), "sentence_ids": ((1, 32), (8, 256), (16, 512))}
+    cmd = trtexec_command("m.onnx", "m.plan", prof, "fp16")
+    assert cmd[:3] == ["trtexec", "--onnx=m.onnx", "--saveEngine=m.plan"]
+    assert "--minShapes=input_ids:1x32,sentence_ids:1x32" in cmd
+    assert "--optShapes=input_ids:8x256,sentence_ids:8x256" in cmd
+    assert "--maxShapes=input_ids:16x512,sentence_ids:16x512" in cmd
+    assert "--fp16" in cmd and "--int8" not in cmd
+    assert "--int8" in trtexec_command("m.onnx", "m.plan", prof, "int8")
+    with pytest.raises(ValueError):
+        trtexec_command("m.onnx", "m.plan", prof, "fp4")
+    script = write_build_script(tmp_path, ["input_ids"], [64, 512], 32, "fp16")
+    assert "--maxShapes=input_ids:32x512" in script.read_text()
+
+
+def test_tensorrt_graph_fix_rewrites_uint8_casts():
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("mask", TensorProto.INT64, ["b", "l"])
+    y = helper.make_tensor_value_info("out", TensorProto.BOOL, ["b", "l"])
+    nodes = [helper.make_node("Cast", ["mask"], ["m8"], to=TensorProto.UINT8, name="u8"),
+             helper.make_node("Cast", ["m8"], ["mb"], to=TensorProto.BOOL, name="b"),
+             helper.make_node("Not", ["mb"], ["out"], name="not"),
+             helper.make_node("Cast", ["mask"], ["m8b"], to=TensorProto.UINT8, name="u8_logical"),
+             helper.make_node("Cast", ["mask"], ["dbl"], to=TensorProto.DOUBLE, name="dbl")]
+    # a uint8 cast feeding only logical ops becomes BOOL, others INT32; double becomes float
+    nodes.insert(4, helper.make_node("Not", ["m8b"], ["unused"], name="not2"))
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    feed = {"mask": np.array([[1, 0, 1]], dtype=np.int64)}
+    before = ort.InferenceSession(helper.make_model(helper.make_graph(nodes[:3], "g", [x], [y]),
+                                  opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()).run(None, feed)
+    changed = fix_graph(model)
+    assert changed == {"uint8_casts": 2, "double_casts": 1}
+    to = {n.name: next(a.i for a in n.attribute if a.name == "to") for n in model.graph.node if n.op_type == "Cast"}
+    assert to == {"u8": TensorProto.INT32, "b": TensorProto.BOOL, "u8_logical": TensorProto.BOOL, "dbl": TensorProto.FLOAT}
+    after = ort.InferenceSession(model.SerializeToString()).run(["out"], feed)
+    assert (before[0] == after[0]).all()
+
+
+@pytest.mark.skipif(not tensorrt_available(), reason="TensorRT is not installed (only in NVIDIA's containers)")
+def test_tensorrt_engine_matches_onnxruntime(checkpoints, tmp_path):
+    from export.tensorrt import export_tensorrt
+    export_model(checkpoints["xprovence"], tmp_path / "x", precision="fp16", tensorrt_graph=True, log=lambda m: None)
+    info = export_tensorrt(tmp_path / "x", "fp16", max_batch_size=8, log=lambda m: None)
+    assert info["check"]["max_abs_diff_vs_onnxruntime"] <= 0.02
+
+
+def test_tensorrt_absent_is_a_clear_error(checkpoints, tmp_path):
+    if tensorrt_available():
+        pytest.skip("TensorRT is installed here")
+    from engine.errors import ExportError
+    from export.tensorrt import export_tensorrt
+    export_model(checkpoints["opensearch"], tmp_path / "o", tensorrt_graph=True, log=lambda m: None)
+    with pytest.raises(ExportError, match="build_tensorrt.sh"):
+        export_tensorrt(tmp_path / "o", "fp16", log=lambda m: None)
+    assert (tmp_path / "o" / "build_tensorrt.sh").is_file() and (tmp_path / "o" / "model.trt.onnx").is_file()
+    with pytest.raises(ExportError, match="Q/DQ"):
+        export_tensorrt(tmp_path / "o", "int8", log=lambda m: None)
