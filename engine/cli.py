@@ -89,9 +89,14 @@ def _model_path(args) -> str:
 def cmd_run(args) -> int:
     from engine.pruner import Pruner
     t0 = time.perf_counter()
-    args.model = _model_path(args)
-    pruner = Pruner.load(args.model, backend=args.backend, family=args.family, threads=args.threads,
-                         batching=_batching(args))
+    if args.server:
+        pruner = Pruner.connect(args.server, args.server_model or "default", protocol=args.protocol,
+                                tokenizer=args.model, batching=_batching(args))
+        args.model = f"{args.protocol}://{args.server}/{args.server_model or 'default'}"
+    else:
+        args.model = _model_path(args)
+        pruner = Pruner.load(args.model, backend=args.backend, family=args.family, threads=args.threads,
+                             batching=_batching(args))
     t_load = time.perf_counter() - t0
     contexts = _read_contexts(args)
     t1 = time.perf_counter()
@@ -165,6 +170,37 @@ def cmd_fidelity(args) -> int:
     return 0
 
 
+def cmd_repository(args) -> int:
+    from export.triton import RepositoryOptions, build_repository
+    model = args.model or str(__import__("engine.default_model", fromlist=["x"]).ensure_default_model())
+    opts = RepositoryOptions(target=args.target, name=args.name or ("default" if not args.model else None),
+                             max_batch_size=args.max_batch_size, max_batch_tokens=args.max_batch_tokens,
+                             max_queue_delay_us=args.max_queue_delay_us,
+                             preferred_batch_sizes=args.preferred_batch_sizes, instances=args.instances,
+                             intra_op_threads=args.intra_op_threads or 0, trt_accelerator=args.trt_accelerator)
+    build_repository(model, args.out, opts, log=lambda m: print(m, file=sys.stderr, flush=True))
+    return 0
+
+
+def cmd_serve(args) -> int:
+    import signal as _signal
+    from engine.serve import TritonServer
+    server = TritonServer(args.model_repository, host=args.host, http_port=args.http_port,
+                          grpc_port=args.grpc_port, metrics_port=args.metrics_port, forward_logs=True)
+    server.start(timeout=args.ready_timeout)
+    print(f"tritonserver ready: gRPC {server.grpc_url}  HTTP {server.http_url}  metrics {server.metrics_url}"
+          "  (Ctrl-C stops)", flush=True)
+    try:
+        while server.proc and server.proc.poll() is None:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    code = server.proc.returncode if server.proc else 0
+    return 0 if code in (0, -_signal.SIGINT, None) else 1
+
+
 def cmd_test_checkpoint(args) -> int:
     from engine.families import FAMILIES
     from export.checkpoints import make_test_checkpoint
@@ -208,6 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--model", help="exported folder (onnxruntime) or checkpoint (--backend torch); "
                                     "default: all-MiniLM-L6-v2, exported on first use")
     r.add_argument("--backend", choices=["onnxruntime", "torch"], default="onnxruntime")
+    r.add_argument("--server", help="a Triton server, host:port (gRPC 8001 or HTTP 8000) instead of in-process")
+    r.add_argument("--server-model", help="the model's name in the server's repository (default: 'default')")
+    r.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
     r.add_argument("--family", help="family override for --backend torch")
     r.add_argument("--question", required=True)
     r.add_argument("--context", action="append", help="a passage (repeatable)")
@@ -244,6 +283,32 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--no-progress", action="store_true")
     _add_batching(f)
     f.set_defaults(func=cmd_fidelity)
+
+    g = sub.add_parser("repository", help="exported model -> Triton model repository")
+    g.add_argument("--model", help="exported model folder (default: the default model)")
+    g.add_argument("--out", required=True, help="the model repository folder")
+    g.add_argument("--target", choices=["cpu", "gpu-onnx", "gpu-tensorrt"], default="cpu")
+    g.add_argument("--name", help="model name in the repository (default: the folder's name)")
+    g.add_argument("--max-batch-size", type=int, default=64)
+    g.add_argument("--max-batch-tokens", type=int, default=16384,
+                   help="token budget the preferred batch sizes are derived from")
+    g.add_argument("--max-queue-delay-us", type=int, default=2000,
+                   help="how long the dynamic batcher waits to fill a batch")
+    g.add_argument("--preferred-batch-sizes", type=int, nargs="+")
+    g.add_argument("--instances", type=int, default=1, help="model instances")
+    g.add_argument("--intra-op-threads", type=int, help="ONNX Runtime threads per instance (cpu target)")
+    g.add_argument("--trt-accelerator", action="store_true",
+                   help="gpu-onnx: ONNX Runtime's TensorRT execution accelerator, fp16")
+    g.set_defaults(func=cmd_repository)
+
+    s = sub.add_parser("serve", help="start a local tritonserver on a model repository")
+    s.add_argument("--model-repository", required=True)
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
+    s.add_argument("--http-port", type=int, default=8000)
+    s.add_argument("--grpc-port", type=int, default=8001)
+    s.add_argument("--metrics-port", type=int, default=8002)
+    s.add_argument("--ready-timeout", type=float, default=120.0)
+    s.set_defaults(func=cmd_serve)
 
     t = sub.add_parser("test-checkpoint", help="write tiny random-weight checkpoints with the real layouts")
     t.add_argument("--family", default="all", help="a family name, or all")

@@ -81,6 +81,44 @@ class Pruner:
         raise InputError(f"unknown backend {backend!r}: onnxruntime or torch "
                          "(Triton: Pruner.connect)")
 
+    @classmethod
+    def connect(cls, url: str, model: str, *, protocol: str = "grpc", tokenizer: str | Path | None = None,
+                batching: BatchingConfig | None = None, timeout: float = 30.0, retries: int = 3,
+                concurrency: int = 8, ready_timeout: float = 10.0) -> "Pruner":
+        """A Pruner whose core is a model on a Triton server (see `prune repository`).
+
+        The manifest and tokenizer come from the model's config, so client and server agree;
+        `tokenizer` (an export folder or a tokenizer.json) is needed only for tokenizers too
+        large to embed there.
+        """
+        from engine.backends.triton import TritonBackend
+        core = TritonBackend(url, model, protocol=protocol, timeout=timeout, retries=retries,
+                             concurrency=concurrency, ready_timeout=ready_timeout)
+        manifest = core.manifest()
+        spec = spec_from_manifest(manifest, name=model)
+        if tokenizer is not None:
+            path = Path(tokenizer)
+            tok = load_tokenizer(path / "tokenizer.json" if path.is_dir() else path)
+        else:
+            text = core.tokenizer_json()
+            if text is None:
+                raise ModelLoadError(f"model {model!r} does not embed its tokenizer: pass tokenizer= "
+                                     "(the export folder)")
+            from tokenizers import Tokenizer
+            tok = Tokenizer.from_str(text)
+            tok.no_padding()
+            tok.no_truncation()
+        missing = set(spec.input_names) - set(core.input_names)
+        if missing:
+            raise ModelLoadError(f"model {model!r} lacks inputs {sorted(missing)}")
+        return cls(core, tok, spec, batching)
+
+    async def aprune(self, question: str, passages: str | Sequence[str], **kwargs) -> list[PruneResult]:
+        """`prune` for asyncio code: runs in a worker thread (tokenization is CPU work and
+        remote calls block), so the event loop stays free."""
+        import asyncio
+        return await asyncio.to_thread(self.prune, question, passages, **kwargs)
+
     @property
     def family(self):
         return self.spec.family
@@ -164,8 +202,8 @@ class Pruner:
     def run_blocks(self, blocks: Sequence[Block]) -> list[tuple[float, np.ndarray]]:
         """Model outputs per block: (rerank score, probabilities of its sentence slots)."""
         out: list[tuple[float, np.ndarray] | None] = [None] * len(blocks)
-        for batch in self.batches(blocks):
-            rerank, probs = self.backend.infer(batch)
+        batches = self.batches(blocks)
+        for batch, (rerank, probs) in zip(batches, self.backend.infer_many(batches)):
             if rerank.shape[0] != len(batch.blocks) or probs.shape[0] != len(batch.blocks):
                 raise BackendError(f"backend returned {rerank.shape[0]} rows for a batch of "
                                    f"{len(batch.blocks)}")

@@ -19,6 +19,10 @@ class Backend(ABC):
     def infer(self, batch: ModelBatch) -> tuple[np.ndarray, np.ndarray]:
         """float32 rerank scores [B] and sentence probabilities [B, S], S = max(sentence_ids)+1."""
 
+    def infer_many(self, batches: list[ModelBatch]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """All batches of one call; remote backends send them concurrently."""
+        return [self.infer(b) for b in batches]
+
     def health(self) -> bool:
         return True
 

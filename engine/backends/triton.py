@@ -1,0 +1,224 @@
+"""Triton Inference Server over gRPC (default) or HTTP: the production path.
+
+The client pads every batch to the engine's length buckets, so requests from many
+clients have equal shapes and the server's dynamic batcher can join them (the
+onnxruntime and tensorrt backends need equal shapes). A call with more rows than the
+model's `max_batch_size` is split; the batches of one call are sent concurrently.
+Connection errors are retried with exponential backoff; every request has a timeout,
+so a dead server is a clear error, never a hang.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence
+
+import numpy as np
+
+from engine.backends.base import Backend
+from engine.batching import ModelBatch
+from engine.errors import BackendError, ModelLoadError
+from engine.spec import GRAPH_OUTPUTS
+
+_RETRYABLE = ("unavailable", "connection refused", "connect", "socket closed", "broken pipe",
+              "reset by peer", "failed to establish", "timed out", "deadline")
+
+
+class TritonBackend(Backend):
+    name = "triton"
+
+    def __init__(self, url: str, model: str, *, protocol: str = "grpc", version: str = "",
+                 timeout: float = 30.0, retries: int = 3, backoff: float = 0.5, concurrency: int = 8,
+                 ready_timeout: float = 10.0):
+        if protocol not in ("grpc", "http"):
+            raise ModelLoadError(f"protocol must be grpc or http, got {protocol!r}")
+        try:
+            if protocol == "grpc":
+                import tritonclient.grpc as tc
+            else:
+                import tritonclient.http as tc
+        except ImportError as exc:
+            raise ModelLoadError("tritonclient is not installed: pip install 'prune-engine[triton]'") from exc
+        self.tc, self.protocol, self.url, self.model, self.version = tc, protocol, url, model, version
+        self.timeout, self.retries, self.backoff, self.concurrency = timeout, retries, backoff, concurrency
+        # The HTTP client is gevent-based: one Pruner per thread; gRPC clients are thread-safe.
+        kwargs = ({} if protocol == "grpc" else
+                  {"concurrency": concurrency, "connection_timeout": timeout, "network_timeout": timeout})
+        self.client = tc.InferenceServerClient(url, **kwargs)
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="triton")
+        self._wait_ready(ready_timeout)
+        self.config = self._model_config()
+        self.max_batch_size = int(self.config.get("max_batch_size", 0)) or None
+        self.input_names = self._check_contract()
+
+    # -------------------------------------------------------------- set-up
+    def _call(self, fn, *args, **kwargs):
+        """Run a client call, retrying connection errors with exponential backoff."""
+        delay = self.backoff
+        for attempt in range(self.retries + 1):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                text = str(exc).lower()
+                if attempt == self.retries or not any(k in text for k in _RETRYABLE):
+                    raise
+                time.sleep(delay)
+                delay *= 2
+
+    def _wait_ready(self, ready_timeout: float) -> None:
+        deadline = time.monotonic() + ready_timeout
+        last = None
+        while True:
+            try:
+                if self.client.is_server_ready():
+                    break
+            except Exception as exc:
+                last = exc
+            if time.monotonic() > deadline:
+                raise BackendError(f"Triton server at {self.url} ({self.protocol}) is not reachable or not "
+                                   f"ready after {ready_timeout:.0f} s" + (f": {last}" if last else ""))
+            time.sleep(0.2)
+        try:
+            ready = self.client.is_model_ready(self.model, self.version)
+        except Exception as exc:
+            ready, last = False, exc
+        if not ready:
+            try:
+                index = self.client.get_model_repository_index()
+                names = sorted({(m.name if hasattr(m, "name") else m["name"]) for m in
+                                (index.models if hasattr(index, "models") else index)})
+            except Exception:
+                names = []
+            raise BackendError(f"model {self.model!r} is not ready on the Triton server at {self.url}"
+                               + (f" (models there: {', '.join(names)})" if names else ""))
+
+    def _model_config(self) -> dict[str, Any]:
+        if self.protocol == "grpc":
+            from google.protobuf.json_format import MessageToDict
+            cfg = self.client.get_model_config(self.model, self.version, client_timeout=self.timeout).config
+            d = MessageToDict(cfg, preserving_proto_field_name=True)
+            d["max_batch_size"] = cfg.max_batch_size
+            return d
+        return self.client.get_model_config(self.model, self.version)
+
+    def _check_contract(self) -> list[str]:
+        meta = self.client.get_model_metadata(self.model, self.version)
+        if self.protocol == "grpc":
+            inputs = [i.name for i in meta.inputs]
+            outputs = [o.name for o in meta.outputs]
+        else:
+            inputs = [i["name"] for i in meta["inputs"]]
+            outputs = [o["name"] for o in meta["outputs"]]
+        required = {"input_ids", "attention_mask", "sentence_ids"}
+        if not required <= set(inputs) or not set(GRAPH_OUTPUTS) <= set(outputs):
+            raise ModelLoadError(f"model {self.model!r} on {self.url} does not follow the engine's contract: "
+                                 f"inputs {inputs}, outputs {outputs}")
+        return inputs
+
+    def parameters(self) -> dict[str, str]:
+        params = self.config.get("parameters", {})
+        return {k: (v.get("string_value") if isinstance(v, dict) else v) for k, v in params.items()}
+
+    def manifest(self) -> dict[str, Any]:
+        text = self.parameters().get("prune_manifest")
+        if not text:
+            raise ModelLoadError(f"model {self.model!r} has no prune_manifest parameter: "
+                                 "generate its repository with `prune repository`")
+        return json.loads(text)
+
+    def tokenizer_json(self) -> str | None:
+        packed = self.parameters().get("prune_tokenizer_zlib_b64")
+        return zlib.decompress(base64.b64decode(packed)).decode("utf-8") if packed else None
+
+    def health(self) -> bool:
+        try:
+            return bool(self.client.is_model_ready(self.model, self.version))
+        except Exception:
+            return False
+
+    # -------------------------------------------------------------- inference
+    def _request(self, feeds: dict[str, np.ndarray]):
+        tc = self.tc
+        inputs = []
+        for name in self.input_names:
+            arr = np.ascontiguousarray(feeds[name])
+            inp = tc.InferInput(name, list(arr.shape), "INT64")
+            inp.set_data_from_numpy(arr)
+            inputs.append(inp)
+        return inputs, [tc.InferRequestedOutput(n) for n in GRAPH_OUTPUTS]
+
+    def _infer_chunk(self, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        inputs, outputs = self._request(feeds)
+        try:
+            res = self._call(self.client.infer, self.model, inputs, model_version=self.version,
+                             outputs=outputs, client_timeout=self.timeout)
+        except Exception as exc:
+            raise BackendError(f"Triton inference on {self.url} (model {self.model!r}) failed: {exc}") from exc
+        return self._outputs(res)
+
+    def _infer_http(self, jobs: list[dict[str, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """HTTP: the client's own connection pool sends the requests concurrently (its
+        gevent-based client must stay on the calling thread)."""
+        def submit(feeds):
+            inputs, outputs = self._request(feeds)
+            return self.client.async_infer(self.model, inputs, model_version=self.version, outputs=outputs)
+
+        def run(feeds):
+            return self._call(lambda: submit(feeds).get_result(timeout=self.timeout))
+        try:
+            pending = [submit(f) for f in jobs]
+            results = []
+            for feeds, req in zip(jobs, pending):
+                try:
+                    results.append(req.get_result(timeout=self.timeout))
+                except Exception as exc:
+                    if not any(k in str(exc).lower() for k in _RETRYABLE):
+                        raise
+                    results.append(run(feeds))
+        except Exception as exc:
+            raise BackendError(f"Triton inference on {self.url} (model {self.model!r}) failed: {exc}") from exc
+        return [self._outputs(r) for r in results]
+
+    def _outputs(self, res) -> tuple[np.ndarray, np.ndarray]:
+        rerank = res.as_numpy("rerank_score")
+        probs = res.as_numpy("sentence_probs")
+        if rerank is None or probs is None:
+            raise BackendError(f"Triton returned no outputs for model {self.model!r}")
+        return rerank.reshape(-1).astype(np.float32, copy=False), probs.astype(np.float32, copy=False)
+
+    def infer(self, batch: ModelBatch) -> tuple[np.ndarray, np.ndarray]:
+        return self.infer_many([batch])[0]
+
+    def infer_many(self, batches: Sequence[ModelBatch]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """All batches of a call, split to max_batch_size and sent concurrently."""
+        jobs, owners = [], []
+        step = self.max_batch_size or 10**9
+        for k, b in enumerate(batches):
+            feeds = b.inputs(self.input_names)
+            for s in range(0, b.shape[0], step):
+                jobs.append({n: a[s:s + step] for n, a in feeds.items()})
+                owners.append(k)
+        if self.protocol == "http":
+            results = self._infer_http(jobs)
+        else:
+            results = list(self._pool.map(self._infer_chunk, jobs))
+        out: list[tuple[np.ndarray, np.ndarray]] = []
+        for k in range(len(batches)):
+            parts = [r for r, o in zip(results, owners) if o == k]
+            width = max(p.shape[1] for _, p in parts)
+            probs = np.concatenate([np.pad(p, ((0, 0), (0, width - p.shape[1]))) for _, p in parts])
+            out.append((np.concatenate([r for r, _ in parts]), probs))
+        return out
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+        try:
+            self.client.close()
+        except Exception:
+            pass
+
+    def describe(self) -> str:
+        return f"triton {self.protocol}://{self.url} model {self.model}"

@@ -1,0 +1,164 @@
+"""`prune serve`: start a real Triton Inference Server on a model repository.
+
+On CPU machines the server is the `tritonserver` binary that the PyPI package
+`nvidia-pytriton` carries, with its python backend (no onnxruntime/tensorrt backends:
+the `cpu` repository target runs ONNX Runtime inside the python backend). How it is made
+to start (see the README's notes): the python-backend stub for this Python goes into a
+backends folder, Python's LIBDIR comes first on LD_LIBRARY_PATH (or the stub loads
+another libpython), and this interpreter's `bin/` comes first on PATH (the stub finds
+packages through the first `python3`; PYTHONPATH is ignored).
+
+Binds 127.0.0.1 unless told otherwise. On GPU servers use NVIDIA's Triton container
+instead (README).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+import urllib.request
+from collections import deque
+from pathlib import Path
+
+from engine.errors import BackendError
+
+
+def _pytriton_dir() -> Path:
+    try:
+        import pytriton
+    except ImportError as exc:
+        raise BackendError("no tritonserver binary: pip install 'prune-engine[serve]' "
+                           "(nvidia-pytriton carries one), or use NVIDIA's Triton container") from exc
+    return Path(pytriton.__file__).resolve().parent / "tritonserver"
+
+
+def server_binary() -> Path:
+    env = os.environ.get("PRUNE_TRITONSERVER")
+    path = Path(env) if env else _pytriton_dir() / "bin" / "tritonserver"
+    if not path.is_file():
+        raise BackendError(f"{path}: no tritonserver binary")
+    return path
+
+
+class TritonServer:
+    """A tritonserver process on a model repository; a context manager."""
+
+    def __init__(self, repository: str | Path, *, host: str = "127.0.0.1", http_port: int = 8000,
+                 grpc_port: int = 8001, metrics_port: int = 8002, log_file: str | Path | None = None,
+                 forward_logs: bool = False, extra_args: list[str] | None = None):
+        self.repository = Path(repository).resolve()
+        if not self.repository.is_dir():
+            raise BackendError(f"{repository}: no such model repository")
+        self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
+        self.log_file = Path(log_file) if log_file else None
+        self.forward_logs = forward_logs
+        self.extra_args = extra_args or []
+        self.proc: subprocess.Popen | None = None
+        self.tail: deque[str] = deque(maxlen=60)
+        self._workdir: tempfile.TemporaryDirectory | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    def _prepare(self) -> tuple[list[str], dict[str, str]]:
+        binary = server_binary()
+        base = _pytriton_dir()
+        self._workdir = tempfile.TemporaryDirectory(prefix="prune-triton-")
+        work = Path(self._workdir.name)
+        py_backend = work / "backends" / "python"
+        py_backend.mkdir(parents=True)
+        for f in (base / "backends" / "python").iterdir():
+            if f.is_file():
+                shutil.copy2(f, py_backend / f.name)
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        stub = base / "python_backend_stubs" / version / "triton_python_backend_stub"
+        if not stub.is_file():
+            raise BackendError(f"no python-backend stub for Python {version} in {base}")
+        shutil.copy2(stub, py_backend / stub.name)
+        env = dict(os.environ)
+        libs = [sysconfig.get_config_var("LIBDIR") or "", str(base.parent.parent / "nvidia_pytriton.libs")]
+        env["LD_LIBRARY_PATH"] = ":".join([p for p in libs if p] + [env.get("LD_LIBRARY_PATH", "")]).rstrip(":")
+        env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+        cmd = [str(binary), f"--model-repository={self.repository}",
+               f"--backend-directory={work / 'backends'}", f"--cache-directory={work / 'caches'}",
+               f"--http-address={self.host}", f"--grpc-address={self.host}", f"--metrics-address={self.host}",
+               f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
+               f"--metrics-port={self.metrics_port}", "--strict-readiness=true", "--log-verbose=0",
+               *self.extra_args]
+        return cmd, env
+
+    def _pump(self) -> None:
+        assert self.proc and self.proc.stdout
+        sink = self.log_file.open("a") if self.log_file else None
+        for raw in self.proc.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            self.tail.append(line)
+            if sink:
+                sink.write(line + "\n")
+                sink.flush()
+            if self.forward_logs:
+                print(f"[tritonserver] {line}", file=sys.stderr, flush=True)
+        if sink:
+            sink.close()
+
+    def start(self, timeout: float = 120.0) -> "TritonServer":
+        cmd, env = self._prepare()
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        threading.Thread(target=self._pump, daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise BackendError(f"tritonserver exited with status {self.proc.returncode}:\n"
+                                   + "\n".join(list(self.tail)[-25:]))
+            if self.ready():
+                return self
+            time.sleep(0.25)
+        self.stop()
+        raise BackendError(f"tritonserver not ready after {timeout:.0f} s:\n" + "\n".join(list(self.tail)[-25:]))
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=1) as r:
+                return r.status == 200
+        except Exception:
+            return False
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        if self._workdir:
+            self._workdir.cleanup()
+            self._workdir = None
+
+    def kill(self) -> None:
+        """Kill the server abruptly (fault tests)."""
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,159 @@
+"""Exported model folder -> Triton Inference Server model repository.
+
+    prune repository --model build/provence --out model_repository --target cpu
+
+Targets:
+- `cpu`: python backend running ONNX Runtime (the only backend the CPU server here has);
+- `gpu-onnx`: Triton's onnxruntime backend on GPUs, optionally with the TensorRT
+  execution accelerator (fp16);
+- `gpu-tensorrt`: Triton's tensorrt backend with the plan from `prune export --tensorrt`.
+
+Every model gets the engine's contract as its inputs/outputs, dynamic batching whose
+preferred batch sizes follow the token budget at the client's length buckets, an
+instance group, a warmup request per bucket group, and the export's manifest and
+tokenizer (the client reads them from the model config, so client and server cannot
+drift).
+"""
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ExportError
+from engine.spec import read_manifest
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "triton_models"
+TARGETS = ("cpu", "gpu-onnx", "gpu-tensorrt")
+#: Tokenizers larger than this (compressed) are not embedded in the config; the client
+#: then needs `tokenizer=` (the export folder or its tokenizer.json).
+MAX_EMBEDDED_TOKENIZER = 2_000_000
+
+
+@dataclass
+class RepositoryOptions:
+    target: str = "cpu"
+    name: str | None = None
+    max_batch_size: int = 64
+    max_batch_tokens: int = 16384
+    max_queue_delay_us: int = 2000
+    preferred_batch_sizes: list[int] | None = None
+    instances: int = 1
+    intra_op_threads: int = 0
+    trt_accelerator: bool = False
+    version: int = 1
+
+
+def preferred_sizes(buckets: list[int], max_batch_tokens: int, max_batch_size: int) -> list[int]:
+    """Batch sizes that fill the token budget at a few representative bucket lengths."""
+    sizes = set()
+    for length in (128, 256, 512):
+        fitting = [b for b in buckets if b <= length]
+        if fitting:
+            sizes.add(max(1, min(max_batch_size, max_batch_tokens // fitting[-1])))
+    return sorted(sizes)
+
+
+def warmup_lengths(buckets: list[int]) -> list[int]:
+    """The shortest, a middle and the longest bucket: first requests at each are slow."""
+    return sorted({buckets[0], buckets[len(buckets) // 2], buckets[-1]})
+
+
+def _tensor(name: str, dims: str, reshape: str = "") -> str:
+    return f'  {{\n    name: "{name}"\n    data_type: {"TYPE_INT64" if name != "rerank_score" and name != "sentence_probs" else "TYPE_FP32"}\n    dims: [ {dims} ]{reshape}\n  }}'
+
+
+def render_config(name: str, manifest: dict[str, Any], opts: RepositoryOptions, tokenizer_b64: str | None) -> str:
+    inputs = ",\n".join(_tensor(n, "-1") for n in manifest["inputs"])
+    outputs = ",\n".join([_tensor("rerank_score", "1", "\n    reshape: { shape: [ ] }"),
+                          _tensor("sentence_probs", "-1")])
+    preferred = opts.preferred_batch_sizes or preferred_sizes(manifest["buckets"], opts.max_batch_tokens,
+                                                              opts.max_batch_size)
+    if opts.target == "cpu":
+        head = 'backend: "python"'
+        kind = "KIND_CPU"
+    elif opts.target == "gpu-onnx":
+        head = 'platform: "onnxruntime_onnx"'
+        kind = "KIND_GPU"
+    else:
+        head = 'platform: "tensorrt_plan"'
+        kind = "KIND_GPU"
+    params = {"pad_id": str(manifest["tokenizer"]["pad_id"]), "prune_manifest": json.dumps(manifest),
+              "intra_op_threads": str(opts.intra_op_threads)}
+    if tokenizer_b64:
+        params["prune_tokenizer_zlib_b64"] = tokenizer_b64
+    param_text = "\n".join(
+        f'parameters: {{\n  key: "{k}"\n  value: {{ string_value: {json.dumps(v)} }}\n}}' for k, v in params.items())
+    warmups = []
+    for length in warmup_lengths(manifest["buckets"]):
+        parts = []
+        for n in manifest["inputs"]:
+            data = f'input_data_file: "ones_{length}"' if n == "attention_mask" else "zero_data: true"
+            parts.append(f'    inputs {{\n      key: "{n}"\n      value: {{ data_type: TYPE_INT64 '
+                         f'dims: [ {length} ] {data} }}\n    }}')
+        tensors = "\n".join(parts)
+        warmups.append(f'  {{\n    name: "warmup_{length}"\n    batch_size: 1\n{tensors}\n  }}')
+    accel = ""
+    if opts.target == "gpu-onnx" and opts.trt_accelerator:
+        accel = ('optimization {\n  execution_accelerators {\n    gpu_execution_accelerator: [ {\n'
+                 '      name: "tensorrt"\n      parameters { key: "precision_mode" value: "FP16" }\n'
+                 '      parameters { key: "max_workspace_size_bytes" value: "4294967296" }\n'
+                 '      parameters { key: "trt_engine_cache_enable" value: "1" }\n    } ]\n  }\n}\n')
+    return (f'name: "{name}"\n{head}\nmax_batch_size: {opts.max_batch_size}\n'
+            f"input [\n{inputs}\n]\noutput [\n{outputs}\n]\n"
+            f"dynamic_batching {{\n  preferred_batch_size: [ {', '.join(map(str, preferred))} ]\n"
+            f"  max_queue_delay_microseconds: {opts.max_queue_delay_us}\n}}\n"
+            f"instance_group [ {{ count: {opts.instances} kind: {kind} }} ]\n"
+            f"version_policy: {{ latest: {{ num_versions: 1 }} }}\n"
+            f"{accel}model_warmup [\n" + ",\n".join(warmups) + "\n]\n" + param_text + "\n")
+
+
+def build_repository(model_folder: str | Path, out: str | Path, opts: RepositoryOptions,
+                     log=print) -> Path:
+    """Write (or add to) a model repository; returns the model's folder."""
+    model_folder = Path(model_folder)
+    manifest = read_manifest(model_folder)
+    if opts.target not in TARGETS:
+        raise ExportError(f"target must be one of {TARGETS}, got {opts.target!r}")
+    if opts.max_batch_size < 1:
+        raise ExportError("max_batch_size must be >= 1")
+    name = opts.name or model_folder.name
+    if not name.replace("-", "").replace("_", "").isalnum():
+        raise ExportError(f"model name {name!r}: use letters, digits, - and _")
+    model_dir = Path(out) / name
+    version_dir = model_dir / str(opts.version)
+    if version_dir.exists():
+        shutil.rmtree(version_dir)
+    version_dir.mkdir(parents=True)
+    if opts.target in ("cpu", "gpu-onnx"):
+        shutil.copy2(model_folder / manifest["graph"], version_dir / "model.onnx")
+        if manifest.get("external_data"):
+            shutil.copy2(model_folder / manifest["external_data"], version_dir / manifest["external_data"])
+        if opts.target == "cpu":
+            shutil.copy2(TEMPLATES / "python_onnxruntime" / "model.py", version_dir / "model.py")
+    else:
+        plan = model_folder / "model.plan"
+        if plan.is_file():
+            shutil.copy2(plan, version_dir / "model.plan")
+        else:
+            log(f"note: {plan} does not exist yet: build it with {model_folder / 'build_tensorrt.sh'} "
+                f"inside NVIDIA's TensorRT/Triton container and copy it to {version_dir / 'model.plan'}")
+    tok = (model_folder / manifest["tokenizer"]["file"]).read_bytes()
+    packed = base64.b64encode(zlib.compress(tok, 9)).decode("ascii")
+    if len(packed) > MAX_EMBEDDED_TOKENIZER:
+        log(f"note: the tokenizer ({len(tok)} bytes) is too large to embed in the config; "
+            "clients pass tokenizer= (the export folder)")
+        packed = None
+    # Warmup data: attention_mask of ones (zeros would be an all-padding row).
+    import numpy as np
+    (model_dir / "warmup").mkdir(exist_ok=True)
+    for length in warmup_lengths(manifest["buckets"]):
+        (model_dir / "warmup" / f"ones_{length}").write_bytes(np.ones(length, dtype=np.int64).tobytes())
+    (model_dir / "config.pbtxt").write_text(render_config(name, manifest, opts, packed))
+    shutil.copy2(model_folder / "manifest.json", model_dir / "manifest.json")
+    log(f"wrote {model_dir} (target {opts.target}, max_batch_size {opts.max_batch_size})")
+    return model_dir
