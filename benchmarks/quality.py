@@ -142,15 +142,15 @@ def grid_search(name: str, scores: Sequence[np.ndarray], labels: Sequence[np.nda
                 strict: bool = True) -> GridResult:
     """Best micro F1 over threshold x alpha; ties go to the first setting in grid order."""
     best_f1, best, setting = -1.0, None, None
-    curve = []
+    curves: dict[Any, list[dict[str, float]]] = {}
     for alpha in alphas:
         for t in thresholds:
             m = sentence_metrics([decide(s, t, alpha, strict) for s in scores], labels)
-            if alpha is None:
-                curve.append({"threshold": t, **m["micro"]})
+            curves.setdefault(alpha, []).append({"threshold": t, **m["micro"]})
             if m["micro"]["f1"] > best_f1 + 1e-12:
                 best_f1, best, setting = m["micro"]["f1"], m, {"threshold": t, "alpha": alpha}
-    return GridResult(name, best, setting, curve)
+    # the precision/recall curve over thresholds at the best setting's alpha
+    return GridResult(name, best, setting, curves[setting["alpha"]])
 
 
 def first_k_baseline(labels: Sequence[np.ndarray], ks: Sequence[int] = range(1, 11)) -> GridResult:
@@ -276,20 +276,24 @@ def plot_pr(rows: Sequence[GridResult], path: str | Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, ax = plt.subplots(figsize=(6, 5))
-    for r in rows:
-        if r.curve:
-            ax.plot([c["recall"] for c in r.curve], [c["precision"] for c in r.curve], label=r.name)
-        else:
-            m = r.best["micro"]
-            ax.scatter([m["recall"]], [m["precision"]], label=r.name, marker="x")
+    fig, ax = plt.subplots(figsize=(7, 5.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for k, r in enumerate(rows):
+        color = colors[k % len(colors)]
+        pts = [c for c in r.curve if c["recall"] > 0]
+        if pts:
+            ax.plot([c["recall"] for c in pts], [c["precision"] for c in pts], color=color,
+                    label=f"{r.name} (alpha {r.setting.get('alpha')})")
+        m = r.best["micro"]
+        ax.scatter([m["recall"]], [m["precision"]], color=color, marker="x" if pts else "o",
+                   label=None if pts else r.name, zorder=3)
     ax.set_xlabel("recall")
     ax.set_ylabel("precision")
     ax.set_xlim(0, 1.02)
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title("Sentence-level precision / recall over the threshold grid")
+    ax.set_title("Sentence-level precision / recall over the threshold grid\n(x: best F1 setting)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

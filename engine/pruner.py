@@ -84,7 +84,7 @@ class Pruner:
     @classmethod
     def connect(cls, url: str, model: str, *, protocol: str = "grpc", tokenizer: str | Path | None = None,
                 batching: BatchingConfig | None = None, timeout: float = 30.0, retries: int = 3,
-                concurrency: int = 8, ready_timeout: float = 10.0) -> "Pruner":
+                backoff: float = 0.5, concurrency: int = 8, ready_timeout: float = 10.0) -> "Pruner":
         """A Pruner whose core is a model on a Triton server (see `prune repository`).
 
         The manifest and tokenizer come from the model's config, so client and server agree;
@@ -92,7 +92,7 @@ class Pruner:
         large to embed there.
         """
         from engine.backends.triton import TritonBackend
-        core = TritonBackend(url, model, protocol=protocol, timeout=timeout, retries=retries,
+        core = TritonBackend(url, model, protocol=protocol, timeout=timeout, retries=retries, backoff=backoff,
                              concurrency=concurrency, ready_timeout=ready_timeout)
         manifest = core.manifest()
         spec = spec_from_manifest(manifest, name=model)

@@ -77,6 +77,8 @@ class TritonServer:
 
     def _prepare(self) -> tuple[list[str], dict[str, str]]:
         binary = server_binary()
+        if self._workdir:  # a restart after kill()
+            self._workdir.cleanup()
         base = _pytriton_dir()
         self._workdir = tempfile.TemporaryDirectory(prefix="prune-triton-")
         work = Path(self._workdir.name)

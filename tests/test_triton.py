@@ -1,0 +1,202 @@
+"""A real Triton server (the tritonserver binary of nvidia-pytriton, python backend running
+ONNX Runtime), started by the tests on loopback ports.
+
+Tolerance: results through Triton equal the in-process ONNX Runtime results within 1e-5
+(the same graph runs on both sides; only the rows batched together differ).
+"""
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tritonclient.grpc", reason="tritonclient is not installed (pip install '.[triton]')")
+pytest.importorskip("pytriton", reason="nvidia-pytriton (the tritonserver binary) is not installed")
+
+from google.protobuf import text_format  # noqa: E402
+from tritonclient.grpc import model_config_pb2  # noqa: E402
+
+from engine.batching import BatchingConfig  # noqa: E402
+from engine.errors import BackendError  # noqa: E402
+from engine.pruner import Pruner  # noqa: E402
+from engine.serve import TritonServer  # noqa: E402
+from export.triton import RepositoryOptions, build_repository  # noqa: E402
+from tests.conftest import FAMILY_NAMES  # noqa: E402
+from tests.test_parity import PASSAGES, QUESTION  # noqa: E402
+
+TOL = 1e-5
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@pytest.fixture(scope="module")
+def repository(exported, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("model_repository")
+    for name in FAMILY_NAMES:
+        build_repository(exported[name], repo, RepositoryOptions(target="cpu", name=name, max_batch_size=16,
+                                                                 max_queue_delay_us=20000), log=lambda m: None)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(repository):
+    h, g, m = free_ports(3)
+    with TritonServer(repository, http_port=h, grpc_port=g, metrics_port=m) as s:
+        yield s
+
+
+def _same(a, b, tol=TOL):
+    assert len(a) == len(b)
+    for ra, rb in zip(a, b):
+        assert [s.text for s in ra.sentences] == [s.text for s in rb.sentences]
+        np.testing.assert_allclose([s.probability for s in ra.sentences], [s.probability for s in rb.sentences],
+                                   atol=tol)
+        assert ra.reranking_score == pytest.approx(rb.reranking_score, abs=1e-4)
+        assert [s.kept for s in ra.sentences] == [s.kept for s in rb.sentences]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_triton_equals_in_process(server, pruners, name, protocol):
+    url = server.grpc_url if protocol == "grpc" else server.http_url
+    remote = Pruner.connect(url, name, protocol=protocol)
+    assert remote.spec.family.name == name
+    _same(remote.prune(QUESTION, PASSAGES), pruners[name][0].prune(QUESTION, PASSAGES))
+    # a call larger than max_batch_size (16) is split and still complete
+    many = [f"Passage {i}. It talks about item {i}." for i in range(40)]
+    small = Pruner.connect(url, name, protocol=protocol, batching=BatchingConfig(max_batch_size=64))
+    _same(small.prune(QUESTION, many), pruners[name][0].prune(QUESTION, many))
+
+
+def _stats(server, model):
+    import tritonclient.grpc as g
+    st = g.InferenceServerClient(server.grpc_url).get_inference_statistics(model).model_stats[0]
+    return st.inference_count, st.execution_count
+
+
+def test_dynamic_batching_happens_and_changes_nothing(server, pruners):
+    name = "xprovence"
+    local = pruners[name][0]
+    questions = [f"Question number {i} about the pie?" for i in range(24)]
+    expected = [local.prune(q, [PASSAGES[0]]) for q in questions]
+    inf0, exe0 = _stats(server, name)
+    clients = [Pruner.connect(server.grpc_url, name) for _ in range(6)]
+    results = [None] * len(questions)
+    barrier = threading.Barrier(len(questions))
+
+    def work(i):
+        barrier.wait()
+        results[i] = clients[i % len(clients)].prune(questions[i], [PASSAGES[0]])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(questions))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    inf1, exe1 = _stats(server, name)
+    assert inf1 - inf0 == len(questions)                 # one row per request
+    assert exe1 - exe0 < inf1 - inf0                      # ... run in fewer executions
+    for got, exp in zip(results, expected):
+        _same(got, exp)
+
+
+def test_load_test_no_lost_or_mixed_results(server, pruners):
+    """8 concurrent clients for 3 seconds (bounded count too): every result matches the
+    in-process result of its own request."""
+    name = "opensearch"
+    local = pruners[name][0]
+    docs = [f"The stadium {i} was built in {1900 + i}. It holds {i * 1000} people. Football is played." for i in range(16)]
+    expected = {i: local.prune(f"When was stadium {i} built?", [docs[i]]) for i in range(16)}
+    errors, done = [], []
+    stop = time.monotonic() + 3.0
+
+    def client(k):
+        p = Pruner.connect(server.grpc_url, name)
+        n = 0
+        while time.monotonic() < stop and n < 200:
+            i = (k * 7 + n) % 16
+            try:
+                got = p.prune(f"When was stadium {i} built?", [docs[i]])
+                _same(got, expected[i])
+                done.append(i)
+            except Exception as exc:  # collected, asserted below
+                errors.append(repr(exc))
+            n += 1
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors[:3]
+    assert len(done) >= 8
+
+
+def test_faults_not_started_killed_restarted(repository):
+    h, g, m = free_ports(3)
+    t0 = time.monotonic()
+    with pytest.raises(BackendError, match="not reachable"):
+        Pruner.connect(f"127.0.0.1:{g}", "opensearch", ready_timeout=2)
+    assert time.monotonic() - t0 < 10
+    server = TritonServer(repository, http_port=h, grpc_port=g, metrics_port=m).start()
+    try:
+        client = Pruner.connect(server.grpc_url, "opensearch", timeout=5, retries=4, backoff=0.5)
+        assert client.prune(QUESTION, PASSAGES[:2])
+        server.kill()
+        t0 = time.monotonic()
+        with pytest.raises(BackendError, match="failed"):
+            for _ in range(50):
+                client.prune(QUESTION, PASSAGES)
+        assert time.monotonic() - t0 < 30                  # nothing hangs
+        server.start()                                      # same ports
+        assert client.prune(QUESTION, PASSAGES[:2])         # the same client works again
+    finally:
+        server.stop()
+
+
+def test_unknown_model_is_a_clear_error(server):
+    with pytest.raises(BackendError, match="not ready.*models there"):
+        Pruner.connect(server.grpc_url, "no-such-model")
+
+
+@pytest.mark.parametrize("target, accel", [("cpu", False), ("gpu-onnx", False), ("gpu-onnx", True),
+                                           ("gpu-tensorrt", False)])
+def test_generated_configs_are_valid_triton_configs(exported, tmp_path, target, accel):
+    import json
+    import onnx
+    folder = exported["opensearch"]
+    model_dir = build_repository(folder, tmp_path, RepositoryOptions(target=target, name="m", max_batch_size=32,
+                                                                     trt_accelerator=accel), log=lambda m: None)
+    cfg = text_format.Parse((model_dir / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    graph = onnx.load(str(folder / "model.onnx")).graph
+    assert [i.name for i in cfg.input] == [i.name for i in graph.input]
+    assert [o.name for o in cfg.output] == [o.name for o in graph.output]
+    for i in cfg.input:
+        assert i.data_type == model_config_pb2.TYPE_INT64 and list(i.dims) == [-1]
+    assert list(cfg.output[0].dims) == [1] and list(cfg.output[0].reshape.shape) == []
+    assert cfg.output[1].data_type == model_config_pb2.TYPE_FP32 and list(cfg.output[1].dims) == [-1]
+    assert cfg.max_batch_size == 32 and all(b <= 32 for b in cfg.dynamic_batching.preferred_batch_size)
+    kind = cfg.instance_group[0].kind
+    if target == "cpu":
+        assert cfg.backend == "python" and kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
+        assert (model_dir / "1" / "model.py").is_file() and (model_dir / "1" / "model.onnx").is_file()
+    else:
+        assert kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
+        assert cfg.platform == {"gpu-onnx": "onnxruntime_onnx", "gpu-tensorrt": "tensorrt_plan"}[target]
+    if accel:
+        acc = cfg.optimization.execution_accelerators.gpu_execution_accelerator[0]
+        assert acc.name == "tensorrt" and acc.parameters["precision_mode"] == "FP16"
+    manifest = json.loads(cfg.parameters["prune_manifest"].string_value)
+    assert manifest["family"] == "opensearch"
+    for w in cfg.model_warmup:
+        assert w.inputs["attention_mask"].input_data_file
+        assert (model_dir / "warmup" / w.inputs["attention_mask"].input_data_file).is_file()
