@@ -201,6 +201,29 @@ def cmd_serve(args) -> int:
     return 0 if code in (0, -_signal.SIGINT, None) else 1
 
 
+def cmd_bench(args) -> int:
+    from benchmarks.speed import bench, markdown, plot
+    from engine.default_model import default_checkpoint, ensure_default_model
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    models = {"fp32": Path(args.model) if args.model else ensure_default_model(log)}
+    if args.int8 or not args.model:
+        models["int8"] = Path(args.int8) if args.int8 else ensure_default_model(log, precision="int8")
+    checkpoint = args.checkpoint or (None if args.model else default_checkpoint())
+    out_dir = Path(args.out) / time.strftime("bench-%Y%m%d-%H%M%S")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = bench(models, checkpoint, Path(args.data), args.queries, args.repeats, args.threads,
+                   args.triton, log=log, out_dir=out_dir)
+    command = "prune " + " ".join(sys.argv[1:])
+    report["command"] = command
+    (out_dir / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    text = markdown(report, command)
+    (out_dir / "bench.md").write_text(text)
+    plot(report, out_dir / "bench.png")
+    print(text)
+    print(f"wrote {out_dir}/bench.json, bench.md, bench.png")
+    return 0
+
+
 def cmd_test_checkpoint(args) -> int:
     from engine.families import FAMILIES
     from export.checkpoints import make_test_checkpoint
@@ -309,6 +332,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--metrics-port", type=int, default=8002)
     s.add_argument("--ready-timeout", type=float, default=120.0)
     s.set_defaults(func=cmd_serve)
+
+    b = sub.add_parser("bench", help="speed of every path side by side on the RAG workload")
+    b.add_argument("--data", required=True, help="RAG JSONL (question, passages)")
+    b.add_argument("--model", help="exported fp32 folder (default: the default model)")
+    b.add_argument("--int8", help="exported int8 folder (default: the default model's, exported on first use)")
+    b.add_argument("--checkpoint", help="the checkpoint, for the PyTorch reference paths")
+    b.add_argument("--queries", type=int, default=30, help="queries per path and repeat")
+    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--threads", type=int, help="intra-op threads (default: all cores)")
+    b.add_argument("--triton", action="store_true", help="also serve the model with tritonserver and "
+                   "measure gRPC/HTTP at concurrency 1/4/16 and perf_analyzer")
+    b.add_argument("--out", default="benchmarks/results")
+    b.set_defaults(func=cmd_bench)
 
     t = sub.add_parser("test-checkpoint", help="write tiny random-weight checkpoints with the real layouts")
     t.add_argument("--family", default="all", help="a family name, or all")

