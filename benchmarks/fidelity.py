@@ -114,7 +114,9 @@ def measure(candidate, reference, docs: Sequence[Doc], progress: bool = True,
     got = run_model(candidate, docs, progress, "candidate")
     log(f"scoring {len(docs)} documents with the reference ({reference.backend.describe()}) ...")
     ref = run_model(reference, docs, progress, "reference")
-    return fidelity_report(ref[0], got[0], ref[1], got[1], ref[2], got[2], candidate.family.keep_rule)
+    thresholds = tuple(sorted(set(THRESHOLDS) | {candidate.family.threshold}))
+    return fidelity_report(ref[0], got[0], ref[1], got[1], ref[2], got[2], candidate.family.keep_rule,
+                           thresholds=thresholds)
 
 
 def format_report(name: str, rep: dict[str, Any]) -> str:

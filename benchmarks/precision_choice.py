@@ -34,13 +34,16 @@ VARIANTS = [
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="checkpoint folder")
+    ap.add_argument("--model", required=True, help="checkpoint folder, or 'default' (all-MiniLM-L6-v2)")
     ap.add_argument("--data", required=True)
     ap.add_argument("--limit", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    if args.model == "default":
+        from engine.default_model import default_checkpoint
+        args.model = default_checkpoint()
     docs = load_docs(args.data, args.limit)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     out = Path(args.out)
@@ -70,7 +73,8 @@ def main(argv=None) -> int:
             r["speedup_vs_fp32_onnx"] = base / r["seconds_median"]
     meta = {"model": args.model, "data": args.data, "documents": len(docs), "repeats": args.repeats,
             "machine": platform.processor() or platform.machine(), "python": platform.python_version(),
-            "onnxruntime": __import__("onnxruntime").__version__, "command": " ".join(sys.argv)}
+            "onnxruntime": __import__("onnxruntime").__version__,
+            "command": "python -m benchmarks.precision_choice " + " ".join(sys.argv[1:])}
     (out / "precision-choice.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = ["| variant | agree@0.1 | agree@0.3 | agree@0.5 | agree@default | max abs dp | mean abs dp | "
              "rerank max err | Spearman | pruned text changed | time (median) | speed vs fp32 ONNX |",

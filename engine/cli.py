@@ -49,6 +49,9 @@ def _embedding_options(args) -> dict:
 
 def cmd_export(args) -> int:
     from export.onnx import export_model
+    if args.model == "default":
+        from engine.default_model import default_checkpoint
+        args.model = default_checkpoint()
     export_model(args.model, args.out, family=args.family, tokenizer=args.tokenizer,
                  max_length=args.max_length, opset=args.opset, external_data=args.external_data,
                  verify=not args.no_verify, overwrite=args.overwrite, options=_embedding_options(args),
@@ -241,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     e = sub.add_parser("export", help="checkpoint -> ONNX graph + tokenizer + manifest, checked against PyTorch")
-    e.add_argument("--model", required=True, help="checkpoint folder or hub id")
+    e.add_argument("--model", required=True, help="checkpoint folder, hub id, or 'default' (all-MiniLM-L6-v2)")
     e.add_argument("--out", required=True, help="output folder")
     e.add_argument("--family", help="override the detected family (provence, xprovence, open_provence, opensearch)")
     e.add_argument("--tokenizer", help="tokenizer folder or hub id, if the checkpoint has none")
