@@ -257,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--precision", choices=["fp32", "int8", "fp16"], default="fp32",
                    help="int8: dynamic quantization for CPUs; fp16: for GPUs (float32 I/O, softmax, pooling)")
     e.add_argument("--no-optimize", action="store_true", help="skip ONNX Runtime's transformer optimizer")
-    e.add_argument("--int8-weight-type", choices=["QInt8", "QUInt8"], default="QUInt8",
+    e.add_argument("--int8-weight-type", choices=["QInt8", "QUInt8"], default="QInt8",
                    help="weight type of the INT8 graph (default chosen by measured fidelity, README)")
     e.add_argument("--int8-per-tensor", dest="int8_per_channel", action="store_false",
                    help="one scale per weight tensor instead of per output channel")

@@ -152,7 +152,7 @@ def export_model(checkpoint: str | Path, out: str | Path, *, family: str | None 
                  opset: int = DEFAULT_OPSET, external_data: str = "auto", verify: bool = True,
                  tolerance: float = PARITY_TOLERANCE, overwrite: bool = False,
                  options: dict[str, Any] | None = None, precision: str = "fp32",
-                 optimize: bool = True, int8_weight_type: str = "QUInt8", int8_per_channel: bool = True,
+                 optimize: bool = True, int8_weight_type: str = "QInt8", int8_per_channel: bool = True,
                  tensorrt_graph: bool = False,
                  log: Callable[[str], None] = print) -> dict[str, Any]:
     """Export `checkpoint` into `out`; returns the manifest. Raises ExportError on mismatch."""

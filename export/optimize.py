@@ -66,7 +66,7 @@ def weight_matmuls(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
     return quantize, other
 
 
-def quantize_int8(src: Path, dst: Path, weight_type: str = "QUInt8", per_channel: bool = True,
+def quantize_int8(src: Path, dst: Path, weight_type: str = "QInt8", per_channel: bool = True,
                   external_data: bool = False) -> dict[str, Any]:
     from onnxruntime.quantization import QuantType, quantize_dynamic
     _quiet_ort_logs()

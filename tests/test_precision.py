@@ -4,7 +4,7 @@ pure parts.
 Stated tolerances (measured on the test checkpoints, whose heads are widened so that
 probabilities spread over 0..1, which makes them harder than real models):
 - fp32 optimized: |dp| <= 1e-5 and identical decisions at 0.1 / 0.3 / 0.5;
-- INT8 (dynamic, the default QUInt8 per-channel weights): |dp| <= 0.02;
+- INT8 (dynamic, the default QInt8 per-channel weights): |dp| <= 0.02;
 - FP16: |dp| <= 0.005 (measured up to ~3e-4).
 """
 import numpy as np
