@@ -131,10 +131,11 @@ def cmd_run(args) -> int:
 
 def cmd_eval(args) -> int:
     from benchmarks.quality import evaluate, rerank_table, table, write_report
+    from engine.default_model import ensure_default_model
     from engine.pruner import Pruner
     models = {}
     for m in args.model or [None]:
-        path = m or str(__import__("engine.default_model", fromlist=["x"]).ensure_default_model())
+        path = m or str(ensure_default_model())
         name = Path(path).name if m else "all-MiniLM-L6-v2 (default)"
         models[name] = Pruner.load(path, threads=args.threads, batching=_batching(args))
     if not args.data and not args.rag_data:
@@ -175,7 +176,8 @@ def cmd_fidelity(args) -> int:
 
 def cmd_repository(args) -> int:
     from export.triton import RepositoryOptions, build_repository
-    model = args.model or str(__import__("engine.default_model", fromlist=["x"]).ensure_default_model())
+    from engine.default_model import ensure_default_model
+    model = args.model or str(ensure_default_model())
     opts = RepositoryOptions(target=args.target, name=args.name or ("default" if not args.model else None),
                              max_batch_size=args.max_batch_size, max_batch_tokens=args.max_batch_tokens,
                              max_queue_delay_us=args.max_queue_delay_us,

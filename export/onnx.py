@@ -240,7 +240,7 @@ def export_model(checkpoint: str | Path, out: str | Path, *, family: str | None 
         check(fp32, "fp32", tolerance)
         current = fp32
         details: dict[str, Any] = {}
-        heads, hidden = encoder_dims(None, ck.config)
+        heads, hidden = encoder_dims(ck.config)
         if optimize:
             log("optimizing the graph (ONNX Runtime transformer optimizer) ...")
             opt = _step_path(tmp_dir, "optimized")

@@ -31,7 +31,7 @@ def _quiet_ort_logs() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-def encoder_dims(model: onnx.ModelProto | None, config: dict[str, Any]) -> tuple[int, int]:
+def encoder_dims(config: dict[str, Any]) -> tuple[int, int]:
     """(num_heads, hidden_size) of the backbone from the checkpoint config."""
     base = config.get("base_model_config") or config
     return int(base.get("num_attention_heads", 0)), int(base.get("hidden_size", 0))

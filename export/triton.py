@@ -63,14 +63,15 @@ def warmup_lengths(buckets: list[int]) -> list[int]:
     return sorted({buckets[0], buckets[len(buckets) // 2], buckets[-1]})
 
 
-def _tensor(name: str, dims: str, reshape: str = "") -> str:
-    return f'  {{\n    name: "{name}"\n    data_type: {"TYPE_INT64" if name != "rerank_score" and name != "sentence_probs" else "TYPE_FP32"}\n    dims: [ {dims} ]{reshape}\n  }}'
+def _tensor(name: str, dtype: str, dims: str, reshape: str = "") -> str:
+    return f'  {{\n    name: "{name}"\n    data_type: {dtype}\n    dims: [ {dims} ]{reshape}\n  }}'
 
 
 def render_config(name: str, manifest: dict[str, Any], opts: RepositoryOptions, tokenizer_b64: str | None) -> str:
-    inputs = ",\n".join(_tensor(n, "-1") for n in manifest["inputs"])
-    outputs = ",\n".join([_tensor("rerank_score", "1", "\n    reshape: { shape: [ ] }"),
-                          _tensor("sentence_probs", "-1")])
+    inputs = ",\n".join(_tensor(n, "TYPE_INT64", "-1") for n in manifest["inputs"])
+    # rerank_score is [B]: exposed as [B, 1] with the model's own shape [B] (reshape [])
+    outputs = ",\n".join([_tensor("rerank_score", "TYPE_FP32", "1", "\n    reshape: { shape: [ ] }"),
+                          _tensor("sentence_probs", "TYPE_FP32", "-1")])
     preferred = opts.preferred_batch_sizes or preferred_sizes(manifest["buckets"], opts.max_batch_tokens,
                                                               opts.max_batch_size)
     if opts.target == "cpu":
