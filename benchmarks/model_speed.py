@@ -16,19 +16,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.precision_choice import INT8_VARIANTS
 from benchmarks.quality import load_rag_data
 from benchmarks.speed import machine_info
 from engine.pruner import Pruner
 from engine.text import split_sentences
 from export.onnx import export_model
 
-VARIANTS = [
-    ("fp32", dict(precision="fp32")),
-    ("int8 QInt8 per-tensor", dict(precision="int8", int8_weight_type="QInt8", int8_per_channel=False)),
-    ("int8 QInt8 per-channel", dict(precision="int8", int8_weight_type="QInt8", int8_per_channel=True)),
-    ("int8 QUInt8 per-tensor", dict(precision="int8", int8_weight_type="QUInt8", int8_per_channel=False)),
-    ("int8 QUInt8 per-channel", dict(precision="int8", int8_weight_type="QUInt8", int8_per_channel=True)),
-]
+VARIANTS = [("fp32", dict(precision="fp32")), *INT8_VARIANTS]
 
 
 def main(argv=None) -> int:

@@ -22,14 +22,14 @@ from benchmarks.fidelity import fidelity_report, format_report, load_docs, run_m
 from engine.pruner import Pruner
 from export.onnx import export_model
 
-VARIANTS = [
-    ("fp32 (optimized)", dict(precision="fp32")),
+INT8_VARIANTS = [
     ("int8 QInt8 per-tensor", dict(precision="int8", int8_weight_type="QInt8", int8_per_channel=False)),
     ("int8 QInt8 per-channel", dict(precision="int8", int8_weight_type="QInt8", int8_per_channel=True)),
     ("int8 QUInt8 per-tensor", dict(precision="int8", int8_weight_type="QUInt8", int8_per_channel=False)),
     ("int8 QUInt8 per-channel", dict(precision="int8", int8_weight_type="QUInt8", int8_per_channel=True)),
-    ("fp16 (CPU provider)", dict(precision="fp16")),
 ]
+VARIANTS = [("fp32 (optimized)", dict(precision="fp32")), *INT8_VARIANTS,
+            ("fp16 (CPU provider)", dict(precision="fp16"))]
 
 
 def main(argv=None) -> int:

@@ -73,35 +73,26 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
-def count_tokens(pruner, queries) -> int:
+def workload_batches(pruner, queries) -> list:
+    """The padded batches the engine sends for the workload (one call per query)."""
     from engine.text import split_sentences
-    total = 0
+    out = []
     for q in queries:
-        spans = [split_sentences(p) for p in q.passages]
-        total += sum(len(b) for b in pruner.encode(q.question, q.passages, spans))
-    return total
+        out += pruner.batches(pruner.encode(q.question, q.passages, [split_sentences(p) for p in q.passages]))
+    return out
 
 
-def run_sequential(pruner, queries, res: PathResult) -> float:
+def run_sequential(pruner, queries, res: PathResult, per_passage: bool = False) -> float:
+    """One call per query, or (per_passage) one call and forward per passage, in input order."""
     lat = []
     t0 = time.perf_counter()
     for q in queries:
         t = time.perf_counter()
-        pruner.prune(q.question, q.passages)
-        lat.append(time.perf_counter() - t)
-    el = time.perf_counter() - t0
-    res.latencies = lat
-    return el
-
-
-def run_unbatched(pruner, queries, res: PathResult) -> float:
-    """One passage per call and per forward (max_batch_size 1, input order)."""
-    lat = []
-    t0 = time.perf_counter()
-    for q in queries:
-        t = time.perf_counter()
-        for p in q.passages:
-            pruner.prune(q.question, [p])
+        if per_passage:
+            for p in q.passages:
+                pruner.prune(q.question, [p])
+        else:
+            pruner.prune(q.question, q.passages)
         lat.append(time.perf_counter() - t)
     el = time.perf_counter() - t0
     res.latencies = lat
@@ -177,49 +168,34 @@ def client_share(pruner, queries) -> dict[str, float]:
     return {"client_seconds": el, "client_passages_per_s_one_core": n / el}
 
 
-def padding_share(pruner, queries) -> float:
-    from engine.text import split_sentences
-    real = padded = 0
-    for q in queries:
-        blocks = pruner.encode(q.question, q.passages, [split_sentences(p) for p in q.passages])
-        for b in pruner.batches(blocks):
-            real += int(b.attention_mask.sum())
-            padded += b.attention_mask.size
+def padding_share(batches) -> float:
+    real = sum(int(b.attention_mask.sum()) for b in batches)
+    padded = sum(b.attention_mask.size for b in batches)
     return 1 - real / padded if padded else 0.0
 
 
-def output_bytes(pruner, queries) -> dict[str, float]:
+def output_bytes(batches, n_passages: int) -> dict[str, float]:
     """Bytes leaving the core per passage: pooled (B + B x S floats) vs raw token
     outputs (B x L x 2 floats, what a graph without in-graph pooling returns)."""
-    from engine.text import split_sentences
-    pooled = raw = n = 0
-    for q in queries:
-        blocks = pruner.encode(q.question, q.passages, [split_sentences(p) for p in q.passages])
-        for b in pruner.batches(blocks):
-            rows, length = b.shape
-            s = int(b.sentence_ids.max()) + 1
-            pooled += 4 * rows * (1 + s)
-            raw += 4 * rows * length * 2
-        n += len(q.passages)
-    return {"pooled_bytes_per_passage": pooled / n, "raw_token_bytes_per_passage": raw / n,
+    pooled = sum(4 * b.shape[0] * (1 + int(b.sentence_ids.max()) + 1) for b in batches)
+    raw = sum(4 * b.shape[0] * b.shape[1] * 2 for b in batches)
+    return {"pooled_bytes_per_passage": pooled / n_passages, "raw_token_bytes_per_passage": raw / n_passages,
             "reduction": raw / pooled if pooled else 0.0}
 
 
 def perf_analyzer(server_grpc: str, model: str, pruner, queries, concurrencies, out_dir: Path) -> dict[str, Any]:
     """Triton's perf_analyzer on real blocks of the workload (its JSON input data)."""
     import shutil
-    from engine.text import split_sentences
     # the tritonclient 2.51 wheel installs the real binary beside this interpreter
     found = Path(sys.executable).parent / "perf_analyzer"
     binary = found if found.is_file() else Path(shutil.which("perf_analyzer") or "perf_analyzer")
     if not binary.is_file():
         return {"skipped": "no perf_analyzer binary (pip install 'tritonclient[http,grpc]==2.51.0')"}
     data = []
-    for q in queries[:20]:
-        for b in pruner.batches(pruner.encode(q.question, q.passages, [split_sentences(p) for p in q.passages])):
-            for r in range(b.shape[0]):
-                data.append({n: {"content": getattr(b, n)[r].tolist(), "shape": [b.shape[1]]}
-                             for n in pruner.spec.input_names})
+    for b in workload_batches(pruner, queries[:20]):
+        for r in range(b.shape[0]):
+            data.append({n: {"content": getattr(b, n)[r].tolist(), "shape": [b.shape[1]]}
+                         for n in pruner.spec.input_names})
     data_file = out_dir / "perf_analyzer_input.json"
     data_file.write_text(json.dumps({"data": data}))
     env = dict(os.environ)
@@ -253,21 +229,22 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
     from engine.pruner import Pruner
     qs = load_rag_data(data, queries)
     n_passages = sum(len(q.passages) for q in qs)
-    paths: dict[str, tuple[Callable[[PathResult], float], Any]] = {}
+    paths: dict[str, Callable[[PathResult], float]] = {}
     fp32 = Pruner.load(models["fp32"], threads=threads)
-    tokens = count_tokens(fp32, qs)
+    sorted_batches = workload_batches(fp32, qs)
+    tokens = sum(int(b.attention_mask.sum()) for b in sorted_batches)
     if checkpoint:
         ref = Pruner.load(checkpoint, backend="torch", threads=threads,
                           batching=BatchingConfig(max_batch_size=1, strategy="fixed"))
         batched = Pruner.load(checkpoint, backend="torch", threads=threads)
-        paths["torch-unbatched (reference)"] = (lambda r: run_unbatched(ref, qs, r), None)
-        paths["torch-batched"] = (lambda r: run_sequential(batched, qs, r), None)
+        paths["torch-unbatched (reference)"] = lambda r: run_sequential(ref, qs, r, per_passage=True)
+        paths["torch-batched"] = lambda r: run_sequential(batched, qs, r)
     fixed = Pruner.load(models["fp32"], threads=threads, batching=BatchingConfig(strategy="fixed", max_batch_size=8))
-    paths["onnxruntime-fp32"] = (lambda r: run_sequential(fp32, qs, r), None)
-    paths["onnxruntime-fp32, fixed batches of 8 in input order"] = (lambda r: run_sequential(fixed, qs, r), None)
+    paths["onnxruntime-fp32"] = lambda r: run_sequential(fp32, qs, r)
+    paths["onnxruntime-fp32, fixed batches of 8 in input order"] = lambda r: run_sequential(fixed, qs, r)
     if "int8" in models:
         int8 = Pruner.load(models["int8"], threads=threads)
-        paths["onnxruntime-int8"] = (lambda r: run_sequential(int8, qs, r), None)
+        paths["onnxruntime-int8"] = lambda r: run_sequential(int8, qs, r)
     server = None
     if triton:
         from engine.serve import TritonServer
@@ -290,16 +267,16 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
             for c in concurrencies:
                 def runner(r, url=url, proto=proto, c=c):
                     return run_concurrent(lambda: Pruner.connect(url, "bench", protocol=proto), qs, c, r)
-                paths[f"triton-{proto} c{c} ({'int8' if 'int8' in models else 'fp32'})"] = (runner, None)
+                paths[f"triton-{proto} c{c} ({'int8' if 'int8' in models else 'fp32'})"] = runner
         if "int8" in models:
             for c in (1, 4, 16):
                 def ip(r, c=c):
                     return run_concurrent(lambda: Pruner.load(models["int8"], threads=threads), qs, c, r)
-                paths[f"onnxruntime-int8 in-process c{c}"] = (ip, None)
+                paths[f"onnxruntime-int8 in-process c{c}"] = ip
     results = {name: PathResult(name, passages=n_passages, tokens=tokens) for name in paths}
     try:
         for rep in range(repeats):   # interleaved: drift hits every path alike
-            for name, (fn, _) in paths.items():
+            for name, fn in paths.items():
                 el = fn(results[name])
                 results[name].seconds.append(el)
                 log(f"repeat {rep + 1}/{repeats} {name}: {el:.2f} s")
@@ -328,9 +305,9 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
                      "max_batch_tokens": fp32.batching.max_batch_tokens},
         "paths": rows,
         "client": client_share(fp32, qs),
-        "padding_share": {"sorted token budget": padding_share(fp32, qs),
-                          "fixed batches of 8, input order": padding_share(fixed, qs)},
-        "output_size": output_bytes(fp32, qs),
+        "padding_share": {"sorted token budget": padding_share(sorted_batches),
+                          "fixed batches of 8, input order": padding_share(workload_batches(fixed, qs))},
+        "output_size": output_bytes(sorted_batches, n_passages),
         "perf_analyzer": pa,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
