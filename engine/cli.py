@@ -113,7 +113,7 @@ def cmd_run(args) -> int:
         print(json.dumps([r.to_dict() for r in results], ensure_ascii=False, indent=2))
         return 0
     fam = pruner.family
-    print(f"# model {args.model} ({fam.name}, {pruner.backend.describe()}); loaded in {t_load:.2f} s, "
+    print(f"# model {args.model} ({fam.name}, {pruner.describe()}); loaded in {t_load:.2f} s, "
           f"pruned {len(results)} passage(s) in {t_run * 1000:.0f} ms")
     for r in results:
         score = "n/a" if r.reranking_score is None else f"{r.reranking_score:.4f}"

@@ -115,11 +115,15 @@ def build_result(index: int, context: str, spans: list[tuple[int, int]], probs: 
                        compression_rate=max(0.0, rate), threshold=threshold, blocks=blocks)
 
 
+def check_top_k(top_k: Any) -> int | None:
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise InputError(f"top_k must be a positive integer, got {top_k!r}")
+    return top_k
+
+
 def order_results(results: list[PruneResult], reorder: bool, top_k: int | None) -> list[PruneResult]:
     """Input order by default; by reranking score (best first) with reorder or top_k."""
-    if top_k is not None:
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-            raise InputError(f"top_k must be a positive integer, got {top_k!r}")
+    check_top_k(top_k)
     if not reorder and top_k is None:
         return results
     ranked = sorted(results, key=lambda r: (r.reranking_score is None,

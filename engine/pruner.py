@@ -20,7 +20,7 @@ import numpy as np
 from engine import text as textmod
 from engine.backends.base import Backend
 from engine.batching import BatchingConfig, ModelBatch, collate, plan
-from engine.decide import (TITLE_RULES, PruneResult, build_result, check_threshold, keep_mask,
+from engine.decide import (TITLE_RULES, PruneResult, build_result, check_threshold, check_top_k, keep_mask,
                            order_results)
 from engine.encode import Block, Encoder, load_tokenizer
 from engine.errors import BackendError, InputError, ModelLoadError
@@ -30,6 +30,27 @@ log = logging.getLogger(__name__)
 
 MAX_PASSAGES = 10_000
 MAX_PASSAGE_CHARS = 20_000_000
+
+
+@dataclass
+class _Blocks:
+    blocks: list[Block]
+    batches: list[ModelBatch]
+
+
+@dataclass
+class Call:
+    """One prepared `prune` call: the checked inputs and options, the sentence spans of
+    every passage, its blocks and the padded batches the core must run."""
+    passages: list[str]
+    spans: list[list[tuple[int, int]]]
+    blocks: list[Block]
+    batches: list[ModelBatch]
+    threshold: float
+    title: str
+    alpha: float | None
+    reorder: bool
+    top_k: int | None
 
 
 @dataclass
@@ -85,15 +106,23 @@ class Pruner:
     def connect(cls, url: str, model: str, *, protocol: str = "grpc", tokenizer: str | Path | None = None,
                 batching: BatchingConfig | None = None, timeout: float = 30.0, retries: int = 3,
                 backoff: float = 0.5, concurrency: int = 8, ready_timeout: float = 10.0) -> "Pruner":
-        """A Pruner whose core is a model on a Triton server (see `prune repository`).
+        """The same API on a model of a Triton server (see `prune repository`).
 
-        The manifest and tokenizer come from the model's config, so client and server agree;
-        `tokenizer` (an export folder or a tokenizer.json) is needed only for tokenizers too
-        large to embed there.
+        A text model (`<name>_text`) takes the question and passages as text and does
+        everything on the server: the client needs no tokenizer (returns a
+        `TritonTextPruner`). A core model takes token ids: the client splits and
+        tokenizes, with the manifest from the model's config and the tokenizer from the
+        text model beside it (or `tokenizer`: an export folder or a tokenizer.json).
         """
-        from engine.backends.triton import TritonBackend
-        core = TritonBackend(url, model, protocol=protocol, timeout=timeout, retries=retries, backoff=backoff,
-                             concurrency=concurrency, ready_timeout=ready_timeout)
+        from engine.backends.triton import TritonBackend, TritonClient
+        kwargs = dict(protocol=protocol, timeout=timeout, retries=retries, backoff=backoff,
+                      concurrency=concurrency, ready_timeout=ready_timeout)
+        probe = TritonClient(url, model, **kwargs)
+        if probe.is_text_model:
+            from engine.text_client import TritonTextPruner
+            return TritonTextPruner(probe)  # type: ignore[return-value]
+        probe.close()
+        core = TritonBackend(url, model, **kwargs)
         manifest = core.manifest()
         spec = spec_from_manifest(manifest, name=model)
         if tokenizer is not None:
@@ -102,8 +131,8 @@ class Pruner:
         else:
             text = core.tokenizer_json()
             if text is None:
-                raise ModelLoadError(f"model {model!r} does not embed its tokenizer: pass tokenizer= "
-                                     "(the export folder)")
+                raise ModelLoadError(f"model {model!r} has no text model to fetch its tokenizer from: pass "
+                                     "tokenizer= (the export folder)")
             from tokenizers import Tokenizer
             tok = Tokenizer.from_str(text)
             tok.no_padding()
@@ -112,6 +141,9 @@ class Pruner:
         if missing:
             raise ModelLoadError(f"model {model!r} lacks inputs {sorted(missing)}")
         return cls(core, tok, spec, batching)
+
+    def describe(self) -> str:
+        return self.backend.describe()
 
     async def aprune(self, question: str, passages: str | Sequence[str], **kwargs) -> list[PruneResult]:
         """`prune` for asyncio code: runs in a worker thread (tokenization is CPU work and
@@ -138,6 +170,18 @@ class Pruner:
         sentences: per passage, the caller's own sentences (strings found in order in the
                passage, or (start, end) spans) instead of the built-in splitter.
         """
+        call = self.prepare(question, passages, threshold=threshold, title=title, alpha=alpha,
+                            reorder=reorder, top_k=top_k, sentences=sentences)
+        return self.finish(call, self.backend.infer_many(call.batches) if call.batches else [])
+
+    def prepare(self, question: str, passages: str | Sequence[str], *, threshold: float | None = None,
+                title: str | None = None, alpha: float | None = ..., reorder: bool = False,  # type: ignore[assignment]
+                top_k: int | None = None,
+                sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None) -> "Call":
+        """Everything before the model: checks, sentences, blocks and padded batches.
+
+        `prune` is `finish(prepare(...), backend.infer_many(call.batches))`; a caller that
+        runs the core itself (the Triton text model, over BLS) uses the two halves."""
         fam = self.spec.family
         threshold = fam.threshold if threshold is None else check_threshold(threshold)
         title = fam.title if title is None else title
@@ -146,18 +190,24 @@ class Pruner:
         alpha = fam.backoff_alpha if alpha is ... else alpha
         if alpha is not None:
             alpha = check_threshold(alpha, "alpha")
+        check_top_k(top_k)
         passages = self._check_inputs(question, passages, sentences)
-        if not passages:
-            return []
-
         spans = [textmod.spans_from_sentences(p, sentences[i]) if sentences is not None
                  else textmod.split_sentences(p) for i, p in enumerate(passages)]
-        scored = self.score(question, passages, spans)
+        blocks = self.encode(question, passages, spans) if passages else []
+        return Call(passages=passages, spans=spans, blocks=blocks, batches=self.batches(blocks),
+                    threshold=threshold, title=title, alpha=alpha, reorder=reorder, top_k=top_k)
+
+    def finish(self, call: "Call", outputs: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[PruneResult]:
+        """Everything after the model: merge blocks, decide, build and order results.
+        `outputs` holds (rerank_score [B], sentence_probs [B, S]) per batch of the call."""
+        fam = self.spec.family
+        scored = self.merge(call.passages, call.spans, call.blocks, self.block_outputs(call, outputs))
         results = []
-        for i, (p, sp, sc) in enumerate(zip(passages, spans, scored)):
-            kept = keep_mask(sc.probs, fam, threshold, title, alpha)
-            results.append(build_result(i, p, sp, sc.probs, kept, sc.rerank, threshold, sc.blocks))
-        return order_results(results, reorder, top_k)
+        for i, (p, sp, sc) in enumerate(zip(call.passages, call.spans, scored)):
+            kept = keep_mask(sc.probs, fam, call.threshold, call.title, call.alpha)
+            results.append(build_result(i, p, sp, sc.probs, kept, sc.rerank, call.threshold, sc.blocks))
+        return order_results(results, call.reorder, call.top_k)
 
     def _check_inputs(self, question: Any, passages: Any, sentences: Any) -> list[str]:
         if not isinstance(question, str):
@@ -199,12 +249,19 @@ class Pruner:
         return [collate(blocks, idx, length, self.spec.pad_id)
                 for length, idx in plan(lengths, self.batching, self.spec.max_length)]
 
-    def run_blocks(self, blocks: Sequence[Block]) -> list[tuple[float, np.ndarray]]:
-        """Model outputs per block: (rerank score, probabilities of its sentence slots)."""
+    @staticmethod
+    def block_outputs(call: "Call | _Blocks", outputs: Sequence[tuple[np.ndarray, np.ndarray]]
+                      ) -> list[tuple[float, np.ndarray]]:
+        """Model outputs per block: (rerank score, probabilities of its sentence slots),
+        after checking that the core answered every row of every batch."""
+        blocks, batches = call.blocks, call.batches
+        if len(outputs) != len(batches):
+            raise BackendError(f"backend returned {len(outputs)} results for {len(batches)} batches")
         out: list[tuple[float, np.ndarray] | None] = [None] * len(blocks)
-        batches = self.batches(blocks)
-        for batch, (rerank, probs) in zip(batches, self.backend.infer_many(batches)):
-            if rerank.shape[0] != len(batch.blocks) or probs.shape[0] != len(batch.blocks):
+        for batch, (rerank, probs) in zip(batches, outputs):
+            rerank = np.asarray(rerank).reshape(-1)
+            probs = np.asarray(probs)
+            if rerank.shape[0] != len(batch.blocks) or probs.ndim != 2 or probs.shape[0] != len(batch.blocks):
                 raise BackendError(f"backend returned {rerank.shape[0]} rows for a batch of "
                                    f"{len(batch.blocks)}")
             for row, b in enumerate(batch.blocks):
@@ -215,11 +272,15 @@ class Pruner:
                 out[b] = (float(rerank[row]), np.asarray(probs[row, :n_slots], dtype=np.float64))
         return out  # type: ignore[return-value]
 
-    def score(self, question: str, passages: Sequence[str],
-              spans: Sequence[Sequence[tuple[int, int]]]) -> list[Scored]:
-        """Sentence probabilities and reranking score per passage, blocks merged."""
-        blocks = self.encode(question, passages, spans)
-        outputs = self.run_blocks(blocks)
+    def run_blocks(self, blocks: Sequence[Block]) -> list[tuple[float, np.ndarray]]:
+        """Model outputs per block: (rerank score, probabilities of its sentence slots)."""
+        batches = self.batches(blocks)
+        return self.block_outputs(_Blocks(list(blocks), batches), self.backend.infer_many(batches))
+
+    def merge(self, passages: Sequence[str], spans: Sequence[Sequence[tuple[int, int]]],
+              blocks: Sequence[Block], outputs: Sequence[tuple[float, np.ndarray]]) -> list[Scored]:
+        """Per passage: sentence probabilities (pieces merged token-weighted) and the
+        reranking score (first block, or the best block for the embedding family)."""
         weighted = [np.zeros(len(sp)) for sp in spans]
         tokens = [np.zeros(len(sp)) for sp in spans]
         rerank: list[float | None] = [None] * len(passages)
@@ -241,6 +302,12 @@ class Pruner:
                               where=tokens[i] > 0)
             scored.append(Scored(probs=probs, rerank=rerank[i], blocks=n_blocks[i]))
         return scored
+
+    def score(self, question: str, passages: Sequence[str],
+              spans: Sequence[Sequence[tuple[int, int]]]) -> list[Scored]:
+        """Sentence probabilities and reranking score per passage, blocks merged."""
+        blocks = self.encode(question, passages, spans)
+        return self.merge(passages, spans, blocks, self.run_blocks(blocks))
 
     def close(self) -> None:
         self.backend.close()

@@ -8,30 +8,34 @@ Targets:
   execution accelerator (fp16);
 - `gpu-tensorrt`: Triton's tensorrt backend with the plan from `prune export --tensorrt`.
 
-Every model gets the engine's contract as its inputs/outputs, dynamic batching whose
-preferred batch sizes follow the token budget at the client's length buckets, an
-instance group, a warmup request per bucket group, and the export's manifest and
-tokenizer (the client reads them from the model config, so client and server cannot
-drift).
+Every core model gets the engine's contract as its inputs/outputs, dynamic batching
+whose preferred batch sizes follow the token budget at the client's length buckets, an
+instance group, a warmup request per bucket group, and the export's manifest (the
+client reads it from the model config, so client and server cannot drift).
+
+Beside each core model `<name>` goes its text model `<name>_text` (python backend, CPU,
+for every target): text in, pruned text out (`engine.wire`), running the engine's own
+splitting, tokenization and decisions and sending blocks to the core over BLS. The
+tokenizer and the manifest are files in its version folder; clients of the core fetch
+the tokenizer from it (a describe request), so no config carries the tokenizer.
 """
 from __future__ import annotations
 
-import base64
 import json
 import shutil
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine.errors import ExportError
 from engine.spec import read_manifest
+from engine.wire import DEFAULT_MAX_CHARS, DEFAULT_MAX_PASSAGES, DESCRIBE_OUTPUTS, TEXT_INPUTS, TEXT_OUTPUTS
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "triton_models"
 TARGETS = ("cpu", "gpu-onnx", "gpu-tensorrt")
-#: Tokenizers larger than this (compressed) are not embedded in the config; the client
-#: then needs `tokenizer=` (the export folder or its tokenizer.json).
-MAX_EMBEDDED_TOKENIZER = 2_000_000
+TEXT_SUFFIX = "_text"
+_TRITON_TYPES = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32", "INT32": "TYPE_INT32", "INT64": "TYPE_INT64",
+                 "BOOL": "TYPE_BOOL"}
 
 
 @dataclass
@@ -46,6 +50,11 @@ class RepositoryOptions:
     intra_op_threads: int = 0
     trt_accelerator: bool = False
     version: int = 1
+    text_model: bool = True
+    text_instances: int = 4
+    text_max_passages: int = DEFAULT_MAX_PASSAGES
+    text_max_chars: int = DEFAULT_MAX_CHARS
+    core_timeout_ms: int = 60_000
 
 
 def preferred_sizes(buckets: list[int], max_batch_tokens: int, max_batch_size: int) -> list[int]:
@@ -63,11 +72,33 @@ def warmup_lengths(buckets: list[int]) -> list[int]:
     return sorted({buckets[0], buckets[len(buckets) // 2], buckets[-1]})
 
 
-def _tensor(name: str, dtype: str, dims: str, reshape: str = "") -> str:
-    return f'  {{\n    name: "{name}"\n    data_type: {dtype}\n    dims: [ {dims} ]{reshape}\n  }}'
+def _tensor(name: str, dtype: str, dims: str, reshape: str = "", optional: bool = False) -> str:
+    extra = "\n    optional: true" if optional else ""
+    return f'  {{\n    name: "{name}"\n    data_type: {dtype}\n    dims: [ {dims} ]{reshape}{extra}\n  }}'
 
 
-def render_config(name: str, manifest: dict[str, Any], opts: RepositoryOptions, tokenizer_b64: str | None) -> str:
+def _parameters(params: dict[str, str]) -> str:
+    return "\n".join(f'parameters: {{\n  key: "{k}"\n  value: {{ string_value: {json.dumps(v)} }}\n}}'
+                     for k, v in params.items())
+
+
+def render_text_config(name: str, core: str, manifest: dict[str, Any], opts: RepositoryOptions) -> str:
+    """config.pbtxt of the text model `name` in front of the core model `core`."""
+    inputs = ",\n".join(_tensor(n, _TRITON_TYPES[t], ", ".join(map(str, d)), optional=True)
+                        for n, (t, d) in TEXT_INPUTS.items())
+    outputs = ",\n".join(_tensor(n, _TRITON_TYPES[t], ", ".join(map(str, d)))
+                         for n, (t, d) in {**TEXT_OUTPUTS, **DESCRIBE_OUTPUTS}.items())
+    params = {"core_model": core, "core_max_batch_size": str(opts.max_batch_size),
+              "max_batch_tokens": str(opts.max_batch_tokens), "max_passages": str(opts.text_max_passages),
+              "max_chars": str(opts.text_max_chars), "core_timeout_ms": str(opts.core_timeout_ms),
+              "prune_manifest": json.dumps(manifest)}
+    return (f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
+            f"input [\n{inputs}\n]\noutput [\n{outputs}\n]\n"
+            f"instance_group [ {{ count: {opts.text_instances} kind: KIND_CPU }} ]\n"
+            f"version_policy: {{ latest: {{ num_versions: 1 }} }}\n" + _parameters(params) + "\n")
+
+
+def render_config(name: str, manifest: dict[str, Any], opts: RepositoryOptions, text_model: str | None) -> str:
     inputs = ",\n".join(_tensor(n, "TYPE_INT64", "-1") for n in manifest["inputs"])
     # rerank_score is [B]: exposed as [B, 1] with the model's own shape [B] (reshape [])
     outputs = ",\n".join([_tensor("rerank_score", "TYPE_FP32", "1", "\n    reshape: { shape: [ ] }"),
@@ -85,10 +116,9 @@ def render_config(name: str, manifest: dict[str, Any], opts: RepositoryOptions, 
         kind = "KIND_GPU"
     params = {"pad_id": str(manifest["tokenizer"]["pad_id"]), "prune_manifest": json.dumps(manifest),
               "intra_op_threads": str(opts.intra_op_threads)}
-    if tokenizer_b64:
-        params["prune_tokenizer_zlib_b64"] = tokenizer_b64
-    param_text = "\n".join(
-        f'parameters: {{\n  key: "{k}"\n  value: {{ string_value: {json.dumps(v)} }}\n}}' for k, v in params.items())
+    if text_model:
+        params["prune_text_model"] = text_model
+    param_text = _parameters(params)
     warmups = []
     for length in warmup_lengths(manifest["buckets"]):
         parts = []
@@ -143,18 +173,35 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
         else:
             log(f"note: {plan} does not exist yet: build it with {model_folder / 'build_tensorrt.sh'} "
                 f"inside NVIDIA's TensorRT/Triton container and copy it to {version_dir / 'model.plan'}")
-    tok = (model_folder / manifest["tokenizer"]["file"]).read_bytes()
-    packed = base64.b64encode(zlib.compress(tok, 9)).decode("ascii")
-    if len(packed) > MAX_EMBEDDED_TOKENIZER:
-        log(f"note: the tokenizer ({len(tok)} bytes) is too large to embed in the config; "
-            "clients pass tokenizer= (the export folder)")
-        packed = None
+    text_name = name + TEXT_SUFFIX if opts.text_model else None
     # Warmup data: attention_mask of ones (zeros would be an all-padding row).
     import numpy as np
     (model_dir / "warmup").mkdir(exist_ok=True)
     for length in warmup_lengths(manifest["buckets"]):
         (model_dir / "warmup" / f"ones_{length}").write_bytes(np.ones(length, dtype=np.int64).tobytes())
-    (model_dir / "config.pbtxt").write_text(render_config(name, manifest, opts, packed))
+    (model_dir / "config.pbtxt").write_text(render_config(name, manifest, opts, text_name))
     shutil.copy2(model_folder / "manifest.json", model_dir / "manifest.json")
     log(f"wrote {model_dir} (target {opts.target}, max_batch_size {opts.max_batch_size})")
+    if text_name:
+        write_text_model(model_folder, manifest, Path(out) / text_name, name, opts)
+        log(f"wrote {Path(out) / text_name} (text in, pruned text out; {opts.text_instances} CPU instances "
+            f"in front of {name})")
     return model_dir
+
+
+def write_text_model(model_folder: Path, manifest: dict[str, Any], text_dir: Path, core: str,
+                     opts: RepositoryOptions) -> Path:
+    """`<core>_text`: config, model.py, and the export's tokenizer and manifest as files."""
+    if opts.text_instances < 1:
+        raise ExportError("text_instances must be >= 1")
+    if opts.text_max_passages < 1 or opts.text_max_chars < 1:
+        raise ExportError("the text model's limits must be >= 1")
+    version_dir = text_dir / str(opts.version)
+    if version_dir.exists():
+        shutil.rmtree(version_dir)
+    version_dir.mkdir(parents=True)
+    shutil.copy2(TEMPLATES / "python_text" / "model.py", version_dir / "model.py")
+    shutil.copy2(model_folder / manifest["tokenizer"]["file"], version_dir / manifest["tokenizer"]["file"])
+    shutil.copy2(model_folder / "manifest.json", version_dir / "manifest.json")
+    (text_dir / "config.pbtxt").write_text(render_text_config(text_dir.name, core, manifest, opts))
+    return text_dir

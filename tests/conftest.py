@@ -49,3 +49,45 @@ def with_window(pruner, max_length: int, **batching):
     return Pruner(pruner.backend, pruner.encoder.tokenizer, spec,
                   BatchingConfig(**batching) if batching else None, min_context_tokens=16)
 
+
+
+def free_ports(n):
+    """n free loopback ports (a server started right after binds them)."""
+    import socket
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+#: The shared test repository: small core batches (calls get split) and small text-model
+#: limits (calls get chunked), so those paths run on tiny inputs.
+CORE_MAX_BATCH = 16
+TEXT_MAX_PASSAGES = 50
+TEXT_MAX_CHARS = 60_000
+
+
+@pytest.fixture(scope="session")
+def repository(exported, tmp_path_factory):
+    """Every family's core model `<family>` and text model `<family>_text` (cpu target)."""
+    from export.triton import RepositoryOptions, build_repository
+    repo = tmp_path_factory.mktemp("model_repository")
+    for name in FAMILY_NAMES:
+        build_repository(exported[name], repo,
+                         RepositoryOptions(target="cpu", name=name, max_batch_size=CORE_MAX_BATCH,
+                                           max_queue_delay_us=20000, text_instances=2,
+                                           text_max_passages=TEXT_MAX_PASSAGES, text_max_chars=TEXT_MAX_CHARS),
+                         log=lambda m: None)
+    return repo
+
+
+@pytest.fixture(scope="session")
+def server(repository):
+    """One real tritonserver for the Triton and text-model tests."""
+    from engine.serve import TritonServer
+    h, g, m = free_ports(3)
+    with TritonServer(repository, http_port=h, grpc_port=g, metrics_port=m) as s:
+        yield s

@@ -4,7 +4,6 @@ ONNX Runtime), started by the tests on loopback ports.
 Tolerance: results through Triton equal the in-process ONNX Runtime results within 1e-5
 (the same graph runs on both sides; only the rows batched together differ).
 """
-import socket
 import threading
 import time
 
@@ -22,36 +21,10 @@ from engine.errors import BackendError  # noqa: E402
 from engine.pruner import Pruner  # noqa: E402
 from engine.serve import TritonServer  # noqa: E402
 from export.triton import RepositoryOptions, build_repository  # noqa: E402
-from tests.conftest import FAMILY_NAMES  # noqa: E402
+from tests.conftest import FAMILY_NAMES, free_ports  # noqa: E402
 from tests.test_parity import PASSAGES, QUESTION  # noqa: E402
 
 TOL = 1e-5
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-@pytest.fixture(scope="module")
-def repository(exported, tmp_path_factory):
-    repo = tmp_path_factory.mktemp("model_repository")
-    for name in FAMILY_NAMES:
-        build_repository(exported[name], repo, RepositoryOptions(target="cpu", name=name, max_batch_size=16,
-                                                                 max_queue_delay_us=20000), log=lambda m: None)
-    return repo
-
-
-@pytest.fixture(scope="module")
-def server(repository):
-    h, g, m = free_ports(3)
-    with TritonServer(repository, http_port=h, grpc_port=g, metrics_port=m) as s:
-        yield s
 
 
 def _same(a, b, tol=TOL):
@@ -71,7 +44,7 @@ def test_triton_equals_in_process(server, pruners, name, protocol):
     remote = Pruner.connect(url, name, protocol=protocol)
     assert remote.spec.family.name == name
     _same(remote.prune(QUESTION, PASSAGES), pruners[name][0].prune(QUESTION, PASSAGES))
-    # a call larger than max_batch_size (16) is split and still complete
+    # a call larger than the core's max_batch_size is split and still complete
     many = [f"Passage {i}. It talks about item {i}." for i in range(40)]
     small = Pruner.connect(url, name, protocol=protocol, batching=BatchingConfig(max_batch_size=64))
     _same(small.prune(QUESTION, many), pruners[name][0].prune(QUESTION, many))

@@ -9,10 +9,8 @@ so a dead server is a clear error, never a hang.
 """
 from __future__ import annotations
 
-import base64
 import json
 import time
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
@@ -27,8 +25,8 @@ _RETRYABLE = ("unavailable", "connection refused", "connect", "socket closed", "
               "reset by peer", "failed to establish", "timed out", "deadline")
 
 
-class TritonBackend(Backend):
-    name = "triton"
+class TritonClient:
+    """A connection to one model on a Triton server: readiness, config, retries."""
 
     def __init__(self, url: str, model: str, *, protocol: str = "grpc", version: str = "",
                  timeout: float = 30.0, retries: int = 3, backoff: float = 0.5, concurrency: int = 8,
@@ -52,7 +50,7 @@ class TritonBackend(Backend):
         self._wait_ready(ready_timeout)
         self.config = self._model_config()
         self.max_batch_size = int(self.config.get("max_batch_size", 0)) or None
-        self.input_names = self._check_contract()
+        self.metadata_inputs, self.metadata_outputs = self._metadata()
 
     # -------------------------------------------------------------- set-up
     def _call(self, fn, *args, **kwargs):
@@ -104,19 +102,15 @@ class TritonBackend(Backend):
             return d
         return self.client.get_model_config(self.model, self.version)
 
-    def _check_contract(self) -> list[str]:
+    def _metadata(self) -> tuple[list[str], list[str]]:
         meta = self.client.get_model_metadata(self.model, self.version)
         if self.protocol == "grpc":
-            inputs = [i.name for i in meta.inputs]
-            outputs = [o.name for o in meta.outputs]
-        else:
-            inputs = [i["name"] for i in meta["inputs"]]
-            outputs = [o["name"] for o in meta["outputs"]]
-        required = {"input_ids", "attention_mask", "sentence_ids"}
-        if not required <= set(inputs) or not set(GRAPH_OUTPUTS) <= set(outputs):
-            raise ModelLoadError(f"model {self.model!r} on {self.url} does not follow the engine's contract: "
-                                 f"inputs {inputs}, outputs {outputs}")
-        return inputs
+            return [i.name for i in meta.inputs], [o.name for o in meta.outputs]
+        return [i["name"] for i in meta["inputs"]], [o["name"] for o in meta["outputs"]]
+
+    @property
+    def is_text_model(self) -> bool:
+        return "question" in self.metadata_inputs and "passages" in self.metadata_inputs
 
     def parameters(self) -> dict[str, str]:
         params = self.config.get("parameters", {})
@@ -129,15 +123,52 @@ class TritonBackend(Backend):
                                  "generate its repository with `prune repository`")
         return json.loads(text)
 
-    def tokenizer_json(self) -> str | None:
-        packed = self.parameters().get("prune_tokenizer_zlib_b64")
-        return zlib.decompress(base64.b64decode(packed)).decode("utf-8") if packed else None
-
     def health(self) -> bool:
         try:
             return bool(self.client.is_model_ready(self.model, self.version))
         except Exception:
             return False
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+        try:
+            self.client.close()
+        except Exception:
+            pass
+
+    def describe(self) -> str:
+        return f"triton {self.protocol}://{self.url} model {self.model}"
+
+
+class TritonBackend(TritonClient, Backend):
+    """The token-level core model (the engine's graph contract) on a Triton server."""
+    name = "triton"
+
+    def __init__(self, url: str, model: str, **kwargs: Any):
+        super().__init__(url, model, **kwargs)
+        required = {"input_ids", "attention_mask", "sentence_ids"}
+        if not required <= set(self.metadata_inputs) or not set(GRAPH_OUTPUTS) <= set(self.metadata_outputs):
+            raise ModelLoadError(f"model {self.model!r} on {self.url} does not follow the engine's contract: "
+                                 f"inputs {self.metadata_inputs}, outputs {self.metadata_outputs}")
+        self.input_names = self.metadata_inputs
+
+    def tokenizer_json(self) -> str | None:
+        """The tokenizer, from the text model beside the core (a describe request)."""
+        text_model = self.parameters().get("prune_text_model")
+        if not text_model:
+            return None
+        tc = self.tc
+        try:
+            res = self._call(self.client.infer, text_model, [], outputs=[tc.InferRequestedOutput("tokenizer")],
+                             client_timeout=self.timeout) if self.protocol == "grpc" else \
+                self._call(self.client.infer, text_model, [], outputs=[tc.InferRequestedOutput("tokenizer")])
+        except Exception as exc:
+            raise ModelLoadError(f"cannot fetch the tokenizer from the text model {text_model!r} on {self.url}: "
+                                 f"{exc}") from exc
+        value = res.as_numpy("tokenizer")
+        if value is None or value.size != 1:
+            raise ModelLoadError(f"the text model {text_model!r} returned no tokenizer")
+        return bytes(value.reshape(-1)[0]).decode("utf-8")
 
     # -------------------------------------------------------------- inference
     def _request(self, feeds: dict[str, np.ndarray]):
@@ -212,13 +243,3 @@ class TritonBackend(Backend):
             probs = np.concatenate([np.pad(p, ((0, 0), (0, width - p.shape[1]))) for _, p in parts])
             out.append((np.concatenate([r for r, _ in parts]), probs))
         return out
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False)
-        try:
-            self.client.close()
-        except Exception:
-            pass
-
-    def describe(self) -> str:
-        return f"triton {self.protocol}://{self.url} model {self.model}"

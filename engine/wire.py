@@ -1,0 +1,249 @@
+"""The text model's wire contract: text in, pruned text out, over KServe v2 (Triton).
+
+One request is one question and its passages, as UTF-8 BYTES tensors:
+
+    inputs   question  BYTES [1]          required
+             passages  BYTES [P]          required (P may be 0)
+             threshold FP32  [1]          optional: the family's default otherwise
+             top_k     INT32 [1]          optional: the k best passages by reranking score
+             title     BYTES [1]          optional: "first_sentence" or "none"
+             alpha     FP32  [1]          optional: backoff alpha; negative disables it
+    outputs  passage_index    INT32 [R]        which input passage each row is (input order,
+                                               or best first with top_k)
+             reranking_score  FP32  [R]        NaN where a passage produced no tokens
+             sentence_count   INT32 [R]
+             sentence_spans   INT64 [R, S, 2]  UTF-8 byte offsets [start, end) into the
+                                               passage as sent, padded with -1
+             sentence_probs   FP32  [R, S]     padded with -1
+             kept             BOOL  [R, S]     padded with false
+             pruned_context   BYTES [R]        kept sentences, original text and separators
+             compression_rate FP32  [R]        share of the passage's characters removed
+             blocks           INT32 [R]        model windows the passage needed
+
+Offsets count UTF-8 bytes of the passage exactly as the client sent it: the one unit
+every client language can slice its own request with (Python and Rust strings count
+code points or bytes, Java and JavaScript UTF-16 units; the bytes on the wire are the
+same for all). The Python client turns them back into code point offsets.
+
+A request with neither `question` nor `passages` is a *describe* request: it returns
+`manifest` and `tokenizer` (BYTES [1], JSON), so a client of the token-level core can
+fetch the tokenizer from the server. Torch-free; no Triton import (the server side and
+the client side both use it).
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.decide import TITLE_RULES, PruneResult, Sentence, check_threshold
+from engine.errors import InputError
+
+#: name -> (Triton datatype, dims) of the text model's inputs; all optional in the config
+#: (a describe request has none); `question` and `passages` are checked by `read_request`.
+TEXT_INPUTS: dict[str, tuple[str, list[int]]] = {
+    "question": ("BYTES", [1]),
+    "passages": ("BYTES", [-1]),
+    "threshold": ("FP32", [1]),
+    "top_k": ("INT32", [1]),
+    "title": ("BYTES", [1]),
+    "alpha": ("FP32", [1]),
+}
+TEXT_OUTPUTS: dict[str, tuple[str, list[int]]] = {
+    "passage_index": ("INT32", [-1]),
+    "reranking_score": ("FP32", [-1]),
+    "sentence_count": ("INT32", [-1]),
+    "sentence_spans": ("INT64", [-1, -1, 2]),
+    "sentence_probs": ("FP32", [-1, -1]),
+    "kept": ("BOOL", [-1, -1]),
+    "pruned_context": ("BYTES", [-1]),
+    "compression_rate": ("FP32", [-1]),
+    "blocks": ("INT32", [-1]),
+}
+DESCRIBE_OUTPUTS: dict[str, tuple[str, list[int]]] = {
+    "manifest": ("BYTES", [1]),
+    "tokenizer": ("BYTES", [1]),
+}
+#: Per-request limits of the text model (`prune repository --text-max-passages/-chars`).
+DEFAULT_MAX_PASSAGES = 1_000
+DEFAULT_MAX_CHARS = 2_000_000
+
+
+@dataclass(frozen=True)
+class TextLimits:
+    max_passages: int = DEFAULT_MAX_PASSAGES
+    max_chars: int = DEFAULT_MAX_CHARS     # code points over the question and all passages
+
+
+@dataclass
+class TextRequest:
+    question: str
+    passages: list[str]
+    threshold: float | None = None
+    top_k: int | None = None
+    title: str | None = None
+    alpha: Any = ...                        # ... = the family's default; None = disabled
+
+    def options(self) -> dict[str, Any]:
+        return {"threshold": self.threshold, "top_k": self.top_k, "title": self.title, "alpha": self.alpha}
+
+
+# ---------------------------------------------------------------------- offsets
+
+def byte_offsets(text: str, positions: Sequence[int]) -> list[int]:
+    """UTF-8 byte offsets of ascending code point `positions` in `text` (one pass)."""
+    if text.isascii():
+        return list(positions)
+    out, pos, acc = [], 0, 0
+    for p in positions:
+        acc += len(text[pos:p].encode("utf-8"))
+        pos = p
+        out.append(acc)
+    return out
+
+
+def char_offsets(text: str, positions: Sequence[int]) -> list[int]:
+    """Code point offsets of ascending UTF-8 byte `positions` into `text.encode()`."""
+    if text.isascii():
+        return list(positions)
+    data = text.encode("utf-8")
+    out, pos, acc = [], 0, 0
+    for p in positions:
+        acc += len(data[pos:p].decode("utf-8"))
+        pos = p
+        out.append(acc)
+    return out
+
+
+# ---------------------------------------------------------------------- server side
+
+def _decode(value: Any, what: str) -> str:
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, (bytes, bytearray, np.bytes_)):
+        raise InputError(f"{what} must be BYTES (UTF-8 text), got {type(value).__name__}")
+    try:
+        return bytes(value).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{what} is not valid UTF-8 (byte {exc.start}: {exc.reason})") from None
+
+
+def _one(arr: np.ndarray, name: str) -> Any:
+    if arr.size != 1:
+        raise InputError(f"{name} must hold exactly one value, got shape {list(arr.shape)}")
+    return arr.reshape(-1)[0]
+
+
+def read_request(get: Callable[[str], np.ndarray | None], limits: TextLimits) -> TextRequest | None:
+    """Parse one request from its tensors (`get(name)` -> numpy array or None).
+
+    Returns None for a describe request; raises InputError for anything invalid, with a
+    message that names the input and the limit."""
+    q, p = get("question"), get("passages")
+    others = {n: get(n) for n in ("threshold", "top_k", "title", "alpha")}
+    if q is None and p is None:
+        if any(v is not None for v in others.values()):
+            raise InputError("question and passages are required")
+        return None
+    if q is None:
+        raise InputError("question is required (BYTES [1], UTF-8)")
+    if p is None:
+        raise InputError("passages is required (BYTES [P], UTF-8; one request = one question and its passages)")
+    question = _decode(_one(q, "question"), "question")
+    if not question.strip():
+        raise InputError("question is empty")
+    if p.ndim != 1:
+        raise InputError(f"passages must be BYTES [P], got shape {list(p.shape)}")
+    if p.shape[0] > limits.max_passages:
+        raise InputError(f"{p.shape[0]} passages in one request; the limit is {limits.max_passages}")
+    passages, total = [], len(question)
+    for i, raw in enumerate(p):
+        text = _decode(raw, f"passage {i}")
+        if not text.strip():
+            raise InputError(f"passage {i} is empty or only whitespace")
+        total += len(text)
+        if total > limits.max_chars:
+            raise InputError(f"the request holds more than {limits.max_chars} characters "
+                             f"(question and passages); split it into several requests")
+        passages.append(text)
+    req = TextRequest(question, passages)
+    if others["threshold"] is not None:
+        req.threshold = check_threshold(float(_one(others["threshold"], "threshold")))
+    if others["top_k"] is not None:
+        k = int(_one(others["top_k"], "top_k"))
+        if k < 1:
+            raise InputError(f"top_k must be a positive integer, got {k}")
+        req.top_k = k
+    if others["title"] is not None:
+        title = _decode(_one(others["title"], "title"), "title")
+        if title not in TITLE_RULES:
+            raise InputError(f"title must be one of {TITLE_RULES}, got {title!r}")
+        req.title = title
+    if others["alpha"] is not None:
+        a = float(_one(others["alpha"], "alpha"))
+        req.alpha = None if a < 0 else check_threshold(a, "alpha")
+    return req
+
+
+def results_to_tensors(results: Sequence[PruneResult]) -> dict[str, np.ndarray]:
+    """The text model's outputs for one request's results (see the module docstring)."""
+    n = len(results)
+    width = max((len(r.sentences) for r in results), default=0)
+    spans = np.full((n, width, 2), -1, dtype=np.int64)
+    probs = np.full((n, width), -1.0, dtype=np.float32)
+    kept = np.zeros((n, width), dtype=bool)
+    for row, r in enumerate(results):
+        k = len(r.sentences)
+        if not k:
+            continue
+        bounds = byte_offsets(r.context, [x for s in r.sentences for x in (s.start, s.end)])
+        spans[row, :k] = np.asarray(bounds, dtype=np.int64).reshape(k, 2)
+        probs[row, :k] = [s.probability for s in r.sentences]
+        kept[row, :k] = [s.kept for s in r.sentences]
+    return {
+        "passage_index": np.array([r.index for r in results], dtype=np.int32),
+        "reranking_score": np.array([math.nan if r.reranking_score is None else r.reranking_score
+                                     for r in results], dtype=np.float32),
+        "sentence_count": np.array([len(r.sentences) for r in results], dtype=np.int32),
+        "sentence_spans": spans,
+        "sentence_probs": probs,
+        "kept": kept,
+        "pruned_context": np.array([r.pruned_context.encode("utf-8") for r in results], dtype=np.object_),
+        "compression_rate": np.array([r.compression_rate for r in results], dtype=np.float32),
+        "blocks": np.array([r.blocks for r in results], dtype=np.int32),
+    }
+
+
+def describe_tensors(manifest: dict[str, Any], tokenizer_json: str) -> dict[str, np.ndarray]:
+    return {"manifest": np.array([json.dumps(manifest).encode("utf-8")], dtype=np.object_),
+            "tokenizer": np.array([tokenizer_json.encode("utf-8")], dtype=np.object_)}
+
+
+# ---------------------------------------------------------------------- client side
+
+def tensors_to_results(passages: Sequence[str], out: dict[str, np.ndarray], threshold: float,
+                       offset: int = 0) -> list[PruneResult]:
+    """PruneResults (code point offsets) from one response of the text model; `offset` is
+    the index of `passages[0]` in the caller's whole call."""
+    results = []
+    for row, idx in enumerate(np.asarray(out["passage_index"]).reshape(-1)):
+        context = passages[int(idx)]
+        k = int(out["sentence_count"][row])
+        flat = out["sentence_spans"][row, :k].reshape(-1).tolist()
+        bounds = char_offsets(context, flat)
+        sentences = [Sentence(context[bounds[2 * j]:bounds[2 * j + 1]], bounds[2 * j], bounds[2 * j + 1],
+                              float(out["sentence_probs"][row, j]), bool(out["kept"][row, j]))
+                     for j in range(k)]
+        score = float(out["reranking_score"][row])
+        pruned = out["pruned_context"][row]
+        results.append(PruneResult(
+            index=offset + int(idx), context=context,
+            pruned_context=pruned.decode("utf-8") if isinstance(pruned, bytes) else str(pruned),
+            reranking_score=None if math.isnan(score) else score, sentences=sentences,
+            compression_rate=float(out["compression_rate"][row]), threshold=threshold,
+            blocks=int(out["blocks"][row])))
+    return results

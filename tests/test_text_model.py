@@ -1,0 +1,334 @@
+"""The text model (`<family>_text`) on a real tritonserver: text in, pruned text out.
+
+It runs the engine's own code on the server, so its results must equal the in-process
+Pruner: the same sentences, spans, kept flags and pruned text, probabilities within 1e-5
+(the same graph; only the rows the core batches together differ), reranking scores
+within 1e-4.
+"""
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from engine.errors import BackendError, InputError
+from engine.pruner import Pruner
+from engine.text_client import TritonTextPruner
+from export.triton import RepositoryOptions, build_repository
+from tests.conftest import CORE_MAX_BATCH, FAMILY_NAMES, TEXT_MAX_CHARS, TEXT_MAX_PASSAGES
+from tests.test_parity import PASSAGES, QUESTION
+
+TOL = 1e-5
+# Non-ASCII of every width: 2-byte (é), 3-byte (CJK), 4-byte (emoji, 2 UTF-16 units).
+UNICODE = ["Crème brûlée is café food. 😀 Emoji count as one code point but four bytes! Done.",
+           "北京是中国的首都。上海是一个大城市！The museum opened a new exhibition about ancient Egypt."]
+
+
+def same(got, exp, tol=TOL):
+    assert len(got) == len(exp)
+    for a, b in zip(got, exp):
+        assert a.index == b.index
+        assert [(s.start, s.end, s.text) for s in a.sentences] == [(s.start, s.end, s.text) for s in b.sentences]
+        np.testing.assert_allclose([s.probability for s in a.sentences], [s.probability for s in b.sentences],
+                                   atol=tol, rtol=0)
+        assert [s.kept for s in a.sentences] == [s.kept for s in b.sentences]
+        assert a.pruned_context == b.pruned_context
+        assert a.compression_rate == pytest.approx(b.compression_rate, abs=1e-6)
+        assert a.blocks == b.blocks
+        if b.reranking_score is None:
+            assert a.reranking_score is None
+        else:
+            assert a.reranking_score == pytest.approx(b.reranking_score, abs=1e-4)
+
+
+def _splitting_threshold(results):
+    """A threshold between two neighbouring probabilities (random weights leave fixed
+    thresholds one-sided), so identical kept flags are a real check."""
+    probs = np.sort([s.probability for r in results for s in r.sentences])
+    k = int(np.argmax(np.diff(probs[len(probs) // 4: 3 * len(probs) // 4 + 1]))) + len(probs) // 4
+    return float((probs[k] + probs[k + 1]) / 2)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_text_model_equals_in_process(server, pruners, name, protocol):
+    url = server.grpc_url if protocol == "grpc" else server.http_url
+    remote = Pruner.connect(url, f"{name}_text", protocol=protocol)
+    assert isinstance(remote, TritonTextPruner) and remote.family.name == name
+    local = pruners[name][0]
+    passages = PASSAGES + UNICODE
+    expected = local.prune(QUESTION, passages)
+    assert max(r.blocks for r in expected) > 1          # a multi-block passage is in the set
+    same(remote.prune(QUESTION, passages), expected)
+    t = _splitting_threshold(expected)
+    kept = local.prune(QUESTION, passages, threshold=t)
+    assert 0 < sum(s.kept for r in kept for s in r.sentences) < sum(len(r.sentences) for r in kept)
+    same(remote.prune(QUESTION, passages, threshold=t), kept)
+    same(remote.prune(QUESTION, passages, threshold=t, title="first_sentence", alpha=None, top_k=3),
+         local.prune(QUESTION, passages, threshold=t, title="first_sentence", alpha=None, top_k=3))
+
+
+def test_text_call_larger_than_limits_and_core_batch(server, pruners):
+    """120 passages: more than the text model takes per request (50) and than the core
+    takes per batch (16): the client sends 3 requests, the server splits core batches."""
+    remote = Pruner.connect(server.grpc_url, "xprovence_text")
+    many = [f"Passage {i}. It talks about item {i} and the pie." for i in range(120)]
+    assert len(many) > TEXT_MAX_PASSAGES and len(many) > 2 * CORE_MAX_BATCH
+    same(remote.prune(QUESTION, many), pruners["xprovence"][0].prune(QUESTION, many))
+    big = ["A sentence about pies and their crust. " * 40] * 60     # 60 x 1,560 chars > 60,000 per request
+    assert sum(map(len, big)) > TEXT_MAX_CHARS
+    same(remote.prune(QUESTION, big), pruners["xprovence"][0].prune(QUESTION, big))
+    with pytest.raises(InputError, match="at most"):
+        remote.prune(QUESTION, ["x" * (TEXT_MAX_CHARS + 1)])
+
+
+def _raw_infer(server, model, inputs):
+    """A plain tritonclient gRPC call with numpy inputs {name: (array, datatype)}."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    tensors = []
+    for name, (arr, dtype) in inputs.items():
+        t = grpcclient.InferInput(name, list(arr.shape), dtype)
+        t.set_data_from_numpy(arr)
+        tensors.append(t)
+    return client.infer(model, tensors, client_timeout=30)
+
+
+def _bytes(*values):
+    return np.array([v if isinstance(v, bytes) else v.encode("utf-8") for v in values], dtype=np.object_)
+
+
+def test_offsets_are_utf8_bytes(server, pruners):
+    """sentence_spans count UTF-8 bytes of the passage as sent, for any client language."""
+    res = _raw_infer(server, "provence_text", {"question": (_bytes(QUESTION), "BYTES"),
+                                                "passages": (_bytes(*UNICODE), "BYTES")})
+    spans, counts = res.as_numpy("sentence_spans"), res.as_numpy("sentence_count")
+    expected = pruners["provence"][0].prune(QUESTION, UNICODE)
+    for row, (passage, exp) in enumerate(zip(UNICODE, expected)):
+        data = passage.encode("utf-8")
+        got = [data[s:e].decode("utf-8") for s, e in spans[row, :counts[row]]]
+        assert got == [s.text for s in exp.sentences]
+        # the units differ on this text: code point offsets would not slice the bytes
+        assert [list(x) for x in spans[row, :counts[row]]] != [[s.start, s.end] for s in exp.sentences]
+        assert (spans[row, counts[row]:] == -1).all()
+    assert res.as_numpy("pruned_context")[0].decode("utf-8") == expected[0].pruned_context
+
+
+def test_curl_json_body(server):
+    """The README's curl command: KServe v2 JSON over plain HTTP."""
+    body = {"inputs": [
+        {"name": "question", "shape": [1], "datatype": "BYTES", "data": ["What goes on the bottom of the pie?"]},
+        {"name": "passages", "shape": [1], "datatype": "BYTES",
+         "data": ["Shepherd's pie. The pie dish was lined on the sides and bottom with mashed potato."]},
+        {"name": "threshold", "shape": [1], "datatype": "FP32", "data": [0.1]}]}
+    req = urllib.request.Request(f"http://{server.http_url}/v2/models/default_text/infer".replace(
+        "default_text", "open_provence_text"), data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        out = {o["name"]: o for o in json.loads(r.read())["outputs"]}
+    assert out["sentence_count"]["data"] == [2]
+    assert out["sentence_spans"]["shape"] == [1, 2, 2] and out["sentence_spans"]["data"][:2] == [0, 15]
+    assert isinstance(out["pruned_context"]["data"][0], str)
+    assert len(out["sentence_probs"]["data"]) == 2 and len(out["kept"]["data"]) == 2
+
+
+def _stats(server, model):
+    st = grpcclient.InferenceServerClient(server.grpc_url).get_inference_statistics(model).model_stats[0]
+    return st.inference_stats.success.count, st.execution_count
+
+
+def test_concurrent_text_requests_meet_in_the_core_batcher(server, pruners):
+    name = "xprovence"
+    local = pruners[name][0]
+    questions = [f"Question number {i} about the pie?" for i in range(16)]
+    expected = [local.prune(q, [PASSAGES[0], PASSAGES[1]]) for q in questions]
+    req0, exe0 = _stats(server, name)
+    clients = [Pruner.connect(server.grpc_url, f"{name}_text") for _ in range(4)]
+    results = [None] * len(questions)
+    barrier = threading.Barrier(len(questions))
+
+    def work(i):
+        barrier.wait()
+        results[i] = clients[i % len(clients)].prune(questions[i], [PASSAGES[0], PASSAGES[1]])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(questions))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    req1, exe1 = _stats(server, name)
+    assert req1 - req0 >= len(questions)          # at least one core request per text request
+    assert exe1 - exe0 < req1 - req0               # ... joined into fewer executions
+    for got, exp in zip(results, expected):
+        same(got, exp)
+
+
+def test_text_load_test_no_lost_or_mixed_results(server, pruners):
+    """6 clients (gRPC and HTTP) for 3 seconds (bounded count too), each checking its own
+    results against the in-process engine."""
+    name = "opensearch"
+    local = pruners[name][0]
+    docs = [f"The stadium {i} was built in {1900 + i}. It holds {i * 1000} people. Football is played."
+            for i in range(12)]
+    expected = {i: local.prune(f"When was stadium {i} built?", [docs[i], docs[(i + 1) % 12]]) for i in range(12)}
+    errors, done = [], []
+    stop = time.monotonic() + 3.0
+
+    def client(k):
+        proto = "grpc" if k % 2 == 0 else "http"
+        p = Pruner.connect(server.grpc_url if proto == "grpc" else server.http_url, f"{name}_text", protocol=proto)
+        n = 0
+        while time.monotonic() < stop and n < 200:
+            i = (k * 5 + n) % 12
+            try:
+                same(p.prune(f"When was stadium {i} built?", [docs[i], docs[(i + 1) % 12]]), expected[i])
+                done.append(i)
+            except Exception as exc:  # collected, asserted below
+                errors.append(repr(exc))
+            n += 1
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors[:3]
+    assert len(done) >= 12
+
+
+BAD = {
+    "invalid UTF-8 in a passage": ({"question": (_bytes(QUESTION), "BYTES"),
+                                    "passages": (_bytes("fine.", b"\xff\xfe broken"), "BYTES")}, "not valid UTF-8"),
+    "invalid UTF-8 in the question": ({"question": (_bytes(b"\xc3("), "BYTES"),
+                                       "passages": (_bytes("fine."), "BYTES")}, "question is not valid UTF-8"),
+    "empty question": ({"question": (_bytes("  "), "BYTES"), "passages": (_bytes("fine."), "BYTES")},
+                       "question is empty"),
+    "empty passage": ({"question": (_bytes(QUESTION), "BYTES"), "passages": (_bytes("fine.", ""), "BYTES")},
+                      "passage 1 is empty"),
+    "whitespace passage": ({"question": (_bytes(QUESTION), "BYTES"), "passages": (_bytes(" \n\t "), "BYTES")},
+                           "passage 0 is empty or only whitespace"),
+    "too many passages": ({"question": (_bytes(QUESTION), "BYTES"),
+                           "passages": (_bytes(*["p."] * (TEXT_MAX_PASSAGES + 1)), "BYTES")},
+                          f"the limit is {TEXT_MAX_PASSAGES}"),
+    "too many characters": ({"question": (_bytes(QUESTION), "BYTES"),
+                             "passages": (_bytes("a. " * (TEXT_MAX_CHARS // 3 + 10)), "BYTES")},
+                            f"more than {TEXT_MAX_CHARS} characters"),
+    "question over the token limit": ({"question": (_bytes("why " * 2000), "BYTES"),
+                                       "passages": (_bytes("fine."), "BYTES")}, "Shorten the question"),
+    "question without passages": ({"question": (_bytes(QUESTION), "BYTES")}, "passages is required"),
+    "two questions": ({"question": (_bytes(QUESTION, QUESTION), "BYTES"),
+                       "passages": (_bytes("fine."), "BYTES")}, "question"),
+    "question as INT32": ({"question": (np.array([1], dtype=np.int32), "INT32"),
+                           "passages": (_bytes("fine."), "BYTES")}, "data-type|datatype|dtype"),
+    "passages as a matrix": ({"question": (_bytes(QUESTION), "BYTES"),
+                              "passages": (_bytes("a.", "b.").reshape(1, 2), "BYTES")}, "shape|dims"),
+    "threshold out of range": ({"question": (_bytes(QUESTION), "BYTES"), "passages": (_bytes("fine."), "BYTES"),
+                                "threshold": (np.array([1.5], dtype=np.float32), "FP32")}, "threshold must be in"),
+    "threshold NaN": ({"question": (_bytes(QUESTION), "BYTES"), "passages": (_bytes("fine."), "BYTES"),
+                       "threshold": (np.array([np.nan], dtype=np.float32), "FP32")}, "finite"),
+    "top_k zero": ({"question": (_bytes(QUESTION), "BYTES"), "passages": (_bytes("fine."), "BYTES"),
+                    "top_k": (np.array([0], dtype=np.int32), "INT32")}, "top_k must be a positive"),
+    "unknown title rule": ({"question": (_bytes(QUESTION), "BYTES"), "passages": (_bytes("fine."), "BYTES"),
+                            "title": (_bytes("always"), "BYTES")}, "title must be one of"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_gets_its_own_error(server, pruners, case):
+    inputs, message = BAD[case]
+    with pytest.raises(Exception, match=message):
+        _raw_infer(server, "xprovence_text", inputs)
+    # the server keeps serving, correctly
+    assert server.ready()
+    good = Pruner.connect(server.grpc_url, "xprovence_text")
+    same(good.prune(QUESTION, PASSAGES[:2]), pruners["xprovence"][0].prune(QUESTION, PASSAGES[:2]))
+
+
+def test_bad_request_beside_good_ones(server, pruners):
+    """Bad and good requests at the same time: each good one gets its own right result."""
+    expected = pruners["xprovence"][0].prune(QUESTION, PASSAGES[:3])
+    bad_cases = [BAD["invalid UTF-8 in a passage"][0], BAD["question over the token limit"][0],
+                 BAD["empty passage"][0]]
+    good, bad = [], []
+    barrier = threading.Barrier(12)
+
+    def run_good():
+        p = Pruner.connect(server.grpc_url, "xprovence_text")
+        barrier.wait()
+        good.append(p.prune(QUESTION, PASSAGES[:3]))
+
+    def run_bad(k):
+        barrier.wait()
+        try:
+            _raw_infer(server, "xprovence_text", bad_cases[k % 3])
+            bad.append(None)
+        except Exception as exc:
+            bad.append(str(exc))
+
+    threads = [threading.Thread(target=run_good) for _ in range(9)] + \
+              [threading.Thread(target=run_bad, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(good) == 9 and len(bad) == 3 and all(bad)
+    for got in good:
+        same(got, expected)
+
+
+def test_http_client_errors_are_clear(server):
+    remote = Pruner.connect(server.http_url, "xprovence_text", protocol="http")
+    with pytest.raises(BackendError, match="question over|Shorten the question"):
+        remote.prune("why " * 2000, ["fine."])
+    with pytest.raises(InputError, match="sentences="):
+        remote.prune(QUESTION, ["fine."], sentences=[["fine."]])
+    with pytest.raises(InputError, match="title"):
+        remote.prune(QUESTION, ["fine."], title="always")
+
+
+def test_core_client_gets_its_tokenizer_from_the_text_model(server, pruners, repository):
+    """No config carries the tokenizer; a client of the core fetches it from `<name>_text`."""
+    for name in FAMILY_NAMES:
+        text = (repository / name / "config.pbtxt").read_text()
+        cfg = text_format.Parse(text, model_config_pb2.ModelConfig())
+        assert not [k for k in cfg.parameters if "tokenizer" in k] and len(text) < 10_000
+        assert (repository / f"{name}_text" / "1" / "tokenizer.json").is_file()
+    core = Pruner.connect(server.grpc_url, "embedding")
+    same(core.prune(QUESTION, UNICODE), pruners["embedding"][0].prune(QUESTION, UNICODE))
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu-onnx", "gpu-tensorrt"])
+def test_text_model_config_is_a_valid_triton_config(exported, tmp_path, target):
+    build_repository(exported["xprovence"], tmp_path, RepositoryOptions(target=target, name="m", max_batch_size=32,
+                                                                        text_instances=3), log=lambda m: None)
+    cfg = text_format.Parse((tmp_path / "m_text" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert cfg.name == "m_text" and cfg.backend == "python" and cfg.max_batch_size == 0
+    assert cfg.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
+    assert cfg.instance_group[0].count == 3
+    types = {i.name: (i.data_type, list(i.dims), i.optional) for i in cfg.input}
+    assert types["question"] == (model_config_pb2.TYPE_STRING, [1], True)
+    assert types["passages"] == (model_config_pb2.TYPE_STRING, [-1], True)
+    outs = {o.name: (o.data_type, list(o.dims)) for o in cfg.output}
+    assert outs["sentence_spans"] == (model_config_pb2.TYPE_INT64, [-1, -1, 2])
+    assert outs["kept"] == (model_config_pb2.TYPE_BOOL, [-1, -1])
+    assert outs["pruned_context"] == (model_config_pb2.TYPE_STRING, [-1])
+    assert cfg.parameters["core_model"].string_value == "m"
+    assert cfg.parameters["core_max_batch_size"].string_value == "32"
+    folder = tmp_path / "m_text" / "1"
+    assert {p.name for p in folder.iterdir()} >= {"model.py", "tokenizer.json", "manifest.json"}
+    core = text_format.Parse((tmp_path / "m" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert core.parameters["prune_text_model"].string_value == "m_text"
+    assert all("tokenizer" not in k for k in core.parameters)
+
+
+def test_describe_request_over_http(server):
+    client = httpclient.InferenceServerClient(server.http_url)
+    res = client.infer("opensearch_text", [], outputs=[httpclient.InferRequestedOutput("manifest")])
+    assert json.loads(res.as_numpy("manifest")[0])["family"] == "opensearch"
+    with pytest.raises(Exception, match="question and passages are required"):
+        _raw_infer(server, "opensearch_text", {"threshold": (np.array([0.5], dtype=np.float32), "FP32")})
