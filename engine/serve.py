@@ -10,6 +10,13 @@ packages through the first `python3`; PYTHONPATH is ignored).
 
 Binds 127.0.0.1 unless told otherwise. On GPU servers use NVIDIA's Triton container
 instead (README).
+
+The server cannot outlive the process that started it: tritonserver runs in its own
+process group (its python-backend stubs with it) and a small watchdog process ends that
+group, and removes the server's temporary folder, as soon as its starter is gone, even
+when the starter was killed outright (SIGKILL leaves no chance to clean up). `stop()`
+drains (SIGINT: in-flight requests finish), waits for the stubs too, and kills what is
+left after its timeout.
 """
 from __future__ import annotations
 
@@ -46,6 +53,46 @@ def server_binary() -> Path:
     return path
 
 
+# Run by the watchdog process: argv = starter pid, server process group, work folder.
+# It polls (every 0.2 s) whether its starter is still its parent; when not, it kills the
+# server's process group and removes the work folder. It ends by itself when the group
+# is gone.
+_WATCHDOG = """
+import os, shutil, signal, sys, time
+starter, group, work = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+while True:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        break
+    if os.getppid() != starter:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for _ in range(50):
+            try:
+                os.killpg(group, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        shutil.rmtree(work, ignore_errors=True)
+        break
+    time.sleep(0.2)
+"""
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class TritonServer:
     """A tritonserver process on a model repository; a context manager."""
 
@@ -60,6 +107,7 @@ class TritonServer:
         self.forward_logs = forward_logs
         self.extra_args = extra_args or []
         self.proc: subprocess.Popen | None = None
+        self._watchdog: subprocess.Popen | None = None
         self.tail: deque[str] = deque(maxlen=60)
         self._workdir: tempfile.TemporaryDirectory | None = None
 
@@ -122,6 +170,11 @@ class TritonServer:
         cmd, env = self._prepare()
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      start_new_session=True)
+        assert self._workdir is not None
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(self.proc.pid), self._workdir.name],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
         threading.Thread(target=self._pump, daemon=True).start()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -141,23 +194,52 @@ class TritonServer:
         except Exception:
             return False
 
-    def stop(self, timeout: float = 15.0) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
+    def stop(self, timeout: float = 15.0) -> bool:
+        """Drain and stop the server and its stubs; True when they ended by themselves
+        within `timeout` (False: what was left had to be killed)."""
+        clean = True
+        if self.proc:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGINT)
+            deadline = time.monotonic() + timeout
             try:
-                self.proc.wait(timeout)
+                self.proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
+                clean = False
+            while clean and _group_alive(self.proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.05)     # the stubs finish after the server
+            if _group_alive(self.proc.pid):
+                clean = False
+                self._kill_group()
+        self._end_watchdog()
         if self._workdir:
             self._workdir.cleanup()
             self._workdir = None
+        return clean
+
+    def _kill_group(self) -> None:
+        assert self.proc is not None
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(5)
+        for _ in range(50):
+            if not _group_alive(self.proc.pid):
+                break
+            time.sleep(0.1)
+
+    def _end_watchdog(self) -> None:
+        if self._watchdog and self._watchdog.poll() is None:
+            self._watchdog.kill()
+            self._watchdog.wait(5)
+        self._watchdog = None
 
     def kill(self) -> None:
-        """Kill the server abruptly (fault tests)."""
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(5)
+        """Kill the server and its stubs abruptly (fault tests)."""
+        if self.proc and (self.proc.poll() is None or _group_alive(self.proc.pid)):
+            self._kill_group()
+        self._end_watchdog()
 
     def __enter__(self) -> "TritonServer":
         return self.start()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,49 @@ def with_window(pruner, max_length: int, **batching):
 
 
 
+def processes_under(path) -> dict[int, str]:
+    """pid -> command line of every process (but this one) that names `path`: a
+    tritonserver serving a repository there, or its python-backend stubs."""
+    import re
+    me, out = os.getpid(), {}
+    needle = re.compile(re.escape(str(path)) + r"(?=/|\s|$)")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = next((line for line in (entry / "status").read_text().splitlines()
+                          if line.startswith("State:")), "")
+        except OSError:
+            continue
+        if needle.search(cmd) and "zombie" not in state:
+            out[int(entry.name)] = cmd
+    return out
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The suite leaves no server behind: after every fixture is torn down, no process
+    may still serve a repository under this run's temporary folder."""
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None:
+        return
+    base = factory.getbasetemp()
+    deadline = time.monotonic() + 10
+    left = processes_under(base)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = processes_under(base)
+    if left:
+        for pid in left:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        print("\nERROR: the test run left server processes behind:\n" + "\n".join(
+            f"  {pid}: {cmd[:160]}" for pid, cmd in left.items()))
+        session.exitstatus = 1
+
+
 def free_ports(n):
     """n free loopback ports (a server started right after binds them)."""
     import socket
@@ -71,12 +115,22 @@ TEXT_MAX_CHARS = 60_000
 
 
 @pytest.fixture(scope="session")
-def repository(exported, tmp_path_factory):
-    """Every family's core model `<family>` and text model `<family>_text` (cpu target)."""
+def exported_int8(checkpoints, tmp_path_factory) -> Path:
+    """The xprovence checkpoint exported to INT8 (served as `xprovence_int8`)."""
+    from export.onnx import export_model
+    out = tmp_path_factory.mktemp("onnx-int8") / "xprovence_int8"
+    export_model(checkpoints["xprovence"], out, precision="int8", log=lambda m: None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def repository(exported, exported_int8, tmp_path_factory):
+    """Every family's core model `<family>` and text model `<family>_text` (cpu target),
+    and `xprovence_int8` (+ `_text`)."""
     from export.triton import RepositoryOptions, build_repository
     repo = tmp_path_factory.mktemp("model_repository")
-    for name in FAMILY_NAMES:
-        build_repository(exported[name], repo,
+    for name, folder in [*((n, exported[n]) for n in FAMILY_NAMES), ("xprovence_int8", exported_int8)]:
+        build_repository(folder, repo,
                          RepositoryOptions(target="cpu", name=name, max_batch_size=CORE_MAX_BATCH,
                                            max_queue_delay_us=20000, text_instances=2,
                                            text_max_passages=TEXT_MAX_PASSAGES, text_max_chars=TEXT_MAX_CHARS),

@@ -1,0 +1,155 @@
+"""`prune serve` takes its tritonserver (and the python-backend stubs) down with it: on
+SIGTERM and SIGHUP exactly as on Ctrl-C (drain, stop, temporary folder removed, exit 0),
+and when killed outright (SIGKILL) through its watchdog. Within a few seconds no server
+process is left and the ports bind again.
+"""
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.serve import TritonServer
+from export.triton import RepositoryOptions, build_repository
+from tests.conftest import free_ports, processes_under
+
+PRUNE = Path(sys.executable).parent / "prune"   # the installed console script
+
+
+@pytest.fixture(scope="module")
+def small_repository(exported, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("signal_repository")
+    build_repository(exported["opensearch"], repo, RepositoryOptions(target="cpu", name="m", text_instances=1),
+                     log=lambda m: None)
+    return repo
+
+
+def _ports_free(ports):
+    """No process listens on them (SO_REUSEADDR, as servers bind: TIME_WAIT connections
+    left by the test's own requests do not count)."""
+    for p in ports:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", p))
+            except OSError:
+                return False
+    return True
+
+
+def _start_serve(repo, ports):
+    h, g, m = ports
+    proc = subprocess.Popen([str(PRUNE), "serve", "--model-repository", str(repo), "--http-port", str(h),
+                             "--grpc-port", str(g), "--metrics-port", str(m)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, ready = [], threading.Event()
+
+    def pump():
+        for line in proc.stdout:
+            lines.append(line)
+            if "tritonserver ready" in line:
+                ready.set()
+    threading.Thread(target=pump, daemon=True).start()
+    assert ready.wait(120), "".join(lines[-30:])
+    return proc, lines
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL])
+def test_signal_to_prune_serve_leaves_nothing_behind(small_repository, sig):
+    ports = free_ports(3)
+    proc, lines = _start_serve(small_repository, ports)
+    procs = processes_under(small_repository)
+    server_cmd = next(cmd for pid, cmd in procs.items() if "tritonserver" in cmd and "--model-repository" in cmd)
+    stubs = [pid for pid, cmd in procs.items() if "triton_python_backend_stub" in cmd]
+    assert len(stubs) == 2                                   # the core and the text model
+    workdir = Path(re.search(r"--backend-directory=(\S+)/backends", server_cmd).group(1))
+    assert workdir.is_dir()
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    code = proc.wait(30)
+    while (processes_under(small_repository) or not _ports_free(ports)) and time.monotonic() - t0 < 10:
+        time.sleep(0.1)
+    gone = time.monotonic() - t0
+    assert not processes_under(small_repository), f"left behind after {sig.name}"
+    assert _ports_free(ports)
+    assert gone < 10
+    if sig == signal.SIGKILL:
+        assert code == -signal.SIGKILL
+    else:
+        assert code == 0, "".join(lines[-20:])
+        assert any(f"{sig.name}: tritonserver drained and stopped" in line for line in lines)
+    deadline = time.monotonic() + 5
+    while workdir.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not workdir.exists()                              # the temporary folder is removed
+    # a new server binds the same ports
+    with TritonServer(small_repository, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]) as s:
+        assert s.ready()
+
+
+def test_server_class_stop_waits_for_the_stubs(small_repository):
+    h, g, m = free_ports(3)
+    server = TritonServer(small_repository, http_port=h, grpc_port=g, metrics_port=m).start()
+    assert len([c for c in processes_under(small_repository).values() if "triton_python_backend_stub" in c]) == 2
+    assert server.stop() is True
+    assert not processes_under(small_repository)             # stubs included, the moment stop returns
+
+
+def test_killed_starter_takes_the_server_down(small_repository, tmp_path):
+    """A Python process that started a TritonServer and dies by SIGKILL leaves nothing."""
+    h, g, m = free_ports(3)
+    script = tmp_path / "starter.py"
+    script.write_text(
+        "import sys, time\nfrom engine.serve import TritonServer\n"
+        f"s = TritonServer({str(small_repository)!r}, http_port={h}, grpc_port={g}, metrics_port={m}).start()\n"
+        "print('up', flush=True)\ntime.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[1])
+    assert proc.stdout.readline().strip() == "up"
+    assert processes_under(small_repository)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    deadline = time.monotonic() + 10
+    while processes_under(small_repository) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not processes_under(small_repository)
+    assert _ports_free([h, g, m])
+
+
+HANGING_MODEL = '''
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy())]) for r in requests]
+
+    def finalize(self):
+        time.sleep(120)    # a stub that will not end in time
+'''
+
+
+def test_stop_kills_what_does_not_end_in_time(tmp_path):
+    repo = tmp_path / "hang-repo"
+    (repo / "hang" / "1").mkdir(parents=True)
+    (repo / "hang" / "1" / "model.py").write_text(HANGING_MODEL)
+    (repo / "hang" / "config.pbtxt").write_text(
+        'name: "hang"\nbackend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')
+    h, g, m = free_ports(3)
+    server = TritonServer(repo, http_port=h, grpc_port=g, metrics_port=m).start()
+    assert processes_under(repo)
+    t0 = time.monotonic()
+    assert server.stop(timeout=3) is False            # did not end by itself: killed
+    assert time.monotonic() - t0 < 15
+    assert not processes_under(repo)
