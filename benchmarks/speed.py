@@ -9,7 +9,9 @@ one run, interleaved over repeats, reported as medians:
 - torch-batched: the same module with the engine's sorted token-budget batching;
 - onnxruntime-fp32 / onnxruntime-int8: the exported graphs in-process;
 - triton-grpc / triton-http at concurrency 1, 4, 16 (with --triton): the CPU repository
-  served by a local tritonserver; and Triton's own perf_analyzer beside it.
+  served by a local tritonserver, the Python client tokenizing;
+- triton-text-grpc at concurrency 1, 4, 16: the text model (text in, everything on the
+  server); and Triton's own perf_analyzer on the core and on the text model.
 
 Also: where the time goes (client work vs model), the batching ablation (sorted token
 budget vs fixed-size batches in input order), and the bytes per passage leaving the core.
@@ -41,6 +43,7 @@ class PathResult:
     latencies: list[float] = field(default_factory=list)     # per query, last repeat
     passages: int = 0
     tokens: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)      # per-path counters (last repeat)
 
     def summary(self, baseline: float | None) -> dict[str, Any]:
         t = statistics.median(self.seconds)
@@ -49,7 +52,7 @@ class PathResult:
                 "passages_per_s": self.passages / t, "tokens_per_s": self.tokens / t,
                 "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)),
                 "p99_ms": float(np.percentile(lat, 99)),
-                "speedup_vs_reference": (baseline / t) if baseline else None}
+                "speedup_vs_reference": (baseline / t) if baseline else None, **self.extra}
 
 
 def machine_info() -> dict[str, Any]:
@@ -183,20 +186,32 @@ def output_bytes(batches, n_passages: int) -> dict[str, float]:
             "reduction": raw / pooled if pooled else 0.0}
 
 
-def perf_analyzer(server_grpc: str, model: str, pruner, queries, concurrencies, out_dir: Path) -> dict[str, Any]:
-    """Triton's perf_analyzer on real blocks of the workload (its JSON input data)."""
+def core_input_data(pruner, queries) -> list[dict[str, Any]]:
+    """perf_analyzer input data for the core model: one real block of the workload per request."""
+    data = []
+    for b in workload_batches(pruner, queries[:20]):
+        for r in range(b.shape[0]):
+            data.append({n: {"content": getattr(b, n)[r].tolist(), "shape": [b.shape[1]]}
+                         for n in pruner.spec.input_names})
+    return data
+
+
+def text_input_data(queries) -> list[dict[str, Any]]:
+    """perf_analyzer input data for the text model: one query (question and passages) per request."""
+    return [{"question": {"content": [q.question], "shape": [1]},
+             "passages": {"content": list(q.passages), "shape": [len(q.passages)]}} for q in queries[:20]]
+
+
+def perf_analyzer(server_grpc: str, model: str, data: list[dict[str, Any]], concurrencies,
+                  out_dir: Path) -> dict[str, Any]:
+    """Triton's perf_analyzer on real requests of the workload (its JSON input data)."""
     import shutil
     # the tritonclient 2.51 wheel installs the real binary beside this interpreter
     found = Path(sys.executable).parent / "perf_analyzer"
     binary = found if found.is_file() else Path(shutil.which("perf_analyzer") or "perf_analyzer")
     if not binary.is_file():
         return {"skipped": "no perf_analyzer binary (pip install 'tritonclient[http,grpc]==2.51.0')"}
-    data = []
-    for b in workload_batches(pruner, queries[:20]):
-        for r in range(b.shape[0]):
-            data.append({n: {"content": getattr(b, n)[r].tolist(), "shape": [b.shape[1]]}
-                         for n in pruner.spec.input_names})
-    data_file = out_dir / "perf_analyzer_input.json"
+    data_file = out_dir / f"perf_analyzer_input_{model}.json"
     data_file.write_text(json.dumps({"data": data}))
     env = dict(os.environ)
     try:
@@ -207,7 +222,7 @@ def perf_analyzer(server_grpc: str, model: str, pruner, queries, concurrencies, 
         pass
     results = {}
     for c in concurrencies:
-        csv = out_dir / f"perf_analyzer_c{c}.csv"
+        csv = out_dir / f"perf_analyzer_{model}_c{c}.csv"
         # a shared 2-core machine is noisy: longer windows and a looser stability band
         cmd = [str(binary), "-m", model, "-u", server_grpc, "-i", "grpc", "--input-data", str(data_file),
                "--concurrency-range", f"{c}:{c}", "--measurement-interval", "8000", "-f", str(csv),
@@ -224,7 +239,10 @@ def perf_analyzer(server_grpc: str, model: str, pruner, queries, concurrencies, 
 
 def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: int, repeats: int,
           threads: int | None, triton: bool, concurrencies=(1, 4, 16), log=print,
-          out_dir: Path | None = None) -> dict[str, Any]:
+          out_dir: Path | None = None, only: str | None = None, text_instances: int = 4,
+          perf: bool = True) -> dict[str, Any]:
+    """Every path side by side (see the module docstring); `only`: a regular expression,
+    the paths whose names match it (a focused A/B with more repeats)."""
     from engine.batching import BatchingConfig
     from engine.pruner import Pruner
     qs = load_rag_data(data, queries)
@@ -254,7 +272,8 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
         repo = Path(tempfile.mkdtemp(prefix="prune-bench-repo-"))
         build_repository(models.get("int8", models["fp32"]), repo,
                          RepositoryOptions(target="cpu", name="bench", max_batch_size=64,
-                                           intra_op_threads=threads or 0), log=lambda m: None)
+                                           intra_op_threads=threads or 0, text_instances=text_instances),
+                         log=lambda m: None)
         ports = []
         for _ in range(3):
             s = socket.socket()
@@ -268,11 +287,29 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
                 def runner(r, url=url, proto=proto, c=c):
                     return run_concurrent(lambda: Pruner.connect(url, "bench", protocol=proto), qs, c, r)
                 paths[f"triton-{proto} c{c} ({'int8' if 'int8' in models else 'fp32'})"] = runner
+        def core_stats():
+            import tritonclient.grpc as g
+            st = g.InferenceServerClient(server.grpc_url).get_inference_statistics("bench").model_stats[0]
+            return st.inference_stats.success.count, st.execution_count
+
+        for c in concurrencies:   # the text model: text in, everything on the server
+            def text_runner(r, c=c):
+                req0, exe0 = core_stats()
+                el = run_concurrent(lambda: Pruner.connect(server.grpc_url, "bench_text"), qs, c, r)
+                req1, exe1 = core_stats()
+                r.extra = {"core_requests": req1 - req0, "core_executions": exe1 - exe0}
+                return el
+            paths[f"triton-text-grpc c{c} ({'int8' if 'int8' in models else 'fp32'})"] = text_runner
         if "int8" in models:
             for c in (1, 4, 16):
                 def ip(r, c=c):
                     return run_concurrent(lambda: Pruner.load(models["int8"], threads=threads), qs, c, r)
                 paths[f"onnxruntime-int8 in-process c{c}"] = ip
+    if only:
+        import re
+        paths = {k: v for k, v in paths.items() if re.search(only, k)}
+        if not paths:
+            raise ValueError(f"no benchmark path matches {only!r}")
     results = {name: PathResult(name, passages=n_passages, tokens=tokens) for name in paths}
     try:
         for rep in range(repeats):   # interleaved: drift hits every path alike
@@ -281,16 +318,18 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
                 results[name].seconds.append(el)
                 log(f"repeat {rep + 1}/{repeats} {name}: {el:.2f} s")
         pa = None
-        if server is not None and out_dir is not None:
+        if server is not None and out_dir is not None and perf:
             log("perf_analyzer ...")
-            pa = perf_analyzer(server.grpc_url, "bench", int8 if "int8" in models else fp32, qs,
-                               concurrencies, out_dir)
+            pa = {"bench": perf_analyzer(server.grpc_url, "bench", core_input_data(int8 if "int8" in models else fp32,
+                                                                                 qs), concurrencies, out_dir),
+                  "bench_text": perf_analyzer(server.grpc_url, "bench_text", text_input_data(qs), concurrencies,
+                                              out_dir)}
     finally:
         if server is not None:
             server.stop()
     base_name = "torch-unbatched (reference)" if checkpoint else "onnxruntime-fp32"
-    base = statistics.median(results[base_name].seconds)
-    batched_t = statistics.median(results["torch-batched"].seconds) if checkpoint else None
+    base = statistics.median(results[base_name].seconds) if base_name in results else None
+    batched_t = statistics.median(results["torch-batched"].seconds) if "torch-batched" in results else None
     empty = [n for n, r in results.items() if not r.latencies]
     if empty:
         raise RuntimeError(f"no latencies for {empty}")
@@ -301,7 +340,8 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
         "machine": machine_info(),
         "settings": {"data": str(data), "queries": len(qs), "passages": n_passages, "tokens": tokens,
                      "repeats": repeats, "threads": threads, "models": {k: str(v) for k, v in models.items()},
-                     "checkpoint": checkpoint, "buckets": list(fp32.batching.buckets_for(fp32.spec.max_length)),
+                     "checkpoint": checkpoint, "only": only, "text_instances": text_instances,
+                     "buckets": list(fp32.batching.buckets_for(fp32.spec.max_length)),
                      "max_batch_tokens": fp32.batching.max_batch_tokens},
         "paths": rows,
         "client": client_share(fp32, qs),
@@ -331,6 +371,11 @@ def markdown(report: dict[str, Any], command: str) -> str:
         vb = f"{r['speedup_vs_torch_batched']:.2f}x" if r.get("speedup_vs_torch_batched") else "-"
         lines.append(f"| {r['path']} | {r['passages_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['p50_ms']:.0f} | "
                      f"{r['p95_ms']:.0f} | {r['p99_ms']:.0f} | {vs} | {vb} |")
+    core = [r for r in report["paths"] if "core_requests" in r]
+    if core:
+        lines += ["", "Core model under the text model (last repeat): " + "; ".join(
+            f"{r['path']}: {r['core_requests']} BLS requests in {r['core_executions']} executions"
+            for r in core) + "."]
     c = report["client"]
     lines += ["", f"Client-side work (split, tokenize, encode, batch, decide): {c['client_passages_per_s_one_core']:.0f} "
               f"passages/s on one core" + (f"; {100 * c['share_of_int8_total']:.1f}% of the INT8 path's total time."
@@ -341,17 +386,19 @@ def markdown(report: dict[str, Any], command: str) -> str:
               "({:.0f}x less).".format(report["output_size"]["pooled_bytes_per_passage"],
                                       report["output_size"]["raw_token_bytes_per_passage"],
                                       report["output_size"]["reduction"])]
-    pa = report.get("perf_analyzer")
-    if pa and "skipped" not in pa:
-        lines += ["", "perf_analyzer (Triton's load generator, gRPC, real blocks of the workload as input data):", "",
-                  "| concurrency | inferences/s | p50 us | p95 us | p99 us | server queue us | server compute infer us |",
-                  "|---|---|---|---|---|---|---|"]
-        for conc, r in pa.items():
-            lines.append(f"| {conc} | {r.get('Inferences/Second', 0):.1f} | {r.get('p50 latency', 0):.0f} | "
-                         f"{r.get('p95 latency', 0):.0f} | {r.get('p99 latency', 0):.0f} | "
-                         f"{r.get('Server Queue', 0):.0f} | {r.get('Server Compute Infer', 0):.0f} |")
-    elif pa:
-        lines += ["", f"perf_analyzer: {pa['skipped']}"]
+    what = {"bench": "the core model, one real block of the workload per request",
+            "bench_text": "the text model, one real query (question and its passages, BYTES) per request"}
+    for model, pa in (report.get("perf_analyzer") or {}).items():
+        if pa and "skipped" not in pa:
+            lines += ["", f"perf_analyzer (Triton's load generator, gRPC) on {what.get(model, model)}:", "",
+                      "| concurrency | inferences/s | p50 us | p95 us | p99 us | server queue us | "
+                      "server compute infer us |", "|---|---|---|---|---|---|---|"]
+            for conc, r in pa.items():
+                lines.append(f"| {conc} | {r.get('Inferences/Second', 0):.1f} | {r.get('p50 latency', 0):.0f} | "
+                             f"{r.get('p95 latency', 0):.0f} | {r.get('p99 latency', 0):.0f} | "
+                             f"{r.get('Server Queue', 0):.0f} | {r.get('Server Compute Infer', 0):.0f} |")
+        elif pa:
+            lines += ["", f"perf_analyzer ({model}): {pa['skipped']}"]
     return "\n".join(lines) + "\n"
 
 

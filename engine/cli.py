@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from engine.errors import PruneError
+from engine.wire import DEFAULT_MAX_CHARS, DEFAULT_MAX_PASSAGES
 
 
 def _add_batching(p: argparse.ArgumentParser) -> None:
@@ -93,9 +94,10 @@ def cmd_run(args) -> int:
     from engine.pruner import Pruner
     t0 = time.perf_counter()
     if args.server:
-        pruner = Pruner.connect(args.server, args.server_model or "default", protocol=args.protocol,
-                                tokenizer=args.model, batching=_batching(args))
-        args.model = f"{args.protocol}://{args.server}/{args.server_model or 'default'}"
+        name = args.server_model or "default_text"
+        pruner = Pruner.connect(args.server, name, protocol=args.protocol, tokenizer=args.model,
+                                batching=_batching(args))
+        args.model = f"{args.protocol}://{args.server}/{name}"
     else:
         args.model = _model_path(args)
         pruner = Pruner.load(args.model, backend=args.backend, family=args.family, threads=args.threads,
@@ -182,28 +184,51 @@ def cmd_repository(args) -> int:
                              max_batch_size=args.max_batch_size, max_batch_tokens=args.max_batch_tokens,
                              max_queue_delay_us=args.max_queue_delay_us,
                              preferred_batch_sizes=args.preferred_batch_sizes, instances=args.instances,
-                             intra_op_threads=args.intra_op_threads or 0, trt_accelerator=args.trt_accelerator)
+                             intra_op_threads=args.intra_op_threads or 0, trt_accelerator=args.trt_accelerator,
+                             text_model=not args.no_text_model, text_instances=args.text_instances,
+                             text_max_passages=args.text_max_passages, text_max_chars=args.text_max_chars)
     build_repository(model, args.out, opts, log=lambda m: print(m, file=sys.stderr, flush=True))
     return 0
+
+
+class _Stop(Exception):
+    """A termination signal reached `prune serve`."""
 
 
 def cmd_serve(args) -> int:
     import signal as _signal
     from engine.serve import TritonServer
+
+    def on_signal(signum, frame):
+        raise _Stop(_signal.Signals(signum).name)
+
     server = TritonServer(args.model_repository, host=args.host, http_port=args.http_port,
                           grpc_port=args.grpc_port, metrics_port=args.metrics_port, forward_logs=True)
-    server.start(timeout=args.ready_timeout)
-    print(f"tritonserver ready: gRPC {server.grpc_url}  HTTP {server.http_url}  metrics {server.metrics_url}"
-          "  (Ctrl-C stops)", flush=True)
+    # SIGTERM (systemd, Kubernetes, docker stop) and SIGHUP stop the server exactly as Ctrl-C does.
+    previous = {s: _signal.signal(s, on_signal) for s in (_signal.SIGTERM, _signal.SIGHUP)}
+    why = None
     try:
+        server.start(timeout=args.ready_timeout)
+        print(f"tritonserver ready: gRPC {server.grpc_url}  HTTP {server.http_url}  metrics {server.metrics_url}"
+              "  (Ctrl-C stops)", flush=True)
         while server.proc and server.proc.poll() is None:
             time.sleep(0.5)
     except KeyboardInterrupt:
-        pass
+        why = "SIGINT"
+    except _Stop as stop:
+        why = str(stop)
     finally:
-        server.stop()
-    code = server.proc.returncode if server.proc else 0
-    return 0 if code in (0, -_signal.SIGINT, None) else 1
+        for s, h in previous.items():
+            _signal.signal(s, h)
+        clean = server.stop()
+    if why is None:   # the server ended by itself
+        code = server.proc.returncode if server.proc else None
+        print(f"prune serve: tritonserver exited on its own with status {code}", file=sys.stderr, flush=True)
+        return 1
+    print(f"prune serve: {why}: tritonserver " + ("drained and stopped" if clean else
+                                                  "did not stop in time and was killed"),
+          file=sys.stderr, flush=True)
+    return 0 if clean else 1
 
 
 def cmd_bench(args) -> int:
@@ -217,7 +242,8 @@ def cmd_bench(args) -> int:
     out_dir = Path(args.out) / time.strftime("bench-%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     report = bench(models, checkpoint, Path(args.data), args.queries, args.repeats, args.threads,
-                   args.triton, log=log, out_dir=out_dir)
+                   args.triton, log=log, out_dir=out_dir, only=args.paths, text_instances=args.text_instances,
+                   perf=not args.no_perf_analyzer)
     command = "prune " + " ".join(sys.argv[1:])
     report["command"] = command
     (out_dir / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -275,7 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "default: all-MiniLM-L6-v2, exported on first use")
     r.add_argument("--backend", choices=["onnxruntime", "torch"], default="onnxruntime")
     r.add_argument("--server", help="a Triton server, host:port (gRPC 8001 or HTTP 8000) instead of in-process")
-    r.add_argument("--server-model", help="the model's name in the server's repository (default: 'default')")
+    r.add_argument("--server-model", help="the model's name in the server's repository (default: 'default_text', "
+                   "the default model's text model; a core model name makes this client tokenize)")
     r.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
     r.add_argument("--family", help="family override for --backend torch")
     r.add_argument("--question", required=True)
@@ -329,6 +356,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--intra-op-threads", type=int, help="ONNX Runtime threads per instance (cpu target)")
     g.add_argument("--trt-accelerator", action="store_true",
                    help="gpu-onnx: ONNX Runtime's TensorRT execution accelerator, fp16")
+    t = g.add_argument_group("text model <name>_text (text in, pruned text out; python backend on CPU)")
+    t.add_argument("--no-text-model", action="store_true", help="write only the core model")
+    t.add_argument("--text-instances", type=int, default=4,
+                   help="text-model instances: text requests served at once (default 4)")
+    t.add_argument("--text-max-passages", type=int, default=DEFAULT_MAX_PASSAGES,
+                   help=f"passages per text request (default {DEFAULT_MAX_PASSAGES})")
+    t.add_argument("--text-max-chars", type=int, default=DEFAULT_MAX_CHARS,
+                   help=f"characters per text request, question and passages together (default {DEFAULT_MAX_CHARS})")
     g.set_defaults(func=cmd_repository)
 
     s = sub.add_parser("serve", help="start a local tritonserver on a model repository")
@@ -350,6 +385,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", type=int, help="intra-op threads (default: all cores)")
     b.add_argument("--triton", action="store_true", help="also serve the model with tritonserver and "
                    "measure gRPC/HTTP at concurrency 1/4/16 and perf_analyzer")
+    b.add_argument("--paths", help="only the paths whose names match this regular expression "
+                   "(e.g. 'c16' for a focused comparison with more repeats)")
+    b.add_argument("--text-instances", type=int, default=4, help="instances of the served text model (default 4)")
+    b.add_argument("--no-perf-analyzer", action="store_true", help="skip perf_analyzer (with --triton)")
     b.add_argument("--out", default="benchmarks/results")
     b.set_defaults(func=cmd_bench)
 
