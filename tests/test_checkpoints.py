@@ -111,6 +111,28 @@ def test_pickle_weights_load_with_weights_only(checkpoints, tmp_path):
     assert load_checkpoint(folder).family.name == "opensearch"
 
 
+class _Payload:
+    """A pickle that runs code when loaded without weights_only (it would create a file)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_unsafe_pickle_is_refused_and_never_runs(checkpoints, tmp_path):
+    folder = _copy(checkpoints["opensearch"], tmp_path / "evil")
+    state = dict(load_file(str(folder / "model.safetensors")))
+    (folder / "model.safetensors").unlink()
+    marker = tmp_path / "code-ran"
+    state["classifier.bias"] = _Payload(marker)
+    torch.save(state, folder / "pytorch_model.bin")
+    with pytest.raises(ModelLoadError, match="cannot read weights"):
+        load_checkpoint(folder)
+    assert not marker.exists()
+
+
 def test_bad_folders_fail_clearly(checkpoints, tmp_path):
     with pytest.raises(ModelLoadError, match="no such folder"):
         load_checkpoint(tmp_path / "nope")

@@ -76,9 +76,14 @@ def test_cli_end_to_end(tmp_path, capsys):
                  "--context-file", str(doc), "--json", "--threshold", "0.3"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert len(out) == 1 and len(out[0]["sentences"]) == 3 and out[0]["threshold"] == 0.3
-    assert main(["run", "--model", str(tmp_path / "onnx"), "--question", "q", "--context", "A. B.",
-                 "--highlight", "--pre", "<<", "--post", ">>"]) == 0
-    assert "passage 0" in capsys.readouterr().out
+    assert main(["run", "--model", str(tmp_path / "onnx"), "--question", "q", "--context", "Alpha one. Beta two.",
+                 "--highlight", "--pre", "<<", "--post", ">>", "--threshold", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "passage 0" in out and "<<Alpha one.>> <<Beta two.>>" in out
+    assert main(["run", "--model", str(tmp_path / "onnx"), "--question", "q", "--context", "Alpha one. Beta two.",
+                 "--highlight", "--pre", "<<", "--post", ">>", "--threshold", "1", "--alpha", "-1"]) == 0
+    out = capsys.readouterr().out
+    assert "Alpha one. Beta two." in out and "<<" not in out
     # errors are one clear line and exit status 2, not a traceback
     assert main(["run", "--model", str(tmp_path / "missing"), "--question", "q", "--context", "x"]) == 2
     assert "no such model folder" in capsys.readouterr().err
@@ -88,7 +93,9 @@ def test_cli_end_to_end(tmp_path, capsys):
 
 
 def test_console_script_is_installed():
-    proc = subprocess.run([sys.executable, "-m", "engine.cli", "--help"], capture_output=True, text=True)
+    from pathlib import Path
+    prune = Path(sys.executable).parent / "prune"       # what `pip install` put on PATH
+    proc = subprocess.run([str(prune), "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "export" in proc.stdout and "run" in proc.stdout
 
 

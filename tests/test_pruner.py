@@ -66,19 +66,34 @@ def test_token_budget_packing_counts_padding():
 
 
 def test_long_sentence_pieces_merge_token_weighted(pruners):
+    """A sentence longer than a block is cut into pieces whose probabilities are merged
+    weighted by token count. The expected value is computed without the engine's
+    encoder or merge code: rows built by hand from the provence template
+    ([CLS] q [SEP] piece [SEP]), run on the backend, averaged here."""
+    from engine.batching import ModelBatch
     ort_p, _ = pruners["provence"]
     small = with_window(ort_p, 96)
     long_sentence = "word " * 300 + "end."
     r = small.prune(Q, [long_sentence])[0]
     assert len(r.sentences) == 1 and r.blocks > 1
-    # recompute by hand from the per-block outputs
-    spans = [[(0, len(long_sentence.strip()))]]
-    blocks = small.encode(Q, [long_sentence], spans)
-    outs = small.run_blocks(blocks)
-    num = sum(p[0] * b.units[0][1] for b, (_, p) in zip(blocks, outs))
-    den = sum(b.units[0][1] for b in blocks)
-    assert r.sentences[0].probability == pytest.approx(num / den, abs=1e-9)
-    assert den == len(small.encoder.tokenize([long_sentence.strip()])[0])  # no token lost
+    tok, spec = small.encoder.tokenizer, small.spec
+    q_ids = tok.encode(Q, add_special_tokens=False).ids
+    s_ids = tok.encode(long_sentence.strip(), add_special_tokens=False).ids
+    piece = 96 - 3 - len(q_ids)                      # window - [CLS], [SEP], [SEP] - question
+    pieces = [s_ids[i:i + piece] for i in range(0, len(s_ids), piece)]
+    assert len(pieces) == r.blocks
+    num = den = 0.0
+    for ids in pieces:
+        row = [spec.cls_id, *q_ids, spec.sep_id, *ids, spec.sep_id]
+        sent = [-1] * (len(q_ids) + 2) + [0] * len(ids) + [-1]
+        arr = lambda v: np.array([v], dtype=np.int64)  # noqa: E731
+        batch = ModelBatch(arr(row), arr([1] * len(row)), arr(sent), arr([0] * len(row)), [0])
+        _, probs = small.backend.infer(batch)
+        num += float(probs[0, 0]) * len(ids)
+        den += len(ids)
+    assert r.sentences[0].probability == pytest.approx(num / den, abs=1e-6)
+    # and not the unweighted mean of the pieces (the pieces differ in length here)
+    assert len(pieces[-1]) != len(pieces[0])
 
 
 def test_one_megabyte_passage_is_processed_whole(pruners):
@@ -199,3 +214,44 @@ def test_missing_or_corrupted_model_folder(exported, tmp_path):
         Pruner.load(no_tok)
     with pytest.raises(InputError, match="unknown backend"):
         Pruner.load(exported["provence"], backend="tensorflow")
+
+
+def test_build_result_joins_around_dropped_sentences():
+    """pruned_context keeps the original whitespace before a kept sentence; text between
+    caller-given sentences that is not a sentence is never copied into it."""
+    from engine.decide import build_result
+    doc = "One. Two.\n\nThree. Four."
+    spans = [(0, 4), (5, 9), (11, 17), (18, 23)]
+    probs = np.array([0.9, 0.1, 0.9, 0.9])
+    r = build_result(0, doc, spans, probs, np.array([True, False, True, True]), 1.5, 0.5, 1)
+    assert r.pruned_context == "One.\n\nThree. Four."      # the middle sentence dropped
+    assert r.compression_rate == pytest.approx(1 - len("One.\n\nThree. Four.") / len(doc))
+    assert [h["text"] for h in r.highlights] == ["One.", "Three.", "Four."]
+    assert r.highlight("[", "]") == "[One.] Two.\n\n[Three.] [Four.]"
+    # caller-given sentences with non-space text between them: a plain space joins them
+    doc2 = "Alpha. [ref 1] Beta. [ref 2] Gamma."
+    spans2 = [(0, 6), (15, 20), (29, 35)]
+    r2 = build_result(0, doc2, spans2, np.array([0.9, 0.9, 0.1]), np.array([True, True, False]), None, 0.5, 1)
+    assert r2.pruned_context == "Alpha. Beta."
+    r3 = build_result(0, doc2, spans2, np.array([0.9, 0.1, 0.9]), np.array([True, False, True]), None, 0.5, 1)
+    assert r3.pruned_context == "Alpha. Gamma."
+
+
+def test_pruned_context_of_the_engine_with_a_middle_sentence_dropped(pruners):
+    ort_p, _ = pruners["xprovence"]
+    doc = "Alpha one. Beta two.\n\nGamma three. 中文句子。第二句！"
+    base = ort_p.prune(Q, [doc], threshold=0.0, title="none")[0]
+    probs = [s.probability for s in base.sentences]
+    # a threshold just above the lowest middle sentence drops it and keeps the higher ones
+    mid = 1 + int(np.argmin(probs[1:-1]))
+    t = probs[mid] + 1e-9
+    r = ort_p.prune(Q, [doc], threshold=t, title="none", alpha=None)[0]
+    kept = [s.text for s in r.sentences if s.kept]
+    assert base.sentences[mid].text not in kept and len(kept) >= 2
+    assert kept == [s.text for s in base.sentences if s.probability > t]
+    parts = []
+    for i, s in enumerate(r.sentences):
+        if s.kept:
+            gap = doc[r.sentences[i - 1].end:s.start] if i else ""
+            parts.append((gap if parts else "") + s.text)
+    assert r.pruned_context == "".join(parts)

@@ -332,3 +332,17 @@ def test_describe_request_over_http(server):
     assert json.loads(res.as_numpy("manifest")[0])["family"] == "opensearch"
     with pytest.raises(Exception, match="question and passages are required"):
         _raw_infer(server, "opensearch_text", {"threshold": (np.array([0.5], dtype=np.float32), "FP32")})
+
+
+def test_served_int8_model_equals_in_process_int8(server, exported_int8):
+    """INT8 through the server: dynamic quantization scales each batch, so results move
+    slightly with what is batched together; within 2e-3 of the in-process INT8 engine."""
+    local = Pruner.load(exported_int8, threads=1)
+    remote = Pruner.connect(server.grpc_url, "xprovence_int8_text")
+    passages = PASSAGES + UNICODE
+    got, exp = remote.prune(QUESTION, passages), local.prune(QUESTION, passages)
+    for a, b in zip(got, exp):
+        assert [(s.start, s.end) for s in a.sentences] == [(s.start, s.end) for s in b.sentences]
+        np.testing.assert_allclose([s.probability for s in a.sentences], [s.probability for s in b.sentences],
+                                   atol=2e-3)
+    assert sum(r.blocks for r in got) == sum(r.blocks for r in exp)

@@ -9,20 +9,18 @@ import time
 
 import numpy as np
 import pytest
+# Under the README's dev install these are present: a missing one is a broken install
+# and fails here, it does not skip.
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
 
-pytest.importorskip("tritonclient.grpc", reason="tritonclient is not installed (pip install '.[triton]')")
-pytest.importorskip("pytriton", reason="nvidia-pytriton (the tritonserver binary) is not installed")
-
-from google.protobuf import text_format  # noqa: E402
-from tritonclient.grpc import model_config_pb2  # noqa: E402
-
-from engine.batching import BatchingConfig  # noqa: E402
-from engine.errors import BackendError  # noqa: E402
-from engine.pruner import Pruner  # noqa: E402
-from engine.serve import TritonServer  # noqa: E402
-from export.triton import RepositoryOptions, build_repository  # noqa: E402
-from tests.conftest import FAMILY_NAMES, free_ports  # noqa: E402
-from tests.test_parity import PASSAGES, QUESTION  # noqa: E402
+from engine.batching import BatchingConfig
+from engine.errors import BackendError
+from engine.pruner import Pruner
+from engine.serve import TritonServer
+from export.triton import RepositoryOptions, build_repository
+from tests.conftest import CORE_MAX_BATCH, FAMILY_NAMES, free_ports
+from tests.test_parity import PASSAGES, QUESTION
 
 TOL = 1e-5
 
@@ -44,10 +42,15 @@ def test_triton_equals_in_process(server, pruners, name, protocol):
     remote = Pruner.connect(url, name, protocol=protocol)
     assert remote.spec.family.name == name
     _same(remote.prune(QUESTION, PASSAGES), pruners[name][0].prune(QUESTION, PASSAGES))
-    # a call larger than the core's max_batch_size is split and still complete
+    # A batch larger than the core's max_batch_size reaches TritonBackend.infer_many,
+    # which splits it (the Pruner clamps its own batches: undo that here).
     many = [f"Passage {i}. It talks about item {i}." for i in range(40)]
-    small = Pruner.connect(url, name, protocol=protocol, batching=BatchingConfig(max_batch_size=64))
-    _same(small.prune(QUESTION, many), pruners[name][0].prune(QUESTION, many))
+    big = Pruner.connect(url, name, protocol=protocol)
+    assert big.backend.max_batch_size == CORE_MAX_BATCH
+    big.batching = BatchingConfig(max_batch_size=64)
+    assert max(b.shape[0] for b in big.batches(big.encode(QUESTION, many, [[(0, len(p))] for p in many]))) \
+        > CORE_MAX_BATCH
+    _same(big.prune(QUESTION, many), pruners[name][0].prune(QUESTION, many))
 
 
 def _stats(server, model):
@@ -114,7 +117,7 @@ def test_load_test_no_lost_or_mixed_results(server, pruners):
     assert len(done) >= 8
 
 
-def test_faults_not_started_killed_restarted(repository):
+def test_faults_not_started_killed_restarted(repository, pruners):
     h, g, m = free_ports(3)
     t0 = time.monotonic()
     with pytest.raises(BackendError, match="not reachable"):
@@ -123,15 +126,22 @@ def test_faults_not_started_killed_restarted(repository):
     server = TritonServer(repository, http_port=h, grpc_port=g, metrics_port=m).start()
     try:
         client = Pruner.connect(server.grpc_url, "opensearch", timeout=5, retries=4, backoff=0.5)
-        assert client.prune(QUESTION, PASSAGES[:2])
+        http = Pruner.connect(server.http_url, "opensearch_text", protocol="http", timeout=5, retries=2,
+                              backoff=0.2)
+        expected = pruners["opensearch"][0].prune(QUESTION, PASSAGES[:2])
+        _same(client.prune(QUESTION, PASSAGES[:2]), expected)
+        _same(http.prune(QUESTION, PASSAGES[:2]), expected)
         server.kill()
         t0 = time.monotonic()
         with pytest.raises(BackendError, match="failed"):
             for _ in range(50):
                 client.prune(QUESTION, PASSAGES)
+        with pytest.raises(BackendError, match="failed"):
+            http.prune(QUESTION, PASSAGES)
         assert time.monotonic() - t0 < 30                  # nothing hangs
         server.start()                                      # same ports
-        assert client.prune(QUESTION, PASSAGES[:2])         # the same client works again
+        _same(client.prune(QUESTION, PASSAGES[:2]), expected)   # the same clients work again, rightly
+        _same(http.prune(QUESTION, PASSAGES[:2]), expected)
     finally:
         server.stop()
 
@@ -173,3 +183,64 @@ def test_generated_configs_are_valid_triton_configs(exported, tmp_path, target, 
     for w in cfg.model_warmup:
         assert w.inputs["attention_mask"].input_data_file
         assert (model_dir / "warmup" / w.inputs["attention_mask"].input_data_file).is_file()
+
+
+def test_python_backend_joins_lengths_and_isolates_a_bad_request(server, pruners):
+    """Requests of different lengths batched together are padded inside the python
+    backend, run once and split back: each equals its own in-process result. A malformed
+    request in the same batch gets its own error; the others still run."""
+    import tritonclient.grpc as g
+    from engine.batching import ModelBatch
+    name = "opensearch"
+    local = pruners[name][0]
+    names = local.spec.input_names
+    batches = []
+    for i, length in enumerate([32, 96, 64, 160]):
+        blocks = local.encode(QUESTION, [PASSAGES[3][:length * 3]], [[(0, length * 3)]])
+        b = local.batches(blocks[:1])[0]
+        batches.append(b)
+    assert len({b.shape[1] for b in batches}) == 4
+    expected = [local.backend.infer(b) for b in batches]
+    results, errors = [None] * 4, []
+    barrier = threading.Barrier(5)
+    client = g.InferenceServerClient(server.grpc_url)
+
+    def send(feeds, k=None):
+        tensors = []
+        for n, arr in feeds.items():
+            t = g.InferInput(n, list(arr.shape), "INT64")
+            t.set_data_from_numpy(arr)
+            tensors.append(t)
+        barrier.wait()
+        try:
+            res = client.infer(name, tensors, client_timeout=30)
+            results[k] = (res.as_numpy("rerank_score").reshape(-1), res.as_numpy("sentence_probs"))
+        except Exception as exc:
+            errors.append((k, str(exc)))
+
+    bad = {n: batches[0].inputs(names)[n] for n in names}
+    bad["sentence_ids"] = bad["sentence_ids"][:, :10]            # shapes disagree
+    threads = [threading.Thread(target=send, args=(b.inputs(names), k)) for k, b in enumerate(batches)]
+    threads.append(threading.Thread(target=send, args=(bad, None)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert [k for k, _ in errors] == [None] and "disagree in shape" in errors[0][1]
+    for (r_got, p_got), (r_exp, p_exp) in zip(results, expected):
+        np.testing.assert_allclose(r_got, r_exp, atol=1e-5)
+        np.testing.assert_allclose(p_got, p_exp, atol=1e-5)
+
+
+def test_retry_succeeds_after_a_connection_error(server):
+    client = Pruner.connect(server.grpc_url, "opensearch", retries=2, backoff=0.01).backend
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionError("failed to connect to all addresses; connection refused")
+        return "ok"
+    assert client._call(flaky) == "ok" and len(calls) == 2
+    with pytest.raises(ValueError):     # not a connection error: no retry
+        client._call(lambda: (_ for _ in ()).throw(ValueError("bad shape")))

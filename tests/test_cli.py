@@ -1,0 +1,129 @@
+"""The `prune` subcommands that users run, end to end on tiny data made here: eval,
+fidelity, bench, run --server (text and core model), --context-file -, and their
+figures checked against what they must be."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.cli import main
+from engine.pruner import Pruner
+
+PRUNE = Path(sys.executable).parent / "prune"
+DOCS = [
+    ("When was the stadium built?", "The stadium was built in 1923. It holds 80,000 people. Football is played.", 0),
+    ("Where is Paris?", "Cheese is made from milk. Paris is the capital of France. The Alps are high.", 1),
+    ("Who wrote the book?", "The book was written by Jane Austen. It was published in 1813.", 0),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    from engine.text import split_sentences
+    root = tmp_path_factory.mktemp("tiny-data")
+    prune_rows, rag_rows = [], []
+    for i, (q, ctx, gold) in enumerate(DOCS):
+        spans = split_sentences(ctx)
+        prune_rows.append({"id": f"d{i}", "question": q, "context": ctx, "sentences": [list(s) for s in spans],
+                           "labels": [int(k == gold) for k in range(len(spans))]})
+        rag_rows.append({"id": f"q{i}", "question": q, "passages": [c for _, c, _ in DOCS], "gold": i})
+    (root / "prune.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prune_rows))
+    (root / "rag.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rag_rows))
+    return root
+
+
+def test_eval_reports_baselines_and_the_model(exported, tiny_data, tmp_path, capsys):
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", str(exported["opensearch"]), "--data", str(tiny_data / "prune.jsonl"),
+                 "--rag-data", str(tiny_data / "rag.jsonl"), "--out", str(out), "--no-progress"]) == 0
+    report = json.loads((out / "eval.json").read_text())
+    rows = {r["name"]: r for r in report["pruning"]["rows"]}
+    # keep-all by hand: 3 positives among 8 sentences -> P 3/8, R 1, F1 = 2PR/(P+R)
+    p = 3 / 8
+    assert rows["keep-all"]["best"]["micro"]["f1"] == pytest.approx(2 * p / (p + 1), abs=1e-9)
+    assert report["pruning"]["documents"] == 3 and report["pruning"]["sentences"] == 8
+    assert any(name.startswith("opensearch") for name in rows)
+    metrics = report["reranking"]["metrics"]
+    assert all(m["queries"] == 3 and 0 < m["mrr@10"] <= 1 for m in metrics.values())
+    assert any(name.startswith("BM25") for name in metrics)
+    assert (out / "eval.md").is_file() and (out / "pr_curve.png").stat().st_size > 1000
+    assert "keep-all" in capsys.readouterr().out
+
+
+def test_fidelity_of_fp32_is_exact(exported, tiny_data, tmp_path, capsys):
+    out = tmp_path / "fid.json"
+    assert main(["fidelity", "--model", str(exported["xprovence"]), "--data", str(tiny_data / "prune.jsonl"),
+                 "--out", str(out), "--no-progress"]) == 0
+    rep = json.loads(out.read_text())
+    assert set(rep["decision_agreement"].values()) == {1.0}
+    assert rep["max_abs_delta_prob"] < 1e-5 and rep["rerank_max_abs_error"] < 1e-4
+    assert rep["pruned_text_changed_share"] == 0.0
+
+
+def test_bench_without_server(exported, tiny_data, tmp_path, capsys):
+    assert main(["bench", "--data", str(tiny_data / "rag.jsonl"), "--model", str(exported["opensearch"]),
+                 "--queries", "2", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    report = json.loads(next(tmp_path.glob("bench-*/bench.json")).read_text())
+    names = [r["path"] for r in report["paths"]]
+    assert names[0] == "onnxruntime-fp32" and len(names) == 2
+    assert report["settings"]["passages"] == 6
+    assert all(r["passages_per_s"] > 0 and r["p50_ms"] > 0 for r in report["paths"])
+    assert main(["bench", "--data", str(tiny_data / "rag.jsonl"), "--model", str(exported["opensearch"]),
+                 "--queries", "1", "--repeats", "1", "--out", str(tmp_path), "--paths", "nothing-matches"]) == 2
+
+
+@pytest.mark.parametrize("model", ["opensearch_text", "opensearch"])
+def test_run_against_the_server(server, pruners, model, capsys):
+    doc = "The stadium was built in 1923. It holds 80,000 people.\n\n北京是中国的首都。"
+    assert main(["run", "--server", server.grpc_url, "--server-model", model, "--question", "When?",
+                 "--context", doc, "--json", "--threshold", "0.4"]) == 0
+    got = json.loads(capsys.readouterr().out)[0]
+    exp = pruners["opensearch"][0].prune("When?", [doc], threshold=0.4)[0]
+    assert got["pruned_context"] == exp.pruned_context
+    assert [(s["start"], s["end"]) for s in got["sentences"]] == [(s.start, s.end) for s in exp.sentences]
+    np.testing.assert_allclose([s["probability"] for s in got["sentences"]],
+                               [s.probability for s in exp.sentences], atol=1e-5)
+
+
+def test_context_from_stdin_and_negative_alpha(exported):
+    doc = "Alpha one. Beta two. Gamma three."
+    args = [str(PRUNE), "run", "--model", str(exported["opensearch"]), "--question", "q",
+            "--context-file", "-", "--json", "--threshold", "1"]
+    with_backoff = json.loads(subprocess.run(args, input=doc, capture_output=True, text=True, check=True).stdout)
+    without = json.loads(subprocess.run(args + ["--alpha", "-1"], input=doc, capture_output=True, text=True,
+                                        check=True).stdout)
+    assert with_backoff[0]["context"] == doc
+    # the family's backoff (alpha 0.05) keeps the best sentence; a negative alpha disables it
+    assert sum(s["kept"] for s in with_backoff[0]["sentences"]) == 1
+    assert sum(s["kept"] for s in without[0]["sentences"]) == 0 and without[0]["pruned_context"] == ""
+
+
+def test_core_client_with_a_given_tokenizer_and_no_text_model(checkpoints, tmp_path):
+    """A repository without a text model (and an external-data graph): the core client
+    takes tokenizer= (the export folder)."""
+    from engine.serve import TritonServer
+    from export.onnx import export_model
+    from export.triton import RepositoryOptions, build_repository
+    from tests.conftest import free_ports
+    ext = tmp_path / "ext"
+    export_model(checkpoints["xprovence"], ext, external_data="always", log=lambda m: None)
+    repo = tmp_path / "repo"
+    build_repository(ext, repo, RepositoryOptions(target="cpu", name="x", text_model=False, instances=2),
+                     log=lambda m: None)
+    assert (repo / "x" / "1" / "model.onnx.data").is_file() and not (repo / "x_text").exists()
+    h, g, m = free_ports(3)
+    with TritonServer(repo, http_port=h, grpc_port=g, metrics_port=m) as s:
+        with pytest.raises(Exception, match="tokenizer="):
+            Pruner.connect(s.grpc_url, "x")
+        remote = Pruner.connect(s.grpc_url, "x", tokenizer=ext)
+        docs = ["The stadium was built in 1923. It holds 80,000 people.", "Paris is in France."]
+        exp = Pruner.load(ext).prune("When?", docs)
+        got = remote.prune("When?", docs)
+        np.testing.assert_allclose([x.probability for r in got for x in r.sentences],
+                                   [x.probability for r in exp for x in r.sentences], atol=1e-5)
+        import tritonclient.grpc as gc
+        cfg = gc.InferenceServerClient(s.grpc_url).get_model_config("x").config
+        assert cfg.instance_group[0].count == 2
