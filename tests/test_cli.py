@@ -127,3 +127,19 @@ def test_core_client_with_a_given_tokenizer_and_no_text_model(checkpoints, tmp_p
         import tritonclient.grpc as gc
         cfg = gc.InferenceServerClient(s.grpc_url).get_model_config("x").config
         assert cfg.instance_group[0].count == 2
+
+
+def test_repository_command_writes_core_and_text_models(exported, tmp_path, capsys):
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+    out = tmp_path / "repo"
+    assert main(["repository", "--model", str(exported["opensearch"]), "--out", str(out), "--name", "hl",
+                 "--max-batch-size", "8", "--text-instances", "3", "--text-max-passages", "7"]) == 0
+    core = text_format.Parse((out / "hl" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    text = text_format.Parse((out / "hl_text" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert core.max_batch_size == 8 and core.parameters["prune_text_model"].string_value == "hl_text"
+    assert text.instance_group[0].count == 3 and text.parameters["max_passages"].string_value == "7"
+    assert text.parameters["core_max_batch_size"].string_value == "8"
+    assert main(["repository", "--model", str(exported["opensearch"]), "--out", str(tmp_path / "r2"),
+                 "--no-text-model"]) == 0
+    assert sorted(p.name for p in (tmp_path / "r2").iterdir()) == ["opensearch"]

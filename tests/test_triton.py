@@ -44,7 +44,9 @@ def test_triton_equals_in_process(server, pruners, name, protocol):
     _same(remote.prune(QUESTION, PASSAGES), pruners[name][0].prune(QUESTION, PASSAGES))
     # A batch larger than the core's max_batch_size reaches TritonBackend.infer_many,
     # which splits it (the Pruner clamps its own batches: undo that here).
-    many = [f"Passage {i}. It talks about item {i}." for i in range(40)]
+    # passages of 1 to 4 sentences: the chunks of one batch come back with different
+    # sentence widths and are re-padded when joined
+    many = [f"Passage {i}." + " It talks about item {i}." * (i % 4) for i in range(40)]
     big = Pruner.connect(url, name, protocol=protocol)
     assert big.backend.max_batch_size == CORE_MAX_BATCH
     big.batching = BatchingConfig(max_batch_size=64)
@@ -244,3 +246,25 @@ def test_retry_succeeds_after_a_connection_error(server):
     assert client._call(flaky) == "ok" and len(calls) == 2
     with pytest.raises(ValueError):     # not a connection error: no retry
         client._call(lambda: (_ for _ in ()).throw(ValueError("bad shape")))
+
+
+def test_infer_many_splits_and_repads_the_sentence_axis(server, pruners):
+    """A 40-row batch through a core whose max_batch_size is 16: three requests whose
+    sentence widths differ (1, 3, 2), joined back into one [40, 3] result equal to the
+    in-process result of the whole batch."""
+    local = pruners["opensearch"][0]
+    remote = Pruner.connect(server.grpc_url, "opensearch")
+    counts = [1] * 16 + [3] * 16 + [2] * 8
+    passages = [" ".join(f"Sentence {k} of passage {i}." for k in range(n)) for i, n in enumerate(counts)]
+    from engine.batching import collate
+    from engine.text import split_sentences
+    spans = [split_sentences(p) for p in passages]
+    assert [len(sp) for sp in spans] == counts
+    blocks = local.encode(QUESTION, passages, spans)
+    batch = collate(blocks, list(range(len(blocks))), 128, local.spec.pad_id)
+    assert batch.shape[0] == 40 > CORE_MAX_BATCH
+    (r_got, p_got), = remote.backend.infer_many([batch])
+    r_exp, p_exp = local.backend.infer(batch)
+    assert p_got.shape == p_exp.shape == (40, 3)
+    np.testing.assert_allclose(r_got, r_exp, atol=1e-5)
+    np.testing.assert_allclose(p_got, p_exp, atol=1e-5)
