@@ -203,7 +203,8 @@ def cmd_serve(args) -> int:
         raise _Stop(_signal.Signals(signum).name)
 
     server = TritonServer(args.model_repository, host=args.host, http_port=args.http_port,
-                          grpc_port=args.grpc_port, metrics_port=args.metrics_port, forward_logs=True)
+                          grpc_port=args.grpc_port, metrics_port=args.metrics_port, forward_logs=True,
+                          admin_key=args.admin_key, restrict_admin=not args.open_admin_apis)
     # SIGTERM (systemd, Kubernetes, docker stop) and SIGHUP stop the server exactly as Ctrl-C does.
     previous = {s: _signal.signal(s, on_signal) for s in (_signal.SIGTERM, _signal.SIGHUP)}
     why = None
@@ -372,7 +373,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--http-port", type=int, default=8000)
     s.add_argument("--grpc-port", type=int, default=8001)
     s.add_argument("--metrics-port", type=int, default=8002)
-    s.add_argument("--ready-timeout", type=float, default=120.0)
+    s.add_argument("--ready-timeout", type=float, default=120.0, help="seconds to wait for readiness (default 120)")
+    s.add_argument("--admin-key", default=os.environ.get("PRUNE_ADMIN_KEY"),
+                   help="the shared-memory, trace and logging APIs answer only requests with the header "
+                        "'prune-admin-key: KEY' (env PRUNE_ADMIN_KEY; default: none, so they are refused)")
+    s.add_argument("--open-admin-apis", action="store_true",
+                   help="leave those APIs open to every client (not recommended beyond loopback)")
     s.set_defaults(func=cmd_serve)
 
     b = sub.add_parser("bench", help="speed of every path side by side on the RAG workload")

@@ -11,6 +11,7 @@ Rules, in order, for one passage with sentence probabilities p:
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -67,7 +68,8 @@ class PruneResult:
 
 
 def check_threshold(value: Any, name: str = "threshold") -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    # numbers.Real: int, float and numpy's scalars (np.float32 included)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise InputError(f"{name} must be a finite number in [0, 1], got {value!r}")
     if not 0.0 <= float(value) <= 1.0:
         raise InputError(f"{name} must be in [0, 1], got {value!r}")

@@ -97,9 +97,12 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ModelLoadError(f"{folder}: no config.json (is this a checkpoint folder?)")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        config = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ModelLoadError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object, got a JSON {type(config).__name__}")
+    return config
 
 
 # Plain encoders without a task head: used as sentence-embedding models.

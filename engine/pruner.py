@@ -214,6 +214,7 @@ class Pruner:
             raise InputError(f"question must be a str, got {type(question).__name__}")
         if not question.strip():
             raise InputError("question is empty")
+        textmod.check_unicode(question, "the question")
         if isinstance(passages, str):
             passages = [passages]
         if not isinstance(passages, Sequence):
@@ -226,8 +227,14 @@ class Pruner:
                 raise InputError(f"passage {i} must be a str, got {type(p).__name__}")
             if len(p) > MAX_PASSAGE_CHARS:
                 raise InputError(f"passage {i} has {len(p)} characters; the limit is {MAX_PASSAGE_CHARS}")
-        if sentences is not None and (not isinstance(sentences, Sequence) or len(sentences) != len(passages)):
-            raise InputError("sentences must hold one list of sentences per passage")
+            textmod.check_unicode(p, f"passage {i}")
+        if sentences is not None:
+            if not isinstance(sentences, Sequence) or len(sentences) != len(passages):
+                raise InputError("sentences must hold one list of sentences per passage")
+            for i, sent in enumerate(sentences):
+                if isinstance(sent, str) or not isinstance(sent, Sequence):
+                    raise InputError(f"sentences[{i}] must be a list of sentences (str or (start, end)), "
+                                     f"got {type(sent).__name__}")
         return passages
 
     # ------------------------------------------------------------------ model

@@ -21,6 +21,7 @@ left after its timeout.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -83,6 +84,13 @@ while True:
 """
 
 
+#: Triton APIs that change the server or reach its memory, locked by default: a client
+#: could register shared memory and have outputs written into it, or change logging and
+#: tracing. (Model loading is off: --model-control-mode=none. Statistics are read-only.)
+ADMIN_APIS = ("shared-memory", "trace", "logging")
+ADMIN_HEADER = "prune-admin-key"
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -98,7 +106,11 @@ class TritonServer:
 
     def __init__(self, repository: str | Path, *, host: str = "127.0.0.1", http_port: int = 8000,
                  grpc_port: int = 8001, metrics_port: int = 8002, log_file: str | Path | None = None,
-                 forward_logs: bool = False, extra_args: list[str] | None = None):
+                 forward_logs: bool = False, extra_args: list[str] | None = None,
+                 admin_key: str | None = None, restrict_admin: bool = True):
+        """`restrict_admin` (default): the shared-memory, trace and logging APIs answer only
+        requests carrying the header `prune-admin-key: <admin_key>`; with no admin_key,
+        a random one nobody knows, so they are refused to every client."""
         self.repository = Path(repository).resolve()
         if not self.repository.is_dir():
             raise BackendError(f"{repository}: no such model repository")
@@ -106,6 +118,9 @@ class TritonServer:
         self.log_file = Path(log_file) if log_file else None
         self.forward_logs = forward_logs
         self.extra_args = extra_args or []
+        self.restrict_admin = restrict_admin
+        self.admin_key = admin_key or os.environ.get("PRUNE_ADMIN_KEY") or None
+        self._secret = self.admin_key or secrets.token_hex(24)
         self.proc: subprocess.Popen | None = None
         self._watchdog: subprocess.Popen | None = None
         self.tail: deque[str] = deque(maxlen=60)
@@ -149,7 +164,11 @@ class TritonServer:
                f"--http-address={self.host}", f"--grpc-address={self.host}", f"--metrics-address={self.host}",
                f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
                f"--metrics-port={self.metrics_port}", "--strict-readiness=true", "--log-verbose=0",
+               "--model-control-mode=none",        # no load/unload through the API
                *self.extra_args]
+        if self.restrict_admin:
+            rule = f"{','.join(ADMIN_APIS)}:{ADMIN_HEADER}={self._secret}"
+            cmd += [f"--http-restricted-api={rule}", f"--grpc-restricted-protocol={rule}"]
         return cmd, env
 
     def _pump(self) -> None:

@@ -21,6 +21,7 @@ from engine.backends.triton import TritonClient
 from engine.decide import TITLE_RULES, PruneResult, check_threshold, check_top_k, order_results
 from engine.errors import BackendError, InputError
 from engine.spec import ModelSpec, spec_from_manifest
+from engine.text import check_unicode
 from engine.wire import TEXT_INPUTS, TEXT_OUTPUTS, TextLimits, tensors_to_results
 
 
@@ -108,9 +109,11 @@ class TritonTextPruner:
         if not isinstance(passages, Sequence):
             raise InputError(f"passages must be a list of str, got {type(passages).__name__}")
         passages = list(passages)
+        check_unicode(question, "the question")
         for i, p in enumerate(passages):
             if not isinstance(p, str):
                 raise InputError(f"passage {i} must be a str, got {type(p).__name__}")
+            check_unicode(p, f"passage {i}")
         if title is not None and title not in TITLE_RULES:
             raise InputError(f"title must be one of {TITLE_RULES}, got {title!r}")
         threshold = None if threshold is None else check_threshold(threshold)

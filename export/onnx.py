@@ -289,6 +289,9 @@ def export_model(checkpoint: str | Path, out: str | Path, *, family: str | None 
             "tokenizer": {"file": "tokenizer.json", "class": type(hf_tok).__name__,
                           "vocab_size": len(hf_tok), "seps_between": fam.seps_between,
                           **spec.special_tokens()},
+            # input_ids must stay below this (the word-embedding rows): servers check it
+            "embedding_rows": next((int(v.shape[0]) for k, v in model.state_dict().items()
+                                    if k.endswith("word_embeddings.weight")), len(hf_tok)),
             "source": {"checkpoint": str(checkpoint), "weights_sha256": ck.weights_sha256,
                        "num_attention_heads": heads, "hidden_size": hidden},
             "options": family_options(model),

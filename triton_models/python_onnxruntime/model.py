@@ -4,8 +4,13 @@ Copied by `prune repository --target cpu` into `<model>/1/model.py`, beside
 `model.onnx`. The dynamic batcher hands `execute()` a list of requests (each [b, L]
 with its own L): they are joined into one batch padded to the longest L, run once, and
 the outputs are split back, one response per request, each request's sentence axis
-cut to its own S. A request that is malformed gets its own error response; the others
-still run.
+cut to its own S.
+
+Every request is checked on its own before anything is allocated for it: int64 [b, L]
+inputs of one shape, L within the model's window, token ids within the vocabulary,
+attention mask and token types 0/1, sentence ids within [-1, L). A malformed request
+gets its own error response; the others still run. If the joint run fails anyway, each
+request is run alone, so only the one that fails gets the error.
 """
 import json
 import os
@@ -31,6 +36,11 @@ class TritonPythonModel:
                                             providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]
         PAD["input_ids"] = int(params.get("pad_id", "0"))
+        manifest = json.loads(params.get("prune_manifest", "{}"))
+        # Bounds a request must respect (graph-independent: checked before allocation).
+        self.max_length = int(manifest.get("max_length", 512))
+        self.vocab_size = int(manifest.get("embedding_rows") or manifest.get("tokenizer", {}).get("vocab_size", 0)) \
+            or None
         self.out_dtypes = {o["name"]: pb_utils.triton_string_to_numpy(o["data_type"])
                            for o in self.config["output"]}
 
@@ -47,6 +57,20 @@ class TritonPythonModel:
         shapes = {a.shape for a in arrays.values()}
         if len(shapes) != 1:
             raise ValueError(f"inputs disagree in shape: {sorted(shapes)}")
+        rows, length = arrays["input_ids"].shape
+        if rows < 1 or length < 1:
+            raise ValueError(f"empty input of shape {[rows, length]}")
+        if length > self.max_length:
+            raise ValueError(f"sequence length {length} exceeds the model's window of {self.max_length} tokens")
+        ids = arrays["input_ids"]
+        if ids.min() < 0 or (self.vocab_size and ids.max() >= self.vocab_size):
+            raise ValueError(f"input_ids must be within [0, {self.vocab_size}), got [{ids.min()}, {ids.max()}]")
+        for name in ("attention_mask", "token_type_ids"):
+            if name in arrays and (arrays[name].min() < 0 or arrays[name].max() > 1):
+                raise ValueError(f"{name} must be 0 or 1")
+        sent = arrays["sentence_ids"]
+        if sent.min() < -1 or sent.max() >= length:
+            raise ValueError(f"sentence_ids must be within [-1, {length}), got [{sent.min()}, {sent.max()}]")
         return arrays
 
     def execute(self, requests):
@@ -58,29 +82,42 @@ class TritonPythonModel:
             except Exception as exc:  # this request only
                 responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
         if parsed:
-            rows = sum(a["input_ids"].shape[0] for _, a in parsed)
-            length = max(a["input_ids"].shape[1] for _, a in parsed)
-            batch = {n: np.full((rows, length), PAD[n], dtype=np.int64) for n in self.input_names}
-            spans, pos = [], 0
-            for i, arrays in parsed:
-                b, l = arrays["input_ids"].shape
-                for n in self.input_names:
-                    batch[n][pos:pos + b, :l] = arrays[n]
-                spans.append((i, pos, b, int(arrays["sentence_ids"].max(initial=-1)) + 1))
-                pos += b
             try:
-                rerank, probs = self.session.run(["rerank_score", "sentence_probs"], batch)
-            except Exception as exc:
-                for i, _, _, _ in spans:
-                    responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"onnxruntime: {exc}"))
-                return responses
-            for i, start, b, n_sent in spans:
-                out = [pb_utils.Tensor("rerank_score",
+                done = self._run(parsed)
+            except Exception:   # isolate: each request alone, so only a failing one errs
+                done = []
+                for item in parsed:
+                    try:
+                        done += self._run([item])
+                    except Exception as exc:
+                        done.append((item[0], pb_utils.InferenceResponse(
+                            error=pb_utils.TritonError(f"onnxruntime: {exc}"))))
+            for i, response in done:
+                responses[i] = response
+        return responses
+
+    def _run(self, parsed):
+        """One session run for the requests `parsed` ([(index, arrays)]), padded to the
+        longest; returns [(index, response)]."""
+        rows = sum(a["input_ids"].shape[0] for _, a in parsed)
+        length = max(a["input_ids"].shape[1] for _, a in parsed)
+        batch = {n: np.full((rows, length), PAD[n], dtype=np.int64) for n in self.input_names}
+        spans, pos = [], 0
+        for i, arrays in parsed:
+            b, l = arrays["input_ids"].shape
+            for n in self.input_names:
+                batch[n][pos:pos + b, :l] = arrays[n]
+            spans.append((i, pos, b, int(arrays["sentence_ids"].max(initial=-1)) + 1))
+            pos += b
+        rerank, probs = self.session.run(["rerank_score", "sentence_probs"], batch)
+        out = []
+        for i, start, b, n_sent in spans:
+            tensors = [pb_utils.Tensor("rerank_score",
                                        rerank[start:start + b].astype(self.out_dtypes["rerank_score"])),
                        pb_utils.Tensor("sentence_probs", np.ascontiguousarray(
                            probs[start:start + b, :n_sent]).astype(self.out_dtypes["sentence_probs"]))]
-                responses[i] = pb_utils.InferenceResponse(output_tensors=out)
-        return responses
+            out.append((i, pb_utils.InferenceResponse(output_tensors=tensors)))
+        return out
 
     def finalize(self):
         self.session = None

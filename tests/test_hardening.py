@@ -1,0 +1,151 @@
+"""Requests that must not break the server or reach past their own error: out-of-bounds
+inputs to the core model, a bad request in a dynamic batch beside good ones, the admin
+APIs (shared memory, logging, tracing) locked by default; and clear in-process errors."""
+import json
+import threading
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from engine.errors import InputError, ModelLoadError
+from engine.pruner import Pruner
+from engine.serve import ADMIN_HEADER, TritonServer
+from tests.conftest import free_ports
+from tests.test_parity import PASSAGES, QUESTION
+
+
+def _core_request(server, arrays, model="opensearch"):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    tensors = []
+    for n, a in arrays.items():
+        t = grpcclient.InferInput(n, list(a.shape), "INT64")
+        t.set_data_from_numpy(a)
+        tensors.append(t)
+    return client.infer(model, tensors, client_timeout=30)
+
+
+def _good_arrays(pruners, name="opensearch"):
+    local = pruners[name][0]
+    batch = local.batches(local.encode(QUESTION, PASSAGES[:1], [[(0, 15)]]))[0]
+    return batch.inputs(local.spec.input_names), local.backend.infer(batch)
+
+
+def _with(arrays, **changes):
+    out = {k: v.copy() for k, v in arrays.items()}
+    out.update(changes)
+    return out
+
+
+HOSTILE = {
+    "longer than the window": (lambda a: {k: np.zeros((1, 600), dtype=np.int64) for k in a}, "exceeds the model's window"),
+    "sentence id 10**7": (lambda a: _with(a, sentence_ids=np.where(a["sentence_ids"] >= 0, 10 ** 7, -1)),
+                          "sentence_ids must be within"),
+    "sentence id below -1": (lambda a: _with(a, sentence_ids=a["sentence_ids"] - 5), "sentence_ids must be within"),
+    "negative input id": (lambda a: _with(a, input_ids=-a["input_ids"] - 1), "input_ids must be within"),
+    "input id past the vocabulary": (lambda a: _with(a, input_ids=a["input_ids"] + 10 ** 6), "input_ids must be within"),
+    "attention mask of 7": (lambda a: _with(a, attention_mask=a["attention_mask"] * 7), "attention_mask must be 0 or 1"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_core_refuses_out_of_bounds_input_and_keeps_serving(server, pruners, case):
+    good, (r_exp, p_exp) = _good_arrays(pruners)
+    make, message = HOSTILE[case]
+    with pytest.raises(Exception, match=message):
+        _core_request(server, make(good))
+    assert server.ready()
+    res = _core_request(server, good)
+    np.testing.assert_allclose(res.as_numpy("sentence_probs"), p_exp, atol=1e-5)
+
+
+def test_a_bad_request_fails_alone_in_its_dynamic_batch(server, pruners):
+    """One request with an out-of-vocabulary id fired beside 8 good ones, 10 times: every
+    good one gets its right result, the bad one its error."""
+    good, (_, p_exp) = _good_arrays(pruners)
+    bad = HOSTILE["input id past the vocabulary"][0](good)
+    ok, errors, wrong = [], [], []
+    for _ in range(10):
+        barrier = threading.Barrier(9)
+
+        def send(arrays, is_bad):
+            barrier.wait()
+            try:
+                res = _core_request(server, arrays)
+                if is_bad:
+                    wrong.append("bad request answered")
+                elif np.abs(res.as_numpy("sentence_probs") - p_exp).max() > 1e-5:
+                    wrong.append("wrong result")
+                else:
+                    ok.append(1)
+            except Exception as exc:
+                (errors if is_bad else wrong).append(str(exc))
+
+        threads = [threading.Thread(target=send, args=(good, False)) for _ in range(8)]
+        threads.append(threading.Thread(target=send, args=(bad, True)))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert not wrong, wrong[:3]
+    assert len(ok) == 80 and len(errors) == 10
+
+
+def test_admin_apis_are_refused_by_default(server):
+    http = httpclient.InferenceServerClient(server.http_url)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(Exception, match="is restricted"):
+        http.register_system_shared_memory("evil", "/prune-test-evil", 1024)
+    with pytest.raises(Exception, match="is restricted"):
+        grpc.register_system_shared_memory("evil", "/prune-test-evil", 1024)
+    with pytest.raises(Exception, match="is restricted"):
+        http.update_log_settings({"log_verbose_level": 5})
+    with pytest.raises(Exception, match="is restricted"):
+        grpc.update_log_settings({"log_verbose_level": 5})
+    with pytest.raises(Exception, match="is restricted"):
+        http.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]})
+    # inference, health, metadata and statistics stay open
+    assert http.is_server_ready() and grpc.get_inference_statistics("opensearch").model_stats
+
+
+def test_admin_key_opens_the_admin_apis(repository, tmp_path):
+    h, g, m = free_ports(3)
+    with TritonServer(repository, http_port=h, grpc_port=g, metrics_port=m, admin_key="s3cret") as s:
+        http = httpclient.InferenceServerClient(s.http_url)
+        with pytest.raises(Exception):
+            http.update_log_settings({"log_verbose_level": 1})
+        with pytest.raises(Exception):
+            http.update_log_settings({"log_verbose_level": 1}, headers={ADMIN_HEADER: "wrong"})
+        assert http.update_log_settings({"log_verbose_level": 1}, headers={ADMIN_HEADER: "s3cret"})
+
+
+# --------------------------------------------------------------- in process
+
+def test_clear_errors_in_process(pruners, checkpoints, tmp_path):
+    p = pruners["opensearch"][0]
+    with pytest.raises(InputError, match="passage 1 is not valid Unicode: a lone surrogate"):
+        p.prune(QUESTION, ["fine.", "bad \ud800 text"])
+    with pytest.raises(InputError, match="the question is not valid Unicode"):
+        p.prune("why \udfff?", ["fine."])
+    with pytest.raises(InputError, match=r"sentences\[0\] must be a list"):
+        p.prune(QUESTION, ["fine."], sentences=[None])
+    with pytest.raises(InputError, match=r"sentences\[0\] must be a list"):
+        p.prune(QUESTION, ["fine."], sentences=["fine."])
+    # numpy scalars are numbers: accepted
+    a = p.prune(QUESTION, PASSAGES[:2], threshold=np.float32(0.25), alpha=np.float64(0.1))
+    b = p.prune(QUESTION, PASSAGES[:2], threshold=0.25, alpha=0.1)
+    assert [s.kept for r in a for s in r.sentences] == [s.kept for r in b for s in r.sentences]
+    from engine.modeling import load_checkpoint
+    import shutil
+    folder = tmp_path / "listcfg"
+    shutil.copytree(checkpoints["opensearch"], folder)
+    (folder / "config.json").write_text(json.dumps([1, 2, 3]))
+    with pytest.raises(ModelLoadError, match="expected a JSON object, got a JSON list"):
+        load_checkpoint(folder)
+
+
+def test_text_client_refuses_lone_surrogates(server):
+    remote = Pruner.connect(server.grpc_url, "opensearch_text")
+    with pytest.raises(InputError, match="passage 0 is not valid Unicode"):
+        remote.prune(QUESTION, ["bad \ud800"])
