@@ -29,9 +29,9 @@ from typing import Any
 
 from engine.errors import ExportError
 from engine.spec import read_manifest
+from triton_models import CORE, TEXT, template
 from engine.wire import DEFAULT_MAX_CHARS, DEFAULT_MAX_PASSAGES, DESCRIBE_OUTPUTS, TEXT_INPUTS, TEXT_OUTPUTS
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "triton_models"
 TARGETS = ("cpu", "gpu-onnx", "gpu-tensorrt")
 TEXT_SUFFIX = "_text"
 _TRITON_TYPES = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32", "INT32": "TYPE_INT32", "INT64": "TYPE_INT64",
@@ -155,6 +155,11 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
     name = opts.name or model_folder.name
     if not name.replace("-", "").replace("_", "").isalnum():
         raise ExportError(f"model name {name!r}: use letters, digits, - and _")
+    # Every file this needs is found before anything is written: no half-written model.
+    try:
+        templates = {t: template(t) for t in (CORE, TEXT)}
+    except FileNotFoundError as exc:
+        raise ExportError(str(exc)) from exc
     model_dir = Path(out) / name
     version_dir = model_dir / str(opts.version)
     if version_dir.exists():
@@ -165,7 +170,7 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
         if manifest.get("external_data"):
             shutil.copy2(model_folder / manifest["external_data"], version_dir / manifest["external_data"])
         if opts.target == "cpu":
-            shutil.copy2(TEMPLATES / "python_onnxruntime" / "model.py", version_dir / "model.py")
+            shutil.copy2(templates[CORE], version_dir / "model.py")
     else:
         plan = model_folder / "model.plan"
         if plan.is_file():
@@ -200,7 +205,7 @@ def write_text_model(model_folder: Path, manifest: dict[str, Any], text_dir: Pat
     if version_dir.exists():
         shutil.rmtree(version_dir)
     version_dir.mkdir(parents=True)
-    shutil.copy2(TEMPLATES / "python_text" / "model.py", version_dir / "model.py")
+    shutil.copy2(template(TEXT), version_dir / "model.py")
     shutil.copy2(model_folder / manifest["tokenizer"]["file"], version_dir / manifest["tokenizer"]["file"])
     shutil.copy2(model_folder / "manifest.json", version_dir / "manifest.json")
     (text_dir / "config.pbtxt").write_text(render_text_config(text_dir.name, core, manifest, opts))
