@@ -113,6 +113,10 @@ class Pruner:
         `TritonTextPruner`). A core model takes token ids: the client splits and
         tokenizes, with the manifest from the model's config and the tokenizer from the
         text model beside it (or `tokenizer`: an export folder or a tokenizer.json).
+
+        `timeout` is the deadline of one `prune()` call: every request carries what is
+        left of it, and retries of connection errors (`retries`, exponential `backoff`)
+        stop when it is spent, so a call ends in at most `timeout` seconds.
         """
         from engine.backends.triton import TritonBackend, TritonClient
         kwargs = dict(protocol=protocol, timeout=timeout, retries=retries, backoff=backoff,

@@ -77,12 +77,12 @@ class TritonTextPruner:
             inputs.append(inp)
         return inputs, [tc.InferRequestedOutput(n) for n in TEXT_OUTPUTS]
 
-    def _send(self, question: str, passages: list[str], options: dict[str, Any]) -> dict[str, np.ndarray]:
+    def _send(self, question: str, passages: list[str], options: dict[str, Any],
+              deadline: float) -> dict[str, np.ndarray]:
         c = self.client
         inputs, outputs = self._inputs(question, passages, options)
-        kwargs = {"client_timeout": c.timeout} if c.protocol == "grpc" else {}
         try:
-            res = c._call(c.client.infer, c.model, inputs, model_version=c.version, outputs=outputs, **kwargs)
+            res = c.infer_with_retries(c.model, inputs, outputs, deadline)
         except Exception as exc:
             raise BackendError(f"Triton text model {c.model!r} on {c.url} failed: {exc}") from exc
         out = {n: res.as_numpy(n) for n in TEXT_OUTPUTS}
@@ -125,9 +125,12 @@ class TritonTextPruner:
         options = {"threshold": threshold, "title": title, "alpha": alpha}
         used = self.spec.family.threshold if threshold is None else threshold
         chunks = self._chunks(question, passages)
-        outs = list(self.client._pool.map(lambda se: self._send(question, passages[se[0]:se[1]], options), chunks)) \
-            if len(chunks) > 1 and self.client.protocol == "grpc" else \
-            [self._send(question, passages[s:e], options) for s, e in chunks]
+        deadline = self.client.deadline()      # one deadline for the whole call
+        if len(chunks) > 1 and self.client.protocol == "grpc":
+            outs = list(self.client._pool.map(
+                lambda se: self._send(question, passages[se[0]:se[1]], options, deadline), chunks))
+        else:
+            outs = [self._send(question, passages[s:e], options, deadline) for s, e in chunks]
         results: list[PruneResult] = []
         for (s, e), out in zip(chunks, outs):
             results += tensors_to_results(passages[s:e], out, used, offset=s)

@@ -120,21 +120,38 @@ def test_offsets_are_utf8_bytes(server, pruners):
     assert res.as_numpy("pruned_context")[0].decode("utf-8") == expected[0].pruned_context
 
 
-def test_curl_json_body(server):
-    """The README's curl command: KServe v2 JSON over plain HTTP."""
-    body = {"inputs": [
-        {"name": "question", "shape": [1], "datatype": "BYTES", "data": ["What goes on the bottom of the pie?"]},
-        {"name": "passages", "shape": [1], "datatype": "BYTES",
-         "data": ["Shepherd's pie. The pie dish was lined on the sides and bottom with mashed potato."]},
-        {"name": "threshold", "shape": [1], "datatype": "FP32", "data": [0.1]}]}
-    req = urllib.request.Request(f"http://{server.http_url}/v2/models/default_text/infer".replace(
-        "default_text", "open_provence_text"), data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+def _readme_curl_body():
+    """The JSON body of the README's curl command, exactly as written there."""
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = readme.index("curl -s localhost:8000/v2/models/default_text/infer")
+    body = readme[start:readme.index("```", start)]
+    body = body[body.index("-d '") + 4:body.rindex("'")]
+    return json.loads(body.replace("'\"'\"'", "'"))
+
+
+def test_curl_json_body(server, pruners):
+    """The README's curl command's body, over plain HTTP (KServe v2 JSON), to a test
+    model's text model: the results are the in-process engine's."""
+    body = _readme_curl_body()
+    question = body["inputs"][0]["data"][0]
+    passages = body["inputs"][1]["data"]
+    assert question.startswith("What goes on the bottom of Shepherd's pie") and len(passages) == 2
+    req = urllib.request.Request(f"http://{server.http_url}/v2/models/embedding_text/infer",
+                                 data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as r:
         out = {o["name"]: o for o in json.loads(r.read())["outputs"]}
-    assert out["sentence_count"]["data"] == [2]
-    assert out["sentence_spans"]["shape"] == [1, 2, 2] and out["sentence_spans"]["data"][:2] == [0, 15]
-    assert isinstance(out["pruned_context"]["data"][0], str)
-    assert len(out["sentence_probs"]["data"]) == 2 and len(out["kept"]["data"]) == 2
+    expected = pruners["embedding"][0].prune(question, passages)
+    assert out["sentence_count"]["data"] == [len(r.sentences) for r in expected]
+    assert out["pruned_context"]["data"] == [r.pruned_context for r in expected]
+    width = max(len(r.sentences) for r in expected)
+    assert out["sentence_spans"]["shape"] == [2, width, 2]
+    spans = np.array(out["sentence_spans"]["data"]).reshape(2, width, 2)
+    for row, (p, r) in enumerate(zip(passages, expected)):
+        data = p.encode("utf-8")
+        assert [data[s:e].decode() for s, e in spans[row, :len(r.sentences)]] == [s.text for s in r.sentences]
+    np.testing.assert_allclose(np.array(out["sentence_probs"]["data"]).reshape(2, width)[0, :3],
+                               [s.probability for s in expected[0].sentences], atol=1e-5)
 
 
 def _stats(server, model):
@@ -162,6 +179,7 @@ def test_concurrent_text_requests_meet_in_the_core_batcher(server, pruners):
     for t in threads:
         t.join(60)
     req1, exe1 = _stats(server, name)
+    print(f"\n16 concurrent text requests: {req1 - req0} core requests in {exe1 - exe0} core executions")
     assert req1 - req0 >= len(questions)          # at least one core request per text request
     assert exe1 - exe0 < req1 - req0               # ... joined into fewer executions
     for got, exp in zip(results, expected):

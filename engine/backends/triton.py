@@ -4,8 +4,9 @@ The client pads every batch to the engine's length buckets, so requests from man
 clients have equal shapes and the server's dynamic batcher can join them (the
 onnxruntime and tensorrt backends need equal shapes). A call with more rows than the
 model's `max_batch_size` is split; the batches of one call are sent concurrently.
-Connection errors are retried with exponential backoff; every request has a timeout,
-so a dead server is a clear error, never a hang.
+Connection errors are retried with exponential backoff, all within one deadline per
+call (`timeout`): every request is sent with what is left of it, retries and backoff
+included, so a dead or stalled server is a clear error in at most `timeout` seconds.
 """
 from __future__ import annotations
 
@@ -53,25 +54,51 @@ class TritonClient:
         self.metadata_inputs, self.metadata_outputs = self._metadata()
 
     # -------------------------------------------------------------- set-up
-    def _call(self, fn, *args, **kwargs):
-        """Run a client call, retrying connection errors with exponential backoff."""
+    def deadline(self) -> float:
+        """The monotonic time by which a call started now must be answered."""
+        return time.monotonic() + self.timeout
+
+    def _call(self, fn, *args, deadline: float | None = None, **kwargs):
+        """`fn(*args, **kwargs)`, retrying connection errors with exponential backoff,
+        never past `deadline` (default: `timeout` from now)."""
+        deadline = self.deadline() if deadline is None else deadline
         delay = self.backoff
         for attempt in range(self.retries + 1):
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"no answer from {self.url} within the call's deadline ({self.timeout:g} s)")
             try:
                 return fn(*args, **kwargs)
             except Exception as exc:
                 text = str(exc).lower()
                 if attempt == self.retries or not any(k in text for k in _RETRYABLE):
                     raise
-                time.sleep(delay)
+                time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
                 delay *= 2
+
+    def infer_once(self, model: str, inputs, outputs, deadline: float):
+        """One inference request with what is left of `deadline` as its timeout."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"no answer from {self.url} within the call's deadline ({self.timeout:g} s)")
+        if self.protocol == "grpc":
+            return self.client.infer(model, inputs, model_version=self.version if model == self.model else "",
+                                     outputs=outputs, client_timeout=remaining)
+        # HTTP: the gevent-based client waits at most `remaining` for this answer
+        request = self.client.async_infer(model, inputs, model_version=self.version if model == self.model else "",
+                                          outputs=outputs)
+        return request.get_result(timeout=remaining)
+
+    def infer_with_retries(self, model: str, inputs, outputs, deadline: float | None = None):
+        deadline = self.deadline() if deadline is None else deadline
+        return self._call(lambda: self.infer_once(model, inputs, outputs, deadline), deadline=deadline)
 
     def _wait_ready(self, ready_timeout: float) -> None:
         deadline = time.monotonic() + ready_timeout
         last = None
         while True:
             try:
-                if self.client.is_server_ready():
+                probe = {"client_timeout": 2.0} if self.protocol == "grpc" else {}
+                if self.client.is_server_ready(**probe):
                     break
             except Exception as exc:
                 last = exc
@@ -157,11 +184,8 @@ class TritonBackend(TritonClient, Backend):
         text_model = self.parameters().get("prune_text_model")
         if not text_model:
             return None
-        tc = self.tc
         try:
-            res = self._call(self.client.infer, text_model, [], outputs=[tc.InferRequestedOutput("tokenizer")],
-                             client_timeout=self.timeout) if self.protocol == "grpc" else \
-                self._call(self.client.infer, text_model, [], outputs=[tc.InferRequestedOutput("tokenizer")])
+            res = self.infer_with_retries(text_model, [], [self.tc.InferRequestedOutput("tokenizer")])
         except Exception as exc:
             raise ModelLoadError(f"cannot fetch the tokenizer from the text model {text_model!r} on {self.url}: "
                                  f"{exc}") from exc
@@ -181,16 +205,15 @@ class TritonBackend(TritonClient, Backend):
             inputs.append(inp)
         return inputs, [tc.InferRequestedOutput(n) for n in GRAPH_OUTPUTS]
 
-    def _infer_chunk(self, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    def _infer_chunk(self, feeds: dict[str, np.ndarray], deadline: float) -> tuple[np.ndarray, np.ndarray]:
         inputs, outputs = self._request(feeds)
         try:
-            res = self._call(self.client.infer, self.model, inputs, model_version=self.version,
-                             outputs=outputs, client_timeout=self.timeout)
+            res = self.infer_with_retries(self.model, inputs, outputs, deadline)
         except Exception as exc:
             raise BackendError(f"Triton inference on {self.url} (model {self.model!r}) failed: {exc}") from exc
         return self._outputs(res)
 
-    def _infer_http(self, jobs: list[dict[str, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    def _infer_http(self, jobs: list[dict[str, np.ndarray]], deadline: float) -> list[tuple[np.ndarray, np.ndarray]]:
         """HTTP: the client's own connection pool sends the requests concurrently (its
         gevent-based client must stay on the calling thread)."""
         def submit(feeds):
@@ -198,13 +221,14 @@ class TritonBackend(TritonClient, Backend):
             return self.client.async_infer(self.model, inputs, model_version=self.version, outputs=outputs)
 
         def run(feeds):
-            return self._call(lambda: submit(feeds).get_result(timeout=self.timeout))
+            inputs, outputs = self._request(feeds)
+            return self.infer_with_retries(self.model, inputs, outputs, deadline)
         try:
             pending = [submit(f) for f in jobs]
             results = []
             for feeds, req in zip(jobs, pending):
                 try:
-                    results.append(req.get_result(timeout=self.timeout))
+                    results.append(req.get_result(timeout=max(0.001, deadline - time.monotonic())))
                 except Exception as exc:
                     if not any(k in str(exc).lower() for k in _RETRYABLE):
                         raise
@@ -232,10 +256,11 @@ class TritonBackend(TritonClient, Backend):
             for s in range(0, b.shape[0], step):
                 jobs.append({n: a[s:s + step] for n, a in feeds.items()})
                 owners.append(k)
+        deadline = self.deadline()      # one deadline for the whole call
         if self.protocol == "http":
-            results = self._infer_http(jobs)
+            results = self._infer_http(jobs, deadline)
         else:
-            results = list(self._pool.map(self._infer_chunk, jobs))
+            results = list(self._pool.map(lambda f: self._infer_chunk(f, deadline), jobs))
         out: list[tuple[np.ndarray, np.ndarray]] = []
         for k in range(len(batches)):
             parts = [r for r, o in zip(results, owners) if o == k]
