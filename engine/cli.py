@@ -84,14 +84,18 @@ def _read_contexts(args) -> list[str]:
 
 
 def _model_path(args) -> str:
-    if args.model:
+    """--model, or the default model: exported (onnxruntime) or its checkpoint (torch)."""
+    if args.model and args.model != "default":
         return args.model
-    from engine.default_model import ensure_default_model
-    return str(ensure_default_model())
+    from engine.default_model import default_checkpoint, ensure_default_model
+    return default_checkpoint() if args.backend == "torch" else str(ensure_default_model())
 
 
 def cmd_run(args) -> int:
     from engine.pruner import Pruner
+    contexts = _read_contexts(args)          # bad input is reported before any model loads
+    if not args.question.strip():
+        raise PruneError("question is empty")
     t0 = time.perf_counter()
     if args.server:
         name = args.server_model or "default_text"
@@ -103,7 +107,6 @@ def cmd_run(args) -> int:
         pruner = Pruner.load(args.model, backend=args.backend, family=args.family, threads=args.threads,
                              batching=_batching(args))
     t_load = time.perf_counter() - t0
-    contexts = _read_contexts(args)
     t1 = time.perf_counter()
     kwargs = {}
     if args.alpha is not None:
@@ -179,14 +182,16 @@ def cmd_fidelity(args) -> int:
 def cmd_repository(args) -> int:
     from export.triton import RepositoryOptions, build_repository
     from engine.default_model import ensure_default_model
-    model = args.model or str(ensure_default_model())
-    opts = RepositoryOptions(target=args.target, name=args.name or ("default" if not args.model else None),
+    is_default = args.model in (None, "default")
+    model = str(ensure_default_model()) if is_default else args.model
+    opts = RepositoryOptions(target=args.target, name=args.name or ("default" if is_default else None),
                              max_batch_size=args.max_batch_size, max_batch_tokens=args.max_batch_tokens,
                              max_queue_delay_us=args.max_queue_delay_us,
                              preferred_batch_sizes=args.preferred_batch_sizes, instances=args.instances,
                              intra_op_threads=args.intra_op_threads or 0, trt_accelerator=args.trt_accelerator,
                              text_model=not args.no_text_model, text_instances=args.text_instances,
-                             text_max_passages=args.text_max_passages, text_max_chars=args.text_max_chars)
+                             text_max_passages=args.text_max_passages, text_max_chars=args.text_max_chars,
+                             overwrite=args.overwrite)
     build_repository(model, args.out, opts, log=lambda m: print(m, file=sys.stderr, flush=True))
     return 0
 
@@ -268,9 +273,16 @@ def cmd_test_checkpoint(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import engine
     p = argparse.ArgumentParser(prog="prune", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"prune-engine {engine.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
+    _add = sub.add_parser
+
+    def add_parser(name, **kwargs):   # every subcommand's help shows the defaults
+        return _add(name, formatter_class=argparse.ArgumentDefaultsHelpFormatter, **kwargs)
+    sub.add_parser = add_parser  # type: ignore[method-assign]
 
     e = sub.add_parser("export", help="checkpoint -> ONNX graph + tokenizer + manifest, checked against PyTorch")
     e.add_argument("--model", required=True, help="checkpoint folder, hub id, or 'default' (all-MiniLM-L6-v2)")
@@ -278,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--family", help="override the detected family (provence, xprovence, open_provence, opensearch)")
     e.add_argument("--tokenizer", help="tokenizer folder or hub id, if the checkpoint has none")
     e.add_argument("--max-length", type=int, help="model window in tokens (default: the checkpoint's, at most 512)")
-    e.add_argument("--opset", type=int, default=17)
+    e.add_argument("--opset", type=int, default=17, help="ONNX opset of the exported graph")
     e.add_argument("--external-data", choices=["auto", "always", "never"], default="auto",
                    help="store weights beside the graph (auto: when over 2 GB)")
     e.add_argument("--no-verify", action="store_true", help="skip the parity check against PyTorch")
@@ -298,15 +310,16 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_export)
 
     r = sub.add_parser("run", help="prune passages for a question")
-    r.add_argument("--model", help="exported folder (onnxruntime) or checkpoint (--backend torch); "
-                                    "default: all-MiniLM-L6-v2, exported on first use")
-    r.add_argument("--backend", choices=["onnxruntime", "torch"], default="onnxruntime")
+    r.add_argument("--model", help="exported folder (onnxruntime) or checkpoint (--backend torch), or 'default' "
+                                    "(all-MiniLM-L6-v2, exported on first use); default: 'default'")
+    r.add_argument("--backend", choices=["onnxruntime", "torch"], default="onnxruntime",
+                   help="onnxruntime: an exported folder; torch: a checkpoint (the fp32 reference)")
     r.add_argument("--server", help="a Triton server, host:port (gRPC 8001 or HTTP 8000) instead of in-process")
     r.add_argument("--server-model", help="the model's name in the server's repository (default: 'default_text', "
                    "the default model's text model; a core model name makes this client tokenize)")
-    r.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+    r.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="how to reach --server")
     r.add_argument("--family", help="family override for --backend torch")
-    r.add_argument("--question", required=True)
+    r.add_argument("--question", required=True, help="the question the passages are pruned for")
     r.add_argument("--context", action="append", help="a passage (repeatable)")
     r.add_argument("--context-file", action="append", help="a file holding one passage; - for stdin (repeatable)")
     r.add_argument("--threshold", type=float, help="keep threshold (default: the family's)")
@@ -316,8 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--top-k", type=int, help="keep the k best passages by reranking score")
     r.add_argument("--json", action="store_true", help="print results as JSON")
     r.add_argument("--highlight", action="store_true", help="print passages with kept sentences tagged")
-    r.add_argument("--pre", default="<em>")
-    r.add_argument("--post", default="</em>")
+    r.add_argument("--pre", default="<em>", help="tag before a kept sentence (--highlight)")
+    r.add_argument("--post", default="</em>", help="tag after a kept sentence (--highlight)")
     _add_batching(r)
     r.set_defaults(func=cmd_run)
 
@@ -328,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--limit", type=int, help="first N documents of --data")
     v.add_argument("--rag-limit", type=int, help="first N queries of --rag-data")
     v.add_argument("--out", help="folder for eval.json, eval.md and pr_curve.png")
-    v.add_argument("--no-progress", action="store_true")
+    v.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_batching(v)
     v.set_defaults(func=cmd_eval)
 
@@ -338,25 +351,28 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--data", required=True, help="JSONL: sentence-labelled (context, sentences) or RAG (passages)")
     f.add_argument("--limit", type=int, help="first N documents")
     f.add_argument("--out", help="write the report as JSON here")
-    f.add_argument("--no-progress", action="store_true")
+    f.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_batching(f)
     f.set_defaults(func=cmd_fidelity)
 
     g = sub.add_parser("repository", help="exported model -> Triton model repository")
     g.add_argument("--model", help="exported model folder (default: the default model)")
     g.add_argument("--out", required=True, help="the model repository folder")
-    g.add_argument("--target", choices=["cpu", "gpu-onnx", "gpu-tensorrt"], default="cpu")
+    g.add_argument("--target", choices=["cpu", "gpu-onnx", "gpu-tensorrt"], default="cpu",
+                   help="cpu: python backend running ONNX Runtime; gpu-onnx / gpu-tensorrt: NVIDIA's container")
     g.add_argument("--name", help="model name in the repository (default: the folder's name)")
-    g.add_argument("--max-batch-size", type=int, default=64)
+    g.add_argument("--max-batch-size", type=int, default=64, help="largest batch the core model accepts")
     g.add_argument("--max-batch-tokens", type=int, default=16384,
                    help="token budget the preferred batch sizes are derived from")
     g.add_argument("--max-queue-delay-us", type=int, default=2000,
                    help="how long the dynamic batcher waits to fill a batch")
-    g.add_argument("--preferred-batch-sizes", type=int, nargs="+")
+    g.add_argument("--preferred-batch-sizes", type=int, nargs="+",
+                   help="dynamic batcher's preferred sizes (default: derived from --max-batch-tokens)")
     g.add_argument("--instances", type=int, default=1, help="model instances")
     g.add_argument("--intra-op-threads", type=int, help="ONNX Runtime threads per instance (cpu target)")
     g.add_argument("--trt-accelerator", action="store_true",
                    help="gpu-onnx: ONNX Runtime's TensorRT execution accelerator, fp16")
+    g.add_argument("--overwrite", action="store_true", help="replace models of the same name in --out")
     t = g.add_argument_group("text model <name>_text (text in, pruned text out; python backend on CPU)")
     t.add_argument("--no-text-model", action="store_true", help="write only the core model")
     t.add_argument("--text-instances", type=int, default=4,
@@ -368,11 +384,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_repository)
 
     s = sub.add_parser("serve", help="start a local tritonserver on a model repository")
-    s.add_argument("--model-repository", required=True)
+    s.add_argument("--model-repository", required=True, help="the folder `prune repository` wrote")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
-    s.add_argument("--http-port", type=int, default=8000)
-    s.add_argument("--grpc-port", type=int, default=8001)
-    s.add_argument("--metrics-port", type=int, default=8002)
+    s.add_argument("--http-port", type=int, default=8000, help="KServe v2 HTTP/REST port")
+    s.add_argument("--grpc-port", type=int, default=8001, help="KServe v2 gRPC port")
+    s.add_argument("--metrics-port", type=int, default=8002, help="Prometheus metrics port")
     s.add_argument("--ready-timeout", type=float, default=120.0, help="seconds to wait for readiness (default 120)")
     s.add_argument("--admin-key", default=os.environ.get("PRUNE_ADMIN_KEY"),
                    help="the shared-memory, trace and logging APIs answer only requests with the header "
@@ -387,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--int8", help="exported int8 folder (default: the default model's, exported on first use)")
     b.add_argument("--checkpoint", help="the checkpoint, for the PyTorch reference paths")
     b.add_argument("--queries", type=int, default=30, help="queries per path and repeat")
-    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--repeats", type=int, default=3, help="interleaved repeats (medians are reported)")
     b.add_argument("--threads", type=int, help="intra-op threads (default: all cores)")
     b.add_argument("--triton", action="store_true", help="also serve the model with tritonserver and "
                    "measure gRPC/HTTP at concurrency 1/4/16 and perf_analyzer")
@@ -395,13 +411,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "(e.g. 'c16' for a focused comparison with more repeats)")
     b.add_argument("--text-instances", type=int, default=4, help="instances of the served text model (default 4)")
     b.add_argument("--no-perf-analyzer", action="store_true", help="skip perf_analyzer (with --triton)")
-    b.add_argument("--out", default="benchmarks/results")
+    b.add_argument("--out", default="benchmarks/results", help="folder for the bench-DATE results")
     b.set_defaults(func=cmd_bench)
 
     t = sub.add_parser("test-checkpoint", help="write tiny random-weight checkpoints with the real layouts")
     t.add_argument("--family", default="all", help="a family name, or all")
-    t.add_argument("--out", required=True)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--out", required=True, help="output folder (one subfolder per family with --family all)")
+    t.add_argument("--seed", type=int, default=0, help="random seed of the weights")
     t.set_defaults(func=cmd_test_checkpoint)
     return p
 
@@ -410,6 +426,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:
+        # the reader went away (`prune run --json | head`): end quietly, as Unix tools do
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
     except PruneError as exc:
         print(f"prune {args.command}: error: {exc}", file=sys.stderr)
         return 2

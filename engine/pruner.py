@@ -80,8 +80,13 @@ class Pruner:
              device: str = "cpu", options: dict[str, Any] | None = None) -> "Pruner":
         """Load an exported model folder (ONNX Runtime), or a checkpoint (backend="torch").
 
-        `threads` sets ONNX Runtime's intra-op threads (or torch's threads).
+        `threads` sets ONNX Runtime's intra-op threads (or torch's threads). `"default"`
+        is the default model (all-MiniLM-L6-v2): its export (made on first use) for ONNX
+        Runtime, its checkpoint for torch.
         """
+        if str(path) == "default" and not Path("default").exists():
+            from engine.default_model import default_checkpoint, ensure_default_model
+            path = default_checkpoint() if backend == "torch" else ensure_default_model()
         path = Path(path)
         if backend == "onnxruntime":
             from engine.backends.onnxruntime import OnnxRuntimeBackend

@@ -55,6 +55,7 @@ class RepositoryOptions:
     text_max_passages: int = DEFAULT_MAX_PASSAGES
     text_max_chars: int = DEFAULT_MAX_CHARS
     core_timeout_ms: int = 60_000
+    overwrite: bool = False
 
 
 def preferred_sizes(buckets: list[int], max_batch_tokens: int, max_batch_size: int) -> list[int]:
@@ -155,15 +156,36 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
     name = opts.name or model_folder.name
     if not name.replace("-", "").replace("_", "").isalnum():
         raise ExportError(f"model name {name!r}: use letters, digits, - and _")
+    if opts.text_model and opts.text_instances < 1:
+        raise ExportError("text_instances must be >= 1")
+    if opts.text_model and (opts.text_max_passages < 1 or opts.text_max_chars < 1):
+        raise ExportError("the text model's limits must be >= 1")
     # Every file this needs is found before anything is written: no half-written model.
     try:
         templates = {t: template(t) for t in (CORE, TEXT)}
     except FileNotFoundError as exc:
         raise ExportError(str(exc)) from exc
     model_dir = Path(out) / name
+    text_name = name + TEXT_SUFFIX if opts.text_model else None
+    existing = [d for d in (model_dir, Path(out) / (text_name or "")) if d != Path(out) and d.exists()]
+    if existing and not opts.overwrite:
+        raise ExportError(f"{', '.join(map(str, existing))} exists: pass overwrite=True (--overwrite) to replace it")
+    for d in existing:
+        shutil.rmtree(d)
+    try:
+        _write_models(model_folder, manifest, out, name, model_dir, text_name, opts, templates, log)
+    except BaseException:
+        # never leave a half-written model behind
+        for d in (model_dir, Path(out) / (text_name or "")):
+            if d != Path(out):
+                shutil.rmtree(d, ignore_errors=True)
+        raise
+    return model_dir
+
+
+def _write_models(model_folder: Path, manifest: dict[str, Any], out: str | Path, name: str, model_dir: Path,
+                  text_name: str | None, opts: RepositoryOptions, templates: dict[str, Path], log) -> None:
     version_dir = model_dir / str(opts.version)
-    if version_dir.exists():
-        shutil.rmtree(version_dir)
     version_dir.mkdir(parents=True)
     if opts.target in ("cpu", "gpu-onnx"):
         shutil.copy2(model_folder / manifest["graph"], version_dir / "model.onnx")
@@ -178,7 +200,6 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
         else:
             log(f"note: {plan} does not exist yet: build it with {model_folder / 'build_tensorrt.sh'} "
                 f"inside NVIDIA's TensorRT/Triton container and copy it to {version_dir / 'model.plan'}")
-    text_name = name + TEXT_SUFFIX if opts.text_model else None
     # Warmup data: attention_mask of ones (zeros would be an all-padding row).
     import numpy as np
     (model_dir / "warmup").mkdir(exist_ok=True)
@@ -191,19 +212,12 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
         write_text_model(model_folder, manifest, Path(out) / text_name, name, opts)
         log(f"wrote {Path(out) / text_name} (text in, pruned text out; {opts.text_instances} CPU instances "
             f"in front of {name})")
-    return model_dir
 
 
 def write_text_model(model_folder: Path, manifest: dict[str, Any], text_dir: Path, core: str,
                      opts: RepositoryOptions) -> Path:
     """`<core>_text`: config, model.py, and the export's tokenizer and manifest as files."""
-    if opts.text_instances < 1:
-        raise ExportError("text_instances must be >= 1")
-    if opts.text_max_passages < 1 or opts.text_max_chars < 1:
-        raise ExportError("the text model's limits must be >= 1")
     version_dir = text_dir / str(opts.version)
-    if version_dir.exists():
-        shutil.rmtree(version_dir)
     version_dir.mkdir(parents=True)
     shutil.copy2(template(TEXT), version_dir / "model.py")
     shutil.copy2(model_folder / manifest["tokenizer"]["file"], version_dir / manifest["tokenizer"]["file"])

@@ -143,3 +143,36 @@ def test_repository_command_writes_core_and_text_models(exported, tmp_path, caps
     assert main(["repository", "--model", str(exported["opensearch"]), "--out", str(tmp_path / "r2"),
                  "--no-text-model"]) == 0
     assert sorted(p.name for p in (tmp_path / "r2").iterdir()) == ["opensearch"]
+
+
+def test_first_use_polish(exported, server, tmp_path):
+    """--version, python -m engine, a closed pipe, input checked before loading, help with
+    defaults, repository refusing to replace a model, the gRPC-on-HTTP-port hint."""
+    import engine
+    from engine.errors import BackendError, ExportError
+    from export.triton import RepositoryOptions, build_repository
+    out = subprocess.run([str(PRUNE), "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == f"prune-engine {engine.__version__}"
+    out = subprocess.run([sys.executable, "-m", "engine", "run", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "(default: onnxruntime)" in out.stdout
+    # a missing context file is reported at once, before any model is looked at
+    out = subprocess.run([str(PRUNE), "run", "--model", str(tmp_path / "no-such-model"), "--question", "q",
+                          "--context-file", str(tmp_path / "missing.txt")], capture_output=True, text=True)
+    assert out.returncode == 2 and "missing.txt: no such file" in out.stderr
+    # `| head`: the reader closes the pipe; no traceback
+    big = "A sentence about pies. " * 400
+    proc = subprocess.run(f"'{PRUNE}' run --model '{exported['opensearch']}' --question q --json "
+                          f"--context '{big}' | head -c 10", shell=True, capture_output=True, text=True)
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
+    repo = tmp_path / "repo"
+    build_repository(exported["opensearch"], repo, RepositoryOptions(name="m"), log=lambda m: None)
+    with pytest.raises(ExportError, match="exists: pass overwrite=True"):
+        build_repository(exported["opensearch"], repo, RepositoryOptions(name="m"), log=lambda m: None)
+    assert main(["repository", "--model", str(exported["opensearch"]), "--out", str(repo), "--name", "m",
+                 "--overwrite"]) == 0
+    with pytest.raises(ExportError):   # a failure half-way leaves nothing behind
+        build_repository(exported["opensearch"], tmp_path / "r3", RepositoryOptions(name="z", text_instances=0),
+                         log=lambda m: None)
+    assert not (tmp_path / "r3" / "z").exists()
+    with pytest.raises(BackendError, match="it is Triton's HTTP port"):
+        Pruner.connect(server.http_url, "opensearch_text", protocol="grpc", ready_timeout=1)

@@ -167,3 +167,19 @@ def test_default_model_int8_keeps_the_answers(default_pruner, tmp_path):
         assert a.sentences[answer].kept
         np.testing.assert_allclose([s.probability for s in a.sentences], [s.probability for s in b.sentences],
                                    atol=0.05)
+
+
+def test_default_is_accepted_wherever_a_model_is(default_pruner, monkeypatch, capsys):
+    from engine.cli import main
+    from engine.pruner import Pruner
+    monkeypatch.setenv("PRUNE_CACHE", str(default_pruner.backend.graph.parent.parent))
+    q, passage, answer = OBVIOUS[0]
+    expected = default_pruner.prune(q, [passage])[0]
+    got = Pruner.load("default").prune(q, [passage])[0]
+    assert [s.probability for s in got.sentences] == pytest.approx([s.probability for s in expected.sentences])
+    assert main(["run", "--model", "default", "--question", q, "--context", passage, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)[0]
+    assert out["pruned_context"] == expected.pruned_context
+    torch_ref = Pruner.load("default", backend="torch").prune(q, [passage])[0]
+    assert [s.probability for s in torch_ref.sentences] == pytest.approx(
+        [s.probability for s in expected.sentences], abs=1e-5)

@@ -104,7 +104,8 @@ class TritonClient:
                 last = exc
             if time.monotonic() > deadline:
                 raise BackendError(f"Triton server at {self.url} ({self.protocol}) is not reachable or not "
-                                   f"ready after {ready_timeout:.0f} s" + (f": {last}" if last else ""))
+                                   f"ready after {ready_timeout:.0f} s" + (f": {last}" if last else "")
+                                   + self._port_hint())
             time.sleep(0.2)
         try:
             ready = self.client.is_model_ready(self.model, self.version)
@@ -119,6 +120,20 @@ class TritonClient:
                 names = []
             raise BackendError(f"model {self.model!r} is not ready on the Triton server at {self.url}"
                                + (f" (models there: {', '.join(names)})" if names else ""))
+
+    def _port_hint(self) -> str:
+        """gRPC sent to Triton's HTTP port fails obscurely: say so when HTTP answers there."""
+        if self.protocol != "grpc":
+            return ""
+        import urllib.request
+        try:
+            with urllib.request.urlopen(f"http://{self.url}/v2/health/live", timeout=1) as r:
+                if r.status == 200:
+                    return (f". {self.url} answers HTTP: it is Triton's HTTP port; pass protocol='http' "
+                            "(--protocol http) or use the gRPC port (8001 by default)")
+        except Exception:
+            pass
+        return ""
 
     def _model_config(self) -> dict[str, Any]:
         if self.protocol == "grpc":

@@ -1,0 +1,6 @@
+"""`python -m engine`: the `prune` command line."""
+import sys
+
+from engine.cli import main
+
+sys.exit(main())
