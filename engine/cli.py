@@ -93,9 +93,19 @@ def _model_path(args) -> str:
 
 def cmd_run(args) -> int:
     from engine.pruner import Pruner
-    contexts = _read_contexts(args)          # bad input is reported before any model loads
-    if not args.question.strip():
-        raise PruneError("question is empty")
+    # bad input is reported before any model loads
+    if args.input:
+        if args.question or args.context or args.context_file:
+            raise PruneError("--input takes the questions and passages from the file: "
+                             "drop --question/--context/--context-file")
+        if args.input != "-" and not Path(args.input).is_file():
+            raise PruneError(f"--input {args.input}: no such file")
+    else:
+        if args.question is None:
+            raise PruneError("give --question (with --context/--context-file), or --input FILE.jsonl")
+        contexts = _read_contexts(args)
+        if not args.question.strip():
+            raise PruneError("question is empty")
     t0 = time.perf_counter()
     if args.server:
         name = args.server_model or "default_text"
@@ -107,6 +117,8 @@ def cmd_run(args) -> int:
         pruner = Pruner.load(args.model, backend=args.backend, family=args.family, threads=args.threads,
                              batching=_batching(args))
     t_load = time.perf_counter() - t0
+    if args.input:
+        return _run_file(pruner, args)
     t1 = time.perf_counter()
     kwargs = {}
     if args.alpha is not None:
@@ -194,6 +206,20 @@ def cmd_repository(args) -> int:
                              overwrite=args.overwrite)
     build_repository(model, args.out, opts, log=lambda m: print(m, file=sys.stderr, flush=True))
     return 0
+
+
+def _run_file(pruner, args) -> int:
+    from engine.batchfile import run_file
+    source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
+    sink = sys.stdout if args.output in (None, "-") else open(args.output, "w", encoding="utf-8")
+    try:
+        stats = run_file(pruner, source, sink, group=args.group, progress=not args.quiet)
+    finally:
+        if source is not sys.stdin:
+            source.close()
+        if sink is not sys.stdout:
+            sink.close()
+    return 0 if stats["errors"] == 0 else 3
 
 
 class _Stop(Exception):
@@ -319,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "the default model's text model; a core model name makes this client tokenize)")
     r.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="how to reach --server")
     r.add_argument("--family", help="family override for --backend torch")
-    r.add_argument("--question", required=True, help="the question the passages are pruned for")
+    r.add_argument("--question", help="the question the passages are pruned for")
     r.add_argument("--context", action="append", help="a passage (repeatable)")
     r.add_argument("--context-file", action="append", help="a file holding one passage; - for stdin (repeatable)")
     r.add_argument("--threshold", type=float, help="keep threshold (default: the family's)")
@@ -329,6 +355,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--top-k", type=int, help="keep the k best passages by reranking score")
     r.add_argument("--json", action="store_true", help="print results as JSON")
     r.add_argument("--highlight", action="store_true", help="print passages with kept sentences tagged")
+    r.add_argument("--input", help="a JSONL file of queries (question, passages or context, optional id, "
+                   "threshold, title, alpha, top_k), - for stdin; one result line per input line")
+    r.add_argument("--output", help="where the JSONL results go with --input (default: stdout)")
+    r.add_argument("--group", type=int, default=64,
+                   help="queries read, batched together and written at a time with --input (bounds memory)")
+    r.add_argument("--quiet", action="store_true", help="no progress line on stderr with --input")
     r.add_argument("--pre", default="<em>", help="tag before a kept sentence (--highlight)")
     r.add_argument("--post", default="</em>", help="tag after a kept sentence (--highlight)")
     _add_batching(r)

@@ -23,7 +23,7 @@ from engine.batching import BatchingConfig, ModelBatch, collate, plan
 from engine.decide import (TITLE_RULES, PruneResult, build_result, check_threshold, check_top_k, keep_mask,
                            order_results)
 from engine.encode import Block, Encoder, load_tokenizer
-from engine.errors import BackendError, InputError, ModelLoadError
+from engine.errors import BackendError, InputError, ModelLoadError, PruneError
 from engine.spec import ModelSpec, read_manifest, spec_from_manifest
 
 log = logging.getLogger(__name__)
@@ -210,13 +210,43 @@ class Pruner:
     def finish(self, call: "Call", outputs: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[PruneResult]:
         """Everything after the model: merge blocks, decide, build and order results.
         `outputs` holds (rerank_score [B], sentence_probs [B, S]) per batch of the call."""
+        return self.finish_blocks(call, self.block_outputs(call, outputs))
+
+    def finish_blocks(self, call: "Call", per_block: Sequence[tuple[float, np.ndarray]]) -> list[PruneResult]:
+        """`finish` from the outputs of each block of the call (rerank score, slot probabilities)."""
         fam = self.spec.family
-        scored = self.merge(call.passages, call.spans, call.blocks, self.block_outputs(call, outputs))
+        scored = self.merge(call.passages, call.spans, call.blocks, per_block)
         results = []
         for i, (p, sp, sc) in enumerate(zip(call.passages, call.spans, scored)):
             kept = keep_mask(sc.probs, fam, call.threshold, call.title, call.alpha)
             results.append(build_result(i, p, sp, sc.probs, kept, sc.rerank, call.threshold, sc.blocks))
         return order_results(results, call.reorder, call.top_k)
+
+    def prune_many(self, queries: Sequence[dict[str, Any]]) -> list[list[PruneResult] | Exception]:
+        """Several calls at once: `queries` holds `prune` keyword arguments (`question`,
+        `passages`, options). Blocks of every query are packed into batches together
+        (fuller batches, one model pass for all); each query gets its results, or the
+        InputError that its own input raised, in order."""
+        calls: list[Call | Exception] = []
+        for q in queries:
+            try:
+                q = dict(q)
+                calls.append(self.prepare(q.pop("question"), q.pop("passages"), **q))
+            except (PruneError, TypeError, KeyError) as exc:
+                calls.append(exc if isinstance(exc, PruneError) else InputError(f"bad query: {exc!r}"))
+        good = [c for c in calls if isinstance(c, Call)]
+        blocks = [b for c in good for b in c.blocks]
+        merged = _Blocks(blocks, self.batches(blocks))
+        per_block = self.block_outputs(merged, self.backend.infer_many(merged.batches)) if blocks else []
+        out: list[list[PruneResult] | Exception] = []
+        pos = 0
+        for c in calls:
+            if isinstance(c, Exception):
+                out.append(c)
+                continue
+            out.append(self.finish_blocks(c, per_block[pos:pos + len(c.blocks)]))
+            pos += len(c.blocks)
+        return out
 
     def _check_inputs(self, question: Any, passages: Any, sentences: Any) -> list[str]:
         if not isinstance(question, str):

@@ -1,0 +1,71 @@
+"""`prune run --input queries.jsonl --output results.jsonl`: one result line per input
+line, in order, with the input's id; a bad line gets an error record and every other line
+is processed; results equal `Pruner.prune` of the same query. On 10,000 lines made from
+the shared RAG data."""
+import json
+
+import numpy as np
+import pytest
+
+from engine.batchfile import run_file
+from engine.cli import main
+from tests.conftest import SHARED_DATA
+
+RAG = SHARED_DATA / "squad-dev-rag.jsonl"
+
+
+@pytest.mark.skipif(not RAG.is_file(), reason="../shared/data is not next to this checkout")
+def test_ten_thousand_lines_with_bad_ones(pruners, tmp_path, capsys):
+    rows = [json.loads(line) for line in RAG.read_text().splitlines()]
+    lines, bad = [], {}
+    for k in range(10_000):
+        r = rows[k % len(rows)]
+        lines.append(json.dumps({"id": f"q{k}", "question": r["question"],
+                                 "passages": [r["passages"][r["gold"]][:300]]}))
+    # bad lines, each answered by an error record for that line only
+    bad[17] = "{not json"
+    bad[2500] = json.dumps({"id": "no-question", "passages": ["A passage."]})
+    bad[5000] = json.dumps({"id": "empty", "question": " ", "passages": ["A passage."]})
+    bad[7500] = json.dumps({"id": "surrogate", "question": "q?", "passages": ["bad \ud800 text"]})
+    bad[9999] = json.dumps({"id": "threshold", "question": "q?", "passages": ["x."], "threshold": 7})
+    for k, text in bad.items():
+        lines[k] = text
+    src = tmp_path / "q.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "r.jsonl"
+    pruner = pruners["opensearch"][0]
+    code = main(["run", "--model", str(pruner.backend.graph.parent), "--input", str(src), "--output", str(out),
+                 "--quiet"])
+    assert code == 3                                   # some lines failed: not 0
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(got) == 10_000
+    for k, rec in enumerate(got):
+        if k in bad:
+            assert "error" in rec and rec["line"] == k + 1
+        else:
+            assert rec["id"] == f"q{k}" and len(rec["results"]) == 1
+    assert "not valid JSON" in got[17]["error"] and "no question" in got[2500]["error"]
+    assert "question is empty" in got[5000]["error"] and "lone surrogate" in got[7500]["error"]
+    assert "threshold" in got[9999]["error"]
+    for k in (0, 1, 499, 5001, 9998):                  # same as one query at a time
+        q = json.loads(lines[k])
+        exp = pruner.prune(q["question"], q["passages"])[0]
+        res = got[k]["results"][0]
+        assert res["pruned_context"] == exp.pruned_context
+        np.testing.assert_allclose([s["probability"] for s in res["sentences"]],
+                                   [s.probability for s in exp.sentences], atol=1e-5)
+
+
+def test_batch_file_through_a_text_model(server, pruners, tmp_path):
+    import io
+    from engine.pruner import Pruner
+    queries = [{"id": i, "question": f"When was stadium {i} built?",
+                "context": f"The stadium {i} was built in {1900 + i}. It holds {i} people."} for i in range(30)]
+    src = io.StringIO("\n".join(json.dumps(q) for q in queries) + "\n\n")
+    sink = io.StringIO()
+    stats = run_file(Pruner.connect(server.grpc_url, "opensearch_text"), src, sink, group=8, progress=False)
+    assert stats["lines"] == 30 and stats["errors"] == 0
+    got = [json.loads(line) for line in sink.getvalue().splitlines()]
+    assert [g["id"] for g in got] == list(range(30))
+    exp = pruners["opensearch"][0].prune(queries[7]["question"], [queries[7]["context"]])[0]
+    assert got[7]["results"][0]["pruned_context"] == exp.pruned_context
