@@ -6,7 +6,8 @@ Rules, in order, for one passage with sentence probabilities p:
 2. backoff (when `alpha` is set): if no sentence is kept and the best p >= alpha, keep the
    best one;
 3. title rule "first_sentence": the first sentence is the passage's title; it is kept
-   exactly when some other sentence is kept (with one sentence, rule 1 decides).
+   when it passes rule 1 itself or when some other sentence is kept. As in the
+   families' own code, the rule only ever forces the title in, never out.
 """
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ def keep_mask(probs: np.ndarray, family: Family, threshold: float, title: str,
         if probs[best] >= alpha:
             kept[best] = True
     if use_title:
-        kept[0] = bool(kept[1:].any())
+        kept[0] = bool(kept[0] or kept[1:].any())
     return kept
 
 

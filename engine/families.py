@@ -77,6 +77,8 @@ _ARCHITECTURES = {
     "Provence": "provence",
     "XProvence": "xprovence",
     "XLMRobertaForCompressionAndRanking": "xprovence",
+    "XProvenceForSequenceClassification": "xprovence",
+    "DebertaV2ForCompressionAndRanking": "provence",
     "OpenProvenceModel": "open_provence",
     "OpenProvenceForPruning": "open_provence",
     "BertTaggerForSentenceExtractionWithBackoff": "opensearch",

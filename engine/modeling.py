@@ -283,6 +283,11 @@ def weight_names(folder: Path) -> list[str]:
                     names.extend(fh.keys())
             except Exception as exc:
                 raise ModelLoadError(f"{f}: unreadable safetensors file ({exc})") from exc
+        else:   # a PyTorch pickle: names only, never code (weights_only), memory-mapped
+            try:
+                names.extend(torch.load(str(f), map_location="cpu", weights_only=True, mmap=True).keys())
+            except Exception as exc:
+                raise ModelLoadError(f"{f}: cannot read weights ({type(exc).__name__}: {exc})") from exc
     return names
 
 

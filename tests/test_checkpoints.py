@@ -157,3 +157,22 @@ def test_bad_folders_fail_clearly(checkpoints, tmp_path):
     (folder4 / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match="shape"):
         load_checkpoint(folder4)
+
+
+def test_detection_from_pickle_names_and_published_class_names(checkpoints, tmp_path):
+    folder = _copy(checkpoints["opensearch"], tmp_path / "bin-only")
+    state = load_file(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    torch.save(state, folder / "pytorch_model.bin")
+    config = read_config(folder)
+    bare = {k: v for k, v in config.items() if k not in ("architectures",)}
+    bare["model_type"] = "bert"
+    (folder / "config.json").write_text(json.dumps(bare))
+    names = weight_names(folder)                     # read from the pickle, weights_only
+    assert "classifier.weight" in names and any(n.startswith("bert.") for n in names)
+    assert detect_family(bare, names, folder).name == "opensearch"
+    assert load_checkpoint(folder).family.name == "opensearch"
+    for arch, family in [("XProvenceForSequenceClassification", "xprovence"),
+                         ("BertTaggerForSentenceExtractionWithBackoff", "opensearch"),
+                         ("DebertaV2ForCompressionAndRanking", "provence")]:
+        assert detect_family({"architectures": [arch], "model_type": "x"}).name == family

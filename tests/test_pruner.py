@@ -111,9 +111,12 @@ def test_decision_rules():
     p = np.array([0.05, 0.2, 0.05, 0.1])
     assert keep_mask(p, fam, 0.1, "none", None).tolist() == [False, True, False, False]   # strict >
     assert keep_mask(p, FAMILIES["opensearch"], 0.1, "none", None).tolist() == [False, True, False, True]
-    # title kept exactly when another sentence is kept
-    assert keep_mask(np.array([0.9, 0.05]), fam, 0.1, "first_sentence", None).tolist() == [False, False]
+    # the title rule only forces the title in: kept when another sentence is kept, and
+    # kept on its own merit when nothing else passes (the families' own rule)
+    assert keep_mask(np.array([0.9, 0.05]), fam, 0.1, "first_sentence", None).tolist() == [True, False]
+    assert keep_mask(np.array([0.6, 0.2, 0.1]), fam, 0.5, "first_sentence", None).tolist() == [True, False, False]
     assert keep_mask(np.array([0.0, 0.5]), fam, 0.1, "first_sentence", None).tolist() == [True, True]
+    assert keep_mask(np.array([0.05, 0.05]), fam, 0.1, "first_sentence", None).tolist() == [False, False]
     assert keep_mask(np.array([0.9]), fam, 0.1, "first_sentence", None).tolist() == [True]
     # backoff: keep the best if nothing passes and it reaches alpha
     assert keep_mask(np.array([0.02, 0.04]), fam, 0.5, "none", 0.03).tolist() == [False, True]
