@@ -239,12 +239,31 @@ def cmd_serve(args) -> int:
     # SIGTERM (systemd, Kubernetes, docker stop) and SIGHUP stop the server exactly as Ctrl-C does.
     previous = {s: _signal.signal(s, on_signal) for s in (_signal.SIGTERM, _signal.SIGHUP)}
     why = None
+    restarts: list[float] = []
     try:
         server.start(timeout=args.ready_timeout)
+        stubs = len(server.stub_pids())
         print(f"tritonserver ready: gRPC {server.grpc_url}  HTTP {server.http_url}  metrics {server.metrics_url}"
               "  (Ctrl-C stops)", flush=True)
-        while server.proc and server.proc.poll() is None:
+        while True:
             time.sleep(0.5)
+            problem = server.health_problem(stubs)
+            if problem is None:
+                continue
+            # Supervision: a server that died (one malformed request can abort tritonserver
+            # 2.51) or lost a stub (its model fails every request while "ready") is restarted.
+            now = time.monotonic()
+            restarts = [t for t in restarts if now - t < 60] + [now]
+            if args.no_restart or len(restarts) > args.max_restarts:
+                print(f"prune serve: {problem}" + ("" if args.no_restart else
+                      f"; more than {args.max_restarts} restarts in a minute: giving up"), file=sys.stderr, flush=True)
+                break
+            print(f"prune serve: {problem}: restarting tritonserver", file=sys.stderr, flush=True)
+            server.stop(timeout=5)
+            server.start(timeout=args.ready_timeout)
+            stubs = len(server.stub_pids())
+            print(f"prune serve: tritonserver ready again (restart {len(restarts)} in the last minute)",
+                  file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         why = "SIGINT"
     except _Stop as stop:
@@ -253,9 +272,7 @@ def cmd_serve(args) -> int:
         for s, h in previous.items():
             _signal.signal(s, h)
         clean = server.stop()
-    if why is None:   # the server ended by itself
-        code = server.proc.returncode if server.proc else None
-        print(f"prune serve: tritonserver exited on its own with status {code}", file=sys.stderr, flush=True)
+    if why is None:   # the server failed and was not (or no longer) restarted
         return 1
     print(f"prune serve: {why}: tritonserver " + ("drained and stopped" if clean else
                                                   "did not stop in time and was killed"),
@@ -425,6 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--admin-key", default=os.environ.get("PRUNE_ADMIN_KEY"),
                    help="the shared-memory, trace and logging APIs answer only requests with the header "
                         "'prune-admin-key: KEY' (env PRUNE_ADMIN_KEY; default: none, so they are refused)")
+    s.add_argument("--no-restart", action="store_true",
+                   help="exit when the server dies or a model's stub dies, instead of restarting it")
+    s.add_argument("--max-restarts", type=int, default=5, help="restarts allowed within a minute before giving up")
     s.add_argument("--open-admin-apis", action="store_true",
                    help="leave those APIs open to every client (not recommended beyond loopback)")
     s.set_defaults(func=cmd_serve)

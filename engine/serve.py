@@ -254,6 +254,35 @@ class TritonServer:
             self._watchdog.wait(5)
         self._watchdog = None
 
+    def stub_pids(self) -> list[int]:
+        """The python-backend stub processes of this server (its children)."""
+        if not self.proc:
+            return []
+        out = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                ppid = int(stat.rsplit(")", 1)[1].split()[1])
+                if ppid == self.proc.pid and b"triton_python_backend_stub" in (entry / "cmdline").read_bytes():
+                    out.append(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+        return out
+
+    def health_problem(self, stubs: int) -> str | None:
+        """Why the server cannot serve (it exited, or fewer than `stubs` stubs are alive:
+        Triton keeps a model whose stub died "ready" while it fails every request), or None."""
+        if not self.proc:
+            return "not started"
+        if self.proc.poll() is not None:
+            return f"tritonserver exited with status {self.proc.returncode}"
+        alive = len(self.stub_pids())
+        if alive < stubs:
+            return f"{stubs - alive} python-backend stub(s) died"
+        return None
+
     def kill(self) -> None:
         """Kill the server and its stubs abruptly (fault tests)."""
         if self.proc and (self.proc.poll() is None or _group_alive(self.proc.pid)):

@@ -153,3 +153,58 @@ def test_stop_kills_what_does_not_end_in_time(tmp_path):
     assert server.stop(timeout=3) is False            # did not end by itself: killed
     assert time.monotonic() - t0 < 15
     assert not processes_under(repo)
+
+
+def _wait_for(lines, text, start, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(text in line for line in lines[start:]):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_prune_serve_restarts_a_dead_server_or_stub(small_repository, pruners):
+    """A model whose stub died stays "ready" in Triton while failing every request, and
+    one HTTP request declaring a huge shape aborts tritonserver 2.51 (std::bad_alloc):
+    `prune serve` sees both and restarts the server; the same client then works again."""
+    import json
+    import urllib.request
+    from engine.errors import BackendError
+    from engine.pruner import Pruner
+    ports = free_ports(3)
+    proc, lines = _start_serve(small_repository, ports)
+    try:
+        client = Pruner.connect(f"127.0.0.1:{ports[1]}", "m_text", timeout=20, retries=6, backoff=0.5)
+        doc = ["The stadium was built in 1923. It holds 80,000 people."]
+        expected = pruners["opensearch"][0].prune("When?", doc)[0].pruned_context
+        assert client.prune("When?", doc)[0].pruned_context == expected
+        # 1. a stub killed outright
+        stub = next(pid for pid, cmd in processes_under(small_repository).items()
+                    if "triton_python_backend_stub" in cmd and "/m/1/model.py" in cmd)
+        mark = len(lines)
+        t0 = time.monotonic()
+        os.kill(stub, signal.SIGKILL)
+        assert _wait_for(lines, "stub(s) died: restarting", mark), "".join(lines[-20:])
+        assert _wait_for(lines, "ready again", mark)
+        back = time.monotonic() - t0
+        assert client.prune("When?", doc)[0].pruned_context == expected
+        # 2. the request that aborts tritonserver
+        body = {"inputs": [{"name": n, "shape": [1, 10 ** 12], "datatype": "INT64", "data": [1]}
+                           for n in ("input_ids", "attention_mask", "token_type_ids", "sentence_ids")]}
+        mark = len(lines)
+        req = urllib.request.Request(f"http://127.0.0.1:{ports[0]}/v2/models/m/infer", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(req, timeout=10).read()
+        except Exception:
+            pass
+        assert _wait_for(lines, "restarting tritonserver", mark)
+        assert _wait_for(lines, "ready again", mark)
+        assert client.prune("When?", doc)[0].pruned_context == expected
+        print(f"\nstub killed: serving again after {back:.1f} s")
+        with pytest.raises(BackendError):   # a client alone, with no server at all: a clear error
+            Pruner.connect("127.0.0.1:9", "m_text", ready_timeout=1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
