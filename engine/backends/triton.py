@@ -44,9 +44,9 @@ class TritonClient:
         self.tc, self.protocol, self.url, self.model, self.version = tc, protocol, url, model, version
         self.timeout, self.retries, self.backoff, self.concurrency = timeout, retries, backoff, concurrency
         # The HTTP client is gevent-based: one Pruner per thread; gRPC clients are thread-safe.
-        kwargs = ({} if protocol == "grpc" else
-                  {"concurrency": concurrency, "connection_timeout": timeout, "network_timeout": timeout})
-        self.client = tc.InferenceServerClient(url, **kwargs)
+        self._client_kwargs = ({} if protocol == "grpc" else
+                               {"concurrency": concurrency, "connection_timeout": timeout, "network_timeout": timeout})
+        self.client = tc.InferenceServerClient(url, **self._client_kwargs)
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="triton")
         self._wait_ready(ready_timeout)
         self.config = self._model_config()
@@ -72,6 +72,10 @@ class TritonClient:
                 text = str(exc).lower()
                 if attempt == self.retries or not any(k in text for k in _RETRYABLE):
                     raise
+                if self.protocol == "grpc" and ("unavailable" in text or "connect" in text):
+                    # a gRPC channel that saw its server go keeps backing off its reconnects
+                    # (seconds, growing): a new channel connects at once to a server back up
+                    self.client = self.tc.InferenceServerClient(self.url, **self._client_kwargs)
                 time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
                 delay *= 2
 
