@@ -398,14 +398,19 @@ def load_checkpoint(name_or_path: str | Path, family: str | None = None,
     fam = get_family(family) if family else detect_family(raw, names, folder)
     state, sha = load_state_dict(folder)
     state = _remap_keys(fam, state)
-    try:
-        model = build_model(fam, raw, set(state), attn, options, folder)
-    except ModelLoadError:
-        raise
-    except Exception as exc:
-        raise ModelLoadError(f"{folder}: config.json does not build a {fam.name} model "
-                             f"({type(exc).__name__}: {exc})") from exc
-    expected = model.state_dict()
+    def build(device: str) -> nn.Module:
+        try:
+            with torch.device(device):
+                return build_model(fam, raw, set(state), attn, options, folder)
+        except ModelLoadError:
+            raise
+        except Exception as exc:
+            raise ModelLoadError(f"{folder}: config.json does not build a {fam.name} model "
+                                 f"({type(exc).__name__}: {exc})") from exc
+
+    # The config's sizes are checked against the weights on a "meta" model first (no
+    # memory): a small checkpoint with a huge config.json fails here, before allocation.
+    expected = build("meta").state_dict()
     # Non-persistent or derived buffers that some checkpoints carry and some do not.
     optional = {k for k in expected if k.endswith(("position_ids", "token_type_ids"))}
     if fam.name == "embedding":  # an embedding checkpoint may omit the unused BERT pooler
@@ -422,6 +427,7 @@ def load_checkpoint(name_or_path: str | Path, family: str | None = None,
         k = bad_shape[0]
         raise ModelLoadError(f"{folder}: tensor {k} has shape {tuple(state[k].shape)}, the config "
                              f"implies {tuple(expected[k].shape)}")
+    model = build("cpu")
     model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
     model.eval().to(torch.float32)
     return LoadedCheckpoint(model=model, family=fam, folder=folder, config=raw,

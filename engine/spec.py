@@ -69,11 +69,24 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
     return manifest
 
 
+#: Bounds on a manifest's values (it may come from a server): a window past this, or a
+#: bucket outside it, is refused before the client pads anything to it.
+MAX_WINDOW = 32_768
+
+
 def spec_from_manifest(manifest: dict[str, Any], name: str = "model") -> ModelSpec:
-    tok = manifest["tokenizer"]
     try:
-        return ModelSpec(family=get_family(manifest["family"]), max_length=int(manifest["max_length"]),
+        tok = manifest["tokenizer"]
+        spec = ModelSpec(family=get_family(manifest["family"]), max_length=int(manifest["max_length"]),
                          cls_id=int(tok["cls_id"]), sep_id=int(tok["sep_id"]), pad_id=int(tok["pad_id"]),
                          name=name, extra={"manifest": manifest})
-    except (KeyError, TypeError, ValueError) as exc:
+        buckets = [int(b) for b in manifest.get("buckets", [])]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ModelLoadError(f"manifest is incomplete: {exc}") from exc
+    if not 16 <= spec.max_length <= MAX_WINDOW:
+        raise ModelLoadError(f"manifest max_length {spec.max_length} is outside 16..{MAX_WINDOW}")
+    if min(spec.cls_id, spec.sep_id, spec.pad_id) < 0:
+        raise ModelLoadError("manifest special token ids must be >= 0")
+    if buckets and (buckets != sorted(set(buckets)) or buckets[0] < 1 or buckets[-1] > spec.max_length):
+        raise ModelLoadError(f"manifest buckets {buckets[:6]}... are not increasing lengths within the window")
+    return spec

@@ -149,3 +149,35 @@ def test_text_client_refuses_lone_surrogates(server):
     remote = Pruner.connect(server.grpc_url, "opensearch_text")
     with pytest.raises(InputError, match="passage 0 is not valid Unicode"):
         remote.prune(QUESTION, ["bad \ud800"])
+
+
+def test_huge_config_is_refused_before_any_allocation(checkpoints, tmp_path):
+    """A 40 KB checkpoint whose config.json claims a huge model: refused by comparing the
+    config with the weights' shapes on a meta model, using almost no memory."""
+    import resource
+    import shutil
+    from engine.modeling import load_checkpoint
+    folder = tmp_path / "huge-config"
+    shutil.copytree(checkpoints["opensearch"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(hidden_size=4096, intermediate_size=16384, num_attention_heads=32, vocab_size=250_000)
+    (folder / "config.json").write_text(json.dumps(config))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ModelLoadError, match="has shape .* the config implies"):
+        load_checkpoint(folder)
+    grew_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grew_mb < 200, f"peak memory grew {grew_mb:.0f} MB"     # the real model would need ~5 GB
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"max_length": 20_000_000}, "max_length 20000000 is outside"),
+    ({"max_length": "x"}, "manifest is incomplete"),
+    ({"buckets": [64, 32]}, "not increasing"),
+    ({"buckets": [32, 10 ** 9]}, "within the window"),
+    ({"tokenizer": {"cls_id": -5, "sep_id": 2, "pad_id": 0}}, "must be >= 0"),
+])
+def test_a_served_manifest_is_bounded_before_use(exported, change, message):
+    from engine.spec import read_manifest, spec_from_manifest
+    manifest = {**read_manifest(exported["opensearch"]), **change}
+    with pytest.raises(ModelLoadError, match=message):
+        spec_from_manifest(manifest)
