@@ -209,17 +209,17 @@ def _write_models(model_folder: Path, manifest: dict[str, Any], out: str | Path,
     shutil.copy2(model_folder / "manifest.json", model_dir / "manifest.json")
     log(f"wrote {model_dir} (target {opts.target}, max_batch_size {opts.max_batch_size})")
     if text_name:
-        write_text_model(model_folder, manifest, Path(out) / text_name, name, opts)
+        write_text_model(model_folder, manifest, Path(out) / text_name, name, opts, templates[TEXT])
         log(f"wrote {Path(out) / text_name} (text in, pruned text out; {opts.text_instances} CPU instances "
             f"in front of {name})")
 
 
 def write_text_model(model_folder: Path, manifest: dict[str, Any], text_dir: Path, core: str,
-                     opts: RepositoryOptions) -> Path:
+                     opts: RepositoryOptions, model_py: Path) -> Path:
     """`<core>_text`: config, model.py, and the export's tokenizer and manifest as files."""
     version_dir = text_dir / str(opts.version)
     version_dir.mkdir(parents=True)
-    shutil.copy2(template(TEXT), version_dir / "model.py")
+    shutil.copy2(model_py, version_dir / "model.py")
     shutil.copy2(model_folder / manifest["tokenizer"]["file"], version_dir / manifest["tokenizer"]["file"])
     shutil.copy2(model_folder / "manifest.json", version_dir / "manifest.json")
     (text_dir / "config.pbtxt").write_text(render_text_config(text_dir.name, core, manifest, opts))

@@ -192,7 +192,6 @@ def test_python_backend_joins_lengths_and_isolates_a_bad_request(server, pruners
     backend, run once and split back: each equals its own in-process result. A malformed
     request in the same batch gets its own error; the others still run."""
     import tritonclient.grpc as g
-    from engine.batching import ModelBatch
     name = "opensearch"
     local = pruners[name][0]
     names = local.spec.input_names
