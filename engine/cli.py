@@ -59,12 +59,12 @@ def cmd_export(args) -> int:
                  precision=args.precision, optimize=not args.no_optimize,
                  int8_weight_type=args.int8_weight_type, int8_per_channel=args.int8_per_channel,
                  tensorrt_graph=args.tensorrt,
-                 log=lambda m: print(m, file=sys.stderr, flush=True))
+                 log=args.log)
     if args.tensorrt:
         from export.tensorrt import export_tensorrt
         export_tensorrt(Path(args.out), precision="fp16" if args.precision == "fp32" else args.precision,
                         max_batch_size=args.max_batch_size,
-                        log=lambda m: print(m, file=sys.stderr, flush=True))
+                        log=args.log)
     return 0
 
 
@@ -88,7 +88,7 @@ def _model_path(args) -> str:
     if args.model and args.model != "default":
         return args.model
     from engine.default_model import default_checkpoint, ensure_default_model
-    return default_checkpoint() if args.backend == "torch" else str(ensure_default_model())
+    return default_checkpoint() if args.backend == "torch" else str(ensure_default_model(args.log))
 
 
 def cmd_run(args) -> int:
@@ -147,18 +147,18 @@ def cmd_run(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from benchmarks.quality import evaluate, rerank_table, table, write_report
+    from engine.quality import evaluate, rerank_table, table, write_report
     from engine.default_model import ensure_default_model
     from engine.pruner import Pruner
     models = {}
     for m in args.model or [None]:
-        path = m or str(ensure_default_model())
+        path = m or str(ensure_default_model(args.log))
         name = Path(path).name if m else "all-MiniLM-L6-v2 (default)"
         models[name] = Pruner.load(path, threads=args.threads, batching=_batching(args))
     if not args.data and not args.rag_data:
         raise PruneError("give --data (sentence labels) and/or --rag-data (reranking)")
     report = evaluate(models, args.data, args.rag_data, limit=args.limit, rag_limit=args.rag_limit,
-                      progress=not args.no_progress, log=lambda m: print(m, file=sys.stderr, flush=True))
+                      progress=not (args.no_progress or args.quiet), log=args.log)
     rows = report.get("_rows")
     if rows:
         print(table(rows))
@@ -172,7 +172,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_fidelity(args) -> int:
-    from benchmarks.fidelity import format_report, load_docs, measure, save
+    from engine.fidelity import format_report, load_docs, measure, save
     from engine.pruner import Pruner
     candidate = Pruner.load(args.model, threads=args.threads, batching=_batching(args))
     manifest = json.loads((Path(args.model) / "manifest.json").read_text())
@@ -181,8 +181,8 @@ def cmd_fidelity(args) -> int:
                             options={k: v for k, v in manifest.get("options", {}).items()
                                      if k in ("mode", "scale", "shift", "rerank", "pooling")})
     docs = load_docs(args.data, args.limit)
-    rep = measure(candidate, reference, docs, progress=not args.no_progress,
-                  log=lambda m: print(m, file=sys.stderr, flush=True))
+    rep = measure(candidate, reference, docs, progress=not (args.no_progress or args.quiet),
+                  log=args.log)
     rep.update(model=args.model, precision=manifest.get("precision"), data=args.data)
     print(format_report(f"{Path(args.model).name} ({manifest.get('precision')})", rep))
     if args.out:
@@ -195,7 +195,7 @@ def cmd_repository(args) -> int:
     from export.triton import RepositoryOptions, build_repository
     from engine.default_model import ensure_default_model
     is_default = args.model in (None, "default")
-    model = str(ensure_default_model()) if is_default else args.model
+    model = str(ensure_default_model(args.log)) if is_default else args.model
     opts = RepositoryOptions(target=args.target, name=args.name or ("default" if is_default else None),
                              max_batch_size=args.max_batch_size, max_batch_tokens=args.max_batch_tokens,
                              max_queue_delay_us=args.max_queue_delay_us,
@@ -204,7 +204,7 @@ def cmd_repository(args) -> int:
                              text_model=not args.no_text_model, text_instances=args.text_instances,
                              text_max_passages=args.text_max_passages, text_max_chars=args.text_max_chars,
                              overwrite=args.overwrite)
-    build_repository(model, args.out, opts, log=lambda m: print(m, file=sys.stderr, flush=True))
+    build_repository(model, args.out, opts, log=args.log)
     return 0
 
 
@@ -234,7 +234,7 @@ def cmd_serve(args) -> int:
         raise _Stop(_signal.Signals(signum).name)
 
     server = TritonServer(args.model_repository, host=args.host, http_port=args.http_port,
-                          grpc_port=args.grpc_port, metrics_port=args.metrics_port, forward_logs=True,
+                          grpc_port=args.grpc_port, metrics_port=args.metrics_port, forward_logs=not args.quiet,
                           admin_key=args.admin_key, restrict_admin=not args.open_admin_apis)
     # SIGTERM (systemd, Kubernetes, docker stop) and SIGHUP stop the server exactly as Ctrl-C does.
     previous = {s: _signal.signal(s, on_signal) for s in (_signal.SIGTERM, _signal.SIGHUP)}
@@ -258,12 +258,11 @@ def cmd_serve(args) -> int:
                 print(f"prune serve: {problem}" + ("" if args.no_restart else
                       f"; more than {args.max_restarts} restarts in a minute: giving up"), file=sys.stderr, flush=True)
                 break
-            print(f"prune serve: {problem}: restarting tritonserver", file=sys.stderr, flush=True)
+            args.log(f"prune serve: {problem}: restarting tritonserver")
             server.stop(timeout=5)
             server.start(timeout=args.ready_timeout)
             stubs = len(server.stub_pids())
-            print(f"prune serve: tritonserver ready again (restart {len(restarts)} in the last minute)",
-                  file=sys.stderr, flush=True)
+            args.log(f"prune serve: tritonserver ready again (restart {len(restarts)} in the last minute)")
     except KeyboardInterrupt:
         why = "SIGINT"
     except _Stop as stop:
@@ -274,16 +273,15 @@ def cmd_serve(args) -> int:
         clean = server.stop()
     if why is None:   # the server failed and was not (or no longer) restarted
         return 1
-    print(f"prune serve: {why}: tritonserver " + ("drained and stopped" if clean else
-                                                  "did not stop in time and was killed"),
-          file=sys.stderr, flush=True)
+    args.log(f"prune serve: {why}: tritonserver " + ("drained and stopped" if clean else
+                                                     "did not stop in time and was killed"))
     return 0 if clean else 1
 
 
 def cmd_bench(args) -> int:
-    from benchmarks.speed import bench, markdown, plot
+    from engine.bench import bench, markdown, plot
     from engine.default_model import default_checkpoint, ensure_default_model
-    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    log = args.log
     models = {"fp32": Path(args.model) if args.model else ensure_default_model(log)}
     if args.int8 or not args.model:
         models["int8"] = Path(args.int8) if args.int8 else ensure_default_model(log, precision="int8")
@@ -292,7 +290,7 @@ def cmd_bench(args) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     report = bench(models, checkpoint, Path(args.data), args.queries, args.repeats, args.threads,
                    args.triton, log=log, out_dir=out_dir, only=args.paths, text_instances=args.text_instances,
-                   perf=not args.no_perf_analyzer)
+                   perf=not args.no_perf_analyzer, replicas=args.replicas)
     command = "prune " + " ".join(sys.argv[1:])
     report["command"] = command
     (out_dir / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -321,10 +319,16 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"prune-engine {engine.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    loud = common.add_argument_group("output").add_mutually_exclusive_group()
+    loud.add_argument("-q", "--quiet", action="store_true",
+                      help="nothing on stderr but errors: no progress, notes or server logs")
+    loud.add_argument("-v", "--verbose", action="store_true",
+                      help="more on stderr: Python logging at DEBUG and a traceback with every error")
     _add = sub.add_parser
 
     def add_parser(name, **kwargs):   # every subcommand's help shows the defaults
-        return _add(name, formatter_class=argparse.ArgumentDefaultsHelpFormatter, **kwargs)
+        return _add(name, formatter_class=argparse.ArgumentDefaultsHelpFormatter, parents=[common], **kwargs)
     sub.add_parser = add_parser  # type: ignore[method-assign]
 
     e = sub.add_parser("export", help="checkpoint -> ONNX graph + tokenizer + manifest, checked against PyTorch")
@@ -342,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="int8: dynamic quantization for CPUs; fp16: for GPUs (float32 I/O, softmax, pooling)")
     e.add_argument("--no-optimize", action="store_true", help="skip ONNX Runtime's transformer optimizer")
     e.add_argument("--int8-weight-type", choices=["QInt8", "QUInt8"], default="QInt8",
-                   help="weight type of the INT8 graph (default chosen by measured fidelity, README)")
+                   help="weight type of the INT8 graph (default chosen by measured fidelity, docs/precisions.md)")
     e.add_argument("--int8-per-tensor", dest="int8_per_channel", action="store_false",
                    help="one scale per weight tensor instead of per output channel")
     e.add_argument("--tensorrt", action="store_true",
@@ -377,7 +381,6 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output", help="where the JSONL results go with --input (default: stdout)")
     r.add_argument("--group", type=int, default=64,
                    help="queries read, batched together and written at a time with --input (bounds memory)")
-    r.add_argument("--quiet", action="store_true", help="no progress line on stderr with --input")
     r.add_argument("--pre", default="<em>", help="tag before a kept sentence (--highlight)")
     r.add_argument("--post", default="</em>", help="tag after a kept sentence (--highlight)")
     _add_batching(r)
@@ -463,6 +466,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(e.g. 'c16' for a focused comparison with more repeats)")
     b.add_argument("--text-instances", type=int, default=4, help="instances of the served text model (default 4)")
     b.add_argument("--no-perf-analyzer", action="store_true", help="skip perf_analyzer (with --triton)")
+    b.add_argument("--replicas", type=int, default=1,
+                   help="with --triton: start this many servers and also measure one client over all of them")
     b.add_argument("--out", default="benchmarks/results", help="folder for the bench-DATE results")
     b.set_defaults(func=cmd_bench)
 
@@ -474,8 +479,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _logger(args):
+    if args.quiet:
+        return lambda m: None
+    return lambda m: print(m, file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.log = _logger(args)
+    if args.verbose:
+        import logging
+        logging.basicConfig(level=logging.DEBUG, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         return args.func(args)
     except BrokenPipeError:
@@ -485,10 +500,10 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         return 0
-    except PruneError as exc:
-        print(f"prune {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:  # invalid batching settings and the like
+    except (PruneError, ValueError) as exc:   # ValueError: invalid batching settings and the like
+        if args.verbose:
+            import traceback
+            traceback.print_exc()
         print(f"prune {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -3,7 +3,7 @@
 Torch-free: the client, the exporter and the Triton tooling all read this module.
 A family fixes the input template, how sentence scores are made (mean of token keep
 probabilities, or a classifier over mean-pooled sentence states), the sentence decision
-rule and its defaults. See the README's "Model families" section for the sources.
+rule and its defaults. See docs/families.md for the sources.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ FAMILIES: dict[str, Family] = {
     "embedding": Family(
         name="embedding", backbone="auto", sentence_pooling="embedding",
         # threshold 0.87 (cosine 0.74 with the default mapping) and keep-the-best backoff:
-        # chosen on the first half of squad-dev-prune, F1 73.3 on the other half (README)
+        # chosen on the first half of squad-dev-prune, F1 73.3 on the other half (docs/families.md)
         has_rerank_head=True, uses_token_type_ids=False, seps_between=1,
         threshold=0.87, keep_rule="gt", title="none", backoff_alpha=0.0,
         description="any sentence-embedding encoder (e.g. all-MiniLM-L6-v2): cosine of "

@@ -39,7 +39,7 @@ EXTERNAL_DATA_BYTES = 1_800_000_000   # protobuf's hard limit is 2 GiB for the w
 PARITY_TOLERANCE = 1e-4               # fp32 graph vs fp32 PyTorch, on probabilities and scores
 # Gates for the reduced precisions on the sample inputs (max |diff| of a probability or
 # a score); they catch a broken conversion. The fidelity a user can expect is measured
-# on a corpus by `prune fidelity` (README).
+# on a corpus by `prune fidelity` (docs/precisions.md).
 INT8_TOLERANCE = 0.15
 FP16_TOLERANCE = 0.02
 PRECISIONS = ("fp32", "int8", "fp16")

@@ -8,7 +8,7 @@
 - int8: dynamic quantization of the encoder's weight MatMuls (and fused Attention)
   only. The heads, the softmax, the sentence pooling and every activation x activation
   MatMul stay float32. Weight type and per-channel are chosen by measured fidelity
-  (`benchmarks/results/` and the README), not by default.
+  (`benchmarks/results/` and docs/precisions.md), not by default.
 - fp16: float16 weights and compute with float32 inputs/outputs; Softmax, the heads and
   the sentence pooling, and (for DeBERTa, which overflows in fp16) LayerNormalization
   stay float32. Runs on the CPU provider for tests; it is for GPUs.

@@ -121,9 +121,9 @@ def test_offsets_are_utf8_bytes(server, pruners):
 
 
 def _readme_curl_body():
-    """The JSON body of the README's curl command, exactly as written there."""
+    """The JSON body of the curl command in docs/triton.md, exactly as written there."""
     from pathlib import Path
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "triton.md").read_text()
     start = readme.index("curl -s localhost:8000/v2/models/default_text/infer")
     body = readme[start:readme.index("```", start)]
     body = body[body.index("-d '") + 4:body.rindex("'")]
@@ -131,7 +131,7 @@ def _readme_curl_body():
 
 
 def test_curl_json_body(server, pruners):
-    """The README's curl command's body, over plain HTTP (KServe v2 JSON), to a test
+    """The documented curl command's body, over plain HTTP (KServe v2 JSON), to a test
     model's text model: the results are the in-process engine's."""
     body = _readme_curl_body()
     question = body["inputs"][0]["data"][0]

@@ -1,18 +1,33 @@
 """The built wheel carries what `prune repository` needs (the python-backend templates),
 and a repository written from the installed files, outside the source tree, is whole."""
+import json
+import signal
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
+
+from tests.conftest import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_wheel_ships_the_templates_and_repository_works_from_it(exported, tmp_path):
+def build_wheel(tmp_path: Path) -> Path:
+    """The wheel built from a copy of the tree without build outputs (setuptools reuses a stale
+    build/ folder, which would hide what a fresh clone's wheel holds)."""
+    import shutil
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "results"))
     dist = tmp_path / "dist"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(dist), str(ROOT)], check=True, capture_output=True, timeout=300)
-    wheel = next(dist.glob("prune_engine-*.whl"))
+                    "-w", str(dist), str(src)], check=True, capture_output=True, timeout=300)
+    return next(dist.glob("prune_engine-*.whl"))
+
+
+def test_wheel_ships_the_templates_and_repository_works_from_it(exported, tmp_path):
+    wheel = build_wheel(tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"triton_models/python_onnxruntime/model.py", "triton_models/python_text/model.py",
             "engine/py.typed"} <= names
@@ -30,3 +45,74 @@ def test_wheel_ships_the_templates_and_repository_works_from_it(exported, tmp_pa
     for model in ("opensearch", "opensearch_text"):
         assert (work / "repo" / model / "1" / "model.py").is_file()
     assert (work / "repo" / "opensearch_text" / "1" / "tokenizer.json").is_file()
+
+
+def _wait_for_line(proc, needle: str, timeout: float) -> str:
+    """Read the process's stdout until a line holds `needle` (a thread, so a silent process times out)."""
+    import queue
+    import threading
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout], daemon=True).start()
+    seen, end = [], time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            line = lines.get(timeout=1)
+        except queue.Empty:
+            if proc.poll() is not None:
+                break
+            continue
+        seen.append(line)
+        if needle in line:
+            return line
+    raise AssertionError(f"no {needle!r} within {timeout} s; output:\n" + "".join(seen))
+
+
+def test_wheel_in_a_fresh_venv_runs_the_whole_first_use_path(checkpoints, tmp_path):
+    """What a user of the wheel does, outside the source tree, with the extras the README names:
+    the default model on first use, an export, a repository, a served model and a client run."""
+    wheel = build_wheel(tmp_path)
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), "LICENSE missing from the wheel"
+    assert {n.split("/")[0] for n in names if "/" in n and ".dist-info" not in n} == \
+        {"engine", "export", "triton_models"}, "the wheel installs top-level names beyond the layout"
+    assert "engine/quality.py" in names and "engine/fidelity.py" in names   # prune eval / fidelity
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                          f"{wheel}[cpu,default-model,triton,serve]"], capture_output=True, text=True, timeout=900)
+    assert pip.returncode == 0, pip.stderr[-3000:]
+    prune = str(venv / "bin" / "prune")
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "PRUNE_CACHE": str(tmp_path / "cache")}
+
+    def prune_cmd(*args, timeout=300):
+        proc = subprocess.run([prune, *args], cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
+        assert proc.returncode == 0, f"prune {' '.join(args)}:\n{proc.stderr[-3000:]}"
+        return proc
+
+    first = prune_cmd("run", "--question", "What goes on the bottom of Shepherd's pie?",
+                      "--context", "Shepherd's pie has minced lamb at the bottom. Mashed potato goes on top. "
+                                   "It is baked in an oven.")
+    assert "first use: exporting the default model" in first.stderr
+    assert "pruned_context:\nShepherd's pie has minced lamb at the bottom." in first.stdout, first.stdout
+    prune_cmd("export", "--model", str(checkpoints["opensearch"]), "--out", "exported")
+    prune_cmd("repository", "--target", "cpu", "--model", "exported", "--name", "hl", "--out", "repo",
+              "--text-instances", "1")
+    http, grpc, metrics = free_ports(3)
+    serve = subprocess.Popen([prune, "serve", "--model-repository", "repo", "--http-port", str(http),
+                              "--grpc-port", str(grpc), "--metrics-port", str(metrics)], cwd=work, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        _wait_for_line(serve, "tritonserver ready", 180)
+        served = prune_cmd("run", "--server", f"127.0.0.1:{grpc}", "--server-model", "hl_text", "--json",
+                           "--question", "what is at the bottom?", "--context", "Lamb is at the bottom. Potato is on top.")
+        local = prune_cmd("run", "--model", "exported", "--json",
+                          "--question", "what is at the bottom?", "--context", "Lamb is at the bottom. Potato is on top.")
+        got, want = json.loads(served.stdout), json.loads(local.stdout)
+        assert [s["text"] for s in got[0]["sentences"]] == [s["text"] for s in want[0]["sentences"]]
+        assert got[0]["pruned_context"] == want[0]["pruned_context"]
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=60) == 0

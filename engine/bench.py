@@ -10,6 +10,7 @@ one run, interleaved over repeats, reported as medians:
 - onnxruntime-fp32 / onnxruntime-int8: the exported graphs in-process;
 - triton-grpc / triton-http at concurrency 1, 4, 16 (with --triton): the CPU repository
   served by a local tritonserver, the Python client tokenizing;
+- with --replicas N: the same two over N servers through one multi-endpoint client;
 - triton-text-grpc at concurrency 1, 4, 16: the text model (text in, everything on the
   server); and Triton's own perf_analyzer on the core and on the text model.
 
@@ -33,7 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from benchmarks.quality import load_rag_data
+from engine.quality import load_rag_data
 
 
 @dataclass
@@ -240,7 +241,7 @@ def perf_analyzer(server_grpc: str, model: str, data: list[dict[str, Any]], conc
 def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: int, repeats: int,
           threads: int | None, triton: bool, concurrencies=(1, 4, 16), log=print,
           out_dir: Path | None = None, only: str | None = None, text_instances: int = 4,
-          perf: bool = True) -> dict[str, Any]:
+          perf: bool = True, replicas: int = 1) -> dict[str, Any]:
     """Every path side by side (see the module docstring); `only`: a regular expression,
     the paths whose names match it (a focused A/B with more repeats)."""
     from engine.batching import BatchingConfig
@@ -274,13 +275,25 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
                          RepositoryOptions(target="cpu", name="bench", max_batch_size=64,
                                            intra_op_threads=threads or 0, text_instances=text_instances),
                          log=lambda m: None)
-        ports = []
-        for _ in range(3):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
-            s.close()
-        server = TritonServer(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]).start()
+        servers = []
+        for _ in range(max(1, replicas)):
+            ports = []
+            for _ in range(3):
+                s = socket.socket()
+                s.bind(("127.0.0.1", 0))
+                ports.append(s.getsockname()[1])
+                s.close()
+            servers.append(TritonServer(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]))
+            servers[-1].start()
+        server = servers[0]
+        precision = 'int8' if 'int8' in models else 'fp32'
+        if replicas > 1:   # the same load through one multi-endpoint client over every replica
+            endpoints = [s.grpc_url for s in servers]
+            for c in concurrencies:
+                for model, label in (("bench", "triton-grpc"), ("bench_text", "triton-text-grpc")):
+                    def multi(r, c=c, model=model):
+                        return run_concurrent(lambda: Pruner.connect(endpoints, model), qs, c, r)
+                    paths[f"{label} {replicas} replicas c{c} ({precision})"] = multi
         for proto in ("grpc", "http"):
             url = server.grpc_url if proto == "grpc" else server.http_url
             for c in concurrencies:
@@ -326,7 +339,8 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
                                               out_dir)}
     finally:
         if server is not None:
-            server.stop()
+            for s in servers:
+                s.stop()
     base_name = "torch-unbatched (reference)" if checkpoint else "onnxruntime-fp32"
     base = statistics.median(results[base_name].seconds) if base_name in results else None
     batched_t = statistics.median(results["torch-batched"].seconds) if "torch-batched" in results else None
@@ -341,6 +355,7 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
         "settings": {"data": str(data), "queries": len(qs), "passages": n_passages, "tokens": tokens,
                      "repeats": repeats, "threads": threads, "models": {k: str(v) for k, v in models.items()},
                      "checkpoint": checkpoint, "only": only, "text_instances": text_instances,
+                     "replicas": replicas,
                      "buckets": list(fp32.batching.buckets_for(fp32.spec.max_length)),
                      "max_batch_tokens": fp32.batching.max_batch_tokens},
         "paths": rows,
