@@ -203,7 +203,7 @@ def cmd_repository(args) -> int:
                              intra_op_threads=args.intra_op_threads or 0, trt_accelerator=args.trt_accelerator,
                              text_model=not args.no_text_model, text_instances=args.text_instances,
                              text_max_passages=args.text_max_passages, text_max_chars=args.text_max_chars,
-                             overwrite=args.overwrite)
+                             overwrite=args.overwrite, ort_arena=args.ort_arena)
     build_repository(model, args.out, opts, log=args.log)
     return 0
 
@@ -318,6 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="prune", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"prune-engine {engine.__version__}")
+    # also before the subcommand (`prune -q run ...`); own names, or the subcommand's defaults win
+    top = p.add_mutually_exclusive_group()
+    top.add_argument("-q", "--quiet", dest="top_quiet", action="store_true", help="as the subcommands' --quiet")
+    top.add_argument("-v", "--verbose", dest="top_verbose", action="store_true", help="as the subcommands' --verbose")
     sub = p.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
     loud = common.add_argument_group("output").add_mutually_exclusive_group()
@@ -361,7 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "(all-MiniLM-L6-v2, exported on first use); default: 'default'")
     r.add_argument("--backend", choices=["onnxruntime", "torch"], default="onnxruntime",
                    help="onnxruntime: an exported folder; torch: a checkpoint (the fp32 reference)")
-    r.add_argument("--server", help="a Triton server, host:port (gRPC 8001 or HTTP 8000) instead of in-process")
+    r.add_argument("--server", help="a Triton server, host:port (gRPC 8001 or HTTP 8000) instead of in-process; "
+                   "several replicas (gRPC): host1:8001,host2:8001 or dns:///name:8001")
     r.add_argument("--server-model", help="the model's name in the server's repository (default: 'default_text', "
                    "the default model's text model; a core model name makes this client tokenize)")
     r.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="how to reach --server")
@@ -422,6 +427,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dynamic batcher's preferred sizes (default: derived from --max-batch-tokens)")
     g.add_argument("--instances", type=int, default=1, help="model instances")
     g.add_argument("--intra-op-threads", type=int, help="ONNX Runtime threads per instance (cpu target)")
+    g.add_argument("--ort-arena", choices=["shrink", "keep", "off"], default="shrink",
+                   help="cpu target: ONNX Runtime's memory arena after a run: shrink (memory a large batch "
+                        "took goes back), keep (held at its peak), off (no arena; large batches slower)")
     g.add_argument("--trt-accelerator", action="store_true",
                    help="gpu-onnx: ONNX Runtime's TensorRT execution accelerator, fp16")
     g.add_argument("--overwrite", action="store_true", help="replace models of the same name in --out")
@@ -487,6 +495,11 @@ def _logger(args):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.quiet = args.quiet or args.top_quiet
+    args.verbose = args.verbose or args.top_verbose
+    if args.quiet and args.verbose:
+        print(f"prune {args.command}: error: --quiet and --verbose exclude each other", file=sys.stderr)
+        return 2
     args.log = _logger(args)
     if args.verbose:
         import logging

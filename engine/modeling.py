@@ -32,8 +32,13 @@ _CONFIG_ONLY_KEYS = {"model_type", "architectures", "auto_map", "transformers_ve
 
 
 def _sentence_onehot(sentence_ids: torch.Tensor) -> torch.Tensor:
-    """[B, L] sentence ids (-1 outside the context) -> float32 one-hot [B, L, S]."""
-    n_sent = (sentence_ids.max() + 1).clamp(min=0)
+    """[B, L] sentence ids (-1 outside the context) -> float32 one-hot [B, L, S].
+
+    S is bounded by L in the graph itself (every sentence has at least one token), so a
+    hostile id cannot make any target (CPU, CUDA, TensorRT) allocate more than B x L x L;
+    ids >= L then match no column."""
+    length = torch.ones_like(sentence_ids[0]).sum()          # L as a tensor: dynamic in the graph
+    n_sent = torch.minimum((sentence_ids.max() + 1).clamp(min=0), length)
     idx = torch.arange(n_sent, device=sentence_ids.device, dtype=sentence_ids.dtype)
     return (sentence_ids.unsqueeze(-1) == idx.view(1, 1, -1)).to(torch.float32)
 

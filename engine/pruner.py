@@ -29,7 +29,9 @@ from engine.spec import ModelSpec, read_manifest, spec_from_manifest
 log = logging.getLogger(__name__)
 
 MAX_PASSAGES = 10_000
-MAX_PASSAGE_CHARS = 20_000_000
+#: characters per call, question and passages together (as a text model's default): one call at
+#: the limit peaks at 0.6 GB (many passages) to 1.4 GB (one passage) of RSS (docs/limits.md)
+MAX_CALL_CHARS = 2_000_000
 
 
 @dataclass
@@ -108,10 +110,18 @@ class Pruner:
                          "(Triton: Pruner.connect)")
 
     @classmethod
-    def connect(cls, url: str, model: str, *, protocol: str = "grpc", tokenizer: str | Path | None = None,
-                batching: BatchingConfig | None = None, timeout: float = 30.0, retries: int = 3,
-                backoff: float = 0.5, concurrency: int = 8, ready_timeout: float = 10.0) -> "Pruner":
+    def connect(cls, url: str | Sequence[str], model: str, *, protocol: str = "grpc",
+                tokenizer: str | Path | None = None, batching: BatchingConfig | None = None,
+                timeout: float = 30.0, retries: int = 3, backoff: float = 0.5, concurrency: int = 8,
+                ready_timeout: float = 10.0, replica_options: dict[str, Any] | None = None) -> "Pruner":
         """The same API on a model of a Triton server (see `prune repository`).
+
+        `url` is one server (`host:port`) or several replicas of it: a list of endpoints, a
+        comma-separated string, or `dns:///name:port` (every address the name resolves to,
+        re-resolved as it changes: a headless Kubernetes Service). Requests then go to the
+        least busy ready replica and fail over to another on connection errors and
+        timeouts (`engine.replicas`; `replica_options`: try_timeout, health_interval,
+        resolve_interval, log). Several replicas need gRPC.
 
         A text model (`<name>_text`) takes the question and passages as text and does
         everything on the server: the client needs no tokenizer (returns a
@@ -124,14 +134,20 @@ class Pruner:
         stop when it is spent, so a call ends in at most `timeout` seconds.
         """
         from engine.backends.triton import TritonBackend, TritonClient
+        from engine.replicas import ReplicaSet, ReplicatedBackend, is_replicated
         kwargs = dict(protocol=protocol, timeout=timeout, retries=retries, backoff=backoff,
                       concurrency=concurrency, ready_timeout=ready_timeout)
-        probe = TritonClient(url, model, **kwargs)
+        if is_replicated(url):
+            kwargs.update(replica_options or {})
+            client_class, core_class = ReplicaSet, ReplicatedBackend
+        else:
+            client_class, core_class = TritonClient, TritonBackend
+        probe = client_class(url, model, **kwargs)
         if probe.is_text_model:
             from engine.text_client import TritonTextPruner
-            return TritonTextPruner(probe)  # type: ignore[return-value]
+            return TritonTextPruner(probe)  # type: ignore[return-value,arg-type]
         probe.close()
-        core = TritonBackend(url, model, **kwargs)
+        core = core_class(url, model, **kwargs)
         manifest = core.manifest()
         spec = spec_from_manifest(manifest, name=model)
         if tokenizer is not None:
@@ -261,11 +277,14 @@ class Pruner:
         passages = list(passages)
         if len(passages) > MAX_PASSAGES:
             raise InputError(f"{len(passages)} passages in one call; the limit is {MAX_PASSAGES}")
+        total = len(question)
         for i, p in enumerate(passages):
             if not isinstance(p, str):
                 raise InputError(f"passage {i} must be a str, got {type(p).__name__}")
-            if len(p) > MAX_PASSAGE_CHARS:
-                raise InputError(f"passage {i} has {len(p)} characters; the limit is {MAX_PASSAGE_CHARS}")
+            total += len(p)
+            if total > MAX_CALL_CHARS:
+                raise InputError(f"the call holds more than {MAX_CALL_CHARS} characters (question and passages "
+                                 f"together, passed at passage {i}); split it into several calls")
             textmod.check_unicode(p, f"passage {i}")
         if sentences is not None:
             if not isinstance(sentences, Sequence) or len(sentences) != len(passages):

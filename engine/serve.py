@@ -3,13 +3,13 @@
 On CPU machines the server is the `tritonserver` binary that the PyPI package
 `nvidia-pytriton` carries, with its python backend (no onnxruntime/tensorrt backends:
 the `cpu` repository target runs ONNX Runtime inside the python backend). How it is made
-to start (see the README's notes): the python-backend stub for this Python goes into a
+to start (see docs/triton.md): the python-backend stub for this Python goes into a
 backends folder, Python's LIBDIR comes first on LD_LIBRARY_PATH (or the stub loads
 another libpython), and this interpreter's `bin/` comes first on PATH (the stub finds
 packages through the first `python3`; PYTHONPATH is ignored).
 
 Binds 127.0.0.1 unless told otherwise. On GPU servers use NVIDIA's Triton container
-instead (README).
+instead (docs/triton.md).
 
 The server cannot outlive the process that started it: tritonserver runs in its own
 process group (its python-backend stubs with it) and a small watchdog process ends that
@@ -88,6 +88,8 @@ while True:
 #: could register shared memory and have outputs written into it, or change logging and
 #: tracing. (Model loading is off: --model-control-mode=none. Statistics are read-only.)
 ADMIN_APIS = ("shared-memory", "trace", "logging")
+#: Triton's health endpoints (KServe v2), used here and by deploy/kubernetes' probes
+HEALTH_READY, HEALTH_LIVE = "/v2/health/ready", "/v2/health/live"
 ADMIN_HEADER = "prune-admin-key"
 
 
@@ -208,7 +210,7 @@ class TritonServer:
 
     def ready(self) -> bool:
         try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=1) as r:
+            with urllib.request.urlopen(f"http://{self.http_url}{HEALTH_READY}", timeout=1) as r:
                 return r.status == 200
         except Exception:
             return False

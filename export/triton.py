@@ -56,6 +56,7 @@ class RepositoryOptions:
     text_max_chars: int = DEFAULT_MAX_CHARS
     core_timeout_ms: int = 60_000
     overwrite: bool = False
+    ort_arena: str = "shrink"      # cpu target: what ONNX Runtime's arena does after a run
 
 
 def preferred_sizes(buckets: list[int], max_batch_tokens: int, max_batch_size: int) -> list[int]:
@@ -116,7 +117,7 @@ def render_config(name: str, manifest: dict[str, Any], opts: RepositoryOptions, 
         head = 'platform: "tensorrt_plan"'
         kind = "KIND_GPU"
     params = {"pad_id": str(manifest["tokenizer"]["pad_id"]), "prune_manifest": json.dumps(manifest),
-              "intra_op_threads": str(opts.intra_op_threads)}
+              "intra_op_threads": str(opts.intra_op_threads), "ort_arena": opts.ort_arena}
     if text_model:
         params["prune_text_model"] = text_model
     param_text = _parameters(params)
@@ -153,6 +154,8 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
         raise ExportError(f"target must be one of {TARGETS}, got {opts.target!r}")
     if opts.max_batch_size < 1:
         raise ExportError("max_batch_size must be >= 1")
+    if opts.ort_arena not in ("shrink", "keep", "off"):
+        raise ExportError(f"ort_arena must be shrink, keep or off, got {opts.ort_arena!r}")
     name = opts.name or model_folder.name
     if not name.replace("-", "").replace("_", "").isalnum():
         raise ExportError(f"model name {name!r}: use letters, digits, - and _")

@@ -68,12 +68,12 @@ def test_reranking_score_of_a_multi_block_passage(pruners, name):
 def test_passage_limits_are_enforced(pruners, monkeypatch):
     ort_p, _ = pruners["opensearch"]
     monkeypatch.setattr(pruner_module, "MAX_PASSAGES", 3)
-    monkeypatch.setattr(pruner_module, "MAX_PASSAGE_CHARS", 50)
+    monkeypatch.setattr(pruner_module, "MAX_CALL_CHARS", len(Q) + 54)
     with pytest.raises(InputError, match="4 passages in one call; the limit is 3"):
-        ort_p.prune(Q, ["a."] * 4)
-    with pytest.raises(InputError, match="passage 1 has 51 characters; the limit is 50"):
-        ort_p.prune(Q, ["a.", "b" * 51])
-    assert len(ort_p.prune(Q, ["a.", "b" * 50, "c."])) == 3
+        ort_p.prune(Q, ["a.", "b", "c", "d"])
+    with pytest.raises(InputError, match=f"more than {len(Q) + 54} characters .* passed at passage 2"):
+        ort_p.prune(Q, ["a.", "b" * 50, "c.."])
+    assert len(ort_p.prune(Q, ["a.", "b" * 50, "c."])) == 3     # exactly at the limit
 
 
 def test_aprune_equals_prune(pruners):

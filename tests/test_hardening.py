@@ -38,8 +38,24 @@ def _with(arrays, **changes):
     return out
 
 
+def _stub_rss_mb(server, model: str) -> float:
+    """Resident memory of the python-backend stub that runs `model` on `server`."""
+    from pathlib import Path
+    for pid in server.stub_pids():
+        if f"/{model}/1/model.py".encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    raise AssertionError(f"no stub for {model}")
+
+
+#: the core stub of a tiny test model stays under this after any hostile request (it is
+#: about 100-200 MB; an unbounded request grew it to 3.4 GB before the checks)
+STUB_RSS_BOUND_MB = 600
+
 HOSTILE = {
     "longer than the window": (lambda a: {k: np.zeros((1, 600), dtype=np.int64) for k in a}, "exceeds the model's window"),
+    "an 8,192-token row": (lambda a: {k: np.zeros((1, 8192), dtype=np.int64) for k in a}, "exceeds the model's window"),
     "sentence id 10**7": (lambda a: _with(a, sentence_ids=np.where(a["sentence_ids"] >= 0, 10 ** 7, -1)),
                           "sentence_ids must be within"),
     "sentence id below -1": (lambda a: _with(a, sentence_ids=a["sentence_ids"] - 5), "sentence_ids must be within"),
@@ -58,6 +74,9 @@ def test_core_refuses_out_of_bounds_input_and_keeps_serving(server, pruners, cas
     assert server.ready()
     res = _core_request(server, good)
     np.testing.assert_allclose(res.as_numpy("sentence_probs"), p_exp, atol=1e-5)
+    rss = _stub_rss_mb(server, "opensearch")
+    print(f"\n{case}: refused; stub RSS {rss:.0f} MB")
+    assert rss < STUB_RSS_BOUND_MB
 
 
 def test_a_bad_request_fails_alone_in_its_dynamic_batch(server, pruners):
@@ -105,6 +124,10 @@ def test_admin_apis_are_refused_by_default(server):
         grpc.update_log_settings({"log_verbose_level": 5})
     with pytest.raises(Exception, match="is restricted"):
         http.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]})
+    with pytest.raises(Exception, match="not allowed"):    # --model-control-mode=none
+        http.load_model("opensearch")
+    with pytest.raises(Exception, match="not allowed"):
+        grpc.unload_model("opensearch")
     # inference, health, metadata and statistics stay open
     assert http.is_server_ready() and grpc.get_inference_statistics("opensearch").model_stats
 
@@ -181,3 +204,66 @@ def test_a_served_manifest_is_bounded_before_use(exported, change, message):
     manifest = {**read_manifest(exported["opensearch"]), **change}
     with pytest.raises(ModelLoadError, match=message):
         spec_from_manifest(manifest)
+
+
+@pytest.mark.parametrize("family", ["provence", "xprovence", "open_provence", "opensearch", "embedding"])
+def test_the_graph_bounds_sentences_by_the_length(exported, pruners, family):
+    """The graph itself caps S at L, so a target without the python backend's checks (GPU
+    onnxruntime or TensorRT in NVIDIA's container) cannot be made to allocate by an id:
+    sentence ids of 10**7 give at most L columns; valid ids give the usual result."""
+    import onnxruntime as ort
+    good, (_, p_exp) = _good_arrays(pruners, family)
+    session = ort.InferenceSession(str(exported[family] / "model.onnx"), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    _, probs = session.run(None, {n: good[n] for n in names})
+    np.testing.assert_allclose(probs, p_exp, atol=1e-5)
+    hostile = _with(good, sentence_ids=np.where(good["sentence_ids"] >= 0, 10 ** 7, -1))
+    _, probs = session.run(None, {n: hostile[n] for n in names})
+    assert probs.shape[1] <= good["input_ids"].shape[1]
+
+
+def test_onnxruntime_gives_memory_back_by_default(exported, monkeypatch, tmp_path):
+    """The arena is shrunk after every run unless told otherwise (PRUNE_ORT_ARENA; the
+    server's core model: the ort_arena parameter); a wrong value is a clear error.
+    benchmarks/memory.py measures what it buys: 1,268 -> 148 MB after a 32 x 512 batch."""
+    from engine.backends.onnxruntime import OnnxRuntimeBackend
+    from export.triton import RepositoryOptions, build_repository
+    graph = exported["opensearch"] / "model.onnx"
+    monkeypatch.delenv("PRUNE_ORT_ARENA", raising=False)
+    default = OnnxRuntimeBackend(graph)
+    assert default.arena == "shrink"
+    assert default.run_options.get_run_config_entry("memory.enable_memory_arena_shrinkage") == "cpu:0"
+    monkeypatch.setenv("PRUNE_ORT_ARENA", "keep")
+    kept = OnnxRuntimeBackend(graph)
+    with pytest.raises(Exception):     # no such entry: the arena keeps its peak
+        kept.run_options.get_run_config_entry("memory.enable_memory_arena_shrinkage")
+    monkeypatch.setenv("PRUNE_ORT_ARENA", "bogus")
+    with pytest.raises(ModelLoadError, match="PRUNE_ORT_ARENA must be one of"):
+        OnnxRuntimeBackend(graph)
+    build_repository(exported["opensearch"], tmp_path, RepositoryOptions(name="m"), log=lambda m: None)
+    assert 'key: "ort_arena"\n  value: { string_value: "shrink" }' in (tmp_path / "m" / "config.pbtxt").read_text()
+
+
+def test_a_call_at_the_character_limit_stays_under_its_memory_bound(exported):
+    """The largest call the client accepts (MAX_CALL_CHARS in one passage, the costliest
+    shape) peaks under the documented bound (docs/limits.md: 1.4 GB with the default
+    model; the tokenizer's share is the same for any model). In its own process, so the
+    peak is this call's."""
+    import subprocess
+    import sys
+    code = (
+        "import resource, sys\n"
+        "from engine.pruner import MAX_CALL_CHARS, Pruner\n"
+        "p = Pruner.load(sys.argv[1])\n"
+        "q = 'what is it?'\n"
+        "words = 'The stadium was built in 1923 and it holds eighty thousand people. '\n"
+        "passage = (words * (MAX_CALL_CHARS // len(words) + 1))[:MAX_CALL_CHARS - len(q)]\n"
+        "r = p.prune(q, [passage])[0]\n"
+        "assert len(r.sentences) > 20000, len(r.sentences)\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(exported["opensearch"])], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    peak = int(proc.stdout.split()[-1])
+    print(f"\none call of 2,000,000 characters in one passage: peak RSS {peak} MB")
+    assert peak < 1600

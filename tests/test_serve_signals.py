@@ -202,7 +202,25 @@ def test_prune_serve_restarts_a_dead_server_or_stub(small_repository, pruners):
         assert _wait_for(lines, "restarting tritonserver", mark)
         assert _wait_for(lines, "ready again", mark)
         assert client.prune("When?", doc)[0].pruned_context == expected
-        print(f"\nstub killed: serving again after {back:.1f} s")
+        # 3. a gRPC request whose declared shape overflows its byte size (2**61 x 8 bytes
+        # wraps to 0, so Triton 2.51 passes an empty tensor of that shape on): the stub dies
+        import tritonclient.grpc as grpcclient
+        from tritonclient.grpc import service_pb2
+        request = service_pb2.ModelInferRequest(model_name="m")
+        for n in ("input_ids", "attention_mask", "token_type_ids", "sentence_ids"):
+            t = request.inputs.add(name=n, datatype="INT64", shape=[1, 2 ** 61])
+            request.raw_input_contents.append(b"")
+        mark = len(lines)
+        raw = grpcclient.InferenceServerClient(f"127.0.0.1:{ports[1]}")
+        with pytest.raises(Exception, match="is not healthy"):
+            raw._client_stub.ModelInfer(request=request, timeout=30)
+        # the client retries "stub not healthy" within its deadline: this call outlives the restart
+        t0 = time.monotonic()
+        assert client.prune("When?", doc)[0].pruned_context == expected
+        through = time.monotonic() - t0
+        assert _wait_for(lines, "stub(s) died: restarting", mark)
+        print(f"\nstub killed: serving again after {back:.1f} s; a call made right after the gRPC "
+              f"overflow request returned the right result in {through:.1f} s")
         with pytest.raises(BackendError):   # a client alone, with no server at all: a clear error
             Pruner.connect("127.0.0.1:9", "m_text", ready_timeout=1)
     finally:

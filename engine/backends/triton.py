@@ -4,7 +4,8 @@ The client pads every batch to the engine's length buckets, so requests from man
 clients have equal shapes and the server's dynamic batcher can join them (the
 onnxruntime and tensorrt backends need equal shapes). A call with more rows than the
 model's `max_batch_size` is split; the batches of one call are sent concurrently.
-Connection errors are retried with exponential backoff, all within one deadline per
+Connection errors (and a model whose stub died or is still loading) are retried with
+exponential backoff capped at 2 s, all within one deadline per
 call (`timeout`): every request is sent with what is left of it, retries and backoff
 included, so a dead or stalled server is a clear error in at most `timeout` seconds.
 """
@@ -23,7 +24,33 @@ from engine.errors import BackendError, ModelLoadError
 from engine.spec import GRAPH_OUTPUTS
 
 _RETRYABLE = ("unavailable", "connection refused", "connect", "socket closed", "broken pipe",
-              "reset by peer", "failed to establish", "timed out", "deadline")
+              "reset by peer", "failed to establish", "timed out", "deadline",
+              "is not healthy",         # a model whose python-backend stub died (prune serve restarts it)
+              "has no available versions")   # a (re)starting server still loading the model
+
+
+#: the longest pause between retries: a server back up is reached within it
+MAX_BACKOFF = 2.0
+
+
+def grpc_channel_args() -> list[tuple[str, int]]:
+    """tritonclient's own channel options, plus: a subchannel of this client's own (gRPC
+    shares subchannels between channels to the same address, so a new client would inherit
+    the reconnect backoff of one that saw the server go: seconds, growing), and reconnect
+    backoff capped at one second (a restarted server is reached within a second)."""
+    from tritonclient.grpc import KeepAliveOptions
+    from tritonclient.grpc._client import MAX_GRPC_MESSAGE_SIZE
+    k = KeepAliveOptions()
+    return [("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.keepalive_time_ms", k.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", k.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", k.keepalive_permit_without_calls),
+            ("grpc.http2.max_pings_without_data", k.http2_max_pings_without_data),
+            ("grpc.use_local_subchannel_pool", 1),
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
 class TritonClient:
@@ -44,7 +71,7 @@ class TritonClient:
         self.tc, self.protocol, self.url, self.model, self.version = tc, protocol, url, model, version
         self.timeout, self.retries, self.backoff, self.concurrency = timeout, retries, backoff, concurrency
         # The HTTP client is gevent-based: one Pruner per thread; gRPC clients are thread-safe.
-        self._client_kwargs = ({} if protocol == "grpc" else
+        self._client_kwargs = ({"channel_args": grpc_channel_args()} if protocol == "grpc" else
                                {"concurrency": concurrency, "connection_timeout": timeout, "network_timeout": timeout})
         self.client = tc.InferenceServerClient(url, **self._client_kwargs)
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="triton")
@@ -77,7 +104,7 @@ class TritonClient:
                     # (seconds, growing): a new channel connects at once to a server back up
                     self.client = self.tc.InferenceServerClient(self.url, **self._client_kwargs)
                 time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
-                delay *= 2
+                delay = min(delay * 2, MAX_BACKOFF)
 
     def infer_once(self, model: str, inputs, outputs, deadline: float):
         """One inference request with what is left of `deadline` as its timeout."""
@@ -171,7 +198,8 @@ class TritonClient:
 
     def health(self) -> bool:
         try:
-            return bool(self.client.is_model_ready(self.model, self.version))
+            probe = {"client_timeout": 2.0} if self.protocol == "grpc" else {}
+            return bool(self.client.is_model_ready(self.model, self.version, **probe))
         except Exception:
             return False
 
@@ -192,6 +220,9 @@ class TritonBackend(TritonClient, Backend):
 
     def __init__(self, url: str, model: str, **kwargs: Any):
         super().__init__(url, model, **kwargs)
+        self._check_contract()
+
+    def _check_contract(self) -> None:
         required = {"input_ids", "attention_mask", "sentence_ids"}
         if not required <= set(self.metadata_inputs) or not set(GRAPH_OUTPUTS) <= set(self.metadata_outputs):
             raise ModelLoadError(f"model {self.model!r} on {self.url} does not follow the engine's contract: "

@@ -32,6 +32,14 @@ class TritonPythonModel:
         if threads:
             opts.intra_op_num_threads = threads
         opts.log_severity_level = 3
+        # memory a large batch took goes back after it (engine/backends/onnxruntime.py:
+        # ARENA_MODES; a server keeps running, so "keep" would hold its peak for good)
+        arena = params.get("ort_arena", "shrink")
+        if arena == "off":
+            opts.enable_cpu_mem_arena = False
+        self.run_options = ort.RunOptions()
+        if arena == "shrink":
+            self.run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         self.session = ort.InferenceSession(os.path.join(folder, "model.onnx"), opts,
                                             providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]
@@ -109,7 +117,7 @@ class TritonPythonModel:
                 batch[n][pos:pos + b, :l] = arrays[n]
             spans.append((i, pos, b, int(arrays["sentence_ids"].max(initial=-1)) + 1))
             pos += b
-        rerank, probs = self.session.run(["rerank_score", "sentence_probs"], batch)
+        rerank, probs = self.session.run(["rerank_score", "sentence_probs"], batch, self.run_options)
         out = []
         for i, start, b, n_sent in spans:
             tensors = [pb_utils.Tensor("rerank_score",
