@@ -8,7 +8,7 @@ rule and its defaults. See docs/families.md for the sources.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,8 @@ class Family:
     description: str
     sentence_specials: bool = False  # each sentence wrapped in its own [CLS] ... [SEP]
     rerank_merge: str = "first"      # passage score from the "first" block, or the "max" over blocks
+    rerank_transform: str = "logit"  # the score as the head gives it, or its "sigmoid"
+    zero_rerank_when_empty: bool = False  # a passage with nothing kept scores 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -51,8 +53,12 @@ FAMILIES: dict[str, Family] = {
     "open_provence": Family(
         name="open_provence", backbone="xlm-roberta", sentence_pooling="token_probs",
         has_rerank_head=True, uses_token_type_ids=False, seps_between=2,
-        threshold=0.5, keep_rule="gt", title="none", backoff_alpha=None,
+        # as OpenProvenceModel.process(): the config's `default_threadshold` (sic) or 0.1; the
+        # reranking score is the sigmoid of the logit, the best over the passage's blocks,
+        # and 0.0 when no sentence is kept
+        threshold=0.1, keep_rule="gt", title="none", backoff_alpha=None,
         description="zilliz/semantic-highlight-bilingual-v1 and OpenProvence checkpoints",
+        rerank_merge="max", rerank_transform="sigmoid", zero_rerank_when_empty=True,
     ),
     "opensearch": Family(
         name="opensearch", backbone="bert", sentence_pooling="hidden",
@@ -83,6 +89,18 @@ _ARCHITECTURES = {
     "OpenProvenceForPruning": "open_provence",
     "BertTaggerForSentenceExtractionWithBackoff": "opensearch",
 }
+
+
+def checkpoint_family(fam: Family, config: dict[str, Any]) -> Family:
+    """The family with the defaults a checkpoint's config sets: OpenProvence configs carry
+    `default_threadshold` (sic, as its code reads it) or `default_threshold`."""
+    if fam.name != "open_provence":
+        return fam
+    for key in ("default_threadshold", "default_threshold"):
+        value = config.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0:
+            return replace(fam, threshold=float(value))
+    return fam
 
 
 def get_family(name: str) -> Family:

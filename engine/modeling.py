@@ -435,7 +435,8 @@ def load_checkpoint(name_or_path: str | Path, family: str | None = None,
     model = build("cpu")
     model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
     model.eval().to(torch.float32)
-    return LoadedCheckpoint(model=model, family=fam, folder=folder, config=raw,
+    from engine.families import checkpoint_family
+    return LoadedCheckpoint(model=model, family=checkpoint_family(fam, raw), folder=folder, config=raw,
                             max_length=checkpoint_max_length(fam, raw), weights_sha256=sha)
 
 

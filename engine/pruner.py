@@ -235,7 +235,8 @@ class Pruner:
         results = []
         for i, (p, sp, sc) in enumerate(zip(call.passages, call.spans, scored)):
             kept = keep_mask(sc.probs, fam, call.threshold, call.title, call.alpha)
-            results.append(build_result(i, p, sp, sc.probs, kept, sc.rerank, call.threshold, sc.blocks))
+            rerank = 0.0 if fam.zero_rerank_when_empty and sc.rerank is not None and not kept.any() else sc.rerank
+            results.append(build_result(i, p, sp, sc.probs, kept, rerank, call.threshold, sc.blocks))
         return order_results(results, call.reorder, call.top_k)
 
     def prune_many(self, queries: Sequence[dict[str, Any]]) -> list[list[PruneResult] | Exception]:
@@ -351,9 +352,12 @@ class Pruner:
         rerank: list[float | None] = [None] * len(passages)
         n_blocks = [0] * len(passages)
         use_max = self.spec.family.rerank_merge == "max"
+        sigmoid = self.spec.family.rerank_transform == "sigmoid"
         for block, (score, probs) in zip(blocks, outputs):
             i = block.passage
             n_blocks[i] += 1
+            if sigmoid:
+                score = float(1.0 / (1.0 + np.exp(-score)))
             if block.first and not use_max:
                 rerank[i] = score
             elif use_max:

@@ -26,6 +26,24 @@ def load_hf_tokenizer(folder: str | Path) -> Any:
     return tok
 
 
+def checkpoint_tokenizer(folder: str | Path) -> Any:
+    """The folder's own tokenizer.json exactly as written (None without one).
+
+    transformers 5 rebuilds some tokenizers instead of reading the file: its
+    DebertaV2Tokenizer drops the checkpoint's SentencePiece normalizer (a precompiled
+    character map that turns "…" into "..." and folds full-width forms) for NFC and
+    whitespace rules, so Provence would tokenize such text differently from its own code
+    (transformers 4, which loads the file). The file is what the model was trained with."""
+    path = Path(str(folder)) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:
+        raise ModelLoadError(f"{path}: cannot be read by the tokenizers library ({exc})") from exc
+
+
 def load_reference(path: str | Path, family: str | None = None, tokenizer: str | Path | None = None,
                    max_length: int | None = None, options: dict[str, Any] | None = None):
     """(module, tokenizers.Tokenizer, ModelSpec) for running a checkpoint with PyTorch.
@@ -34,7 +52,7 @@ def load_reference(path: str | Path, family: str | None = None, tokenizer: str |
     from engine.modeling import load_checkpoint
     ck = load_checkpoint(path, family=family, options=options)
     hf_tok = load_hf_tokenizer(tokenizer or ck.folder)
-    backend_tok = hf_tok.backend_tokenizer
+    backend_tok = checkpoint_tokenizer(tokenizer or ck.folder) or hf_tok.backend_tokenizer
     backend_tok.no_padding()
     backend_tok.no_truncation()
     if max_length is not None and not 0 < int(max_length) <= ck.max_length:

@@ -6,7 +6,7 @@ described by reading its config and tokenizer. Torch-free.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,11 @@ MAX_WINDOW = 32_768
 def spec_from_manifest(manifest: dict[str, Any], name: str = "model") -> ModelSpec:
     try:
         tok = manifest["tokenizer"]
-        spec = ModelSpec(family=get_family(manifest["family"]), max_length=int(manifest["max_length"]),
+        family = get_family(manifest["family"])
+        threshold = (manifest.get("defaults") or {}).get("threshold")
+        if isinstance(threshold, (int, float)) and not isinstance(threshold, bool) and 0 <= threshold <= 1:
+            family = replace(family, threshold=float(threshold))    # the checkpoint's own default
+        spec = ModelSpec(family=family, max_length=int(manifest["max_length"]),
                          cls_id=int(tok["cls_id"]), sep_id=int(tok["sep_id"]), pad_id=int(tok["pad_id"]),
                          name=name, extra={"manifest": manifest})
         buckets = [int(b) for b in manifest.get("buckets", [])]

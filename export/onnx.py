@@ -216,6 +216,9 @@ def export_model(checkpoint: str | Path, out: str | Path, *, family: str | None 
         del proto
         onnx.checker.check_model(str(fp32))
         hf_tok.save_pretrained(str(stage))
+        # the tokenizer the engine runs: the checkpoint's own tokenizer.json where it has one
+        # (engine.reference.checkpoint_tokenizer), never a rebuilt one
+        tok.save(str(stage / "tokenizer.json"))
         if not (stage / "tokenizer.json").is_file():
             raise ExportError("the tokenizer could not be saved as tokenizer.json (fast tokenizer)")
 

@@ -43,12 +43,13 @@ def test_block_template_matches_the_checkpoint_tokenizer(pruners, name):
 
 @pytest.mark.parametrize("name", FAMILY_NAMES)
 def test_reranking_score_of_a_multi_block_passage(pruners, name):
-    """The first block's score (the best block's for the embedding family): equal to the
-    score of a passage made of just the sentences that block holds."""
+    """The first block's score (the best block's for the embedding and OpenProvence
+    families): equal to the score of a passage made of just the sentences that block holds.
+    (Threshold 0: every sentence kept, so OpenProvence's 0.0-when-nothing-is-kept stays out.)"""
     ort_p, _ = pruners[name]
     small = with_window(ort_p, 96)
     passage = " ".join(f"Sentence {i} says the stadium held {i} thousand people in {1900 + i}." for i in range(12))
-    r = small.prune(Q, [passage])[0]
+    r = small.prune(Q, [passage], threshold=0.0)[0]
     assert r.blocks > 2
     spans = [(s.start, s.end) for s in r.sentences]
     blocks = small.encode(Q, [passage], [spans])
@@ -56,10 +57,11 @@ def test_reranking_score_of_a_multi_block_passage(pruners, name):
     for b in blocks:
         first, last = b.units[0][0], b.units[-1][0]
         part = passage[spans[first][0]:spans[last][1]]
-        alone = small.prune(Q, [part], sentences=[[passage[s:e] for s, e in spans[first:last + 1]]])[0]
+        alone = small.prune(Q, [part], sentences=[[passage[s:e] for s, e in spans[first:last + 1]]],
+                            threshold=0.0)[0]
         assert alone.blocks == 1
         scores.append(alone.reranking_score)
-    expected = max(scores) if name == "embedding" else scores[0]
+    expected = max(scores) if name in ("embedding", "open_provence") else scores[0]
     assert r.reranking_score == pytest.approx(expected, abs=1e-5)
     if name != "opensearch":   # (no rerank head: always 0)
         assert len(set(np.round(scores, 6))) > 1   # the blocks differ: the choice matters

@@ -258,3 +258,19 @@ def test_pruned_context_of_the_engine_with_a_middle_sentence_dropped(pruners):
             gap = doc[r.sentences[i - 1].end:s.start] if i else ""
             parts.append((gap if parts else "") + s.text)
     assert r.pruned_context == "".join(parts)
+
+
+def test_open_provence_reranking_score_is_process_s(pruners):
+    """As OpenProvenceModel.process(): the sigmoid of the rerank logit, the best over the
+    passage's blocks, and 0.0 when no sentence is kept; the torch reference agrees."""
+    ort_p, torch_p = pruners["open_provence"]
+    passage = " ".join(f"Sentence number {i} talks about the harbour and its ships." for i in range(120))
+    for p in (ort_p, torch_p):
+        r = p.prune("Where are the ships?", [passage], threshold=0.0)[0]
+        assert r.blocks > 1 and 0.0 < r.reranking_score < 1.0
+        call = p.prepare("Where are the ships?", [passage])
+        logits = [score for score, _ in p.run_blocks(call.blocks)]
+        assert len(logits) == r.blocks
+        assert r.reranking_score == pytest.approx(max(1 / (1 + math.exp(-x)) for x in logits), abs=1e-6)
+        nothing = p.prune("Where are the ships?", [passage], threshold=1.0)[0]
+        assert not any(s.kept for s in nothing.sentences) and nothing.reranking_score == 0.0
