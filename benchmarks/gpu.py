@@ -13,7 +13,13 @@ and the share of the GPU's dense fp16 peak, counting the model's FLOPs:
     + 2 x 2 x L^2 h (QK^T and AV) + 2 x 2 x L^2 h (DeBERTa's c2p and p2c terms)
     + 2 x 2 x L x 2k x h (position key/query projections over 2k relative positions, k = 256)
 
-Needs only torch and transformers (no TensorRT, no onnxruntime-gpu).
+Then the engine's own path: the same configuration exported by `prune export` (fp32,
+fp16) and run by the engine's ONNX Runtime backend (CUDA provider with IO binding; the
+TensorRT provider where the onnxruntime-gpu build has it), with p50/p99 at batch 1 and
+each graph's largest probability difference from the fp32 PyTorch reference.
+
+The PyTorch part needs torch and transformers; the ONNX Runtime part also onnxruntime-gpu
+and onnx (benchmarks/gpu.sh installs them from a folder of wheels).
 """
 from __future__ import annotations
 
@@ -41,6 +47,168 @@ def flops_per_sequence(cfg: dict, length: int) -> float:
     return n * per_layer + 2 * h * 2 * length  # + token head
 
 
+LARGE_SIZES = {k: LARGE[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")}
+TINY_SIZES = {k: TINY[k] for k in LARGE_SIZES}
+
+
+class _Feeds:
+    """The `ModelBatch` face the backends use: `.inputs(names)` and `.shape`."""
+
+    def __init__(self, arrays):
+        self.arrays, self.shape = arrays, arrays["input_ids"].shape
+
+    def inputs(self, names):
+        return {n: self.arrays[n] for n in names}
+
+
+def _feeds(batch: int, length: int, vocab: int, seed: int = 0):
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    return {"input_ids": rng.integers(5, vocab, size=(batch, length), dtype=np.int64),
+            "attention_mask": np.ones((batch, length), dtype=np.int64),
+            "sentence_ids": np.tile(np.arange(length, dtype=np.int64) // 32, (batch, 1))}
+
+
+def onnxruntime_rows(args, cfg_dict: dict, start: float, log) -> list[dict]:
+    """The engine's own path: a random-weight Provence-size checkpoint exported by
+    `prune export` (fp32 and fp16), run by the engine's ONNX Runtime backend on
+    `args.device` (CUDA with IO binding; the TensorRT provider too where present):
+    sequences/s per length and batch, p50/p99 at batch 1, and the largest probability
+    difference from the fp32 PyTorch reference on one batch."""
+    import statistics
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    from engine.backends.onnxruntime import OnnxRuntimeBackend, tensorrt_options
+    from engine.reference import load_reference
+    from export.checkpoints import make_test_checkpoint
+    from export.onnx import export_model
+
+    work = Path(tempfile.mkdtemp(prefix="prune-gpu-"))
+    ck = make_test_checkpoint("provence", work / "checkpoint", sizes=TINY_SIZES if args.tiny else LARGE_SIZES)
+    model, _, spec = load_reference(ck)
+    vocab = int(model.config.vocab_size)
+    check = _feeds(8, min(128, max(args.lengths)), vocab, seed=1)
+    with torch.inference_mode():
+        _, ref_probs = model(*(torch.from_numpy(check[n]) for n in ("input_ids", "attention_mask", "sentence_ids")))
+    ref_probs = ref_probs.float().numpy()
+    rows = []
+    cuda = args.device == "cuda"
+    for precision in ("fp32", "fp16"):
+        t = time.time()
+        out = work / precision
+        export_model(ck, out, precision=precision, verify=False, log=lambda m: None)
+        log(f"exported the {precision} graph in {time.time() - t:.0f} s")
+        rows.append({"path": f"export {precision}", "seconds": time.time() - t})
+        variants = [("onnxruntime-cuda" if cuda else "onnxruntime-cpu", None)]
+        if cuda and "TensorrtExecutionProvider" in ort.get_available_providers():
+            variants.append(("onnxruntime-tensorrt", tensorrt_options(
+                ["input_ids", "attention_mask", "sentence_ids"], sorted(set(args.lengths)), max(args.batches),
+                work / "trt-cache")))
+        for name, trt in variants:
+            try:
+                backend = OnnxRuntimeBackend(out / "model.onnx", device="cuda" if cuda else "cpu",
+                                             io_binding=True, tensorrt=trt, log=log)
+            except Exception as exc:
+                rows.append({"path": f"{name} {precision}", "error": str(exc)[:300]})
+                continue
+            path = f"{name} {precision}"
+            _, probs = backend.infer(_Feeds(check))
+            dp = float(np.abs(probs - ref_probs).max())
+            rows.append({"path": path, "check": "vs fp32 PyTorch, batch 8", "max_abs_dprob": dp,
+                         "providers": backend.session.get_providers()})
+            log(f"{path}: max |dp| vs fp32 PyTorch {dp:.2e} ({backend.session.get_providers()[0]})")
+            for length in args.lengths:
+                one = _Feeds(_feeds(1, length, vocab))
+                for _ in range(3):
+                    backend.infer(one)
+                lat = []
+                for _ in range(max(10, args.iters * 3)):
+                    t = time.perf_counter()
+                    backend.infer(one)
+                    lat.append(time.perf_counter() - t)
+                lat.sort()
+                rows.append({"path": path, "length": length, "batch": 1, "p50_ms": statistics.median(lat) * 1000,
+                             "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000})
+                for bs in args.batches:
+                    if time.time() - start > args.budget_s:
+                        break
+                    feeds = _Feeds(_feeds(bs, length, vocab))
+                    try:
+                        for _ in range(2):
+                            backend.infer(feeds)
+                        t = time.perf_counter()
+                        for _ in range(args.iters):
+                            backend.infer(feeds)
+                        sec = (time.perf_counter() - t) / args.iters
+                    except Exception as exc:
+                        rows.append({"path": path, "length": length, "batch": bs, "error": str(exc)[:200]})
+                        break
+                    seq_s = bs / sec
+                    tflops = flops_per_sequence(cfg_dict, length) * seq_s / 1e12
+                    row = {"path": path, "length": length, "batch": bs, "ms_per_batch": sec * 1000,
+                           "sequences_per_s": seq_s, "tokens_per_s": seq_s * length, "tflops": tflops,
+                           "share_of_fp16_peak": tflops / args.peak_tflops}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+            del backend
+    return rows
+
+
+def markdown(report: dict) -> str:
+    """The best sequences/s per path and length, p50/p99 at batch 1, and the fidelity check."""
+    lines = [f"# GPU benchmark ({report['info'].get('gpu', report['info']['device'])}, "
+             f"{report['info']['config']})", "", f"Command: `{report['command']}`", "",
+             "| path | length | best sequences/s (batch) | share of fp16 peak | p50 / p99 ms at batch 1 |",
+             "|---|---|---|---|---|"]
+    rows = [r for r in report["rows"] if "sequences_per_s" in r or "p50_ms" in r]
+    keys = sorted({(r.get("path") or f"torch {r['attn']} {r['dtype']}", r["length"]) for r in rows})
+    for path, length in keys:
+        mine = [r for r in rows if (r.get("path") or f"torch {r['attn']} {r['dtype']}") == path
+                and r["length"] == length]
+        best = max((r for r in mine if "sequences_per_s" in r), key=lambda r: r["sequences_per_s"], default=None)
+        lat = next((r for r in mine if "p50_ms" in r), None)
+        lines.append(f"| {path} | {length} | "
+                     + (f"{best['sequences_per_s']:.1f} ({best['batch']}) | {best['share_of_fp16_peak']:.1%}"
+                        if best else "- | -")
+                     + (f" | {lat['p50_ms']:.2f} / {lat['p99_ms']:.2f} |" if lat else " | - |"))
+    checks = [r for r in report["rows"] if "max_abs_dprob" in r]
+    if checks:
+        lines += ["", "| path | max abs probability difference vs fp32 PyTorch | providers |", "|---|---|---|"]
+        lines += [f"| {r['path']} | {r['max_abs_dprob']:.2e} | {', '.join(r['providers'])} |" for r in checks]
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = [r for r in report["rows"] if "sequences_per_s" in r]
+    length = max((r["length"] for r in rows), default=None)
+    if length is None:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name in sorted({r.get("path") or f"torch {r['attn']} {r['dtype']}" for r in rows}):
+        pts = sorted((r["batch"], r["sequences_per_s"]) for r in rows
+                     if (r.get("path") or f"torch {r['attn']} {r['dtype']}") == name and r["length"] == length)
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch")
+    ax.set_ylabel(f"sequences/s at length {length}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
 def main(argv=None) -> int:
     import torch
     from transformers import AutoConfig
@@ -58,8 +226,12 @@ def main(argv=None) -> int:
     ap.add_argument("--peak-tflops", type=float, default=990.0, help="dense fp16 peak (H200: ~990)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--budget-s", type=float, default=240.0, help="stop starting new cases after this")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", required=True, help="the JSON report")
+    ap.add_argument("--markdown", help="also write a markdown summary here")
+    ap.add_argument("--plot", help="also write a PNG here (needs matplotlib)")
+    ap.add_argument("--no-onnxruntime", action="store_true", help="PyTorch paths only")
     args = ap.parse_args(argv)
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
 
     cfg_dict = TINY if args.tiny else LARGE
     dev = torch.device(args.device)
@@ -121,8 +293,20 @@ def main(argv=None) -> int:
             del model
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
+    if not args.no_onnxruntime:
+        try:
+            rows += onnxruntime_rows(args, cfg_dict, start, log)
+        except Exception as exc:   # the PyTorch figures are kept whatever happens here
+            rows.append({"path": "onnxruntime", "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+            log(f"onnxruntime paths failed: {exc}")
+    report = {"info": info, "rows": rows, "command": " ".join(sys.argv)}
     with open(args.out, "w") as fh:
-        json.dump({"info": info, "rows": rows, "command": " ".join(sys.argv)}, fh, indent=2)
+        json.dump(report, fh, indent=2)
+    if args.markdown:
+        with open(args.markdown, "w") as fh:
+            fh.write(markdown(report))
+    if args.plot and not plot(report, args.plot):
+        log("no plot: matplotlib is not installed")
     return 0
 
 

@@ -115,7 +115,8 @@ def cmd_run(args) -> int:
     else:
         args.model = _model_path(args)
         pruner = Pruner.load(args.model, backend=args.backend, family=args.family, threads=args.threads,
-                             batching=_batching(args))
+                             batching=_batching(args), device=args.device, tensorrt=args.trt_provider,
+                             log=args.log)
     t_load = time.perf_counter() - t0
     if args.input:
         return _run_file(pruner, args)
@@ -371,6 +372,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "the default model's text model; a core model name makes this client tokenize)")
     r.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="how to reach --server")
     r.add_argument("--family", help="family override for --backend torch")
+    r.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: ONNX Runtime's CUDA provider with IO binding (pip install 'prune-engine[gpu]'), "
+                        "or torch on the GPU")
+    r.add_argument("--trt-provider", action="store_true",
+                   help="with --device cuda: ONNX Runtime's TensorRT provider first (fp16; engines cached in "
+                        "the model folder's trt-cache/), the CUDA provider where it is absent")
     r.add_argument("--question", help="the question the passages are pruned for")
     r.add_argument("--context", action="append", help="a passage (repeatable)")
     r.add_argument("--context-file", action="append", help="a file holding one passage; - for stdin (repeatable)")

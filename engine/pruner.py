@@ -79,8 +79,14 @@ class Pruner:
     def load(cls, path: str | Path, backend: str = "onnxruntime", *, family: str | None = None,
              threads: int | None = None, providers: list[str] | None = None,
              batching: BatchingConfig | None = None, graph: str | None = None,
-             device: str = "cpu", options: dict[str, Any] | None = None) -> "Pruner":
+             device: str = "cpu", options: dict[str, Any] | None = None,
+             tensorrt: bool | str | Path = False, log: Any = None) -> "Pruner":
         """Load an exported model folder (ONNX Runtime), or a checkpoint (backend="torch").
+
+        `device="cuda"`: ONNX Runtime's CUDA provider with IO binding (onnxruntime-gpu), or
+        torch on the GPU; `tensorrt` (cuda, ONNX Runtime): its TensorRT provider first, fp16,
+        engines cached in the model folder's `trt-cache/` (or the folder given), falling
+        back to CUDA with a message (`log`) where the provider is absent.
 
         `threads` sets ONNX Runtime's intra-op threads (or torch's threads). `"default"`
         is the default model (all-MiniLM-L6-v2): its export (made on first use) for ONNX
@@ -95,8 +101,14 @@ class Pruner:
             manifest = read_manifest(path)
             spec = spec_from_manifest(manifest, name=path.name)
             tokenizer = load_tokenizer(path / manifest["tokenizer"].get("file", "tokenizer.json"))
+            trt = None
+            if tensorrt:
+                from engine.backends.onnxruntime import tensorrt_options
+                trt = tensorrt_options(list(spec.input_names), list(manifest.get("buckets") or [spec.max_length]),
+                                       (batching or BatchingConfig()).max_batch_size,
+                                       Path(tensorrt) if isinstance(tensorrt, (str, Path)) else path / "trt-cache")
             core = OnnxRuntimeBackend(path / (graph or manifest["graph"]), intra_op_threads=threads,
-                                      providers=providers)
+                                      providers=providers, device=device, tensorrt=trt, log=log)
             missing = set(spec.input_names) - set(core.input_names)
             if missing:
                 raise ModelLoadError(f"{path}: graph lacks inputs {sorted(missing)}")

@@ -151,12 +151,19 @@ def _spread_heads(model: torch.nn.Module, gen: torch.Generator) -> None:
                 module.bias.zero_()
 
 
-def make_test_checkpoint(family_name: str, out: str | Path, seed: int = 0) -> Path:
-    """Write a tiny random-weight checkpoint of `family_name` into `out`."""
+def make_test_checkpoint(family_name: str, out: str | Path, seed: int = 0,
+                         sizes: dict[str, int] | None = None) -> Path:
+    """Write a tiny random-weight checkpoint of `family_name` into `out`; `sizes` overrides
+    the dimensions (hidden_size, num_hidden_layers, num_attention_heads, intermediate_size:
+    e.g. a Provence-size model for speed measurements, whose speed the weights do not change)."""
     fam = get_family(family_name)
     out = Path(out)
     tok = make_tokenizer("bert" if fam.backbone == "auto" else fam.backbone)
     config = _config(fam.name, len(tok))
+    if sizes:
+        config.update(sizes)
+        if "pooler_hidden_size" in config:
+            config["pooler_hidden_size"] = config["hidden_size"]
     torch.manual_seed(seed)
     model = build_model(fam, config, set())
     gen = torch.Generator().manual_seed(seed + 1)

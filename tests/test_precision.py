@@ -226,3 +226,43 @@ def test_tensorrt_absent_is_a_clear_error(checkpoints, tmp_path):
     assert (tmp_path / "o" / "build_tensorrt.sh").is_file() and (tmp_path / "o" / "model.trt.onnx").is_file()
     with pytest.raises(ExportError, match="Q/DQ"):
         export_tensorrt(tmp_path / "o", "int8", log=lambda m: None)
+
+
+def test_io_binding_gives_the_plain_run_s_outputs(exported):
+    """The CUDA path's IO binding (inputs copied once, outputs bound to the host), run here
+    on the CPU provider: the same outputs as a plain session.run."""
+    from engine.backends.onnxruntime import OnnxRuntimeBackend
+    from engine.pruner import Pruner
+    plain = Pruner.load(exported["xprovence"], threads=1)
+    bound = Pruner.load(exported["xprovence"], threads=1)
+    bound.backend = OnnxRuntimeBackend(exported["xprovence"] / "model.onnx", intra_op_threads=1, io_binding=True)
+    assert bound.backend.io_binding and "IO binding" in bound.backend.describe()
+    passages = ["The stadium was built in 1923. It holds 80,000 people.", "Paris is in France. " * 40]
+    a, b = plain.prune("When was it built?", passages), bound.prune("When was it built?", passages)
+    for x, y in zip(a, b):
+        assert x.reranking_score == pytest.approx(y.reranking_score, abs=1e-6)
+        np.testing.assert_allclose([s.probability for s in x.sentences], [s.probability for s in y.sentences],
+                                   atol=1e-6)
+
+
+def test_cuda_without_onnxruntime_gpu_is_a_clear_error(exported):
+    import onnxruntime as ort
+    from engine.errors import ModelLoadError
+    from engine.pruner import Pruner
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has the CUDA provider (tests/test_gpu.py runs there)")
+    with pytest.raises(ModelLoadError, match=r"device='cuda' needs ONNX Runtime's CUDA provider: pip install"):
+        Pruner.load(exported["xprovence"], device="cuda")
+    with pytest.raises(ModelLoadError, match="device must be one of"):
+        Pruner.load(exported["xprovence"], device="tpu")
+
+
+def test_tensorrt_provider_profiles_span_the_buckets(tmp_path):
+    from engine.backends.onnxruntime import tensorrt_options
+    opts = tensorrt_options(["input_ids", "attention_mask", "sentence_ids"], [16, 32, 64, 128, 256, 512], 64,
+                            tmp_path / "cache")
+    assert opts["trt_fp16_enable"] and opts["trt_engine_cache_enable"]
+    assert opts["trt_engine_cache_path"] == str(tmp_path / "cache")
+    assert opts["trt_profile_min_shapes"] == "input_ids:1x16,attention_mask:1x16,sentence_ids:1x16"
+    assert opts["trt_profile_opt_shapes"] == "input_ids:8x128,attention_mask:8x128,sentence_ids:8x128"
+    assert opts["trt_profile_max_shapes"] == "input_ids:64x512,attention_mask:64x512,sentence_ids:64x512"

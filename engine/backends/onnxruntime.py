@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -26,12 +27,34 @@ def arena_mode(value: str | None = None) -> str:
     return mode
 
 
+DEVICES = ("cpu", "cuda")
+
+
+def tensorrt_options(input_names: list[str], buckets: list[int], max_batch: int,
+                     cache: str | Path) -> dict[str, Any]:
+    """ONNX Runtime's TensorRT provider: fp16, an engine cache, and one optimization
+    profile spanning the engine's length buckets (min: 1 x the smallest bucket; opt: 8 x
+    the middle bucket; max: max_batch x the window)."""
+    def shapes(rows: int, length: int) -> str:
+        return ",".join(f"{n}:{rows}x{length}" for n in input_names)
+    mid = buckets[len(buckets) // 2]
+    return {"trt_fp16_enable": True, "trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache),
+            "trt_timing_cache_enable": True, "trt_profile_min_shapes": shapes(1, buckets[0]),
+            "trt_profile_opt_shapes": shapes(min(8, max_batch), mid),
+            "trt_profile_max_shapes": shapes(max_batch, buckets[-1])}
+
+
 class OnnxRuntimeBackend(Backend):
+    """`device="cuda"` runs ONNX Runtime's CUDA provider (onnxruntime-gpu) with IO binding:
+    the inputs are copied to the GPU once per batch, and only the small pooled outputs
+    (B floats and B x S probabilities) come back. `tensorrt` puts ONNX Runtime's TensorRT
+    provider first (`tensorrt_options`), where the installed onnxruntime-gpu has it."""
     name = "onnxruntime"
 
     def __init__(self, graph: str | Path, *, intra_op_threads: int | None = None,
-                 inter_op_threads: int | None = None, providers: list[str] | None = None,
-                 arena: str | None = None):
+                 inter_op_threads: int | None = None, providers: list[Any] | None = None,
+                 arena: str | None = None, device: str = "cpu", io_binding: bool | None = None,
+                 tensorrt: dict[str, Any] | None = None, log: Any = None):
         try:
             import onnxruntime as ort
         except ImportError as exc:
@@ -56,14 +79,35 @@ class OnnxRuntimeBackend(Backend):
         self.run_options = ort.RunOptions()
         if self.arena == "shrink":
             self.run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        if device not in DEVICES:
+            raise ModelLoadError(f"device must be one of {DEVICES}, got {device!r}")
+        self.device = device
         available = ort.get_available_providers()
-        if providers is None:
+        if device == "cuda":
+            if "CUDAExecutionProvider" not in available:
+                raise ModelLoadError("device='cuda' needs ONNX Runtime's CUDA provider: pip install "
+                                     "'prune-engine[gpu]' (onnxruntime-gpu, without the CPU onnxruntime); "
+                                     f"this onnxruntime {ort.__version__} has {available}")
+            providers = [("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"]
+            if tensorrt is not None:
+                if "TensorrtExecutionProvider" in available:
+                    providers.insert(0, ("TensorrtExecutionProvider", tensorrt))
+                else:
+                    (log or (lambda m: None))("ONNX Runtime's TensorRT provider is not in this onnxruntime-gpu "
+                                              "(it needs TensorRT's libraries): running the CUDA provider")
+        elif providers is None:
             providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
         try:
             self.session = ort.InferenceSession(str(graph), sess_options=opts, providers=providers)
         except Exception as exc:
             raise ModelLoadError(f"{graph}: ONNX Runtime cannot load the graph "
                                  f"({type(exc).__name__}: {exc})") from exc
+        if device == "cuda" and self.session.get_providers()[0] not in ("CUDAExecutionProvider",
+                                                                        "TensorrtExecutionProvider"):
+            # onnxruntime-gpu falls back to the CPU when CUDA's libraries do not load
+            raise ModelLoadError(f"device='cuda': ONNX Runtime fell back to {self.session.get_providers()} "
+                                 "(are the CUDA and cuDNN libraries onnxruntime-gpu needs installed?)")
+        self.io_binding = (device == "cuda") if io_binding is None else bool(io_binding)
         self.input_names = [i.name for i in self.session.get_inputs()]
         outputs = [o.name for o in self.session.get_outputs()]
         if outputs[:2] != ["rerank_score", "sentence_probs"]:
@@ -73,11 +117,21 @@ class OnnxRuntimeBackend(Backend):
 
     def infer(self, batch: ModelBatch) -> tuple[np.ndarray, np.ndarray]:
         try:
-            rerank, probs = self.session.run(["rerank_score", "sentence_probs"],
-                                             batch.inputs(self.input_names), self.run_options)
+            if self.io_binding:
+                binding = self.session.io_binding()
+                for name, array in batch.inputs(self.input_names).items():
+                    binding.bind_cpu_input(name, np.ascontiguousarray(array))
+                for name in ("rerank_score", "sentence_probs"):
+                    binding.bind_output(name, "cpu")      # small: B and B x S floats
+                self.session.run_with_iobinding(binding, self.run_options)
+                rerank, probs = binding.copy_outputs_to_cpu()[:2]
+            else:
+                rerank, probs = self.session.run(["rerank_score", "sentence_probs"],
+                                                 batch.inputs(self.input_names), self.run_options)
         except Exception as exc:
             raise BackendError(f"ONNX Runtime failed on a batch of shape {batch.shape}: {exc}") from exc
         return rerank, probs
 
     def describe(self) -> str:
-        return f"onnxruntime {self.session.get_providers()[0]} ({self.graph.name})"
+        return (f"onnxruntime {self.session.get_providers()[0]} ({self.graph.name}"
+                + (", IO binding)" if self.io_binding else ")"))

@@ -1,0 +1,49 @@
+"""benchmarks/gpu.sh, rehearsed on CPU with a tiny configuration (GPU_DRY_RUN=1) so the
+one prepared GPU run cannot rot: it installs from a folder of wheels whose file was split
+into pieces (joined first), reports the providers, and writes JSON, markdown and PNG with
+the PyTorch and ONNX Runtime paths and the fidelity check."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_gpu_script_dry_run(tmp_path):
+    # a wheel folder as the GPU machine gets it: one wheel in 3 pieces (here a tiny pure
+    # Python wheel of ours, so the install step runs for real without a package index)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    build = tmp_path / "pkg"
+    (build / "prune_gpu_probe").mkdir(parents=True)
+    (build / "prune_gpu_probe" / "__init__.py").write_text("VALUE = 42\n")
+    (build / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools>=77"]\n'
+                                          'build-backend = "setuptools.build_meta"\n'
+                                          '[project]\nname = "prune-gpu-probe"\nversion = "1.0"\n')
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(tmp_path), str(build)], check=True, capture_output=True, timeout=300)
+    whl = next(tmp_path.glob("prune_gpu_probe-*.whl"))
+    data = whl.read_bytes()
+    third = len(data) // 3 + 1
+    for i, suffix in enumerate(("aa", "ab", "ac")):
+        (wheels / f"{whl.name}.part-{suffix}").write_bytes(data[i * third:(i + 1) * third])
+    out = tmp_path / "out"
+    env = {**os.environ, "GPU_DRY_RUN": "1", "WHEELS": str(wheels), "BUDGET_S": "120",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "joined 3 pieces" in proc.stdout
+    assert (out / "site" / "prune_gpu_probe" / "__init__.py").is_file()
+    assert "CPUExecutionProvider" in (out / "providers.txt").read_text()
+    report = json.loads((out / "gpu.json").read_text())
+    paths = {r.get("path") or f"torch {r.get('attn')} {r.get('dtype')}" for r in report["rows"]}
+    assert {"torch eager float32", "onnxruntime-cpu fp32", "onnxruntime-cpu fp16"} <= paths
+    checks = {r["path"]: r["max_abs_dprob"] for r in report["rows"] if "max_abs_dprob" in r}
+    assert checks["onnxruntime-cpu fp32"] < 1e-5 and checks["onnxruntime-cpu fp16"] < 2e-2
+    assert not [r for r in report["rows"] if "error" in r], [r for r in report["rows"] if "error" in r]
+    md = (out / "gpu.md").read_text()
+    assert "| onnxruntime-cpu fp32 | 64 |" in md and "p50 / p99" in md
+    assert (out / "gpu.png").stat().st_size > 1000
