@@ -116,7 +116,7 @@ def cmd_run(args) -> int:
         args.model = _model_path(args)
         pruner = Pruner.load(args.model, backend=args.backend, family=args.family, threads=args.threads,
                              batching=_batching(args), device=args.device, tensorrt=args.trt_provider,
-                             log=args.log)
+                             log=args.log, dtype=args.dtype, attn=args.attn)
     t_load = time.perf_counter() - t0
     if args.input:
         return _run_file(pruner, args)
@@ -375,6 +375,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: ONNX Runtime's CUDA provider with IO binding (pip install 'prune-engine[gpu]'), "
                         "or torch on the GPU")
+    r.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
+                   help="--backend torch: the weights' and activations' type (float16/bfloat16 on a GPU)")
+    r.add_argument("--attn", choices=["eager", "sdpa"], default="eager",
+                   help="--backend torch: attention implementation (sdpa: XLM-R and BERT backbones)")
     r.add_argument("--trt-provider", action="store_true",
                    help="with --device cuda: ONNX Runtime's TensorRT provider first (fp16; engines cached in "
                         "the model folder's trt-cache/), the CUDA provider where it is absent")

@@ -80,13 +80,16 @@ class Pruner:
              threads: int | None = None, providers: list[str] | None = None,
              batching: BatchingConfig | None = None, graph: str | None = None,
              device: str = "cpu", options: dict[str, Any] | None = None,
-             tensorrt: bool | str | Path = False, log: Any = None) -> "Pruner":
+             tensorrt: bool | str | Path = False, log: Any = None, dtype: str = "float32",
+             attn: str = "eager") -> "Pruner":
         """Load an exported model folder (ONNX Runtime), or a checkpoint (backend="torch").
 
         `device="cuda"`: ONNX Runtime's CUDA provider with IO binding (onnxruntime-gpu), or
         torch on the GPU; `tensorrt` (cuda, ONNX Runtime): its TensorRT provider first, fp16,
         engines cached in the model folder's `trt-cache/` (or the folder given), falling
-        back to CUDA with a message (`log`) where the provider is absent.
+        back to CUDA with a message (`log`) where the provider is absent. For torch, `dtype`
+        (float32, float16, bfloat16) and `attn` (eager, sdpa: the checkpoint's backbone must
+        offer it; DeBERTa-v2/v3 does not) give the GPU reference most users run today.
 
         `threads` sets ONNX Runtime's intra-op threads (or torch's threads). `"default"`
         is the default model (all-MiniLM-L6-v2): its export (made on first use) for ONNX
@@ -116,8 +119,12 @@ class Pruner:
         if backend == "torch":
             from engine.backends.torch import TorchBackend
             from engine.reference import load_reference
-            model, tokenizer, spec = load_reference(path, family=family, options=options)
-            return cls(TorchBackend(model, threads=threads, device=device), tokenizer, spec, batching)
+            if dtype not in ("float32", "float16", "bfloat16"):
+                raise InputError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
+            if attn not in ("eager", "sdpa"):
+                raise InputError(f"attn must be eager or sdpa, got {attn!r}")
+            model, tokenizer, spec = load_reference(path, family=family, options=options, attn=attn)
+            return cls(TorchBackend(model, threads=threads, device=device, dtype=dtype), tokenizer, spec, batching)
         raise InputError(f"unknown backend {backend!r}: onnxruntime or torch "
                          "(Triton: Pruner.connect)")
 

@@ -45,12 +45,13 @@ def checkpoint_tokenizer(folder: str | Path) -> Any:
 
 
 def load_reference(path: str | Path, family: str | None = None, tokenizer: str | Path | None = None,
-                   max_length: int | None = None, options: dict[str, Any] | None = None):
+                   max_length: int | None = None, options: dict[str, Any] | None = None,
+                   attn: str = "eager"):
     """(module, tokenizers.Tokenizer, ModelSpec) for running a checkpoint with PyTorch.
 
     `options`: family options (the embedding family's mode, scale, shift, rerank)."""
     from engine.modeling import load_checkpoint
-    ck = load_checkpoint(path, family=family, options=options)
+    ck = load_checkpoint(path, family=family, options=options, attn=attn)
     hf_tok = load_hf_tokenizer(tokenizer or ck.folder)
     backend_tok = checkpoint_tokenizer(tokenizer or ck.folder) or hf_tok.backend_tokenizer
     backend_tok.no_padding()

@@ -266,3 +266,33 @@ def test_tensorrt_provider_profiles_span_the_buckets(tmp_path):
     assert opts["trt_profile_min_shapes"] == "input_ids:1x16,attention_mask:1x16,sentence_ids:1x16"
     assert opts["trt_profile_opt_shapes"] == "input_ids:8x128,attention_mask:8x128,sentence_ids:8x128"
     assert opts["trt_profile_max_shapes"] == "input_ids:64x512,attention_mask:64x512,sentence_ids:64x512"
+
+
+@pytest.mark.parametrize("family", ["xprovence", "opensearch"])
+def test_torch_half_precision_and_sdpa_stay_near_the_fp32_reference(checkpoints, family):
+    """The GPU reference users run today (torch in bfloat16, SDPA attention), here on CPU:
+    SDPA in fp32 within 1e-5 of eager, bfloat16 within 3e-2, same kept sentences where the
+    probabilities are not within 3e-2 of the threshold."""
+    ref = Pruner.load(checkpoints[family], backend="torch", threads=1)
+    sdpa = Pruner.load(checkpoints[family], backend="torch", threads=1, attn="sdpa")
+    bf16 = Pruner.load(checkpoints[family], backend="torch", threads=1, dtype="bfloat16")
+    assert "bfloat16" in bf16.describe()
+    impl = {m.config._attn_implementation for m in sdpa.backend.model.modules()
+            if hasattr(getattr(m, "config", None), "_attn_implementation")}
+    assert impl == {"sdpa"}
+    a, b, c = (p.prune(QUESTION, PASSAGES) for p in (ref, sdpa, bf16))
+    for x, y, z in zip(a, b, c):
+        px = np.array([s.probability for s in x.sentences])
+        np.testing.assert_allclose(px, [s.probability for s in y.sentences], atol=1e-5)
+        pz = np.array([s.probability for s in z.sentences])
+        np.testing.assert_allclose(px, pz, atol=3e-2)
+        clear = np.abs(px - x.threshold) > 3e-2
+        assert (np.array([s.kept for s in x.sentences])[clear] == np.array([s.kept for s in z.sentences])[clear]).all()
+
+
+def test_torch_options_are_checked(checkpoints):
+    from engine.errors import InputError
+    with pytest.raises(InputError, match="dtype must be"):
+        Pruner.load(checkpoints["opensearch"], backend="torch", dtype="int4")
+    with pytest.raises(InputError, match="attn must be"):
+        Pruner.load(checkpoints["opensearch"], backend="torch", attn="flash")
