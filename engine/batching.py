@@ -39,7 +39,16 @@ class BatchingConfig:
             raise ValueError("buckets must be positive lengths")
 
     def buckets_for(self, max_length: int) -> tuple[int, ...]:
-        return tuple(sorted({b for b in self.buckets if b < max_length} | {max_length}))
+        """The buckets below the window, the window itself, and, for windows longer than
+        the largest bucket (--max-length above 512), every multiple of 512 in between."""
+        longer = set(range(((max(self.buckets) // 512) + 1) * 512, max_length, 512))
+        return tuple(sorted({b for b in self.buckets if b < max_length} | longer | {max_length}))
+
+    def row_budget(self, padded: int) -> int:
+        """Tokens a batch of rows padded to `padded` may hold: `max_batch_tokens`, and past
+        512 tokens less in proportion to the length, so that attention's L x L memory per
+        batch stays what it is at 512 (one row always fits)."""
+        return self.max_batch_tokens if padded <= 512 else self.max_batch_tokens * 512 // padded
 
 
 @dataclass
@@ -82,7 +91,7 @@ def plan(lengths: Sequence[int], cfg: BatchingConfig, max_length: int) -> list[t
     for i in order:
         p = padded_length(lengths[i], buckets)
         # A new bucket starts a new batch: mixing lengths would pad short rows to the long.
-        if current and (p != pad or (len(current) + 1) * p > cfg.max_batch_tokens
+        if current and (p != pad or (len(current) + 1) * p > cfg.row_budget(p)
                         or len(current) >= cfg.max_batch_size):
             batches.append((pad, current))
             current = []

@@ -341,7 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--out", required=True, help="output folder")
     e.add_argument("--family", help="override the detected family (provence, xprovence, open_provence, opensearch)")
     e.add_argument("--tokenizer", help="tokenizer folder or hub id, if the checkpoint has none")
-    e.add_argument("--max-length", type=int, help="model window in tokens (default: the checkpoint's, at most 512)")
+    e.add_argument("--max-length", type=int, help="model window in tokens (default: 512, or the checkpoint's if "
+                   "shorter; at most what its position embeddings allow, e.g. 8192 for BGE-M3-based models)")
     e.add_argument("--opset", type=int, default=17, help="ONNX opset of the exported graph")
     e.add_argument("--external-data", choices=["auto", "always", "never"], default="auto",
                    help="store weights beside the graph (auto: when over 2 GB)")

@@ -246,8 +246,9 @@ class LoadedCheckpoint:
     family: Family
     folder: Path
     config: dict[str, Any]
-    max_length: int
+    max_length: int               # the default window (what the published models were trained at)
     weights_sha256: str
+    max_positions: int = 0        # the longest window the position embeddings allow (--max-length)
 
 
 def resolve_checkpoint(name_or_path: str | Path) -> Path:
@@ -380,6 +381,15 @@ def _remap_keys(family: Family, state: dict[str, torch.Tensor]) -> dict[str, tor
     return state
 
 
+def checkpoint_positions(family: Family, raw: dict[str, Any]) -> int:
+    """The longest window the checkpoint's position embeddings allow."""
+    if family.name == "open_provence":
+        base = raw.get("base_model_config") or {}
+        return int(base.get("max_position_embeddings", 514)) - 2
+    positions = int(raw.get("max_position_embeddings", 512))
+    return positions - 2 if family.backbone == "xlm-roberta" else positions
+
+
 def checkpoint_max_length(family: Family, raw: dict[str, Any]) -> int:
     if family.name == "open_provence":
         base = raw.get("base_model_config") or {}
@@ -437,7 +447,8 @@ def load_checkpoint(name_or_path: str | Path, family: str | None = None,
     model.eval().to(torch.float32)
     from engine.families import checkpoint_family
     return LoadedCheckpoint(model=model, family=checkpoint_family(fam, raw), folder=folder, config=raw,
-                            max_length=checkpoint_max_length(fam, raw), weights_sha256=sha)
+                            max_length=checkpoint_max_length(fam, raw), weights_sha256=sha,
+                            max_positions=checkpoint_positions(fam, raw))
 
 
 def save_checkpoint(model: nn.Module, folder: Path, config: dict[str, Any]) -> None:

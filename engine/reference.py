@@ -56,8 +56,9 @@ def load_reference(path: str | Path, family: str | None = None, tokenizer: str |
     backend_tok = checkpoint_tokenizer(tokenizer or ck.folder) or hf_tok.backend_tokenizer
     backend_tok.no_padding()
     backend_tok.no_truncation()
-    if max_length is not None and not 0 < int(max_length) <= ck.max_length:
-        raise ModelLoadError(f"max_length {max_length} is outside 1..{ck.max_length}, the window "
+    limit = max(ck.max_length, ck.max_positions)
+    if max_length is not None and not 16 <= int(max_length) <= limit:
+        raise ModelLoadError(f"max_length {max_length} is outside 16..{limit}, the window "
                              "this checkpoint's position embeddings allow")
     spec = ModelSpec(family=ck.family, max_length=int(max_length or ck.max_length),
                      name=Path(str(path)).name, **special_ids(hf_tok),

@@ -2,6 +2,7 @@
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -9,6 +10,7 @@ from safetensors.torch import load_file, save_file
 from engine.errors import ModelLoadError
 from engine.families import detect_family, get_family, read_config
 from engine.modeling import load_checkpoint, weight_names
+from engine.pruner import Pruner
 from engine.reference import load_hf_tokenizer
 from tests.conftest import FAMILY_NAMES
 
@@ -176,3 +178,34 @@ def test_detection_from_pickle_names_and_published_class_names(checkpoints, tmp_
                          ("BertTaggerForSentenceExtractionWithBackoff", "opensearch"),
                          ("DebertaV2ForCompressionAndRanking", "provence")]:
         assert detect_family({"architectures": [arch], "model_type": "x"}).name == family
+
+
+def test_a_window_longer_than_512_where_the_positions_allow(tmp_path):
+    """XProvence and Zilliz's model sit on BGE-M3 (8k positions): --max-length above 512 is
+    accepted up to what the position embeddings allow, with buckets up to the window and
+    batches whose attention memory stays bounded; the default stays 512."""
+    from engine.backends.torch import TorchBackend
+    from engine.batching import BatchingConfig, plan
+    from engine.reference import load_reference
+    from export.checkpoints import make_test_checkpoint
+    from export.onnx import export_model
+    ck = make_test_checkpoint("xprovence", tmp_path / "ck", sizes={"max_position_embeddings": 1026})
+    with pytest.raises(ModelLoadError, match=r"outside 16\.\.1024"):
+        export_model(ck, tmp_path / "too-long", max_length=2048, log=lambda m: None)
+    export_model(ck, tmp_path / "long", max_length=1024, log=lambda m: None)     # parity checked inside
+    export_model(ck, tmp_path / "default", log=lambda m: None)
+    long, default = Pruner.load(tmp_path / "long"), Pruner.load(tmp_path / "default")
+    assert long.spec.max_length == 1024 and default.spec.max_length == 512
+    manifest = json.loads((tmp_path / "long" / "manifest.json").read_text())
+    assert manifest["buckets"][-2:] == [512, 1024]
+    passage = " ".join(f"Sentence {i} says the harbour held {i} ships." for i in range(25))
+    r_long, r_default = long.prune("Where are the ships?", [passage])[0], default.prune("Where are the ships?", [passage])[0]
+    assert r_long.blocks == 1 and r_default.blocks > 1
+    model, tok, spec = load_reference(ck, max_length=1024)
+    reference = Pruner(TorchBackend(model), tok, spec).prune("Where are the ships?", [passage])[0]
+    np.testing.assert_allclose([s.probability for s in r_long.sentences],
+                               [s.probability for s in reference.sentences], atol=1e-5)
+    cfg = BatchingConfig()
+    assert cfg.buckets_for(8192)[-3:] == (7168, 7680, 8192) and cfg.row_budget(8192) == 1024
+    assert [len(idx) for _, idx in plan([8000, 8000, 8000], cfg, 8192)] == [1, 1, 1]
+    assert [len(idx) for _, idx in plan([1000] * 20, cfg, 1024)] == [8, 8, 4]
