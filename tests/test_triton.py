@@ -69,18 +69,30 @@ def test_dynamic_batching_happens_and_changes_nothing(server, pruners):
     inf0, exe0 = _stats(server, name)
     clients = [Pruner.connect(server.grpc_url, name) for _ in range(6)]
     results = [None] * len(questions)
+    errors = []
     barrier = threading.Barrier(len(questions))
 
     def work(i):
         barrier.wait()
-        results[i] = clients[i % len(clients)].prune(questions[i], [PASSAGES[0]])
+        try:
+            results[i] = clients[i % len(clients)].prune(questions[i], [PASSAGES[0]])
+        except Exception as exc:
+            errors.append(repr(exc))
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(len(questions))]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    inf1, exe1 = _stats(server, name)
+    assert not errors and all(r is not None for r in results), errors[:3]
+    # Triton updates its statistics after it has sent the responses: on a busy machine the
+    # last execution's counts can lag the clients by a moment
+    deadline = time.monotonic() + 10
+    while True:
+        inf1, exe1 = _stats(server, name)
+        if inf1 - inf0 >= len(questions) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert inf1 - inf0 == len(questions)                 # one row per request
     assert exe1 - exe0 < inf1 - inf0                      # ... run in fewer executions
     for got, exp in zip(results, expected):
