@@ -159,6 +159,11 @@ def onnxruntime_rows(args, cfg_dict: dict, start: float, log) -> list[dict]:
     return rows
 
 
+def _path(row: dict) -> str:
+    """A row's path name: the ONNX Runtime rows carry one, the PyTorch rows attn and dtype."""
+    return row.get("path") or f"torch {row['attn']} {row['dtype']}"
+
+
 def markdown(report: dict) -> str:
     """The best sequences/s per path and length, p50/p99 at batch 1, and the fidelity check."""
     lines = [f"# GPU benchmark ({report['info'].get('gpu', report['info']['device'])}, "
@@ -166,9 +171,9 @@ def markdown(report: dict) -> str:
              "| path | length | best sequences/s (batch) | share of fp16 peak | p50 / p99 ms at batch 1 |",
              "|---|---|---|---|---|"]
     rows = [r for r in report["rows"] if "sequences_per_s" in r or "p50_ms" in r]
-    keys = sorted({(r.get("path") or f"torch {r['attn']} {r['dtype']}", r["length"]) for r in rows})
+    keys = sorted({(_path(r), r["length"]) for r in rows})
     for path, length in keys:
-        mine = [r for r in rows if (r.get("path") or f"torch {r['attn']} {r['dtype']}") == path
+        mine = [r for r in rows if _path(r) == path
                 and r["length"] == length]
         best = max((r for r in mine if "sequences_per_s" in r), key=lambda r: r["sequences_per_s"], default=None)
         lat = next((r for r in mine if "p50_ms" in r), None)
@@ -195,9 +200,9 @@ def plot(report: dict, path) -> bool:
     if length is None:
         return False
     fig, ax = plt.subplots(figsize=(8, 5))
-    for name in sorted({r.get("path") or f"torch {r['attn']} {r['dtype']}" for r in rows}):
+    for name in sorted({_path(r) for r in rows}):
         pts = sorted((r["batch"], r["sequences_per_s"]) for r in rows
-                     if (r.get("path") or f"torch {r['attn']} {r['dtype']}") == name and r["length"] == length)
+                     if _path(r) == name and r["length"] == length)
         if pts:
             ax.plot(*zip(*pts), marker="o", label=name)
     ax.set_xscale("log", base=2)

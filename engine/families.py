@@ -91,16 +91,21 @@ _ARCHITECTURES = {
 }
 
 
+def with_threshold(fam: Family, value: Any) -> Family:
+    """The family with `value` as its default threshold when it is a number in [0, 1]
+    (a checkpoint's own default); otherwise the family as it is."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0:
+        return replace(fam, threshold=float(value))
+    return fam
+
+
 def checkpoint_family(fam: Family, config: dict[str, Any]) -> Family:
     """The family with the defaults a checkpoint's config sets: OpenProvence configs carry
     `default_threadshold` (sic, as its code reads it) or `default_threshold`."""
     if fam.name != "open_provence":
         return fam
-    for key in ("default_threadshold", "default_threshold"):
-        value = config.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0:
-            return replace(fam, threshold=float(value))
-    return fam
+    return with_threshold(fam, next((config[k] for k in ("default_threadshold", "default_threshold")
+                                     if config.get(k) is not None), None))
 
 
 def get_family(name: str) -> Family:

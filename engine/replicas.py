@@ -16,6 +16,10 @@ replicas that a headless Kubernetes Service adds or removes are followed.
 
 A replica whose model differs from the others' (another manifest: another model or
 version behind the same name) is refused, so one call never mixes two models' decisions.
+
+A failed request is not retried on the same replica with backoff (a single server's
+`retries`/`backoff`): it goes to the next ready replica, and waits for one to come back
+when none is, until the call's deadline.
 """
 from __future__ import annotations
 

@@ -6,12 +6,12 @@ described by reading its config and tokenizer. Torch-free.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from engine.errors import ModelLoadError
-from engine.families import Family, get_family
+from engine.families import Family, get_family, with_threshold
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "prune-engine/1"
@@ -77,10 +77,8 @@ MAX_WINDOW = 32_768
 def spec_from_manifest(manifest: dict[str, Any], name: str = "model") -> ModelSpec:
     try:
         tok = manifest["tokenizer"]
-        family = get_family(manifest["family"])
-        threshold = (manifest.get("defaults") or {}).get("threshold")
-        if isinstance(threshold, (int, float)) and not isinstance(threshold, bool) and 0 <= threshold <= 1:
-            family = replace(family, threshold=float(threshold))    # the checkpoint's own default
+        family = with_threshold(get_family(manifest["family"]),   # the checkpoint's own default
+                                (manifest.get("defaults") or {}).get("threshold"))
         spec = ModelSpec(family=family, max_length=int(manifest["max_length"]),
                          cls_id=int(tok["cls_id"]), sep_id=int(tok["sep_id"]), pad_id=int(tok["pad_id"]),
                          name=name, extra={"manifest": manifest})

@@ -255,6 +255,8 @@ def test_cuda_without_onnxruntime_gpu_is_a_clear_error(exported):
         Pruner.load(exported["xprovence"], device="cuda")
     with pytest.raises(ModelLoadError, match="device must be one of"):
         Pruner.load(exported["xprovence"], device="tpu")
+    with pytest.raises(ModelLoadError, match="TensorRT provider needs device='cuda'"):
+        Pruner.load(exported["xprovence"], tensorrt=True)
 
 
 def test_tensorrt_provider_profiles_span_the_buckets(tmp_path):

@@ -81,6 +81,8 @@ class OnnxRuntimeBackend(Backend):
             self.run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         if device not in DEVICES:
             raise ModelLoadError(f"device must be one of {DEVICES}, got {device!r}")
+        if tensorrt is not None and device != "cuda":
+            raise ModelLoadError("ONNX Runtime's TensorRT provider needs device='cuda' (--device cuda)")
         self.device = device
         available = ort.get_available_providers()
         if device == "cuda":
