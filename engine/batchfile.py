@@ -1,7 +1,8 @@
 """Batch files: `prune run --input queries.jsonl --output results.jsonl`.
 
 One JSON object per input line: `question`, `passages` (a list of strings; or `context`,
-one string), and optionally `id`, `threshold`, `title`, `alpha`, `top_k`, `reorder`.
+one string), and optionally `id`, `threshold`, `title`, `alpha`, `top_k`, `reorder`,
+`windows`.
 One output line per input line, in the same order: `{"id", "results": [...]}` (each
 result as `PruneResult.to_dict()`, without the passage text the input already holds),
 or `{"id", "line", "error"}` for a line that could not be processed: the other lines
@@ -23,7 +24,7 @@ from typing import IO, Any
 
 from engine.errors import InputError, PruneError
 
-OPTIONS = ("threshold", "title", "alpha", "top_k", "reorder")
+OPTIONS = ("threshold", "title", "alpha", "top_k", "reorder", "windows")
 
 
 def parse_line(text: str, number: int) -> tuple[Any, dict[str, Any]]:

@@ -2,6 +2,8 @@
 
     prune export  --model CHECKPOINT --out build/provence
     prune run     --model build/provence --question "..." --context-file doc.txt
+    prune index   --db rag.db --data docs.jsonl
+    prune ask     --db rag.db --question "..."
     prune test-checkpoint --family all --out build/test-checkpoints
 """
 from __future__ import annotations
@@ -24,6 +26,13 @@ def _add_batching(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch-size", type=int, default=int(os.environ.get("PRUNE_MAX_BATCH_SIZE", 64)),
                    help="rows per model batch (env PRUNE_MAX_BATCH_SIZE)")
     p.add_argument("--threads", type=int, help="intra-op threads of the core (env PRUNE_INTRA_OP_THREADS)")
+
+
+def _add_windows(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--windows", choices=["reference", "sentences"],
+                   help="how a long passage is cut: as the family's own code (reference: for the OpenSearch "
+                        "highlighter, 510-token windows with stride 128 and a decision per window) or in "
+                        "sentence-aligned blocks with one decision per passage (default: the family's, reference)")
 
 
 def _batching(args):
@@ -49,10 +58,14 @@ def _embedding_options(args) -> dict:
 
 
 def cmd_export(args) -> int:
-    from export.onnx import export_model
     if args.model == "default":
         from engine.default_model import default_checkpoint
         args.model = default_checkpoint()
+    if args.encoder:
+        from export.encoder import export_encoder
+        export_encoder(args.model, args.out, overwrite=args.overwrite, opset=args.opset, log=args.log)
+        return 0
+    from export.onnx import export_model
     export_model(args.model, args.out, family=args.family, tokenizer=args.tokenizer,
                  max_length=args.max_length, opset=args.opset, external_data=args.external_data,
                  verify=not args.no_verify, overwrite=args.overwrite, options=_embedding_options(args),
@@ -124,6 +137,8 @@ def cmd_run(args) -> int:
     kwargs = {}
     if args.alpha is not None:
         kwargs["alpha"] = None if args.alpha < 0 else args.alpha
+    if args.windows:
+        kwargs["windows"] = args.windows
     results = pruner.prune(args.question, contexts, threshold=args.threshold, title=args.title,
                            reorder=args.reorder, top_k=args.top_k, **kwargs)
     t_run = time.perf_counter() - t1
@@ -137,13 +152,70 @@ def cmd_run(args) -> int:
         score = "n/a" if r.reranking_score is None else f"{r.reranking_score:.4f}"
         kept = sum(s.kept for s in r.sentences)
         print(f"\n## passage {r.index}: reranking_score {score}, kept {kept}/{len(r.sentences)} sentences, "
-              f"compression {r.compression_rate:.0%}, threshold {r.threshold}, blocks {r.blocks}")
+              f"compression {r.compression_rate:.0%}, threshold {r.threshold}, blocks {r.blocks}"
+              + (f" ({r.windows} windows)" if r.windows != "sentences" else ""))
         if args.highlight:
             print(r.highlight(args.pre, args.post))
         else:
             for s in r.sentences:
                 print(f"  [{'x' if s.kept else ' '}] {s.probability:.3f}  {s.text[:100]}")
             print("\npruned_context:\n" + r.pruned_context)
+    return 0
+
+
+def _pipeline(args):
+    from engine.pipeline import Pipeline
+    return Pipeline(args.db, collection=args.collection, token=args.token or os.environ.get("MILVUS_TOKEN"),
+                    log=args.log)
+
+
+def _load_models(args, pipe, with_pruner: bool) -> None:
+    from engine.embed import Embedder
+    if getattr(args, "mode", "hybrid") != "bm25":
+        pipe.embedder = Embedder.load(args.encoder, threads=args.threads, log=args.log)
+    if with_pruner:
+        from engine.pruner import Pruner
+        if args.server:
+            pipe.pruner = Pruner.connect(args.server, args.server_model or "default_text", protocol=args.protocol)
+        else:
+            args.backend = "onnxruntime"
+            pipe.pruner = Pruner.load(_model_path(args), threads=args.threads, log=args.log)
+
+
+def cmd_index(args) -> int:
+    from engine.pipeline import read_documents
+    docs = read_documents(args.data)      # bad input is reported before any model loads
+    with _pipeline(args) as pipe:
+        _load_models(args, pipe, with_pruner=False)
+        report = pipe.index(docs, chunk_tokens=args.chunk_tokens, overwrite=args.overwrite)
+    print(f"indexed {report.documents} documents as {report.chunks} chunks into {report.db} "
+          f"(collection {report.collection!r}) in {report.seconds:.1f} s "
+          f"({report.embed_seconds:.1f} s embedding)")
+    return 0
+
+
+def cmd_ask(args) -> int:
+    if not args.question or not args.question.strip():
+        raise PruneError("--question is empty")
+    with _pipeline(args) as pipe:
+        pipe.about()                      # a missing database or collection fails before models load
+        _load_models(args, pipe, with_pruner=True)
+        answer = pipe.ask(args.question, k=args.k, candidates=args.candidates, mode=args.mode,
+                          threshold=args.threshold, pre=args.pre, post=args.post, rerank=not args.no_rerank)
+    if args.json:
+        print(json.dumps(answer.to_dict(), ensure_ascii=False, indent=2))
+        return 0
+    t = answer.timings_ms
+    print(f"# {len(answer.results)} of {answer.candidates} {answer.mode} candidates, "
+          f"{'reranked and pruned' if answer.reranked else 'pruned (Milvus order)'} "
+          f"(embed {t.get('embed', 0):.0f} ms, retrieve {t['retrieve']:.0f} ms, "
+          f"rerank+prune {t['rerank_prune']:.0f} ms)")
+    for i, r in enumerate(answer.results, 1):
+        kept = sum(s.kept for s in r.result.sentences)
+        print(f"\n## [{i}] {r.id}#{r.chunk}: reranking_score {r.reranking_score:.4f}, retrieval rank "
+              f"{r.retrieval_rank}, kept {kept}/{len(r.result.sentences)} sentences")
+        print(r.highlighted)
+    print("\n# pruned context:\n" + answer.context())
     return 0
 
 
@@ -159,7 +231,7 @@ def cmd_eval(args) -> int:
     if not args.data and not args.rag_data:
         raise PruneError("give --data (sentence labels) and/or --rag-data (reranking)")
     report = evaluate(models, args.data, args.rag_data, limit=args.limit, rag_limit=args.rag_limit,
-                      progress=not (args.no_progress or args.quiet), log=args.log)
+                      progress=not (args.no_progress or args.quiet), log=args.log, windows=args.windows)
     rows = report.get("_rows")
     if rows:
         print(table(rows))
@@ -183,9 +255,9 @@ def cmd_fidelity(args) -> int:
                                      if k in ("mode", "scale", "shift", "rerank", "pooling")})
     docs = load_docs(args.data, args.limit)
     rep = measure(candidate, reference, docs, progress=not (args.no_progress or args.quiet),
-                  log=args.log)
+                  log=args.log, windows=args.windows)
     rep.update(model=args.model, precision=manifest.get("precision"), data=args.data)
-    print(format_report(f"{Path(args.model).name} ({manifest.get('precision')})", rep))
+    print(format_report(f"{Path(args.model).name} ({manifest.get('precision')}, windows {rep['windows']})", rep))
     if args.out:
         save(rep, args.out)
         print(f"wrote {args.out}")
@@ -359,6 +431,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also build a TensorRT plan (needs TensorRT: NVIDIA's TensorRT or Triton container); "
                         "writes build_tensorrt.sh either way")
     e.add_argument("--max-batch-size", type=int, default=64, help="largest batch of the TensorRT profiles")
+    e.add_argument("--encoder", action="store_true",
+                   help="export a sentence-embedding checkpoint's text encoder for retrieval (prune index "
+                        "--encoder) instead of a pruning model")
     _add_embedding_options(e)
     e.set_defaults(func=cmd_export)
 
@@ -394,12 +469,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print results as JSON")
     r.add_argument("--highlight", action="store_true", help="print passages with kept sentences tagged")
     r.add_argument("--input", help="a JSONL file of queries (question, passages or context, optional id, "
-                   "threshold, title, alpha, top_k), - for stdin; one result line per input line")
+                   "threshold, title, alpha, top_k, windows), - for stdin; one result line per input line")
     r.add_argument("--output", help="where the JSONL results go with --input (default: stdout)")
     r.add_argument("--group", type=int, default=64,
                    help="queries read, batched together and written at a time with --input (bounds memory)")
     r.add_argument("--pre", default="<em>", help="tag before a kept sentence (--highlight)")
     r.add_argument("--post", default="</em>", help="tag after a kept sentence (--highlight)")
+    _add_windows(r)
     _add_batching(r)
     r.set_defaults(func=cmd_run)
 
@@ -411,6 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--rag-limit", type=int, help="first N queries of --rag-data")
     v.add_argument("--out", help="folder for eval.json, eval.md and pr_curve.png")
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_windows(v)
     _add_batching(v)
     v.set_defaults(func=cmd_eval)
 
@@ -421,6 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--limit", type=int, help="first N documents")
     f.add_argument("--out", help="write the report as JSON here")
     f.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_windows(f)
     _add_batching(f)
     f.set_defaults(func=cmd_fidelity)
 
@@ -490,6 +568,43 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --triton: start this many servers and also measure one client over all of them")
     b.add_argument("--out", default="benchmarks/results", help="folder for the bench-DATE results")
     b.set_defaults(func=cmd_bench)
+
+
+    def add_db(x):
+        x.add_argument("--db", required=True, help="a Milvus Lite file (created by prune index), or a Milvus "
+                       "server's URI (http://host:19530)")
+        x.add_argument("--collection", default="passages", help="the collection's name")
+        x.add_argument("--token", help="a Milvus server's token, user:password (env MILVUS_TOKEN)")
+        x.add_argument("--encoder", default="default", help="exported encoder folder (prune export --encoder), "
+                       "or 'default' (all-MiniLM-L6-v2's, exported on first use)")
+        x.add_argument("--threads", type=int, help="intra-op threads of ONNX Runtime")
+
+    ix = sub.add_parser("index", help="chunk, embed and store documents in Milvus (dense + BM25) for prune ask")
+    add_db(ix)
+    ix.add_argument("--data", required=True, help="JSONL documents: id and text, other fields kept as metadata")
+    ix.add_argument("--chunk-tokens", type=int, default=200,
+                    help="encoder tokens per chunk; chunks are whole sentences (a longer sentence is cut)")
+    ix.add_argument("--overwrite", action="store_true", help="rebuild an existing collection")
+    ix.set_defaults(func=cmd_index)
+
+    a = sub.add_parser("ask", help="retrieve (hybrid), rerank, prune and highlight for a question")
+    add_db(a)
+    a.add_argument("--question", required=True, help="the question")
+    a.add_argument("--k", type=int, default=5, help="chunks returned, best reranking score first")
+    a.add_argument("--candidates", type=int, default=20, help="chunks retrieved before reranking")
+    a.add_argument("--mode", choices=["hybrid", "dense", "bm25"], default="hybrid",
+                   help="retrieval: dense + BM25 fused by Milvus (RRF), or one of them")
+    a.add_argument("--model", help="the pruning model: exported folder or 'default'; default: 'default'")
+    a.add_argument("--server", help="a Triton server running the pruning model (host:port) instead of in-process")
+    a.add_argument("--server-model", help="the model's name on --server (default: 'default_text')")
+    a.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="how to reach --server")
+    a.add_argument("--threshold", type=float, help="keep threshold (default: the model's)")
+    a.add_argument("--no-rerank", action="store_true", help="keep Milvus's order instead of the pruner's "
+                   "reranking score (only the k returned are pruned)")
+    a.add_argument("--json", action="store_true", help="print one JSON object: results with sources, context, timings")
+    a.add_argument("--pre", default="<em>", help="tag before a kept sentence")
+    a.add_argument("--post", default="</em>", help="tag after a kept sentence")
+    a.set_defaults(func=cmd_ask)
 
     t = sub.add_parser("test-checkpoint", help="write tiny random-weight checkpoints with the real layouts")
     t.add_argument("--family", default="all", help="a family name, or all")

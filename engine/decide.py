@@ -44,6 +44,7 @@ class PruneResult:
     compression_rate: float         # share of characters removed, 0..1
     threshold: float
     blocks: int = 1                 # model windows the passage needed
+    windows: str = "sentences"      # how the passage was cut: "sentences" or "reference"
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -96,7 +97,7 @@ def keep_mask(probs: np.ndarray, family: Family, threshold: float, title: str,
 
 def build_result(index: int, context: str, spans: list[tuple[int, int]], probs: np.ndarray,
                  kept: np.ndarray, reranking_score: float | None, threshold: float,
-                 blocks: int) -> PruneResult:
+                 blocks: int, windows: str = "sentences") -> PruneResult:
     sentences = [Sentence(context[s:e], s, e, float(p), bool(k))
                  for (s, e), p, k in zip(spans, probs, kept)]
     parts: list[str] = []
@@ -115,7 +116,8 @@ def build_result(index: int, context: str, spans: list[tuple[int, int]], probs: 
     rate = 1.0 - len(pruned) / len(context) if context else 0.0
     return PruneResult(index=index, context=context, pruned_context=pruned,
                        reranking_score=reranking_score, sentences=sentences,
-                       compression_rate=max(0.0, rate), threshold=threshold, blocks=blocks)
+                       compression_rate=max(0.0, rate), threshold=threshold, blocks=blocks,
+                       windows=windows)
 
 
 def check_top_k(top_k: Any) -> int | None:

@@ -113,6 +113,51 @@ class Encoder:
             used += cost
         return [self._block(question, passage, g, k == 0) for k, g in enumerate(groups)]
 
+    def tokenize_words(self, texts: list[str]) -> list[list[int]]:
+        """The ids of each text split at whitespace, every word tokenized alone: the
+        `is_split_into_words` input of the OpenSearch pipeline."""
+        words = [t.split() for t in texts]
+        idx = [i for i, w in enumerate(words) if w]
+        out: list[list[int]] = [[] for _ in texts]
+        for i, e in zip(idx, self.tokenizer.encode_batch([words[i] for i in idx], is_pretokenized=True,
+                                                          add_special_tokens=False)):
+            out[i] = list(e.ids)
+        return out
+
+    def windows(self, question: list[int], passage: int, sentences: list[list[int]]) -> list[Block]:
+        """Token windows over the passage as the OpenSearch pipeline cuts them (the fast
+        tokenizer's overflow with `only_second` truncation): the context tokens of every
+        sentence in a row, windows of `window_tokens - specials - question` tokens starting
+        every `that - window_stride` tokens, the last one ending at the passage's end. A
+        sentence cut by a window edge is scored on the tokens the window holds. (A model
+        exported with a window under `window_tokens` gets windows of its own size and a
+        stride of the same share: 24 tokens for a 96-token window.)"""
+        fam = self.spec.family
+        total = min(fam.window_tokens, self.spec.max_length)
+        # a model exported with a smaller window keeps the overlap's share of the window
+        stride = fam.window_stride * total // fam.window_tokens
+        size = total - self.n_special - len(question)
+        if size <= stride:
+            raise InputError(f"the question is {len(question)} tokens: too long for {total}-token windows "
+                             f"overlapping by {stride} (windows='sentences' has no overlap)")
+        ids = [t for sent in sentences for t in sent]
+        owner = [i for i, sent in enumerate(sentences) for _ in sent]
+        blocks: list[Block] = []
+        start = 0
+        while True:
+            stop = min(start + size, len(ids))
+            units: list[Unit] = []
+            for k in range(start, stop):
+                if units and units[-1].sentence == owner[k]:
+                    units[-1].token_ids.append(ids[k])
+                else:
+                    units.append(Unit(owner[k], [ids[k]]))
+            if units:
+                blocks.append(self._block(question, passage, units, start == 0))
+            if stop >= len(ids):
+                return blocks
+            start += size - stride
+
     def _block(self, question: list[int], passage: int, units: list[Unit], first: bool) -> Block:
         spec = self.spec
         head = [spec.cls_id, *question, *([spec.sep_id] * spec.family.seps_between)]

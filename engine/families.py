@@ -15,6 +15,9 @@ from typing import Any
 from engine.errors import ModelLoadError
 
 
+WINDOWS = ("reference", "sentences")
+
+
 @dataclass(frozen=True)
 class Family:
     name: str
@@ -32,6 +35,15 @@ class Family:
     rerank_merge: str = "first"      # passage score from the "first" block, or the "max" over blocks
     rerank_transform: str = "logit"  # the score as the head gives it, or its "sigmoid"
     zero_rerank_when_empty: bool = False  # a passage with nothing kept scores 0.0
+    # How a passage longer than the window is cut (`windows=`): "sentences", blocks of whole
+    # sentences, one decision per passage; "reference", as the family's own code. Families
+    # whose code cuts at sentences have window_tokens 0 and both values mean the same; the
+    # OpenSearch pipeline runs token windows of `window_tokens` (special tokens included)
+    # overlapping by `window_stride`, decides per window (threshold and backoff) and keeps
+    # the union.
+    windows: str = "sentences"
+    window_tokens: int = 0
+    window_stride: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,6 +77,7 @@ FAMILIES: dict[str, Family] = {
         has_rerank_head=False, uses_token_type_ids=True, seps_between=1,
         threshold=0.5, keep_rule="ge", title="none", backoff_alpha=0.05,
         description="opensearch-project/opensearch-semantic-highlighter-v1: BERT sentence tagger",
+        windows="reference", window_tokens=510, window_stride=128,
     ),
     "embedding": Family(
         name="embedding", backbone="auto", sentence_pooling="embedding",

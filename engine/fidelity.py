@@ -93,30 +93,34 @@ def fidelity_report(ref_probs: Sequence[np.ndarray], got_probs: Sequence[np.ndar
     }
 
 
-def run_model(pruner, docs: Sequence[Doc], progress: bool, desc: str):
+def run_model(pruner, docs: Sequence[Doc], progress: bool, desc: str, windows: str | None = None):
     probs, rerank, pruned = [], [], []
     fam = pruner.family
     from engine import text as textmod
     from engine.decide import build_result, keep_mask
     for d in _progress(docs, len(docs), desc, progress):
         spans = d.spans if d.spans is not None else textmod.split_sentences(d.context)
-        sc = pruner.score(d.question, [d.context], [spans])[0]
+        sc = pruner.score(d.question, [d.context], [spans], windows=windows)[0]
         probs.append(sc.probs)
         rerank.append(sc.rerank if sc.rerank is not None else 0.0)
-        kept = keep_mask(sc.probs, fam, fam.threshold, fam.title, fam.backoff_alpha)
+        kept = sc.kept if sc.kept is not None else keep_mask(sc.probs, fam, fam.threshold, fam.title,
+                                                             fam.backoff_alpha)
         pruned.append(build_result(0, d.context, spans, sc.probs, kept, sc.rerank, fam.threshold, 1).pruned_context)
     return probs, rerank, pruned
 
 
 def measure(candidate, reference, docs: Sequence[Doc], progress: bool = True,
-            log: Callable[[str], None] = print) -> dict[str, Any]:
-    log(f"scoring {len(docs)} documents with the candidate ({candidate.backend.describe()}) ...")
-    got = run_model(candidate, docs, progress, "candidate")
+            log: Callable[[str], None] = print, windows: str | None = None) -> dict[str, Any]:
+    windows = candidate.windows_mode(windows)
+    log(f"scoring {len(docs)} documents with the candidate ({candidate.backend.describe()}; windows {windows}) ...")
+    got = run_model(candidate, docs, progress, "candidate", windows)
     log(f"scoring {len(docs)} documents with the reference ({reference.backend.describe()}) ...")
-    ref = run_model(reference, docs, progress, "reference")
+    ref = run_model(reference, docs, progress, "reference", windows)
     thresholds = tuple(sorted(set(THRESHOLDS) | {candidate.family.threshold}))
-    return fidelity_report(ref[0], got[0], ref[1], got[1], ref[2], got[2], candidate.family.keep_rule,
-                           thresholds=thresholds)
+    report = fidelity_report(ref[0], got[0], ref[1], got[1], ref[2], got[2], candidate.family.keep_rule,
+                             thresholds=thresholds)
+    report["windows"] = windows
+    return report
 
 
 def format_report(name: str, rep: dict[str, Any]) -> str:

@@ -24,6 +24,7 @@ from engine.decide import (TITLE_RULES, PruneResult, build_result, check_thresho
                            order_results)
 from engine.encode import Block, Encoder, load_tokenizer
 from engine.errors import BackendError, InputError, ModelLoadError, PruneError
+from engine.families import WINDOWS
 from engine.spec import ModelSpec, read_manifest, spec_from_manifest
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class Call:
     alpha: float | None
     reorder: bool
     top_k: int | None
+    windows: str = "sentences"
 
 
 @dataclass
@@ -61,6 +63,7 @@ class Scored:
     probs: np.ndarray
     rerank: float | None
     blocks: int
+    kept: np.ndarray | None = None    # token windows: the union of the windows' own decisions
 
 
 class Pruner:
@@ -203,7 +206,8 @@ class Pruner:
     def prune(self, question: str, passages: str | Sequence[str], *, threshold: float | None = None,
               title: str | None = None, alpha: float | None = ..., reorder: bool = False,  # type: ignore[assignment]
               top_k: int | None = None,
-              sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None) -> list[PruneResult]:
+              sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None,
+              windows: str | None = None) -> list[PruneResult]:
         """Prune each passage for `question`; one PruneResult per passage, in input order
         (or by reranking score with `reorder` / `top_k`).
 
@@ -213,15 +217,19 @@ class Pruner:
                (family default if not given; None disables).
         sentences: per passage, the caller's own sentences (strings found in order in the
                passage, or (start, end) spans) instead of the built-in splitter.
+        windows: "reference" (the family's own code: for the OpenSearch highlighter, token
+               windows with a decision per window) or "sentences" (sentence-aligned blocks,
+               one decision per passage); the family's default ("reference") if None.
         """
         call = self.prepare(question, passages, threshold=threshold, title=title, alpha=alpha,
-                            reorder=reorder, top_k=top_k, sentences=sentences)
+                            reorder=reorder, top_k=top_k, sentences=sentences, windows=windows)
         return self.finish(call, self.backend.infer_many(call.batches) if call.batches else [])
 
     def prepare(self, question: str, passages: str | Sequence[str], *, threshold: float | None = None,
                 title: str | None = None, alpha: float | None = ..., reorder: bool = False,  # type: ignore[assignment]
                 top_k: int | None = None,
-                sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None) -> "Call":
+                sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None,
+                windows: str | None = None) -> "Call":
         """Everything before the model: checks, sentences, blocks and padded batches.
 
         `prune` is `finish(prepare(...), backend.infer_many(call.batches))`; a caller that
@@ -235,12 +243,25 @@ class Pruner:
         if alpha is not None:
             alpha = check_threshold(alpha, "alpha")
         check_top_k(top_k)
+        windows = self.windows_mode(windows)
         passages = self._check_inputs(question, passages, sentences)
         spans = [textmod.spans_from_sentences(p, sentences[i]) if sentences is not None
                  else textmod.split_sentences(p) for i, p in enumerate(passages)]
-        blocks = self.encode(question, passages, spans) if passages else []
+        blocks = self.encode(question, passages, spans, windows) if passages else []
         return Call(passages=passages, spans=spans, blocks=blocks, batches=self.batches(blocks),
-                    threshold=threshold, title=title, alpha=alpha, reorder=reorder, top_k=top_k)
+                    threshold=threshold, title=title, alpha=alpha, reorder=reorder, top_k=top_k,
+                    windows=windows)
+
+    def windows_mode(self, windows: str | None) -> str:
+        """The windowing a call runs: the family's default, or `windows` when valid."""
+        if windows is None:
+            return self.spec.family.windows
+        if windows not in WINDOWS:
+            raise InputError(f"windows must be one of {WINDOWS}, got {windows!r}")
+        return windows
+
+    def _token_windows(self, windows: str) -> bool:
+        return windows == "reference" and self.spec.family.window_tokens > 0
 
     def finish(self, call: "Call", outputs: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[PruneResult]:
         """Everything after the model: merge blocks, decide, build and order results.
@@ -251,12 +272,34 @@ class Pruner:
         """`finish` from the outputs of each block of the call (rerank score, slot probabilities)."""
         fam = self.spec.family
         scored = self.merge(call.passages, call.spans, call.blocks, per_block)
+        per_window = self._window_decisions(call, per_block) if self._token_windows(call.windows) else None
         results = []
         for i, (p, sp, sc) in enumerate(zip(call.passages, call.spans, scored)):
-            kept = keep_mask(sc.probs, fam, call.threshold, call.title, call.alpha)
+            if per_window is not None:
+                sc.probs, kept = per_window[i]
+            else:
+                kept = keep_mask(sc.probs, fam, call.threshold, call.title, call.alpha)
             rerank = 0.0 if fam.zero_rerank_when_empty and sc.rerank is not None and not kept.any() else sc.rerank
-            results.append(build_result(i, p, sp, sc.probs, kept, rerank, call.threshold, sc.blocks))
+            results.append(build_result(i, p, sp, sc.probs, kept, rerank, call.threshold, sc.blocks,
+                                        windows=call.windows))
         return order_results(results, call.reorder, call.top_k)
+
+    def _window_decisions(self, call: "Call", per_block: Sequence[tuple[float, np.ndarray]]
+                          ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per passage (probabilities, kept) the way token windows decide: each window keeps
+        its own sentences (threshold, then backoff within the window); a sentence is kept
+        when any window keeps it, and its probability is its best over the windows."""
+        fam = self.spec.family
+        probs = [np.zeros(len(sp)) for sp in call.spans]
+        kept = [np.zeros(len(sp), dtype=bool) for sp in call.spans]
+        for block, (_, p) in zip(call.blocks, per_block):
+            sents = [u[0] for u in block.units]
+            mine = keep_mask(p, fam, call.threshold, "none", call.alpha)
+            i = block.passage
+            for k, sent in enumerate(sents):
+                probs[i][sent] = max(probs[i][sent], p[k])
+                kept[i][sent] |= bool(mine[k])
+        return list(zip(probs, kept))
 
     def prune_many(self, queries: Sequence[dict[str, Any]]) -> list[list[PruneResult] | Exception]:
         """Several calls at once: `queries` holds `prune` keyword arguments (`question`,
@@ -317,15 +360,17 @@ class Pruner:
 
     # ------------------------------------------------------------------ model
     def encode(self, question: str, passages: Sequence[str],
-               spans: Sequence[Sequence[tuple[int, int]]]) -> list[Block]:
+               spans: Sequence[Sequence[tuple[int, int]]], windows: str = "sentences") -> list[Block]:
         """All blocks of a call (sentences of every passage tokenized in one batch)."""
         q_ids = self.encoder.question_ids(question)
         flat = [p[s:e] for p, sp in zip(passages, spans) for s, e in sp]
-        ids = self.encoder.tokenize(flat)
+        token_windows = self._token_windows(windows)
+        ids = self.encoder.tokenize_words(flat) if token_windows else self.encoder.tokenize(flat)
+        cut = self.encoder.windows if token_windows else self.encoder.blocks
         blocks: list[Block] = []
         pos = 0
         for i, sp in enumerate(spans):
-            blocks.extend(self.encoder.blocks(q_ids, i, ids[pos:pos + len(sp)]))
+            blocks.extend(cut(q_ids, i, ids[pos:pos + len(sp)]))
             pos += len(sp)
         return blocks
 
@@ -392,10 +437,23 @@ class Pruner:
         return scored
 
     def score(self, question: str, passages: Sequence[str],
-              spans: Sequence[Sequence[tuple[int, int]]]) -> list[Scored]:
-        """Sentence probabilities and reranking score per passage, blocks merged."""
-        blocks = self.encode(question, passages, spans)
-        return self.merge(passages, spans, blocks, self.run_blocks(blocks))
+              spans: Sequence[Sequence[tuple[int, int]]], windows: str | None = None) -> list[Scored]:
+        """Sentence probabilities and reranking score per passage, blocks merged. With
+        token windows (`windows="reference"` where the family has them) the probability of
+        a sentence is its best over the windows, and `kept` the windows' own decisions at
+        the family's defaults."""
+        windows = self.windows_mode(windows)
+        blocks = self.encode(question, passages, spans, windows)
+        outputs = self.run_blocks(blocks)
+        scored = self.merge(passages, spans, blocks, outputs)
+        if self._token_windows(windows):
+            fam = self.spec.family
+            call = Call(passages=list(passages), spans=[list(sp) for sp in spans], blocks=blocks, batches=[],
+                        threshold=fam.threshold, title="none", alpha=fam.backoff_alpha, reorder=False, top_k=None,
+                        windows=windows)
+            for sc, (probs, kept) in zip(scored, self._window_decisions(call, outputs)):
+                sc.probs, sc.kept = probs, kept
+        return scored
 
     def close(self) -> None:
         self.backend.close()

@@ -214,11 +214,18 @@ def _progress(iterable, total: int, desc: str, enabled: bool):
     return tqdm(iterable, total=total, desc=desc, unit="doc", mininterval=1.0)
 
 
-def model_sentence_scores(pruner, samples: Sequence[PruneSample], progress: bool = True) -> list[np.ndarray]:
-    """The model's sentence probabilities on the dataset's own sentence spans."""
+def model_sentence_scores(pruner, samples: Sequence[PruneSample], progress: bool = True,
+                          windows: str | None = None, kept: list | None = None) -> list[np.ndarray]:
+    """The model's sentence probabilities on the dataset's own sentence spans. With token
+    windows (`windows="reference"`, OpenSearch) a sentence's probability is its best over
+    the windows, and `kept` (when a list is given) receives the windows' own decisions at
+    the family's defaults."""
     out = []
     for s in _progress(samples, len(samples), "pruning", progress):
-        out.append(pruner.score(s.question, [s.context], [s.spans])[0].probs)
+        sc = pruner.score(s.question, [s.context], [s.spans], windows=windows)[0]
+        out.append(sc.probs)
+        if kept is not None:
+            kept.append(sc.kept)
     return out
 
 
@@ -234,10 +241,11 @@ def reranking_metrics(rankings: Sequence[Sequence[float]], golds: Sequence[int],
     return {"mrr@%d" % k: sum(rr) / n, "hit@1": sum(hits) / n, "queries": len(rr)}
 
 
-def model_rankings(pruner, samples: Sequence[RagSample], progress: bool = True) -> list[list[float]]:
+def model_rankings(pruner, samples: Sequence[RagSample], progress: bool = True,
+                   windows: str | None = None) -> list[list[float]]:
     out = []
     for s in _progress(samples, len(samples), "reranking", progress):
-        results = pruner.prune(s.question, s.passages)
+        results = pruner.prune(s.question, s.passages, windows=windows)
         out.append([r.reranking_score if r.reranking_score is not None else -math.inf for r in results])
     return out
 
@@ -302,9 +310,11 @@ def plot_pr(rows: Sequence[GridResult], path: str | Path) -> Path | None:
 
 def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: str | Path | None,
              limit: int | None = None, rag_limit: int | None = None, progress: bool = True,
-             log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run every model and the baselines; returns the report as a dict."""
-    report: dict[str, Any] = {"pruning": None, "reranking": None}
+             log: Callable[[str], None] = print, windows: str | None = None) -> dict[str, Any]:
+    """Run every model and the baselines; returns the report as a dict. `windows` (None:
+    each family's default) is recorded per model in `report["windows"]`."""
+    report: dict[str, Any] = {"pruning": None, "reranking": None,
+                              "windows": {name: p.windows_mode(windows) for name, p in models.items()}}
     if prune_data:
         samples = load_prune_data(prune_data, limit)
         labels = [s.labels for s in samples]
@@ -312,13 +322,15 @@ def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: st
                 grid_search("BM25 (sentence vs question)", bm25_sentence_scores(samples), labels)]
         half = len(samples) // 2
         for name, pruner in models.items():
-            log(f"scoring {len(samples)} documents with {name} ...")
+            log(f"scoring {len(samples)} documents with {name} (windows {report['windows'][name]}) ...")
             strict = pruner.family.keep_rule == "gt"
-            scores = model_sentence_scores(pruner, samples, progress)
+            kept: list = []
+            scores = model_sentence_scores(pruner, samples, progress, windows=windows, kept=kept)
             rows.append(grid_search(name, scores, labels, strict=strict))
             fam = pruner.family
             rows.append(GridResult(f"{name} at its defaults", sentence_metrics(
-                [decide(s, fam.threshold, fam.backoff_alpha, strict) for s in scores], labels),
+                [k if k is not None else decide(s, fam.threshold, fam.backoff_alpha, strict)
+                 for s, k in zip(scores, kept)], labels),
                 {"threshold": fam.threshold, "alpha": fam.backoff_alpha}))
             if half >= 10:
                 # Honest generalisation: the setting chosen on the first half, scored on the second.
@@ -337,7 +349,7 @@ def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: st
         rr = {"BM25 (passage vs question)": reranking_metrics(bm25_rankings(rag), golds)}
         for name, pruner in models.items():
             log(f"reranking {len(rag)} queries with {name} ...")
-            rr[name] = reranking_metrics(model_rankings(pruner, rag, progress), golds)
+            rr[name] = reranking_metrics(model_rankings(pruner, rag, progress, windows), golds)
         report["reranking"] = {"data": str(rag_data), "metrics": rr}
     return report
 
@@ -349,6 +361,8 @@ def write_report(report: dict[str, Any], out_dir: str | Path, title: str, comman
     paths = {"json": out_dir / "eval.json", "markdown": out_dir / "eval.md"}
     paths["json"].write_text(json.dumps(report, indent=2) + "\n")
     md = [f"# {title}", "", "Command:", "", "```", command, "```", ""]
+    if report.get("windows"):
+        md += ["Windows: " + ", ".join(f"{n}: {w}" for n, w in report["windows"].items()), ""]
     if report.get("pruning"):
         pr = report["pruning"]
         md += [f"## Sentence-level pruning: {pr['data']}", "",

@@ -94,9 +94,13 @@ class TritonTextPruner:
     # ------------------------------------------------------------------ API
     def prune(self, question: str, passages: str | Sequence[str], *, threshold: float | None = None,
               title: str | None = None, alpha: float | None = ..., reorder: bool = False,  # type: ignore[assignment]
-              top_k: int | None = None, sentences: Any = None) -> list[PruneResult]:
+              top_k: int | None = None, sentences: Any = None, windows: str | None = None) -> list[PruneResult]:
         """`Pruner.prune` on the server (see there). `sentences=` needs the client-side
-        splitter: connect to the core model for it."""
+        splitter: connect to the core model for it. The text model cuts passages the
+        family's default way; `windows=` another way needs the core model too."""
+        if windows is not None:
+            raise InputError("windows= is not supported through a text model (the server runs the family's "
+                             "default windows); connect to the core model to choose them")
         if sentences is not None:
             raise InputError("sentences= is not supported through a text model (the server splits); "
                              "connect to the core model to pass your own sentences")

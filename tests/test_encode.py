@@ -49,7 +49,7 @@ def test_reranking_score_of_a_multi_block_passage(pruners, name):
     ort_p, _ = pruners[name]
     small = with_window(ort_p, 96)
     passage = " ".join(f"Sentence {i} says the stadium held {i} thousand people in {1900 + i}." for i in range(12))
-    r = small.prune(Q, [passage], threshold=0.0)[0]
+    r = small.prune(Q, [passage], threshold=0.0, windows="sentences")[0]   # (OpenSearch: not its token windows)
     assert r.blocks > 2
     spans = [(s.start, s.end) for s in r.sentences]
     blocks = small.encode(Q, [passage], [spans])
@@ -58,7 +58,7 @@ def test_reranking_score_of_a_multi_block_passage(pruners, name):
         first, last = b.units[0][0], b.units[-1][0]
         part = passage[spans[first][0]:spans[last][1]]
         alone = small.prune(Q, [part], sentences=[[passage[s:e] for s, e in spans[first:last + 1]]],
-                            threshold=0.0)[0]
+                            threshold=0.0, windows="sentences")[0]
         assert alone.blocks == 1
         scores.append(alone.reranking_score)
     expected = max(scores) if name in ("embedding", "open_provence") else scores[0]
