@@ -30,9 +30,10 @@ def _add_batching(p: argparse.ArgumentParser) -> None:
 
 def _add_windows(p: argparse.ArgumentParser) -> None:
     p.add_argument("--windows", choices=["reference", "sentences"],
-                   help="how a long passage is cut: as the family's own code (reference: for the OpenSearch "
-                        "highlighter, 510-token windows with stride 128 and a decision per window) or in "
-                        "sentence-aligned blocks with one decision per passage (default: the family's, reference)")
+                   help="how a long passage is cut: as the family's own code (reference: OpenSearch's 510-token "
+                        "windows with stride 128 and a decision per window; OpenProvence's fragments of half "
+                        "the window averaged without weights) or sentence-aligned blocks with one decision per "
+                        "passage and token-weighted pieces (default: the family's, reference)")
 
 
 def _batching(args):

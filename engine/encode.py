@@ -92,10 +92,14 @@ class Encoder:
                 f"{self.min_context_tokens} tokens for the passage. Shorten the question.")
         return ids
 
-    def blocks(self, question: list[int], passage: int, sentences: list[list[int]]) -> list[Block]:
-        """Blocks for one passage whose sentences are already tokenized."""
+    def blocks(self, question: list[int], passage: int, sentences: list[list[int]],
+               fragment: int | None = None) -> list[Block]:
+        """Blocks for one passage whose sentences are already tokenized. A sentence longer
+        than a block (or than `fragment` tokens, when given) is cut into pieces."""
         capacity = self.spec.max_length - self.n_special - len(question)
         piece = capacity - self.per_unit
+        if fragment:
+            piece = min(piece, fragment)
         units: list[Unit] = []
         for i, ids in enumerate(sentences):
             if not ids:

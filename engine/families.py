@@ -44,6 +44,11 @@ class Family:
     windows: str = "sentences"
     window_tokens: int = 0
     window_stride: int = 0
+    # With windows="reference", a sentence longer than max_length // fragment_divisor tokens
+    # (at least 16) is cut into fragments of that many tokens whose probabilities are
+    # averaged without weights, as OpenProvence's process() does; 0: the engine's way (a
+    # long sentence fills blocks, its pieces merged weighted by their token counts).
+    fragment_divisor: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,6 +76,7 @@ FAMILIES: dict[str, Family] = {
         threshold=0.1, keep_rule="gt", title="none", backoff_alpha=None,
         description="zilliz/semantic-highlight-bilingual-v1 and OpenProvence checkpoints",
         rerank_merge="max", rerank_transform="sigmoid", zero_rerank_when_empty=True,
+        windows="reference", fragment_divisor=2,
     ),
     "opensearch": Family(
         name="opensearch", backbone="bert", sentence_pooling="hidden",

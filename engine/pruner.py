@@ -218,8 +218,9 @@ class Pruner:
         sentences: per passage, the caller's own sentences (strings found in order in the
                passage, or (start, end) spans) instead of the built-in splitter.
         windows: "reference" (the family's own code: for the OpenSearch highlighter, token
-               windows with a decision per window) or "sentences" (sentence-aligned blocks,
-               one decision per passage); the family's default ("reference") if None.
+               windows with a decision per window; for OpenProvence, long sentences cut into
+               fragments averaged without weights) or "sentences" (sentence-aligned blocks, one
+               decision per passage, token-weighted pieces); the family's default if None.
         """
         call = self.prepare(question, passages, threshold=threshold, title=title, alpha=alpha,
                             reorder=reorder, top_k=top_k, sentences=sentences, windows=windows)
@@ -271,7 +272,8 @@ class Pruner:
     def finish_blocks(self, call: "Call", per_block: Sequence[tuple[float, np.ndarray]]) -> list[PruneResult]:
         """`finish` from the outputs of each block of the call (rerank score, slot probabilities)."""
         fam = self.spec.family
-        scored = self.merge(call.passages, call.spans, call.blocks, per_block)
+        scored = self.merge(call.passages, call.spans, call.blocks, per_block,
+                            unweighted=self._fragment_tokens(call.windows) is not None)
         per_window = self._window_decisions(call, per_block) if self._token_windows(call.windows) else None
         results = []
         for i, (p, sp, sc) in enumerate(zip(call.passages, call.spans, scored)):
@@ -366,13 +368,20 @@ class Pruner:
         flat = [p[s:e] for p, sp in zip(passages, spans) for s, e in sp]
         token_windows = self._token_windows(windows)
         ids = self.encoder.tokenize_words(flat) if token_windows else self.encoder.tokenize(flat)
-        cut = self.encoder.windows if token_windows else self.encoder.blocks
+        fragment = self._fragment_tokens(windows)
         blocks: list[Block] = []
         pos = 0
         for i, sp in enumerate(spans):
-            blocks.extend(cut(q_ids, i, ids[pos:pos + len(sp)]))
+            part = ids[pos:pos + len(sp)]
+            blocks.extend(self.encoder.windows(q_ids, i, part) if token_windows
+                          else self.encoder.blocks(q_ids, i, part, fragment))
             pos += len(sp)
         return blocks
+
+    def _fragment_tokens(self, windows: str) -> int | None:
+        """OpenProvence's fragment size under its reference windows (None: the engine's way)."""
+        div = self.spec.family.fragment_divisor
+        return max(16, self.spec.max_length // div) if windows == "reference" and div else None
 
     def batches(self, blocks: Sequence[Block]) -> list[ModelBatch]:
         lengths = [len(b) for b in blocks]
@@ -408,9 +417,11 @@ class Pruner:
         return self.block_outputs(_Blocks(list(blocks), batches), self.backend.infer_many(batches))
 
     def merge(self, passages: Sequence[str], spans: Sequence[Sequence[tuple[int, int]]],
-              blocks: Sequence[Block], outputs: Sequence[tuple[float, np.ndarray]]) -> list[Scored]:
-        """Per passage: sentence probabilities (pieces merged token-weighted) and the
-        reranking score (first block, or the best block for the embedding family)."""
+              blocks: Sequence[Block], outputs: Sequence[tuple[float, np.ndarray]],
+              unweighted: bool = False) -> list[Scored]:
+        """Per passage: sentence probabilities (pieces merged token-weighted, or as a plain
+        mean of the pieces with `unweighted`, OpenProvence's fragments) and the reranking
+        score (first block, or the best block for the embedding family)."""
         weighted = [np.zeros(len(sp)) for sp in spans]
         tokens = [np.zeros(len(sp)) for sp in spans]
         rerank: list[float | None] = [None] * len(passages)
@@ -427,8 +438,9 @@ class Pruner:
             elif use_max:
                 rerank[i] = score if rerank[i] is None else max(rerank[i], score)
             for (sent, n_tok), p in zip(block.units, probs):
-                weighted[i][sent] += p * n_tok
-                tokens[i][sent] += n_tok
+                w = 1 if unweighted else n_tok
+                weighted[i][sent] += p * w
+                tokens[i][sent] += w
         scored = []
         for i in range(len(passages)):
             probs = np.divide(weighted[i], tokens[i], out=np.zeros_like(weighted[i]),
@@ -445,7 +457,7 @@ class Pruner:
         windows = self.windows_mode(windows)
         blocks = self.encode(question, passages, spans, windows)
         outputs = self.run_blocks(blocks)
-        scored = self.merge(passages, spans, blocks, outputs)
+        scored = self.merge(passages, spans, blocks, outputs, unweighted=self._fragment_tokens(windows) is not None)
         if self._token_windows(windows):
             fam = self.spec.family
             call = Call(passages=list(passages), spans=[list(sp) for sp in spans], blocks=blocks, batches=[],

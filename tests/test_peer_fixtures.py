@@ -68,48 +68,56 @@ def test_exported_tokenizer_tokenizes_as_the_checkpoint_does(family, tmp_path):
 
 @pytest.mark.skipif(not PEER.is_dir(), reason="../shared/fixtures is not next to this checkout")
 def test_open_provence_decides_as_its_process_does(tmp_path):
-    """OpenProvenceModel.process() on the fixture documents, with its own sentences: the
-    default threshold (the config's `default_threadshold`, here null, so 0.1), the reranking
-    score (sigmoid of the logit, best block), the kept sentences and the pruned text, for
-    `default` and `t05` (threshold 0.5).
+    """OpenProvenceModel.process() on the fixture documents, with its own sentences, in
+    each of its runs: `default` (the config's `default_threadshold`, here null, so 0.1),
+    `t05` (threshold 0.5), `noempty0` (the reranking score not forced to 0.0 when nothing is
+    kept) and `strip` (stripped sentences, not forced to 0.0): the probabilities (1e-5),
+    the kept sentences, the reranking score (sigmoid of the logit, best block) and the
+    pruned text on every document, long sentences included: with the default
+    `windows="reference"` a sentence over max_length // 2 tokens is cut into fragments
+    averaged without weights, as process() does.
 
-    Where they still differ, the reason is checked, not assumed: the documents whose
-    probabilities move are exactly those with a sentence longer than max_length // 2
-    tokens, which process() cuts into fragments averaged without weights (the engine
-    spreads such a sentence over blocks, weighting by tokens); and process() joins its
-    sentences, so whitespace between two sentences that its splitter gave to neither is
-    missing from its pruned text, and it puts its own whitespace between kept sentences that
-    are not adjacent, or none ("gravitational.In the 20th century": its sentences lose the
-    whitespace that its splitter gave to the next one); the engine keeps the passage's own
-    whitespace. The pruned texts hold the same characters apart from whitespace."""
+    process() joins its sentences, so whitespace between two sentences that its splitter
+    gave to neither is missing from its pruned text, and it puts its own whitespace between
+    kept sentences that are not adjacent, or none ("gravitational.In the 20th century");
+    the engine keeps the passage's own whitespace: the pruned texts hold the same characters
+    apart from whitespace. With `windows="sentences"` (the engine's token-weighted pieces)
+    the documents whose probabilities move are exactly those with such a long sentence."""
+    import dataclasses
     family = "open_provence"
     export_model(PEER / family / "checkpoint", tmp_path / family, log=lambda m: None)
     pruner = Pruner.load(tmp_path / family, threads=1)
+    assert pruner.family.windows == "reference"
+    keep_zero = Pruner.load(tmp_path / family, threads=1)
+    keep_zero.spec = dataclasses.replace(keep_zero.spec, family=dataclasses.replace(
+        keep_zero.spec.family, zero_rerank_when_empty=False))
     docs = json.loads((PEER / family / "peer_outputs.json").read_text())
+    assert len(docs) == 20
     half = pruner.spec.max_length // 2
-    moved, long_docs, agree, exact = set(), set(), {"default": 0, "t05": 0}, {"default": 0, "t05": 0}
+    long_docs, moved, exact = set(), set(), {}
+    runs = (("default", pruner, "peer_sentences", {}), ("t05", pruner, "peer_sentences", {"threshold": 0.5}),
+            ("noempty0", keep_zero, "peer_sentences", {}), ("strip", keep_zero, "peer_sentences_strip", {}))
     for doc in docs:
         assert pruner.family.threshold == doc["threshold_default"]
-        sentences = doc["peer_sentences"]
-        if max(len(t) for t in pruner.encoder.tokenize(sentences)) > half:
+        if max(len(t) for t in pruner.encoder.tokenize(doc["peer_sentences"])) > half:
             long_docs.add(doc["id"])
-        for run, options in (("default", {}), ("t05", {"threshold": 0.5})):
-            peer = doc["runs"][run]
-            r = pruner.prune(doc["question"], [doc["context"]], sentences=[sentences], **options)[0]
-            probs = np.array([s.probability for s in r.sentences])
-            if np.abs(probs - peer["probs"]).max() > 1e-5:
-                moved.add(doc["id"])
-                continue
+        for run, engine, key, options in runs:
+            peer, sentences = doc["runs"][run], doc[key]
+            r = engine.prune(doc["question"], [doc["context"]], sentences=[sentences], **options)[0]
+            np.testing.assert_allclose([s.probability for s in r.sentences], peer["probs"], atol=1e-5, rtol=0,
+                                       err_msg=f"{doc['id']} {run}")
             assert [s.kept for s in r.sentences] == [s in peer["kept"] for s in sentences], (doc["id"], run)
             assert r.reranking_score == pytest.approx(peer["rerank"], abs=1e-5), (doc["id"], run)
             assert "".join(r.pruned_context.split()) == "".join(peer["pruned"].split()), (doc["id"], run)
-            exact[run] += r.pruned_context == peer["pruned"]
-            agree[run] += 1
-    assert moved == long_docs, "documents whose probabilities move are not exactly those with long sentences"
-    assert agree["default"] >= 15 and agree["t05"] >= 15
-    print(f"\nopen_provence vs process(): {agree} of {len(docs)} documents agree (pruned text identical "
-          f"to the character in {exact}); {len(long_docs)} with a sentence over max_length // 2 tokens "
-          "differ (fragments)")
+            exact[run] = exact.get(run, 0) + (r.pruned_context == peer["pruned"])
+        other = pruner.prune(doc["question"], [doc["context"]], sentences=[doc["peer_sentences"]],
+                             windows="sentences")[0]
+        if np.abs(np.array([s.probability for s in other.sentences]) - doc["runs"]["default"]["probs"]).max() > 1e-5:
+            moved.add(doc["id"])
+    assert long_docs and moved == long_docs
+    print(f"\nopen_provence vs process(): {len(docs)} of {len(docs)} documents agree in every run (pruned "
+          f"text identical to the character in {exact}); windows='sentences' moves the {len(long_docs)} "
+          "with a sentence over max_length // 2 tokens")
 
 
 @pytest.mark.skipif(not PEER.is_dir(), reason="../shared/fixtures is not next to this checkout")
