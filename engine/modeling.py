@@ -98,9 +98,15 @@ class XProvenceModel(nn.Module):
 
 
 class _PruningHead(nn.Module):
-    def __init__(self, hidden_size: int, num_labels: int = 2):
+    """OpenProvence's pruning head. With `use_weighted_pooling` checkpoints also carry
+    `pooling_weights` (Linear(h, 1)); the original head creates it and its forward never
+    uses it, so it is loaded (no tensor is unexpected) and, as there, not applied."""
+
+    def __init__(self, hidden_size: int, num_labels: int = 2, weighted_pooling: bool = False):
         super().__init__()
         self.classifier = nn.Linear(hidden_size, num_labels)
+        if weighted_pooling:
+            self.pooling_weights = nn.Linear(hidden_size, 1)
 
 
 class OpenProvenceModel(nn.Module):
@@ -108,7 +114,7 @@ class OpenProvenceModel(nn.Module):
     XLMRobertaForSequenceClassification, one label = rerank logit) and
     `pruning_head.classifier.*` (Linear(h, 2)). The encoder runs once for both heads."""
 
-    def __init__(self, base_config: Any, pruning_hidden: int | None = None):
+    def __init__(self, base_config: Any, pruning_hidden: int | None = None, weighted_pooling: bool = False):
         super().__init__()
         from transformers import AutoModelForSequenceClassification
         if base_config.model_type not in ("xlm-roberta", "roberta"):
@@ -116,7 +122,7 @@ class OpenProvenceModel(nn.Module):
                                  "backbone are not supported (xlm-roberta, roberta are)")
         self.config = base_config
         self.ranking_model = AutoModelForSequenceClassification.from_config(base_config)
-        self.pruning_head = _PruningHead(pruning_hidden or base_config.hidden_size)
+        self.pruning_head = _PruningHead(pruning_hidden or base_config.hidden_size, weighted_pooling=weighted_pooling)
 
     def forward(self, input_ids, attention_mask, sentence_ids, token_type_ids=None):
         hidden = self.ranking_model.base_model(input_ids=input_ids, attention_mask=attention_mask)[0]
@@ -364,7 +370,8 @@ def build_model(family: Family, raw: dict[str, Any], state_names: set[str], attn
         cfg = _backbone_config(kind, base, attn)
         cfg.model_type = kind
         pruning = raw.get("pruning_config") or {}
-        return OpenProvenceModel(cfg, pruning.get("hidden_size"))
+        weighted = bool(pruning.get("use_weighted_pooling")) or "pruning_head.pooling_weights.weight" in state_names
+        return OpenProvenceModel(cfg, pruning.get("hidden_size"), weighted_pooling=weighted)
     raise ModelLoadError(f"no PyTorch module for family {family.name!r}")
 
 

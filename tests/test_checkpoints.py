@@ -209,3 +209,29 @@ def test_a_window_longer_than_512_where_the_positions_allow(tmp_path):
     assert cfg.buckets_for(8192)[-3:] == (7168, 7680, 8192) and cfg.row_budget(8192) == 1024
     assert [len(idx) for _, idx in plan([8000, 8000, 8000], cfg, 8192)] == [1, 1, 1]
     assert [len(idx) for _, idx in plan([1000] * 20, cfg, 1024)] == [8, 8, 4]
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_open_provence_weighted_pooling_tensors_load_and_change_nothing(checkpoints, tmp_path, flag):
+    """OpenProvence checkpoints trained with `use_weighted_pooling` carry
+    `pruning_head.pooling_weights.*`; the original head builds that layer and its forward
+    never applies it. They load (with or without the config flag) and the outputs are those
+    of the same checkpoint without them."""
+    import json
+    folder = _copy(checkpoints["open_provence"], tmp_path / "weighted")
+    state = dict(load_file(str(folder / "model.safetensors")))
+    hidden = state["pruning_head.classifier.weight"].shape[1]
+    state["pruning_head.pooling_weights.weight"] = torch.randn(1, hidden)
+    state["pruning_head.pooling_weights.bias"] = torch.randn(1)
+    save_file(state, str(folder / "model.safetensors"))
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["pruning_config"]["use_weighted_pooling"] = flag
+    (folder / "config.json").write_text(json.dumps(cfg))
+    ck, ref = load_checkpoint(folder), load_checkpoint(checkpoints["open_provence"])
+    assert torch.equal(ck.model.pruning_head.pooling_weights.bias, state["pruning_head.pooling_weights.bias"])
+    ids = torch.tensor([[0, 5, 6, 2, 2, 7, 8, 9, 2]])
+    mask = torch.ones_like(ids)
+    sent = torch.tensor([[-1, -1, -1, -1, -1, 0, 0, 1, -1]])
+    with torch.inference_mode():
+        a, b = ck.model(ids, mask, sent), ref.model(ids, mask, sent)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
