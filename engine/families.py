@@ -120,9 +120,13 @@ def with_threshold(fam: Family, value: Any) -> Family:
 
 def checkpoint_family(fam: Family, config: dict[str, Any]) -> Family:
     """The family with the defaults a checkpoint's config sets: OpenProvence configs carry
-    `default_threadshold` (sic, as its code reads it) or `default_threshold`."""
+    `default_threadshold` (sic, as its code reads it) or `default_threshold`, and their
+    backbone: on ModernBERT the template is `[CLS] q [SEP] context [SEP]` (one separator,
+    what its tokenizer builds), on XLM-R `<s> q </s></s> context </s>`."""
     if fam.name != "open_provence":
         return fam
+    if (config.get("base_model_config") or {}).get("model_type") == "modernbert":
+        fam = replace(fam, backbone="modernbert", seps_between=1)
     return with_threshold(fam, next((config[k] for k in ("default_threadshold", "default_threshold")
                                      if config.get(k) is not None), None))
 

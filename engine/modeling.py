@@ -109,22 +109,42 @@ class _PruningHead(nn.Module):
             self.pooling_weights = nn.Linear(hidden_size, 1)
 
 
+OPEN_PROVENCE_BACKBONES = ("xlm-roberta", "roberta", "modernbert")
+
+
 class OpenProvenceModel(nn.Module):
     """OpenProvence / zilliz semantic-highlight: `ranking_model.*` (a whole
-    XLMRobertaForSequenceClassification, one label = rerank logit) and
-    `pruning_head.classifier.*` (Linear(h, 2)). The encoder runs once for both heads."""
+    XLMRobertaForSequenceClassification or ModernBertForSequenceClassification, one label =
+    rerank logit) and `pruning_head.classifier.*` (Linear(h, 2)). The encoder runs once
+    for both heads.
+
+    The pruning head reads the original code's `hidden_states[-1]`. For ModernBERT, under
+    the transformers 4.x that the original code runs on, that is the last layer's output
+    *before* ModernBERT's final LayerNorm (transformers 5 returns it after), so the state is
+    taken at the final norm's input. Attention is eager (global and sliding-window masks),
+    which exports to ONNX."""
 
     def __init__(self, base_config: Any, pruning_hidden: int | None = None, weighted_pooling: bool = False):
         super().__init__()
         from transformers import AutoModelForSequenceClassification
-        if base_config.model_type not in ("xlm-roberta", "roberta"):
+        if base_config.model_type not in OPEN_PROVENCE_BACKBONES:
             raise ModelLoadError(f"open_provence checkpoints on a {base_config.model_type!r} "
-                                 "backbone are not supported (xlm-roberta, roberta are)")
+                                 f"backbone are not supported ({', '.join(OPEN_PROVENCE_BACKBONES)} are)")
         self.config = base_config
         self.ranking_model = AutoModelForSequenceClassification.from_config(base_config)
         self.pruning_head = _PruningHead(pruning_hidden or base_config.hidden_size, weighted_pooling=weighted_pooling)
+        self.modernbert = base_config.model_type == "modernbert"
+        if self.modernbert:
+            self._pre_norm: list[torch.Tensor] = []
+            self.ranking_model.model.final_norm.register_forward_pre_hook(
+                lambda module, args: self._pre_norm.append(args[0]))
 
     def forward(self, input_ids, attention_mask, sentence_ids, token_type_ids=None):
+        if self.modernbert:
+            self._pre_norm.clear()
+            rerank = self.ranking_model(input_ids=input_ids, attention_mask=attention_mask).logits
+            hidden = self._pre_norm.pop()
+            return rerank[:, 0].to(torch.float32), pool_token_probs(self.pruning_head.classifier(hidden), sentence_ids)
         hidden = self.ranking_model.base_model(input_ids=input_ids, attention_mask=attention_mask)[0]
         rerank = self.ranking_model.classifier(hidden)[:, 0].to(torch.float32)
         return rerank, pool_token_probs(self.pruning_head.classifier(hidden), sentence_ids)
@@ -388,11 +408,16 @@ def _remap_keys(family: Family, state: dict[str, torch.Tensor]) -> dict[str, tor
     return state
 
 
+def _open_provence_offset(raw: dict[str, Any]) -> int:
+    """Positions XLM-R reserves before the first token (ModernBERT's rotary ones: none)."""
+    return 0 if (raw.get("base_model_config") or {}).get("model_type") == "modernbert" else 2
+
+
 def checkpoint_positions(family: Family, raw: dict[str, Any]) -> int:
     """The longest window the checkpoint's position embeddings allow."""
     if family.name == "open_provence":
         base = raw.get("base_model_config") or {}
-        return int(base.get("max_position_embeddings", 514)) - 2
+        return int(base.get("max_position_embeddings", 514)) - _open_provence_offset(raw)
     positions = int(raw.get("max_position_embeddings", 512))
     return positions - 2 if family.backbone == "xlm-roberta" else positions
 
@@ -400,8 +425,8 @@ def checkpoint_positions(family: Family, raw: dict[str, Any]) -> int:
 def checkpoint_max_length(family: Family, raw: dict[str, Any]) -> int:
     if family.name == "open_provence":
         base = raw.get("base_model_config") or {}
-        limit = int(raw.get("max_length") or base.get("max_position_embeddings", 514) - 2)
-        return min(limit, int(base.get("max_position_embeddings", 514)) - 2)
+        positions = int(base.get("max_position_embeddings", 514)) - _open_provence_offset(raw)
+        return min(int(raw.get("max_length") or min(positions, 512)), positions)
     positions = int(raw.get("max_position_embeddings", 512))
     if family.backbone == "xlm-roberta":
         positions -= 2  # positions start after padding_idx + 1

@@ -6,7 +6,7 @@ described by reading its config and tokenizer. Torch-free.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,8 @@ def spec_from_manifest(manifest: dict[str, Any], name: str = "model") -> ModelSp
         tok = manifest["tokenizer"]
         family = with_threshold(get_family(manifest["family"]),   # the checkpoint's own default
                                 (manifest.get("defaults") or {}).get("threshold"))
+        if "seps_between" in tok and int(tok["seps_between"]) != family.seps_between:
+            family = replace(family, seps_between=int(tok["seps_between"]))   # e.g. OpenProvence on ModernBERT
         spec = ModelSpec(family=family, max_length=int(manifest["max_length"]),
                          cls_id=int(tok["cls_id"]), sep_id=int(tok["sep_id"]), pad_id=int(tok["pad_id"]),
                          name=name, extra={"manifest": manifest})

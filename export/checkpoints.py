@@ -151,21 +151,44 @@ def _spread_heads(model: torch.nn.Module, gen: torch.Generator) -> None:
                 module.bias.zero_()
 
 
+def _modernbert_open_provence(tok) -> dict:
+    """OpenProvence on a ModernBERT backbone (as the published Japanese/English OpenProvence
+    rerankers): alternating global and local (sliding-window) attention, rotary positions."""
+    base = {"model_type": "modernbert", "architectures": ["ModernBertForSequenceClassification"],
+            "vocab_size": len(tok), "hidden_size": TINY["hidden_size"], "intermediate_size": 48,
+            "num_hidden_layers": 3, "num_attention_heads": TINY["num_attention_heads"],
+            "max_position_embeddings": 8192, "global_attn_every_n_layers": 3, "local_attention": 32,
+            "pad_token_id": tok.pad_token_id, "cls_token_id": tok.cls_token_id, "sep_token_id": tok.sep_token_id,
+            "bos_token_id": tok.cls_token_id, "eos_token_id": tok.sep_token_id, "classifier_pooling": "cls",
+            "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}
+    return {"model_type": "open_provence", "architectures": ["OpenProvenceModel"],
+            "auto_map": {"AutoConfig": "modeling_open_provence.OpenProvenceConfig",
+                         "AutoModel": "modeling_open_provence.OpenProvenceModel"},
+            "base_model_config": base,
+            "pruning_config": {"hidden_size": TINY["hidden_size"], "num_labels": 2,
+                               "sentence_pooling": "mean", "dropout": 0.1, "use_weighted_pooling": True},
+            "max_length": 512, "default_threshold": 0.5}
+
+
 def make_test_checkpoint(family_name: str, out: str | Path, seed: int = 0,
-                         sizes: dict[str, int] | None = None) -> Path:
+                         sizes: dict[str, int] | None = None, backbone: str | None = None) -> Path:
     """Write a tiny random-weight checkpoint of `family_name` into `out`; `sizes` overrides
     the dimensions (hidden_size, num_hidden_layers, num_attention_heads, intermediate_size:
-    e.g. a Provence-size model for speed measurements, whose speed the weights do not change)."""
+    e.g. a Provence-size model for speed measurements, whose speed the weights do not change).
+    `backbone="modernbert"` makes an OpenProvence checkpoint on ModernBERT (with a WordPiece
+    tokenizer: the tokenizer type does not matter to the engine, which reads tokenizer.json)."""
     fam = get_family(family_name)
     out = Path(out)
-    tok = make_tokenizer("bert" if fam.backbone == "auto" else fam.backbone)
-    config = _config(fam.name, len(tok))
+    if backbone not in (None, "modernbert") or (backbone and fam.name != "open_provence"):
+        raise ValueError(f"no {backbone!r} test checkpoint for {family_name} (open_provence has modernbert)")
+    tok = make_tokenizer("bert" if fam.backbone == "auto" or backbone else fam.backbone)
+    config = _modernbert_open_provence(tok) if backbone else _config(fam.name, len(tok))
     if sizes:
         config.update(sizes)
         if "pooler_hidden_size" in config:
             config["pooler_hidden_size"] = config["hidden_size"]
     torch.manual_seed(seed)
-    model = build_model(fam, config, set())
+    model = build_model(fam, config, set(), options=None)
     gen = torch.Generator().manual_seed(seed + 1)
     _spread_heads(model, gen)
     save_checkpoint(model, out, config)

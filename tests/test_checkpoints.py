@@ -235,3 +235,56 @@ def test_open_provence_weighted_pooling_tensors_load_and_change_nothing(checkpoi
     with torch.inference_mode():
         a, b = ck.model(ids, mask, sent), ref.model(ids, mask, sent)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_open_provence_on_modernbert_exports_and_matches_pytorch(tmp_path):
+    """OpenProvence on a ModernBERT backbone (global and sliding-window attention, rotary
+    positions): detected, its template `[CLS] q [SEP] context [SEP]`, exported to ONNX and
+    equal to the PyTorch module within 1e-5 on passages longer than the local attention
+    window, at the default 512 window and at --max-length 1024; the pruning head reads the
+    last layer's output before the final norm (transformers 4's `hidden_states[-1]`, what
+    the original code reads), checked against transformers' own forward: that tensor
+    through the final norm is the model's `last_hidden_state`."""
+    from export.checkpoints import make_test_checkpoint
+    from export.onnx import export_model
+    from tests.conftest import with_window
+    ck_dir = make_test_checkpoint("open_provence", tmp_path / "ck", backbone="modernbert")
+    ck = load_checkpoint(ck_dir)
+    assert ck.family.backbone == "modernbert" and ck.family.seps_between == 1 and ck.max_positions == 8192
+    model = ck.model
+    ids = torch.randint(10, 200, (2, 90))
+    mask = torch.ones_like(ids)
+    mask[1, 60:] = 0
+    sent = torch.full_like(ids, -1)
+    sent[:, 10:80] = torch.arange(70) // 10
+    with torch.inference_mode():
+        model(ids, mask, sent)
+        pre = model._pre_norm[-1] if model._pre_norm else None
+        captured = []
+        hook = model.ranking_model.model.final_norm.register_forward_pre_hook(lambda m, a: captured.append(a[0]))
+        last = model.ranking_model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        hook.remove()
+        torch.testing.assert_close(model.ranking_model.model.final_norm(captured[0]), last)
+        rerank, probs = model(ids, mask, sent)
+        head = torch.softmax(model.pruning_head.classifier(captured[0]), -1)[..., 1]
+        torch.testing.assert_close(probs[0, 0], head[0, 10:20].mean())
+        assert pre is None
+    passage = " ".join(f"Sentence {i} says the stadium held {i} thousand people in {1900 + i}." for i in range(60))
+    blocks = {}
+    for window in (None, 1024):
+        out = tmp_path / f"onnx-{window}"
+        export_model(ck_dir, out, max_length=window, log=lambda m: None)
+        ort_p = Pruner.load(out, threads=1)
+        torch_p = Pruner.load(ck_dir, backend="torch", threads=1)
+        if window:
+            torch_p = with_window(torch_p, window)
+        block = ort_p.encode("Who?", [passage], [[(0, 10)]])[0]
+        assert list(block.input_ids[:1]) == [ort_p.spec.cls_id] and int((block.input_ids == ort_p.spec.sep_id).sum()) == 2
+        a = ort_p.prune("How many people did the stadium hold in 1930?", [passage, "Short one. Two."])
+        b = torch_p.prune("How many people did the stadium hold in 1930?", [passage, "Short one. Two."])
+        for x, y in zip(a, b):
+            np.testing.assert_allclose([s.probability for s in x.sentences], [s.probability for s in y.sentences],
+                                       atol=1e-5)
+            assert x.reranking_score == pytest.approx(y.reranking_score, abs=1e-5)
+        blocks[window] = a[0].blocks
+    assert blocks[None] > blocks[1024] >= 1 and blocks[None] > 1
