@@ -248,3 +248,24 @@ def test_export_encoder_from_any_embedding_checkpoint(checkpoints, tmp_path):
     ref = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1).numpy()
     np.testing.assert_allclose(emb.encode(texts), ref, atol=1e-5)
     assert main(["export", "--encoder", "--model", str(checkpoints["embedding"]), "--out", str(out), "-q"]) == 2
+
+
+def test_pipeline_with_the_pruner_on_a_triton_text_model(rag, squad, server, pruners):
+    """Text in on the server: the same pipeline with its reranking and pruning done by a
+    Triton text model (`prune ask --server`) returns what the in-process pruner of the same
+    exported model returns."""
+    from engine.pruner import Pruner
+    pipe, _ = rag
+    _, questions = squad
+    remote = Pipeline(pipe.db, Pruner.connect(server.grpc_url, "embedding_text"), pipe.embedder)
+    remote._client = pipe.client          # one process holds a Milvus Lite file: share its connection
+    local = Pipeline(pipe.db, pruners["embedding"][0], pipe.embedder)
+    local._client = pipe.client
+    for q, _ in questions[:3]:
+        a, b = remote.ask(q, k=4), local.ask(q, k=4)
+        assert [(r.id, r.chunk) for r in a.results] == [(r.id, r.chunk) for r in b.results]
+        assert [r.pruned_context for r in a.results] == [r.pruned_context for r in b.results]
+        assert [r.reranking_score for r in a.results] == pytest.approx([r.reranking_score for r in b.results], abs=1e-5)
+        for x, y in zip(a.results, b.results):
+            np.testing.assert_allclose([s.probability for s in x.result.sentences],
+                                       [s.probability for s in y.result.sentences], atol=1e-5)
