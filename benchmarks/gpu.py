@@ -88,7 +88,8 @@ def onnxruntime_rows(args, cfg_dict: dict, start: float, log) -> list[dict]:
     from export.checkpoints import make_test_checkpoint
     from export.onnx import export_model
 
-    work = Path(tempfile.mkdtemp(prefix="prune-gpu-"))
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="prune-gpu-"))
+    work.mkdir(parents=True, exist_ok=True)
     ck = make_test_checkpoint("provence", work / "checkpoint", sizes=TINY_SIZES if args.tiny else LARGE_SIZES)
     model, _, spec = load_reference(ck)
     vocab = int(model.config.vocab_size)
@@ -235,6 +236,8 @@ def main(argv=None) -> int:
     ap.add_argument("--markdown", help="also write a markdown summary here")
     ap.add_argument("--plot", help="also write a PNG here (needs matplotlib)")
     ap.add_argument("--no-onnxruntime", action="store_true", help="PyTorch paths only")
+    ap.add_argument("--keep", help="keep the checkpoint and the fp32/fp16 exports in this folder "
+                    "(checkpoint/, fp32/, fp16/: gpu.sh runs prune bench on them)")
     args = ap.parse_args(argv)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
 

@@ -13,6 +13,8 @@
 #            uploads (split -b 60m X.whl X.whl.part-) are joined first.
 #   GPU_DRY_RUN=1  the same script on CPU with a tiny configuration (tests/test_gpu_script.py)
 #   BUDGET_S       seconds after which no new case starts (default 420: the run ends within 8 minutes)
+#   RAG_DATA       squad-dev-rag.jsonl: then also `prune bench --device cuda` on that workload with the
+#                  same model's fp32/fp16 exports and checkpoint (RAG_QUERIES queries, default 20)
 set -euo pipefail
 out="${1:-${OUT:-benchmarks/results/gpu}}"
 mkdir -p "$out"
@@ -42,5 +44,13 @@ else
   args=(--device cuda)
 fi
 python3 -m benchmarks.gpu "${args[@]}" --budget-s "${BUDGET_S:-420}" --out "$out/gpu.json" \
-  --markdown "$out/gpu.md" --plot "$out/gpu.png" 2>&1 | tee "$out/gpu.log"
+  --markdown "$out/gpu.md" --plot "$out/gpu.png" --keep "$out/models" 2>&1 | tee "$out/gpu.log"
 cat "$out/gpu.md"
+# The RAG workload through the whole engine (prune bench: splitting, tokenizing, batching,
+# decisions) on the same model, when RAG_DATA names squad-dev-rag.jsonl.
+if [ -n "${RAG_DATA:-}" ]; then
+  if [ "${GPU_DRY_RUN:-0}" = 1 ]; then device=cpu; else device=cuda; fi
+  python3 -m engine bench --device "$device" --data "$RAG_DATA" --queries "${RAG_QUERIES:-20}" --repeats 3 \
+    --model "$out/models/fp32" --fp16 "$out/models/fp16" --checkpoint "$out/models/checkpoint" \
+    --out "$out" 2>&1 | tee "$out/bench.log"
+fi

@@ -56,7 +56,7 @@ class PathResult:
                 "speedup_vs_reference": (baseline / t) if baseline else None, **self.extra}
 
 
-def machine_info() -> dict[str, Any]:
+def machine_info(device: str = "cpu") -> dict[str, Any]:
     import onnxruntime
     info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "python": platform.python_version(),
@@ -72,6 +72,8 @@ def machine_info() -> dict[str, Any]:
     try:
         import torch
         info["torch"] = torch.__version__
+        if device == "cuda" and torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
     except ImportError:
         pass
     return info
@@ -241,26 +243,46 @@ def perf_analyzer(server_grpc: str, model: str, data: list[dict[str, Any]], conc
 def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: int, repeats: int,
           threads: int | None, triton: bool, concurrencies=(1, 4, 16), log=print,
           out_dir: Path | None = None, only: str | None = None, text_instances: int = 4,
-          perf: bool = True, replicas: int = 1) -> dict[str, Any]:
+          perf: bool = True, replicas: int = 1, device: str = "cpu") -> dict[str, Any]:
     """Every path side by side (see the module docstring); `only`: a regular expression,
-    the paths whose names match it (a focused A/B with more repeats)."""
+    the paths whose names match it (a focused A/B with more repeats).
+
+    `device="cuda"`: the same workload on the GPU: PyTorch fp32 (unbatched reference and
+    batched) and fp16 batched, ONNX Runtime's CUDA provider with IO binding on the fp32
+    export and on `models["fp16"]` where given (INT8 is a CPU precision and is left out;
+    so is --triton, whose bench repository is the CPU one)."""
     from engine.batching import BatchingConfig
     from engine.pruner import Pruner
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu or cuda, got {device!r}")
+    if device == "cuda" and triton:
+        raise ValueError("--triton serves the CPU repository: on a GPU, build one with prune repository "
+                         "--target gpu and serve it in NVIDIA's container (docs/triton.md)")
     qs = load_rag_data(data, queries)
     n_passages = sum(len(q.passages) for q in qs)
     paths: dict[str, Callable[[PathResult], float]] = {}
-    fp32 = Pruner.load(models["fp32"], threads=threads)
+    fp32 = Pruner.load(models["fp32"], threads=threads, device=device)
     sorted_batches = workload_batches(fp32, qs)
     tokens = sum(int(b.attention_mask.sum()) for b in sorted_batches)
+    on = "" if device == "cpu" else "-cuda"
     if checkpoint:
-        ref = Pruner.load(checkpoint, backend="torch", threads=threads,
+        ref = Pruner.load(checkpoint, backend="torch", threads=threads, device=device,
                           batching=BatchingConfig(max_batch_size=1, strategy="fixed"))
-        batched = Pruner.load(checkpoint, backend="torch", threads=threads)
+        batched = Pruner.load(checkpoint, backend="torch", threads=threads, device=device)
         paths["torch-unbatched (reference)"] = lambda r: run_sequential(ref, qs, r, per_passage=True)
         paths["torch-batched"] = lambda r: run_sequential(batched, qs, r)
-    fixed = Pruner.load(models["fp32"], threads=threads, batching=BatchingConfig(strategy="fixed", max_batch_size=8))
-    paths["onnxruntime-fp32"] = lambda r: run_sequential(fp32, qs, r)
-    paths["onnxruntime-fp32, fixed batches of 8 in input order"] = lambda r: run_sequential(fixed, qs, r)
+        if device == "cuda":
+            half = Pruner.load(checkpoint, backend="torch", threads=threads, device=device, dtype="float16")
+            paths["torch-batched fp16"] = lambda r: run_sequential(half, qs, r)
+    fixed = Pruner.load(models["fp32"], threads=threads, device=device,
+                        batching=BatchingConfig(strategy="fixed", max_batch_size=8))
+    paths[f"onnxruntime{on}-fp32"] = lambda r: run_sequential(fp32, qs, r)
+    paths[f"onnxruntime{on}-fp32, fixed batches of 8 in input order"] = lambda r: run_sequential(fixed, qs, r)
+    if "fp16" in models:
+        fp16 = Pruner.load(models["fp16"], threads=threads, device=device)
+        paths[f"onnxruntime{on}-fp16"] = lambda r: run_sequential(fp16, qs, r)
+    if device == "cuda":
+        models = {k: v for k, v in models.items() if k != "int8"}
     if "int8" in models:
         int8 = Pruner.load(models["int8"], threads=threads)
         paths["onnxruntime-int8"] = lambda r: run_sequential(int8, qs, r)
@@ -341,7 +363,7 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
         if server is not None:
             for s in servers:
                 s.stop()
-    base_name = "torch-unbatched (reference)" if checkpoint else "onnxruntime-fp32"
+    base_name = "torch-unbatched (reference)" if checkpoint else f"onnxruntime{on}-fp32"
     base = statistics.median(results[base_name].seconds) if base_name in results else None
     batched_t = statistics.median(results["torch-batched"].seconds) if "torch-batched" in results else None
     empty = [n for n, r in results.items() if not r.latencies]
@@ -351,8 +373,9 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
     for row in rows:
         row["speedup_vs_torch_batched"] = (batched_t / row["seconds_median"]) if batched_t else None
     report = {
-        "machine": machine_info(),
+        "machine": machine_info(device),
         "settings": {"data": str(data), "queries": len(qs), "passages": n_passages, "tokens": tokens,
+                     "device": device,
                      "repeats": repeats, "threads": threads, "models": {k: str(v) for k, v in models.items()},
                      "checkpoint": checkpoint, "only": only, "text_instances": text_instances,
                      "replicas": replicas,

@@ -356,15 +356,20 @@ def cmd_bench(args) -> int:
     from engine.bench import bench, markdown, plot
     from engine.default_model import default_checkpoint, ensure_default_model
     log = args.log
+    if args.device == "cuda":   # the CUDA provider is checked before any export or measurement
+        from engine.backends.onnxruntime import require_cuda
+        require_cuda()
     models = {"fp32": Path(args.model) if args.model else ensure_default_model(log)}
-    if args.int8 or not args.model:
+    if args.device == "cpu" and (args.int8 or not args.model):
         models["int8"] = Path(args.int8) if args.int8 else ensure_default_model(log, precision="int8")
+    if args.fp16 or (args.device == "cuda" and not args.model):
+        models["fp16"] = Path(args.fp16) if args.fp16 else ensure_default_model(log, precision="fp16")
     checkpoint = args.checkpoint or (None if args.model else default_checkpoint())
     out_dir = Path(args.out) / time.strftime("bench-%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     report = bench(models, checkpoint, Path(args.data), args.queries, args.repeats, args.threads,
                    args.triton, log=log, out_dir=out_dir, only=args.paths, text_instances=args.text_instances,
-                   perf=not args.no_perf_analyzer, replicas=args.replicas)
+                   perf=not args.no_perf_analyzer, replicas=args.replicas, device=args.device)
     command = "prune " + " ".join(sys.argv[1:])
     report["command"] = command
     (out_dir / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -557,6 +562,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--data", required=True, help="RAG JSONL (question, passages)")
     b.add_argument("--model", help="exported fp32 folder (default: the default model)")
     b.add_argument("--int8", help="exported int8 folder (default: the default model's, exported on first use)")
+    b.add_argument("--fp16", help="exported fp16 folder (default with --device cuda: the default model's, "
+                   "exported on first use)")
+    b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: PyTorch fp32/fp16 and ONNX Runtime's CUDA provider (fp32, fp16) on the GPU "
+                        "(pip install 'prune-engine[gpu]')")
     b.add_argument("--checkpoint", help="the checkpoint, for the PyTorch reference paths")
     b.add_argument("--queries", type=int, default=30, help="queries per path and repeat")
     b.add_argument("--repeats", type=int, default=3, help="interleaved repeats (medians are reported)")

@@ -73,6 +73,12 @@ def test_bench_without_server(exported, tiny_data, tmp_path, capsys):
     assert all(r["passages_per_s"] > 0 and r["p50_ms"] > 0 for r in report["paths"])
     assert main(["bench", "--data", str(tiny_data / "rag.jsonl"), "--model", str(exported["opensearch"]),
                  "--queries", "1", "--repeats", "1", "--out", str(tmp_path), "--paths", "nothing-matches"]) == 2
+    capsys.readouterr()
+    # on the GPU path, a missing CUDA provider is reported before any export or measurement
+    import onnxruntime
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        assert main(["bench", "--device", "cuda", "--data", str(tiny_data / "rag.jsonl"), "--out", str(tmp_path)]) == 2
+        assert "onnxruntime-gpu" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("model", ["opensearch_text", "opensearch"])

@@ -30,7 +30,13 @@ def test_gpu_script_dry_run(tmp_path):
     for i, suffix in enumerate(("aa", "ab", "ac")):
         (wheels / f"{whl.name}.part-{suffix}").write_bytes(data[i * third:(i + 1) * third])
     out = tmp_path / "out"
+    rag = tmp_path / "rag.jsonl"
+    rag.write_text("".join(json.dumps({"question": f"What happened in {1900 + i}?", "gold": 0,
+                                       "passages": [f"In {1900 + i} the stadium opened. It held {i} people.",
+                                                    "Another passage about the weather."]}) + "\n"
+                           for i in range(3)))
     env = {**os.environ, "GPU_DRY_RUN": "1", "WHEELS": str(wheels), "BUDGET_S": "120",
+           "RAG_DATA": str(rag), "RAG_QUERIES": "3",
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), str(out)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
@@ -47,3 +53,7 @@ def test_gpu_script_dry_run(tmp_path):
     md = (out / "gpu.md").read_text()
     assert "| onnxruntime-cpu fp32 | 64 |" in md and "p50 / p99" in md
     assert (out / "gpu.png").stat().st_size > 1000
+    # prune bench on the RAG workload with the kept exports (on the GPU: --device cuda)
+    bench = json.loads(next(out.glob("bench-*/bench.json")).read_text())
+    assert bench["settings"]["device"] == "cpu"
+    assert {"torch-unbatched (reference)", "onnxruntime-fp32", "onnxruntime-fp16"} <= {r["path"] for r in bench["paths"]}

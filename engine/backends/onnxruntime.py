@@ -30,6 +30,19 @@ def arena_mode(value: str | None = None) -> str:
 DEVICES = ("cpu", "cuda")
 
 
+def require_cuda() -> None:
+    """Raise a ModelLoadError naming the fix when ONNX Runtime has no CUDA provider."""
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        raise ModelLoadError("onnxruntime is not installed: pip install 'prune-engine[gpu]'") from exc
+    available = ort.get_available_providers()
+    if "CUDAExecutionProvider" not in available:
+        raise ModelLoadError("device='cuda' needs ONNX Runtime's CUDA provider: pip install "
+                             "'prune-engine[gpu]' (onnxruntime-gpu, without the CPU onnxruntime); "
+                             f"this onnxruntime {ort.__version__} has {available}")
+
+
 def session_options(ort: Any, intra_op_threads: int | None = None, inter_op_threads: int | None = None,
                     arena: str | None = None) -> tuple[Any, Any]:
     """(SessionOptions, RunOptions) as every engine session uses them: all graph
@@ -95,10 +108,7 @@ class OnnxRuntimeBackend(Backend):
         self.device = device
         available = ort.get_available_providers()
         if device == "cuda":
-            if "CUDAExecutionProvider" not in available:
-                raise ModelLoadError("device='cuda' needs ONNX Runtime's CUDA provider: pip install "
-                                     "'prune-engine[gpu]' (onnxruntime-gpu, without the CPU onnxruntime); "
-                                     f"this onnxruntime {ort.__version__} has {available}")
+            require_cuda()
             providers = [("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"]
             if tensorrt is not None:
                 if "TensorrtExecutionProvider" in available:
