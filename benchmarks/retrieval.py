@@ -163,6 +163,8 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--candidates", type=int, default=20)
     ap.add_argument("--threads", type=int)
+    ap.add_argument("--model", default="default", help="the pruning model: 'default', 'default-int8' "
+                    "(the default model's INT8 export) or an exported folder")
     args = ap.parse_args(argv)
     from engine.embed import Embedder
     from engine.pipeline import CHUNK_TOKENS, Pipeline
@@ -171,12 +173,18 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     db = Path(args.db) if args.db else out / "bench.db"
     rows = [json.loads(line) for line in open(args.rag)][:args.limit]
-    pipe = Pipeline(db, Pruner.load("default", threads=args.threads), Embedder.load("default", threads=args.threads),
+    if args.model == "default-int8":
+        from engine.default_model import ensure_default_model
+        model, label = ensure_default_model(precision="int8"), "default INT8 (all-MiniLM-L6-v2, embedding family)"
+    else:
+        model = args.model
+        label = "default (all-MiniLM-L6-v2, embedding family)" if args.model == "default" else Path(args.model).name
+    pipe = Pipeline(db, Pruner.load(model, threads=args.threads), Embedder.load("default", threads=args.threads),
                     log=lambda m: None)
     result = {"command": "python -m benchmarks.retrieval " + " ".join(sys.argv[1:] if argv is None else argv),
               "machine": f"{platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores",
               "settings": {"k": args.k, "candidates": args.candidates, "chunk_tokens": CHUNK_TOKENS,
-                           "encoder": pipe.embedder.name, "pruner": "default (all-MiniLM-L6-v2, embedding family)",
+                           "encoder": pipe.embedder.name, "pruner": label,
                            "fusion": "RRF k=60"}}
     try:
         result["rag"] = run_rag(pipe, rows, args.k, args.candidates)

@@ -45,27 +45,44 @@ def default_checkpoint() -> str:
 
 def ensure_default_model(log: Callable[[str], None] | None = None, precision: str = "fp32") -> Path:
     """The exported default model folder, exporting it first if needed."""
-    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     target = default_model_dir(precision)
     if (target / MANIFEST).is_file():
         return target
-    try:
-        from export.onnx import export_model
-    except ImportError as exc:
-        raise ModelLoadError("the default model is exported on first use, which needs the export "
-                             "extra: pip install 'prune-engine[export]' (or pass --model)") from exc
+    log = log or stderr_log
+    export_model = exporter("export.onnx", "export_model", "the default model", "pass --model")
     source = default_checkpoint()
     log(f"first use: exporting the default model {DEFAULT_MODEL} from {source} to {target} "
         "(once, about 10 s) ...")
+    return export_into_cache(target, MANIFEST, lambda staging: export_model(
+        source, staging, precision=precision, log=lambda m: log("  " + m)))
+
+
+def stderr_log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def exporter(module: str, name: str, what: str, instead: str) -> Callable[..., object]:
+    """The export function `module.name`, or a ModelLoadError saying which extra it needs."""
+    import importlib
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        raise ModelLoadError(f"{what} is exported on first use, which needs the export extra: "
+                             f"pip install 'prune-engine[export]' (or {instead})") from exc
+
+
+def export_into_cache(target: Path, marker: str, export: Callable[[Path], object]) -> Path:
+    """`export(staging)` into a sibling staging folder, then renamed to `target` in one
+    step, so a reader never sees half an export; two processes may race, one wins."""
     staging = target.with_name(f"{target.name}.tmp-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        export_model(source, staging, precision=precision, log=lambda m: log("  " + m))
+        export(staging)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
             staging.rename(target)
         except OSError:
-            if not (target / MANIFEST).is_file():  # another process did not win the race
+            if not (target / marker).is_file():  # another process did not win the race
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -10,9 +10,6 @@ length; `prune index` chunks documents to fit (engine.pipeline.chunk_spans).
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -34,30 +31,16 @@ def default_encoder_dir() -> Path:
 
 def ensure_default_encoder(log: Callable[[str], None] | None = None) -> Path:
     """The default model's exported encoder folder, exporting it first if needed."""
-    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    from engine.default_model import DEFAULT_MODEL, default_checkpoint, export_into_cache, exporter, stderr_log
     target = default_encoder_dir()
     if (target / ENCODER_FILE).is_file():
         return target
-    try:
-        from export.encoder import export_encoder
-    except ImportError as exc:
-        raise ModelLoadError("the default encoder is exported on first use, which needs the export "
-                             "extra: pip install 'prune-engine[export]' (or pass an exported encoder)") from exc
-    from engine.default_model import DEFAULT_MODEL, default_checkpoint
+    log = log or stderr_log
+    export_encoder = exporter("export.encoder", "export_encoder", "the default encoder", "pass an exported encoder")
     source = default_checkpoint()
-    log(f"first use: exporting the encoder of {DEFAULT_MODEL} from {source} to {target} (once) ...")
-    staging = target.with_name(f"{target.name}.tmp-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
-        export_encoder(source, staging, name=DEFAULT_MODEL, log=lambda m: log("  " + m))
-        try:
-            staging.rename(target)
-        except OSError:
-            if not (target / ENCODER_FILE).is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    log(f"first use: exporting the encoder of {DEFAULT_MODEL} from {source} to {target} (once, about 5 s) ...")
+    return export_into_cache(target, ENCODER_FILE, lambda staging: export_encoder(
+        source, staging, name=DEFAULT_MODEL, log=lambda m: log("  " + m)))
 
 
 class Embedder:
