@@ -218,6 +218,9 @@ class Pipeline:
         pymilvus = _milvus()
         if is_local(self.db):
             path = Path(self.db)
+            if path.suffix != ".db":
+                raise PipelineError(f"{self.db}: a Milvus Lite database is a file whose name ends in .db "
+                                    "(for example rag.db); a Milvus server is a URI such as http://host:19530")
             if not create and not path.exists():
                 raise PipelineError(f"{self.db}: no such Milvus Lite database; build it with prune index "
                                     "--db FILE --data docs.jsonl")

@@ -194,6 +194,8 @@ def test_bad_input_gets_clear_errors(rag, tmp_path):
         Pipeline(bad).about()
     with pytest.raises(PipelineError, match="no such Milvus Lite database"):
         Pipeline(tmp_path / "missing.db").about()
+    with pytest.raises(PipelineError, match=r"ends in \.db.*http://host:19530"):
+        Pipeline("localhost:19530").about()
     docs = tmp_path / "docs.jsonl"
     docs.write_text('{"id": 1, "text": "Fine."}\n{"text": "no id"}\n')
     with pytest.raises(InputError, match=r"docs.jsonl:2: a document needs an id"):
