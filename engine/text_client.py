@@ -22,6 +22,7 @@ from engine.decide import TITLE_RULES, PruneResult, check_threshold, check_top_k
 from engine.errors import BackendError, InputError
 from engine.spec import ModelSpec, spec_from_manifest
 from engine.text import check_unicode
+from engine.families import WINDOWS
 from engine.wire import TEXT_INPUTS, TEXT_OUTPUTS, TextLimits, tensors_to_results
 
 
@@ -65,8 +66,9 @@ class TritonTextPruner:
                   "passages": np.array([p.encode("utf-8") for p in passages], dtype=np.object_)}
         if options.get("threshold") is not None:
             values["threshold"] = np.array([options["threshold"]], dtype=np.float32)
-        if options.get("title") is not None:
-            values["title"] = np.array([options["title"].encode("utf-8")], dtype=np.object_)
+        for name in ("title", "windows"):
+            if options.get(name) is not None:
+                values[name] = np.array([options[name].encode("utf-8")], dtype=np.object_)
         if options.get("alpha", ...) is not ...:
             a = options["alpha"]
             values["alpha"] = np.array([-1.0 if a is None else a], dtype=np.float32)
@@ -96,11 +98,9 @@ class TritonTextPruner:
               title: str | None = None, alpha: float | None = ..., reorder: bool = False,  # type: ignore[assignment]
               top_k: int | None = None, sentences: Any = None, windows: str | None = None) -> list[PruneResult]:
         """`Pruner.prune` on the server (see there). `sentences=` needs the client-side
-        splitter: connect to the core model for it. The text model cuts passages the
-        family's default way; `windows=` another way needs the core model too."""
-        if windows is not None:
-            raise InputError("windows= is not supported through a text model (the server runs the family's "
-                             "default windows); connect to the core model to choose them")
+        splitter: connect to the core model for it."""
+        if windows is not None and windows not in WINDOWS:
+            raise InputError(f"windows must be one of {WINDOWS}, got {windows!r}")
         if sentences is not None:
             raise InputError("sentences= is not supported through a text model (the server splits); "
                              "connect to the core model to pass your own sentences")
@@ -126,8 +126,9 @@ class TritonTextPruner:
         check_top_k(top_k)
         if not passages:
             return []
-        options = {"threshold": threshold, "title": title, "alpha": alpha}
+        options = {"threshold": threshold, "title": title, "alpha": alpha, "windows": windows}
         used = self.spec.family.threshold if threshold is None else threshold
+        ran = self.spec.family.windows if windows is None else windows
         chunks = self._chunks(question, passages)
         deadline = self.client.deadline()      # one deadline for the whole call
         if len(chunks) > 1 and self.client.protocol == "grpc":
@@ -137,7 +138,7 @@ class TritonTextPruner:
             outs = [self._send(question, passages[s:e], options, deadline) for s, e in chunks]
         results: list[PruneResult] = []
         for (s, e), out in zip(chunks, outs):
-            results += tensors_to_results(passages[s:e], out, used, offset=s)
+            results += tensors_to_results(passages[s:e], out, used, offset=s, windows=ran)
         if len(results) != len(passages):
             raise BackendError(f"the text model returned {len(results)} results for {len(passages)} passages")
         return order_results(results, reorder, top_k)

@@ -8,6 +8,8 @@ One request is one question and its passages, as UTF-8 BYTES tensors:
              top_k     INT32 [1]          optional: the k best passages by reranking score
              title     BYTES [1]          optional: "first_sentence" or "none"
              alpha     FP32  [1]          optional: backoff alpha; negative disables it
+             windows   BYTES [1]          optional: "reference" or "sentences" (the family's
+                                          default otherwise; see Pruner.prune)
     outputs  passage_index    INT32 [R]        which input passage each row is (input order,
                                                or best first with top_k)
              reranking_score  FP32  [R]        NaN where a passage produced no tokens
@@ -42,6 +44,7 @@ import numpy as np
 
 from engine.decide import TITLE_RULES, PruneResult, Sentence, check_threshold
 from engine.errors import InputError
+from engine.families import WINDOWS
 
 #: name -> (Triton datatype, dims) of the text model's inputs; all optional in the config
 #: (a describe request has none); `question` and `passages` are checked by `read_request`.
@@ -52,6 +55,7 @@ TEXT_INPUTS: dict[str, tuple[str, list[int]]] = {
     "top_k": ("INT32", [1]),
     "title": ("BYTES", [1]),
     "alpha": ("FP32", [1]),
+    "windows": ("BYTES", [1]),
 }
 TEXT_OUTPUTS: dict[str, tuple[str, list[int]]] = {
     "passage_index": ("INT32", [-1]),
@@ -87,9 +91,11 @@ class TextRequest:
     top_k: int | None = None
     title: str | None = None
     alpha: Any = ...                        # ... = the family's default; None = disabled
+    windows: str | None = None              # None = the family's default
 
     def options(self) -> dict[str, Any]:
-        return {"threshold": self.threshold, "top_k": self.top_k, "title": self.title, "alpha": self.alpha}
+        return {"threshold": self.threshold, "top_k": self.top_k, "title": self.title, "alpha": self.alpha,
+                "windows": self.windows}
 
 
 # ---------------------------------------------------------------------- offsets
@@ -144,7 +150,7 @@ def read_request(get: Callable[[str], np.ndarray | None], limits: TextLimits) ->
     Returns None for a describe request; raises InputError for anything invalid, with a
     message that names the input and the limit."""
     q, p = get("question"), get("passages")
-    others = {n: get(n) for n in ("threshold", "top_k", "title", "alpha")}
+    others = {n: get(n) for n in ("threshold", "top_k", "title", "alpha", "windows")}
     if q is None and p is None:
         if any(v is not None for v in others.values()):
             raise InputError("question and passages are required")
@@ -186,6 +192,11 @@ def read_request(get: Callable[[str], np.ndarray | None], limits: TextLimits) ->
     if others["alpha"] is not None:
         a = float(_one(others["alpha"], "alpha"))
         req.alpha = None if a < 0 else check_threshold(a, "alpha")
+    if others["windows"] is not None:
+        windows = _decode(_one(others["windows"], "windows"), "windows")
+        if windows not in WINDOWS:
+            raise InputError(f"windows must be one of {WINDOWS}, got {windows!r}")
+        req.windows = windows
     return req
 
 
@@ -226,9 +237,9 @@ def describe_tensors(manifest: dict[str, Any], tokenizer_json: str) -> dict[str,
 # ---------------------------------------------------------------------- client side
 
 def tensors_to_results(passages: Sequence[str], out: dict[str, np.ndarray], threshold: float,
-                       offset: int = 0) -> list[PruneResult]:
+                       offset: int = 0, windows: str = "sentences") -> list[PruneResult]:
     """PruneResults (code point offsets) from one response of the text model; `offset` is
-    the index of `passages[0]` in the caller's whole call."""
+    the index of `passages[0]` in the caller's whole call; `windows` the windowing it ran."""
     results = []
     for row, idx in enumerate(np.asarray(out["passage_index"]).reshape(-1)):
         context = passages[int(idx)]
@@ -245,5 +256,5 @@ def tensors_to_results(passages: Sequence[str], out: dict[str, np.ndarray], thre
             pruned_context=pruned.decode("utf-8") if isinstance(pruned, bytes) else str(pruned),
             reranking_score=None if math.isnan(score) else score, sentences=sentences,
             compression_rate=float(out["compression_rate"][row]), threshold=threshold,
-            blocks=int(out["blocks"][row])))
+            blocks=int(out["blocks"][row]), windows=windows))
     return results

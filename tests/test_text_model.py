@@ -364,3 +364,38 @@ def test_served_int8_model_equals_in_process_int8(server, exported_int8):
         np.testing.assert_allclose([s.probability for s in a.sentences], [s.probability for s in b.sentences],
                                    atol=2e-3)
     assert sum(r.blocks for r in got) == sum(r.blocks for r in exp)
+
+
+@pytest.mark.parametrize("name", ["opensearch", "open_provence"])
+def test_text_model_runs_the_windows_asked_for(server, pruners, name):
+    """`windows=` travels to the text model: the family's default (reference) when not
+    given, or the one asked for, each equal to the in-process pruner's, and recorded in the
+    results; a bad value is refused on the client and, sent raw, by the server."""
+    ort_p, _ = pruners[name]
+    remote = Pruner.connect(server.grpc_url, f"{name}_text")
+    passage = " ".join(f"Sentence {i} says the stadium held {i} thousand people in {1900 + i}, "
+                       f"{'and more words ' * (i % 7)}" for i in range(60))
+    differ = 0
+    for windows in (None, "reference", "sentences"):
+        got = remote.prune(QUESTION, [passage], **({"windows": windows} if windows else {}))[0]
+        want = ort_p.prune(QUESTION, [passage], **({"windows": windows} if windows else {}))[0]
+        assert got.windows == want.windows == (windows or "reference")
+        np.testing.assert_allclose([s.probability for s in got.sentences], [s.probability for s in want.sentences],
+                                   atol=1e-5)
+        assert [s.kept for s in got.sentences] == [s.kept for s in want.sentences] and got.blocks == want.blocks
+        if windows == "sentences":
+            differ = sum(a.probability != pytest.approx(b.probability, abs=1e-5)
+                         for a, b in zip(got.sentences, ref.sentences))
+        else:
+            ref = got
+    assert differ > 0          # the server really ran the other windowing
+    with pytest.raises(InputError, match="windows must be one of"):
+        remote.prune(QUESTION, [passage], windows="tokens")
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    inputs = []
+    for n, v in (("question", [b"Q?"]), ("passages", [b"A passage."]), ("windows", [b"tokens"])):
+        inp = grpcclient.InferInput(n, [len(v)], "BYTES")
+        inp.set_data_from_numpy(np.array(v, dtype=np.object_))
+        inputs.append(inp)
+    with pytest.raises(Exception, match="windows must be one of"):
+        client.infer(f"{name}_text", inputs)
