@@ -219,7 +219,6 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoConfig
 
-    from engine.families import FAMILIES
     from engine.modeling import ProvenceModel
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -13,6 +13,7 @@ Nothing is truncated.
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,21 +145,22 @@ class Encoder:
         if size <= stride:
             raise InputError(f"the question is {len(question)} tokens: too long for {total}-token windows "
                              f"overlapping by {stride} (windows='sentences' has no overlap)")
-        ids = [t for sent in sentences for t in sent]
-        owner = [i for i, sent in enumerate(sentences) for _ in sent]
+        firsts = [0]                        # each sentence's first token in the passage
+        for sent in sentences:
+            firsts.append(firsts[-1] + len(sent))
         blocks: list[Block] = []
         start = 0
         while True:
-            stop = min(start + size, len(ids))
-            units: list[Unit] = []
-            for k in range(start, stop):
-                if units and units[-1].sentence == owner[k]:
-                    units[-1].token_ids.append(ids[k])
-                else:
-                    units.append(Unit(owner[k], [ids[k]]))
+            stop = min(start + size, firsts[-1])
+            units = []
+            for i in range(bisect.bisect_right(firsts, start) - 1, len(sentences)):
+                if firsts[i] >= stop:
+                    break
+                if sentences[i]:            # the part of sentence i inside [start, stop)
+                    units.append(Unit(i, sentences[i][max(start - firsts[i], 0):stop - firsts[i]]))
             if units:
                 blocks.append(self._block(question, passage, units, start == 0))
-            if stop >= len(ids):
+            if stop >= firsts[-1]:
                 return blocks
             start += size - stride
 

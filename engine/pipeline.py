@@ -206,6 +206,7 @@ class Pipeline:
         self._pruner, self._embedder = pruner, embedder
         self.log = log or (lambda m: None)
         self._client = None
+        self._about: dict[str, Any] | None = None
 
     # -- resources
     @property
@@ -312,6 +313,7 @@ class Pipeline:
                 raise PipelineError(f"collection {self.collection!r} already exists in {self.db}; "
                                     "pass overwrite=True (--overwrite) to rebuild it")
             client.drop_collection(self.collection)
+        self._about = None
         self._create(client, embedder, chunk_tokens, len(docs))
         t_embed = 0.0
         for b in range(0, len(rows), INSERT_ROWS):
@@ -352,7 +354,10 @@ class Pipeline:
 
     # -- query
     def about(self) -> dict[str, Any]:
-        """What `index` recorded: engine version, embedder, dimension, chunk size."""
+        """What `index` recorded: engine version, embedder, dimension, chunk size. Read once
+        per pipeline (and again after its own `index`), not on every question."""
+        if self._about is not None:
+            return self._about
         client = self.client
         if not client.has_collection(self.collection):
             names = client.list_collections()
@@ -366,6 +371,7 @@ class Pipeline:
             about = None
         if not isinstance(about, dict) or "prune-engine" not in about:
             raise PipelineError(f"collection {self.collection!r} in {self.db} was not built by prune index")
+        self._about = about
         return about
 
     def search(self, question: str, *, mode: str = "hybrid", limit: int = CANDIDATES) -> list[dict[str, Any]]:

@@ -274,7 +274,8 @@ class Pruner:
         fam = self.spec.family
         scored = self.merge(call.passages, call.spans, call.blocks, per_block,
                             unweighted=self._fragment_tokens(call.windows) is not None)
-        per_window = self._window_decisions(call, per_block) if self._token_windows(call.windows) else None
+        per_window = (self._window_decisions(call.spans, call.blocks, per_block, call.threshold, call.alpha)
+                      if self._token_windows(call.windows) else None)
         results = []
         for i, (p, sp, sc) in enumerate(zip(call.passages, call.spans, scored)):
             if per_window is not None:
@@ -286,17 +287,18 @@ class Pruner:
                                         windows=call.windows))
         return order_results(results, call.reorder, call.top_k)
 
-    def _window_decisions(self, call: "Call", per_block: Sequence[tuple[float, np.ndarray]]
-                          ) -> list[tuple[np.ndarray, np.ndarray]]:
+    def _window_decisions(self, spans: Sequence[Sequence[tuple[int, int]]], blocks: Sequence[Block],
+                          per_block: Sequence[tuple[float, np.ndarray]], threshold: float,
+                          alpha: float | None) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per passage (probabilities, kept) the way token windows decide: each window keeps
         its own sentences (threshold, then backoff within the window); a sentence is kept
         when any window keeps it, and its probability is its best over the windows."""
         fam = self.spec.family
-        probs = [np.zeros(len(sp)) for sp in call.spans]
-        kept = [np.zeros(len(sp), dtype=bool) for sp in call.spans]
-        for block, (_, p) in zip(call.blocks, per_block):
+        probs = [np.zeros(len(sp)) for sp in spans]
+        kept = [np.zeros(len(sp), dtype=bool) for sp in spans]
+        for block, (_, p) in zip(blocks, per_block):
             sents = [u[0] for u in block.units]
-            mine = keep_mask(p, fam, call.threshold, "none", call.alpha)
+            mine = keep_mask(p, fam, threshold, "none", alpha)
             i = block.passage
             for k, sent in enumerate(sents):
                 probs[i][sent] = max(probs[i][sent], p[k])
@@ -362,8 +364,10 @@ class Pruner:
 
     # ------------------------------------------------------------------ model
     def encode(self, question: str, passages: Sequence[str],
-               spans: Sequence[Sequence[tuple[int, int]]], windows: str = "sentences") -> list[Block]:
-        """All blocks of a call (sentences of every passage tokenized in one batch)."""
+               spans: Sequence[Sequence[tuple[int, int]]], windows: str | None = None) -> list[Block]:
+        """All blocks of a call (sentences of every passage tokenized in one batch), cut
+        the way `windows` says (the family's default if None)."""
+        windows = self.windows_mode(windows)
         q_ids = self.encoder.question_ids(question)
         flat = [p[s:e] for p, sp in zip(passages, spans) for s, e in sp]
         token_windows = self._token_windows(windows)
@@ -460,10 +464,8 @@ class Pruner:
         scored = self.merge(passages, spans, blocks, outputs, unweighted=self._fragment_tokens(windows) is not None)
         if self._token_windows(windows):
             fam = self.spec.family
-            call = Call(passages=list(passages), spans=[list(sp) for sp in spans], blocks=blocks, batches=[],
-                        threshold=fam.threshold, title="none", alpha=fam.backoff_alpha, reorder=False, top_k=None,
-                        windows=windows)
-            for sc, (probs, kept) in zip(scored, self._window_decisions(call, outputs)):
+            decided = self._window_decisions(spans, blocks, outputs, fam.threshold, fam.backoff_alpha)
+            for sc, (probs, kept) in zip(scored, decided):
                 sc.probs, sc.kept = probs, kept
         return scored
 

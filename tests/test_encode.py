@@ -52,7 +52,7 @@ def test_reranking_score_of_a_multi_block_passage(pruners, name):
     r = small.prune(Q, [passage], threshold=0.0, windows="sentences")[0]   # (OpenSearch: not its token windows)
     assert r.blocks > 2
     spans = [(s.start, s.end) for s in r.sentences]
-    blocks = small.encode(Q, [passage], [spans])
+    blocks = small.encode(Q, [passage], [spans], "sentences")
     scores = []
     for b in blocks:
         first, last = b.units[0][0], b.units[-1][0]

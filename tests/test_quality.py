@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from engine.quality import (BM25, GridResult, first_k_baseline, grid_search, keep_all_baseline,
+from engine.quality import (BM25, first_k_baseline, grid_search, keep_all_baseline,
                                 load_prune_data, reranking_metrics, sentence_metrics, table, words,
                                 write_report)
 from tests.conftest import SHARED_DATA
