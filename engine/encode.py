@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -24,6 +25,34 @@ from engine.errors import InputError, ModelLoadError
 from engine.spec import ModelSpec
 
 MIN_CONTEXT_TOKENS = 64
+
+# Ordinary English words that every real vocabulary of these families covers (with
+# subwords at worst): a tokenizer that maps all of them to special tokens knows no words.
+_PROBE_WORDS = ("the", "city", "water", "people", "history", "government", "river", "music")
+
+
+def check_vocabulary(tok: Tokenizer, embedding_rows: int, family: Any, source: str) -> None:
+    """Refuse a tokenizer that does not fit the model: a vocabulary far smaller than the
+    word-embedding rows, or one that knows no ordinary word (every probe word becomes
+    [UNK] or another special token). transformers 5 builds such a five-token tokenizer
+    ([PAD] [UNK] [CLS] [SEP] [MASK]) without a word when a checkpoint ships no vocabulary;
+    the model then runs on [UNK] alone and returns probabilities that mean nothing."""
+    size = tok.get_vocab_size(with_added_tokens=True)
+    specials = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
+    probe = tok.encode(" ".join(_PROBE_WORDS), add_special_tokens=False).ids
+    problem = None
+    if embedding_rows > 0 and size < embedding_rows // 2:
+        problem = f"its vocabulary has {size} tokens for the model's {embedding_rows} word-embedding rows"
+    elif not probe or all(i in specials for i in probe):
+        names = sorted({tok.id_to_token(i) or str(i) for i in probe})
+        problem = (f"it maps ordinary words ({', '.join(_PROBE_WORDS[:4])}, ...) to {', '.join(names) or 'nothing'} "
+                   f"(vocabulary of {size} tokens)")
+    if problem:
+        usual = getattr(family, "usual_tokenizer", "") or "the checkpoint's own"
+        raise ModelLoadError(
+            f"{source}: the tokenizer does not fit the model: {problem}. The checkpoint probably "
+            f"ships no tokenizer; export again with --tokenizer (a folder or hub id; for the "
+            f"{getattr(family, 'name', 'model')} family usually {usual})")
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
@@ -35,6 +64,15 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         raise ModelLoadError(f"{path}: cannot load tokenizer ({exc})") from exc
     tok.no_padding()
     tok.no_truncation()
+    return tok
+
+
+def manifest_tokenizer(folder: str | Path, manifest: dict[str, Any], family: Any) -> Tokenizer:
+    """An export folder's tokenizer, checked against its model (check_vocabulary)."""
+    path = Path(folder) / manifest["tokenizer"].get("file", "tokenizer.json")
+    tok = load_tokenizer(path)
+    rows = manifest.get("embedding_rows") or 0
+    check_vocabulary(tok, int(rows) if isinstance(rows, int) else 0, family, str(folder))
     return tok
 
 

@@ -49,6 +49,9 @@ class Family:
     # averaged without weights, as OpenProvence's process() does; 0: the engine's way (a
     # long sentence fills blocks, its pieces merged weighted by their token counts).
     fragment_divisor: int = 0
+    # The tokenizer this family's published checkpoints use, named when a checkpoint's own
+    # is missing or degenerate (prune export --tokenizer).
+    usual_tokenizer: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,12 +63,14 @@ FAMILIES: dict[str, Family] = {
         has_rerank_head=True, uses_token_type_ids=False, seps_between=1,
         threshold=0.1, keep_rule="gt", title="first_sentence", backoff_alpha=None,
         description="naver/provence-reranker-debertav3-v1: DeBERTa-v3 + rerank and token heads",
+        usual_tokenizer="naver/provence-reranker-debertav3-v1 (DeBERTa-v3's, microsoft/deberta-v3-large)",
     ),
     "xprovence": Family(
         name="xprovence", backbone="xlm-roberta", sentence_pooling="token_probs",
         has_rerank_head=True, uses_token_type_ids=False, seps_between=1,
         threshold=0.1, keep_rule="gt", title="first_sentence", backoff_alpha=None,
         description="naver/xprovence-reranker-bgem3: XLM-RoBERTa + rerank and token heads",
+        usual_tokenizer="BAAI/bge-reranker-v2-m3 (XLM-RoBERTa's)",
     ),
     "open_provence": Family(
         name="open_provence", backbone="xlm-roberta", sentence_pooling="token_probs",
@@ -77,6 +82,7 @@ FAMILIES: dict[str, Family] = {
         description="zilliz/semantic-highlight-bilingual-v1 and OpenProvence checkpoints",
         rerank_merge="max", rerank_transform="sigmoid", zero_rerank_when_empty=True,
         windows="reference", fragment_divisor=2,
+        usual_tokenizer="the base model's (BAAI/bge-m3 for zilliz/semantic-highlight-bilingual-v1)",
     ),
     "opensearch": Family(
         name="opensearch", backbone="bert", sentence_pooling="hidden",
@@ -84,6 +90,7 @@ FAMILIES: dict[str, Family] = {
         threshold=0.5, keep_rule="ge", title="none", backoff_alpha=0.05,
         description="opensearch-project/opensearch-semantic-highlighter-v1: BERT sentence tagger",
         windows="reference", window_tokens=510, window_stride=128,
+        usual_tokenizer="bert-base-uncased",
     ),
     "embedding": Family(
         name="embedding", backbone="auto", sentence_pooling="embedding",
@@ -94,6 +101,7 @@ FAMILIES: dict[str, Family] = {
         description="any sentence-embedding encoder (e.g. all-MiniLM-L6-v2): cosine of "
                     "question and sentence embeddings, mapped to a probability",
         sentence_specials=True, rerank_merge="max",
+        usual_tokenizer="the encoder's own (e.g. sentence-transformers/all-MiniLM-L6-v2)",
     ),
 }
 

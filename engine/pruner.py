@@ -22,7 +22,7 @@ from engine.backends.base import Backend
 from engine.batching import BatchingConfig, ModelBatch, collate, plan
 from engine.decide import (TITLE_RULES, PruneResult, build_result, check_threshold, check_top_k, keep_mask,
                            order_results)
-from engine.encode import Block, Encoder, load_tokenizer
+from engine.encode import Block, Encoder, load_tokenizer, manifest_tokenizer
 from engine.errors import BackendError, InputError, ModelLoadError, PruneError
 from engine.families import WINDOWS
 from engine.spec import ModelSpec, read_manifest, spec_from_manifest
@@ -106,7 +106,7 @@ class Pruner:
             from engine.backends.onnxruntime import OnnxRuntimeBackend
             manifest = read_manifest(path)
             spec = spec_from_manifest(manifest, name=path.name)
-            tokenizer = load_tokenizer(path / manifest["tokenizer"].get("file", "tokenizer.json"))
+            tokenizer = manifest_tokenizer(path, manifest, spec.family)
             trt = None
             if tensorrt:
                 from engine.backends.onnxruntime import tensorrt_options

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from engine.encode import check_vocabulary
 from engine.errors import ModelLoadError
 from engine.spec import ModelSpec, special_ids
 
@@ -44,6 +45,12 @@ def checkpoint_tokenizer(folder: str | Path) -> Any:
         raise ModelLoadError(f"{path}: cannot be read by the tokenizers library ({exc})") from exc
 
 
+def embedding_rows(model: Any) -> int:
+    """The word-embedding rows (input_ids must stay below this); 0 if none is found."""
+    return next((int(v.shape[0]) for k, v in model.state_dict().items()
+                 if k.endswith(("word_embeddings.weight", "tok_embeddings.weight"))), 0)
+
+
 def load_reference(path: str | Path, family: str | None = None, tokenizer: str | Path | None = None,
                    max_length: int | None = None, options: dict[str, Any] | None = None,
                    attn: str = "eager"):
@@ -56,6 +63,8 @@ def load_reference(path: str | Path, family: str | None = None, tokenizer: str |
     backend_tok = checkpoint_tokenizer(tokenizer or ck.folder) or hf_tok.backend_tokenizer
     backend_tok.no_padding()
     backend_tok.no_truncation()
+    # a degenerate tokenizer (none in the checkpoint) would export "fine" and prune garbage
+    check_vocabulary(backend_tok, embedding_rows(ck.model), ck.family, str(tokenizer or ck.folder))
     limit = max(ck.max_length, ck.max_positions)
     if max_length is not None and not 16 <= int(max_length) <= limit:
         raise ModelLoadError(f"max_length {max_length} is outside 16..{limit}, the window "

@@ -30,7 +30,7 @@ import engine
 from engine.batching import BatchingConfig
 from engine.encode import Encoder
 from engine.errors import ExportError
-from engine.reference import load_reference
+from engine.reference import embedding_rows, load_reference
 from engine.spec import GRAPH_OUTPUTS, MANIFEST, MANIFEST_FORMAT, ModelSpec
 from export.optimize import convert_fp16, encoder_dims, optimize_graph, quantize_int8
 
@@ -170,6 +170,7 @@ def export_model(checkpoint: str | Path, out: str | Path, *, family: str | None 
     ck = spec.extra["checkpoint"]
     hf_tok = spec.extra["hf_tokenizer"]
     fam = spec.family
+    rows = embedding_rows(model) or len(hf_tok)   # load_reference checked the tokenizer against it
     log(f"family {fam.name} ({fam.description}); window {spec.max_length} tokens; "
         f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
     encoder = Encoder(tok, spec)
@@ -293,8 +294,7 @@ def export_model(checkpoint: str | Path, out: str | Path, *, family: str | None 
                           "vocab_size": len(hf_tok), "seps_between": fam.seps_between,
                           **spec.special_tokens()},
             # input_ids must stay below this (the word-embedding rows): servers check it
-            "embedding_rows": next((int(v.shape[0]) for k, v in model.state_dict().items()
-                                    if k.endswith("word_embeddings.weight")), len(hf_tok)),
+            "embedding_rows": rows,
             "source": {"checkpoint": str(checkpoint), "weights_sha256": ck.weights_sha256,
                        "num_attention_heads": heads, "hidden_size": hidden},
             "options": family_options(model),

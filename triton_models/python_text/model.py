@@ -20,7 +20,7 @@ import triton_python_backend_utils as pb_utils
 
 from engine.backends.base import Backend
 from engine.batching import BatchingConfig
-from engine.encode import load_tokenizer
+from engine.encode import manifest_tokenizer
 from engine.errors import BackendError, PruneError
 from engine.pruner import Pruner
 from engine.spec import read_manifest, spec_from_manifest
@@ -67,7 +67,7 @@ class TritonPythonModel:
                         int(params.get("core_timeout_ms", "60000")) * 1000)
         batching = BatchingConfig(max_batch_tokens=int(params.get("max_batch_tokens", "16384")),
                                   max_batch_size=core.max_batch_size)
-        self.pruner = Pruner(core, load_tokenizer(tok_file), spec, batching)
+        self.pruner = Pruner(core, manifest_tokenizer(folder, self.manifest, spec.family), spec, batching)
         self.limits = TextLimits(max_passages=int(params["max_passages"]), max_chars=int(params["max_chars"]))
         self.core = core
 
