@@ -84,14 +84,15 @@ def onnxruntime_rows(args, cfg_dict: dict, start: float, log) -> list[dict]:
     import torch
 
     from engine.backends.onnxruntime import OnnxRuntimeBackend, tensorrt_options
-    from engine.reference import load_reference
+    from engine.pytorch.loading import load_torch_model
     from export.checkpoints import make_test_checkpoint
     from export.onnx import export_model
 
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="prune-gpu-"))
     work.mkdir(parents=True, exist_ok=True)
     ck = make_test_checkpoint("provence", work / "checkpoint", sizes=TINY_SIZES if args.tiny else LARGE_SIZES)
-    model, _, spec = load_reference(ck)
+    tm = load_torch_model(ck)
+    model = tm.module
     vocab = int(model.config.vocab_size)
     check = _feeds(8, min(128, max(args.lengths)), vocab, seed=1)
     with torch.inference_mode():
@@ -219,7 +220,7 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoConfig
 
-    from engine.modeling import ProvenceModel
+    from engine.pytorch.modeling import ProvenceModel
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")

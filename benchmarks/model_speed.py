@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from benchmarks.precision_choice import INT8_VARIANTS
-from engine.quality import load_rag_data
-from engine.bench import machine_info
+from engine.tools.quality import load_rag_data
+from engine.tools.bench import machine_info
 from engine.pruner import Pruner
 from engine.text import split_sentences
 from export.onnx import export_model

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.fidelity import fidelity_report, format_report, load_docs, run_model
+from engine.tools.fidelity import fidelity_report, format_report, load_docs, run_model
 from engine.pruner import Pruner
 from export.onnx import export_model
 

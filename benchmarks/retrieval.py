@@ -166,8 +166,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="default", help="the pruning model: 'default', 'default-int8' "
                     "(the default model's INT8 export) or an exported folder")
     args = ap.parse_args(argv)
-    from engine.embed import Embedder
-    from engine.pipeline import CHUNK_TOKENS, Pipeline
+    from engine.rag.embedder import Embedder
+    from engine.rag.pipeline import CHUNK_TOKENS, Pipeline
     from engine.pruner import Pruner
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from engine.errors import PruneError
-from engine.wire import DEFAULT_MAX_CHARS, DEFAULT_MAX_PASSAGES
+from engine.triton.wire import DEFAULT_MAX_CHARS, DEFAULT_MAX_PASSAGES
 
 
 def _add_batching(p: argparse.ArgumentParser) -> None:
@@ -63,7 +63,7 @@ def cmd_export(args) -> int:
         from engine.default_model import default_checkpoint
         args.model = default_checkpoint()
     if args.encoder:
-        from export.encoder import export_encoder
+        from export.embedder import export_encoder
         export_encoder(args.model, args.out, overwrite=args.overwrite, opset=args.opset, log=args.log)
         return 0
     from export.onnx import export_model
@@ -165,13 +165,13 @@ def cmd_run(args) -> int:
 
 
 def _pipeline(args):
-    from engine.pipeline import Pipeline
+    from engine.rag.pipeline import Pipeline
     return Pipeline(args.db, collection=args.collection, token=args.token or os.environ.get("MILVUS_TOKEN"),
                     log=args.log)
 
 
 def _load_models(args, pipe, with_pruner: bool) -> None:
-    from engine.embed import Embedder
+    from engine.rag.embedder import Embedder
     if getattr(args, "mode", "hybrid") != "bm25":
         pipe.embedder = Embedder.load(args.encoder, threads=args.threads, log=args.log)
     if with_pruner:
@@ -184,7 +184,7 @@ def _load_models(args, pipe, with_pruner: bool) -> None:
 
 
 def cmd_index(args) -> int:
-    from engine.pipeline import read_documents
+    from engine.rag.pipeline import read_documents
     docs = read_documents(args.data)      # bad input is reported before any model loads
     with _pipeline(args) as pipe:
         _load_models(args, pipe, with_pruner=False)
@@ -221,7 +221,7 @@ def cmd_ask(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from engine.quality import evaluate, rerank_table, table, write_report
+    from engine.tools.quality import evaluate, rerank_table, table, write_report
     from engine.default_model import ensure_default_model
     from engine.pruner import Pruner
     models = {}
@@ -246,7 +246,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_fidelity(args) -> int:
-    from engine.fidelity import format_report, load_docs, measure, save
+    from engine.tools.fidelity import format_report, load_docs, measure, save
     from engine.pruner import Pruner
     candidate = Pruner.load(args.model, threads=args.threads, batching=_batching(args))
     manifest = json.loads((Path(args.model) / "manifest.json").read_text())
@@ -283,7 +283,7 @@ def cmd_repository(args) -> int:
 
 
 def _run_file(pruner, args) -> int:
-    from engine.batchfile import run_file
+    from engine.tools.batchfile import run_file
     source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
     sink = sys.stdout if args.output in (None, "-") else open(args.output, "w", encoding="utf-8")
     try:
@@ -302,7 +302,7 @@ class _Stop(Exception):
 
 def cmd_serve(args) -> int:
     import signal as _signal
-    from engine.serve import TritonServer
+    from engine.triton.server import TritonServer
 
     def on_signal(signum, frame):
         raise _Stop(_signal.Signals(signum).name)
@@ -353,7 +353,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from engine.bench import bench, markdown, plot
+    from engine.tools.bench import bench, markdown, plot
     from engine.default_model import default_checkpoint, ensure_default_model
     log = args.log
     if args.device == "cuda":   # the CUDA provider is checked before any export or measurement

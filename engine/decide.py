@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -45,7 +45,6 @@ class PruneResult:
     threshold: float
     blocks: int = 1                 # model windows the passage needed
     windows: str = "sentences"      # how the passage was cut: "sentences" or "reference"
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def highlights(self) -> list[dict[str, Any]]:
@@ -64,9 +63,7 @@ class PruneResult:
         return "".join(out)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("extra")
-        return d
+        return asdict(self)
 
 
 def check_threshold(value: Any, name: str = "threshold") -> float:

@@ -36,12 +36,6 @@ MAX_CALL_CHARS = 2_000_000
 
 
 @dataclass
-class _Blocks:
-    blocks: list[Block]
-    batches: list[ModelBatch]
-
-
-@dataclass
 class Call:
     """One prepared `prune` call: the checked inputs and options, the sentence spans of
     every passage, its blocks and the padded batches the core must run."""
@@ -121,13 +115,13 @@ class Pruner:
             return cls(core, tokenizer, spec, batching)
         if backend == "torch":
             from engine.backends.torch import TorchBackend
-            from engine.reference import load_reference
             if dtype not in ("float32", "float16", "bfloat16"):
                 raise InputError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
             if attn not in ("eager", "sdpa"):
                 raise InputError(f"attn must be eager or sdpa, got {attn!r}")
-            model, tokenizer, spec = load_reference(path, family=family, options=options, attn=attn)
-            return cls(TorchBackend(model, threads=threads, device=device, dtype=dtype), tokenizer, spec, batching)
+            core, tokenizer, spec = TorchBackend.from_checkpoint(path, family=family, options=options, attn=attn,
+                                                                 threads=threads, device=device, dtype=dtype)
+            return cls(core, tokenizer, spec, batching)
         raise InputError(f"unknown backend {backend!r}: onnxruntime or torch "
                          "(Triton: Pruner.connect)")
 
@@ -142,7 +136,7 @@ class Pruner:
         comma-separated string, or `dns:///name:port` (every address the name resolves to,
         re-resolved as it changes: a headless Kubernetes Service). Requests then go to the
         least busy ready replica and fail over to another on connection errors and
-        timeouts (`engine.replicas`; `replica_options`: try_timeout, health_interval,
+        timeouts (`engine.triton.replicas`; `replica_options`: try_timeout, health_interval,
         resolve_interval, log). Several replicas need gRPC.
 
         A text model (`<name>_text`) takes the question and passages as text and does
@@ -155,21 +149,24 @@ class Pruner:
         left of it, and retries of connection errors (`retries`, exponential `backoff`)
         stop when it is spent, so a call ends in at most `timeout` seconds.
         """
-        from engine.backends.triton import TritonBackend, TritonClient
-        from engine.replicas import ReplicaSet, ReplicatedBackend, is_replicated
+        from engine.backends.triton import TritonBackend
+        from engine.triton.client import TritonClient
+        from engine.triton.replicas import ReplicaSet, is_replicated
         kwargs = dict(protocol=protocol, timeout=timeout, retries=retries, backoff=backoff,
                       concurrency=concurrency, ready_timeout=ready_timeout)
+        transport: Any
         if is_replicated(url):
-            kwargs.update(replica_options or {})
-            client_class, core_class = ReplicaSet, ReplicatedBackend
+            transport = ReplicaSet(url, model, **kwargs, **(replica_options or {}))
         else:
-            client_class, core_class = TritonClient, TritonBackend
-        probe = client_class(url, model, **kwargs)
-        if probe.is_text_model:
-            from engine.text_client import TritonTextPruner
-            return TritonTextPruner(probe)  # type: ignore[return-value,arg-type]
-        probe.close()
-        core = core_class(url, model, **kwargs)
+            transport = TritonClient(url, model, **kwargs)   # type: ignore[arg-type]
+        if transport.is_text_model:
+            from engine.triton.text_pruner import TritonTextPruner
+            return TritonTextPruner(transport)
+        try:
+            core = TritonBackend(transport)
+        except Exception:
+            transport.close()
+            raise
         manifest = core.manifest()
         spec = spec_from_manifest(manifest, name=model)
         if tokenizer is not None:
@@ -267,7 +264,7 @@ class Pruner:
     def finish(self, call: "Call", outputs: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[PruneResult]:
         """Everything after the model: merge blocks, decide, build and order results.
         `outputs` holds (rerank_score [B], sentence_probs [B, S]) per batch of the call."""
-        return self.finish_blocks(call, self.block_outputs(call, outputs))
+        return self.finish_blocks(call, self.block_outputs(call.blocks, call.batches, outputs))
 
     def finish_blocks(self, call: "Call", per_block: Sequence[tuple[float, np.ndarray]]) -> list[PruneResult]:
         """`finish` from the outputs of each block of the call (rerank score, slot probabilities)."""
@@ -319,8 +316,7 @@ class Pruner:
                 calls.append(exc if isinstance(exc, PruneError) else InputError(f"bad query: {exc!r}"))
         good = [c for c in calls if isinstance(c, Call)]
         blocks = [b for c in good for b in c.blocks]
-        merged = _Blocks(blocks, self.batches(blocks))
-        per_block = self.block_outputs(merged, self.backend.infer_many(merged.batches)) if blocks else []
+        per_block = self.run_blocks(blocks) if blocks else []
         out: list[list[PruneResult] | Exception] = []
         pos = 0
         for c in calls:
@@ -393,11 +389,10 @@ class Pruner:
                 for length, idx in plan(lengths, self.batching, self.spec.max_length)]
 
     @staticmethod
-    def block_outputs(call: "Call | _Blocks", outputs: Sequence[tuple[np.ndarray, np.ndarray]]
-                      ) -> list[tuple[float, np.ndarray]]:
+    def block_outputs(blocks: Sequence[Block], batches: Sequence[ModelBatch],
+                      outputs: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[tuple[float, np.ndarray]]:
         """Model outputs per block: (rerank score, probabilities of its sentence slots),
         after checking that the core answered every row of every batch."""
-        blocks, batches = call.blocks, call.batches
         if len(outputs) != len(batches):
             raise BackendError(f"backend returned {len(outputs)} results for {len(batches)} batches")
         out: list[tuple[float, np.ndarray] | None] = [None] * len(blocks)
@@ -418,7 +413,7 @@ class Pruner:
     def run_blocks(self, blocks: Sequence[Block]) -> list[tuple[float, np.ndarray]]:
         """Model outputs per block: (rerank score, probabilities of its sentence slots)."""
         batches = self.batches(blocks)
-        return self.block_outputs(_Blocks(list(blocks), batches), self.backend.infer_many(batches))
+        return self.block_outputs(blocks, batches, self.backend.infer_many(batches))
 
     def merge(self, passages: Sequence[str], spans: Sequence[Sequence[tuple[int, int]]],
               blocks: Sequence[Block], outputs: Sequence[tuple[float, np.ndarray]],

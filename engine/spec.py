@@ -6,7 +6,7 @@ described by reading its config and tokenizer. Torch-free.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,6 @@ class ModelSpec:
     sep_id: int
     pad_id: int
     name: str = "model"
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -83,7 +82,7 @@ def spec_from_manifest(manifest: dict[str, Any], name: str = "model") -> ModelSp
             family = replace(family, seps_between=int(tok["seps_between"]))   # e.g. OpenProvence on ModernBERT
         spec = ModelSpec(family=family, max_length=int(manifest["max_length"]),
                          cls_id=int(tok["cls_id"]), sep_id=int(tok["sep_id"]), pad_id=int(tok["pad_id"]),
-                         name=name, extra={"manifest": manifest})
+                         name=name)
         buckets = [int(b) for b in manifest.get("buckets", [])]
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ModelLoadError(f"manifest is incomplete: {exc}") from exc

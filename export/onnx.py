@@ -30,7 +30,7 @@ import engine
 from engine.batching import BatchingConfig
 from engine.encode import Encoder
 from engine.errors import ExportError
-from engine.reference import embedding_rows, load_reference
+from engine.pytorch.loading import embedding_rows, load_torch_model
 from engine.spec import GRAPH_OUTPUTS, MANIFEST, MANIFEST_FORMAT, ModelSpec
 from export.optimize import convert_fp16, encoder_dims, optimize_graph, quantize_int8
 
@@ -135,7 +135,7 @@ def _step_path(tmp_dir: Path, step: str) -> Path:
 
 def family_options(model: torch.nn.Module) -> dict[str, Any]:
     """Options baked into the graph that a reader of the manifest should know."""
-    from engine.modeling import EmbeddingHighlighterModel
+    from engine.pytorch.modeling import EmbeddingHighlighterModel
     if isinstance(model, EmbeddingHighlighterModel):
         return {"mode": model.mode, "pooling": model.pooling, "scale": model.scale,
                 "shift": model.shift, "rerank": model.rerank,
@@ -165,12 +165,10 @@ def export_model(checkpoint: str | Path, out: str | Path, *, family: str | None 
         raise ExportError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     t0 = time.perf_counter()
     log(f"loading {checkpoint} ...")
-    model, tok, spec = load_reference(checkpoint, family=family, tokenizer=tokenizer,
-                                      max_length=max_length, options=options)
-    ck = spec.extra["checkpoint"]
-    hf_tok = spec.extra["hf_tokenizer"]
+    tm = load_torch_model(checkpoint, family=family, tokenizer=tokenizer, max_length=max_length, options=options)
+    model, tok, spec, ck, hf_tok = tm.module, tm.tokenizer, tm.spec, tm.checkpoint, tm.hf_tokenizer
     fam = spec.family
-    rows = embedding_rows(model) or len(hf_tok)   # load_reference checked the tokenizer against it
+    rows = embedding_rows(model) or len(hf_tok)   # load_torch_model checked the tokenizer against it
     log(f"family {fam.name} ({fam.description}); window {spec.max_length} tokens; "
         f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
     encoder = Encoder(tok, spec)
@@ -218,7 +216,7 @@ def export_model(checkpoint: str | Path, out: str | Path, *, family: str | None 
         onnx.checker.check_model(str(fp32))
         hf_tok.save_pretrained(str(stage))
         # the tokenizer the engine runs: the checkpoint's own tokenizer.json where it has one
-        # (engine.reference.checkpoint_tokenizer), never a rebuilt one
+        # (engine.pytorch.loading.checkpoint_tokenizer), never a rebuilt one
         tok.save(str(stage / "tokenizer.json"))
         if not (stage / "tokenizer.json").is_file():
             raise ExportError("the tokenizer could not be saved as tokenizer.json (fast tokenizer)")

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from engine.errors import ExportError
 
@@ -112,13 +112,6 @@ def fix_graph(model: onnx.ModelProto) -> dict[str, int]:
         elif to.i == TensorProto.DOUBLE:
             to.i = TensorProto.FLOAT
             changed["double_casts"] += 1
-    return changed
-
-
-def prepare_onnx(src: Path, dst: Path) -> dict[str, int]:
-    model = onnx.load(str(src))
-    changed = fix_graph(model)
-    onnx.save_model(model, str(dst))
     return changed
 
 

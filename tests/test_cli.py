@@ -110,7 +110,7 @@ def test_context_from_stdin_and_negative_alpha(exported):
 def test_core_client_with_a_given_tokenizer_and_no_text_model(checkpoints, tmp_path):
     """A repository without a text model (and an external-data graph): the core client
     takes tokenizer= (the export folder)."""
-    from engine.serve import TritonServer
+    from engine.triton.server import TritonServer
     from export.onnx import export_model
     from export.triton import RepositoryOptions, build_repository
     from tests.conftest import free_ports

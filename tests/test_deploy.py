@@ -1,6 +1,6 @@
 """deploy/kubernetes: every core-API manifest is valid against the Kubernetes schema
 (kubernetes-validate, strict: unknown fields fail), and the manifests agree with the code:
-ports with `prune serve`'s, probe paths with engine.serve's, model names with what
+ports with `prune serve`'s, probe paths with engine.triton.server's, model names with what
 `prune repository` writes, the restricted admin APIs with `prune serve`'s, the Triton image
 with the tritonclient pin."""
 import re
@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from engine.cli import build_parser
-from engine.serve import ADMIN_APIS, ADMIN_HEADER, HEALTH_LIVE, HEALTH_READY
+from engine.triton.server import ADMIN_APIS, ADMIN_HEADER, HEALTH_LIVE, HEALTH_READY
 from export.triton import TEXT_SUFFIX
 
 ROOT = Path(__file__).resolve().parents[1]

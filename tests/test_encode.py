@@ -15,14 +15,15 @@ SENTENCE = "The stadium was built in 1923 by the city."
 
 
 @pytest.mark.parametrize("name", ["provence", "open_provence", "opensearch", "xprovence", "embedding"])
-def test_block_template_matches_the_checkpoint_tokenizer(pruners, name):
+def test_block_template_matches_the_checkpoint_tokenizer(pruners, checkpoints, name):
     """One sentence: the engine's block equals the tokenizer's own encoding of the pair
     (question, sentence): ids and, for BERT, token_type_ids. XProvence was trained with
     one separator between question and context (`<s> q </s> ctx </s>`, its training
     scripts), where XLM-R's pair template puts two; the embedding family wraps each
     segment in its own specials."""
-    ort_p, torch_p = pruners[name]
-    hf = torch_p.spec.extra["hf_tokenizer"]
+    from engine.pytorch.loading import load_hf_tokenizer
+    ort_p = pruners[name][0]
+    hf = load_hf_tokenizer(checkpoints[name])
     block = ort_p.encode(Q, [SENTENCE], [[(0, len(SENTENCE))]])[0]
     if name == "xprovence":
         q = hf(Q, add_special_tokens=False)["input_ids"]

@@ -11,7 +11,7 @@ import tritonclient.http as httpclient
 
 from engine.errors import InputError, ModelLoadError
 from engine.pruner import Pruner
-from engine.serve import ADMIN_HEADER, TritonServer
+from engine.triton.server import ADMIN_HEADER, TritonServer
 from tests.conftest import free_ports
 from tests.test_parity import PASSAGES, QUESTION
 
@@ -159,7 +159,7 @@ def test_clear_errors_in_process(pruners, checkpoints, tmp_path):
     a = p.prune(QUESTION, PASSAGES[:2], threshold=np.float32(0.25), alpha=np.float64(0.1))
     b = p.prune(QUESTION, PASSAGES[:2], threshold=0.25, alpha=0.1)
     assert [s.kept for r in a for s in r.sentences] == [s.kept for r in b for s in r.sentences]
-    from engine.modeling import load_checkpoint
+    from engine.pytorch.modeling import load_checkpoint
     import shutil
     folder = tmp_path / "listcfg"
     shutil.copytree(checkpoints["opensearch"], folder)
@@ -179,7 +179,7 @@ def test_huge_config_is_refused_before_any_allocation(checkpoints, tmp_path):
     config with the weights' shapes on a meta model, using almost no memory."""
     import resource
     import shutil
-    from engine.modeling import load_checkpoint
+    from engine.pytorch.modeling import load_checkpoint
     folder = tmp_path / "huge-config"
     shutil.copytree(checkpoints["opensearch"], folder)
     config = json.loads((folder / "config.json").read_text())

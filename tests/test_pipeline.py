@@ -17,14 +17,14 @@ from tests.conftest import SHARED_DATA, processes_under
 pytest.importorskip("pymilvus", reason="the [milvus] extra is part of the dev install")
 
 from engine.errors import InputError  # noqa: E402
-from engine.pipeline import Pipeline, PipelineError, chunk_spans, read_documents, semantic_highlight  # noqa: E402
+from engine.rag.pipeline import Pipeline, PipelineError, chunk_spans, read_documents, semantic_highlight  # noqa: E402
 
 QUESTIONS = 16
 
 
 @pytest.fixture(scope="module")
 def encoder(default_cache):
-    from engine.embed import Embedder
+    from engine.rag.embedder import Embedder
     return Embedder.load(default_cache["encoder"], threads=2)
 
 
@@ -236,7 +236,7 @@ def test_export_encoder_from_any_embedding_checkpoint(checkpoints, tmp_path):
     import torch
     from transformers import AutoModel, AutoTokenizer
     from engine.cli import main
-    from engine.embed import Embedder
+    from engine.rag.embedder import Embedder
     out = tmp_path / "enc"
     assert main(["export", "--encoder", "--model", str(checkpoints["embedding"]), "--out", str(out), "-q"]) == 0
     emb = Embedder.load(out)

@@ -12,7 +12,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from engine.fidelity import fidelity_report, rankdata, spearman
+from engine.tools.fidelity import fidelity_report, rankdata, spearman
 from engine.pruner import Pruner
 from export.onnx import export_model
 from export.tensorrt import (fix_graph, profiles, tensorrt_available, trtexec_command,

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from engine.quality import (BM25, first_k_baseline, grid_search, keep_all_baseline,
+from engine.tools.quality import (BM25, first_k_baseline, grid_search, keep_all_baseline,
                                 load_prune_data, reranking_metrics, sentence_metrics, table, words,
                                 write_report)
 from tests.conftest import SHARED_DATA
@@ -181,8 +181,8 @@ def test_default_is_accepted_wherever_a_model_is(default_pruner, monkeypatch, ca
 def test_eval_and_fidelity_record_the_windows(pruners):
     """`prune eval` and `prune fidelity` say which windowing they ran (that the two
     windowings decide differently is tested against the original code's fixtures)."""
-    from engine.fidelity import load_docs, measure
-    from engine.quality import evaluate
+    from engine.tools.fidelity import load_docs, measure
+    from engine.tools.quality import evaluate
     ort, ref = pruners["opensearch"]
     data = SHARED_DATA / "squad-dev-prune.jsonl"
     reports = {w: evaluate({"os": ort}, data, None, limit=6, progress=False, log=lambda m: None, windows=w)

@@ -10,7 +10,7 @@ import pytest
 
 from engine.errors import BackendError, ModelLoadError
 from engine.pruner import Pruner
-from engine.replicas import is_replicated, parse_endpoints, resolve
+from engine.triton.replicas import is_replicated, parse_endpoints, resolve
 from tests.conftest import free_ports
 
 NAME = "hl"
@@ -28,7 +28,7 @@ def replica_repository(exported, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def servers(replica_repository):
-    from engine.serve import TritonServer
+    from engine.triton.server import TritonServer
     servers = [TritonServer(replica_repository, http_port=h, grpc_port=g, metrics_port=m)
                for h, g, m in (free_ports(3) for _ in range(3))]
     threads = [threading.Thread(target=s.start, kwargs={"timeout": 180}) for s in servers]
@@ -126,30 +126,30 @@ def test_failover_under_load(servers, exported, capsys):
     try:
         time.sleep(3)
         victim = servers[1]
-        before = text.backend.stats()[victim.grpc_url]["served"] + core.backend.stats()[victim.grpc_url]["served"]
+        before = text.transport.stats()[victim.grpc_url]["served"] + core.backend.transport.stats()[victim.grpc_url]["served"]
         assert before > 0, "the load did not reach every replica"
         victim.kill()                   # a crash: no drain, in-flight requests cut
         calls_at_kill = calls[0]
         time.sleep(3)
-        assert not text.backend.stats()[victim.grpc_url]["ready"]
+        assert not text.transport.stats()[victim.grpc_url]["ready"]
         victim.start(timeout=180)
         back_up = time.monotonic()      # its HTTP endpoint is ready
         while not _accepts(victim.grpc_port) and time.monotonic() < back_up + 30:
             time.sleep(0.02)
         grpc_up = time.monotonic()      # its gRPC port accepts connections (here 1-3 s later)
         deadline = back_up + 30
-        while time.monotonic() < deadline and not (text.backend.stats()[victim.grpc_url]["ready"]
-                                                   and core.backend.stats()[victim.grpc_url]["ready"]):
+        while time.monotonic() < deadline and not (text.transport.stats()[victim.grpc_url]["ready"]
+                                                   and core.backend.transport.stats()[victim.grpc_url]["ready"]):
             time.sleep(0.02)
         readmit, grpc_delay = time.monotonic() - grpc_up, grpc_up - back_up
-        readmitted_served = [pr.backend.stats()[victim.grpc_url]["served"] for pr in (text, core)]
+        readmitted_served = [text.transport.stats()[victim.grpc_url]["served"], core.backend.transport.stats()[victim.grpc_url]["served"]]
         time.sleep(3)
     finally:
         stop.set()
         for t in threads:
             t.join(timeout=120)
-    stats = {"text": text.backend.stats(), "core": core.backend.stats()}
-    after = [pr.backend.stats()[victim.grpc_url]["served"] for pr in (text, core)]
+    stats = {"text": text.transport.stats(), "core": core.backend.transport.stats()}
+    after = [text.transport.stats()[victim.grpc_url]["served"], core.backend.transport.stats()[victim.grpc_url]["served"]]
     text.close()
     core.close()
     with capsys.disabled():

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.serve import TritonServer
+from engine.triton.server import TritonServer
 from export.triton import RepositoryOptions, build_repository
 from tests.conftest import free_ports, processes_under
 
@@ -106,7 +106,7 @@ def test_killed_starter_takes_the_server_down(small_repository, tmp_path):
     h, g, m = free_ports(3)
     script = tmp_path / "starter.py"
     script.write_text(
-        "import sys, time\nfrom engine.serve import TritonServer\n"
+        "import sys, time\nfrom engine.triton.server import TritonServer\n"
         f"s = TritonServer({str(small_repository)!r}, http_port={h}, grpc_port={g}, metrics_port={m}).start()\n"
         "print('up', flush=True)\ntime.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
@@ -208,7 +208,7 @@ def test_prune_serve_restarts_a_dead_server_or_stub(small_repository, pruners):
         from tritonclient.grpc import service_pb2
         request = service_pb2.ModelInferRequest(model_name="m")
         for n in ("input_ids", "attention_mask", "token_type_ids", "sentence_ids"):
-            t = request.inputs.add(name=n, datatype="INT64", shape=[1, 2 ** 61])
+            request.inputs.add(name=n, datatype="INT64", shape=[1, 2 ** 61])
             request.raw_input_contents.append(b"")
         mark = len(lines)
         raw = grpcclient.InferenceServerClient(f"127.0.0.1:{ports[1]}")

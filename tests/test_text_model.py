@@ -20,7 +20,7 @@ from tritonclient.grpc import model_config_pb2
 
 from engine.errors import BackendError, InputError
 from engine.pruner import Pruner
-from engine.text_client import TritonTextPruner
+from engine.triton.text_pruner import TritonTextPruner
 from export.triton import RepositoryOptions, build_repository
 from tests.conftest import CORE_MAX_BATCH, FAMILY_NAMES, TEXT_MAX_CHARS, TEXT_MAX_PASSAGES
 from tests.test_parity import PASSAGES, QUESTION

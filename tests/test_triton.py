@@ -17,7 +17,7 @@ from tritonclient.grpc import model_config_pb2
 from engine.batching import BatchingConfig
 from engine.errors import BackendError
 from engine.pruner import Pruner
-from engine.serve import TritonServer
+from engine.triton.server import TritonServer
 from export.triton import RepositoryOptions, build_repository
 from tests.conftest import CORE_MAX_BATCH, FAMILY_NAMES, free_ports
 from tests.test_parity import PASSAGES, QUESTION
@@ -246,7 +246,7 @@ def test_python_backend_joins_lengths_and_isolates_a_bad_request(server, pruners
 
 
 def test_retry_succeeds_after_a_connection_error(server):
-    client = Pruner.connect(server.grpc_url, "opensearch", retries=2, backoff=0.01).backend
+    client = Pruner.connect(server.grpc_url, "opensearch", retries=2, backoff=0.01).backend.transport
     calls = []
 
     def flaky():

@@ -75,7 +75,7 @@ def test_wheel_in_a_fresh_venv_runs_the_whole_first_use_path(checkpoints, tmp_pa
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), "LICENSE missing from the wheel"
     assert {n.split("/")[0] for n in names if "/" in n and ".dist-info" not in n} == \
         {"engine", "export", "triton_models"}, "the wheel installs top-level names beyond the layout"
-    assert "engine/quality.py" in names and "engine/fidelity.py" in names   # prune eval / fidelity
+    assert "engine/tools/quality.py" in names and "engine/tools/fidelity.py" in names   # prune eval / fidelity
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)

@@ -26,9 +26,6 @@ class Backend(ABC):
     def health(self) -> bool:
         return True
 
-    def warmup(self, batch: ModelBatch) -> None:
-        self.infer(batch)
-
     def close(self) -> None:
         pass
 

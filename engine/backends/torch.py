@@ -1,6 +1,8 @@
 """PyTorch: runs the checkpoint itself. The fp32 reference every backend is tested against."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from engine.backends.base import Backend
@@ -36,3 +38,12 @@ class TorchBackend(Backend):
 
     def describe(self) -> str:
         return f"torch {self.torch.__version__} {self.device} {str(self.dtype).replace('torch.', '')}"
+
+    @classmethod
+    def from_checkpoint(cls, path, *, family: str | None = None, options: dict[str, Any] | None = None,
+                        attn: str = "eager", device: str = "cpu", dtype: str = "float32",
+                        threads: int | None = None) -> tuple["TorchBackend", Any, Any]:
+        """(backend, tokenizer, ModelSpec) of a checkpoint folder (or hub id)."""
+        from engine.pytorch.loading import load_torch_model
+        tm = load_torch_model(path, family=family, options=options, attn=attn)
+        return cls(tm.module, threads=threads, device=device, dtype=dtype), tm.tokenizer, tm.spec

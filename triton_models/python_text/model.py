@@ -1,6 +1,6 @@
 """Triton python-backend *text* model: a question and its passages in (UTF-8), pruned
 text, sentence spans, probabilities and reranking scores out. Any KServe v2 client
-(curl, Java, Go, TypeScript) can call it; the wire contract is `engine.wire`.
+(curl, Java, Go, TypeScript) can call it; the wire contract is `engine.triton.wire`.
 
 Copied by `prune repository` into `<name>_text/1/model.py`, beside the export's
 `tokenizer.json` and `manifest.json`. It runs the engine's own code (sentence
@@ -24,7 +24,7 @@ from engine.encode import manifest_tokenizer
 from engine.errors import BackendError, PruneError
 from engine.pruner import Pruner
 from engine.spec import read_manifest, spec_from_manifest
-from engine.wire import TextLimits, describe_tensors, read_request, results_to_tensors
+from engine.triton.wire import TextLimits, describe_tensors, read_request, results_to_tensors
 
 
 class _BLSCore(Backend):

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 import engine
-from engine.embed import ENCODER_FILE, ENCODER_FORMAT, ENCODER_GRAPH
+from engine.rag.embedder import ENCODER_FILE, ENCODER_FORMAT, ENCODER_GRAPH
 from engine.errors import ExportError
 
 PARITY_TOLERANCE = 1e-5   # max |diff| of an embedding component, ONNX Runtime vs PyTorch fp32
@@ -79,13 +79,13 @@ def export_encoder(checkpoint: str | Path, out: str | Path, *, overwrite: bool =
     manifest (encoder.json). `name` is recorded in the collections `prune index` builds
     (default: the checkpoint folder's name). Raises ExportError if ONNX Runtime disagrees
     with PyTorch."""
-    from engine.reference import load_reference
+    from engine.pytorch.loading import load_torch_model
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ExportError(f"{out} exists and is not empty (pass overwrite=True / --overwrite)")
     t0 = time.perf_counter()
-    model, tok, spec = load_reference(checkpoint, family="embedding")
-    ck = spec.extra["checkpoint"]
+    tm = load_torch_model(checkpoint, family="embedding")
+    model, tok, spec, ck = tm.module, tm.tokenizer, tm.spec, tm.checkpoint
     window = _window(Path(ck.folder), spec.max_length)
     module = _EncoderModule(model.encoder, model.pooling).eval()
     pad_id = int(spec.pad_id)

@@ -5,7 +5,7 @@ sentence splitter, no model on the client; text goes to the server, results come
     results = pruner.prune(question, passages)
 
 `Pruner.connect` returns this class when the model takes `question` and `passages`
-(see `engine.wire` for the contract). A call larger than the text model's per-request
+(see `engine.triton.wire` for the contract). A call larger than the text model's per-request
 limits (passages, characters) is sent as several requests, concurrently, and the
 results are put back in input order; `reorder` and `top_k` are applied here, over the
 whole call.
@@ -17,18 +17,18 @@ from typing import Any
 
 import numpy as np
 
-from engine.backends.triton import TritonClient
+from engine.triton.client import Transport
 from engine.decide import TITLE_RULES, PruneResult, check_threshold, check_top_k, order_results
 from engine.errors import BackendError, InputError
 from engine.spec import ModelSpec, spec_from_manifest
 from engine.text import check_unicode
 from engine.families import WINDOWS
-from engine.wire import TEXT_INPUTS, TEXT_OUTPUTS, TextLimits, tensors_to_results
+from engine.triton.wire import TEXT_INPUTS, TEXT_OUTPUTS, TextLimits, tensors_to_results
 
 
 class TritonTextPruner:
-    def __init__(self, client: TritonClient):
-        self.client = client
+    def __init__(self, transport: Transport):
+        self.transport = client = transport
         self.spec: ModelSpec = spec_from_manifest(client.manifest(), name=client.model)
         params = client.parameters()
         self.limits = TextLimits(max_passages=int(params.get("max_passages", 1000)),
@@ -38,12 +38,8 @@ class TritonTextPruner:
     def family(self):
         return self.spec.family
 
-    @property
-    def backend(self) -> TritonClient:
-        return self.client
-
     def describe(self) -> str:
-        return self.client.describe() + " (text model)"
+        return self.transport.describe() + " (text model)"
 
     # ------------------------------------------------------------------ requests
     def _chunks(self, question: str, passages: list[str]) -> list[tuple[int, int]]:
@@ -52,7 +48,7 @@ class TritonTextPruner:
         for i, p in enumerate(passages):
             if len(question) + len(p) > self.limits.max_chars:
                 raise InputError(f"passage {i} has {len(p)} characters; with the question, the text model "
-                                 f"{self.client.model!r} accepts at most {self.limits.max_chars} per request")
+                                 f"{self.transport.model!r} accepts at most {self.limits.max_chars} per request")
             if i > start and (i - start >= self.limits.max_passages or chars + len(p) > self.limits.max_chars):
                 chunks.append((start, i))
                 start, chars = i, len(question)
@@ -61,7 +57,7 @@ class TritonTextPruner:
         return chunks
 
     def _inputs(self, question: str, passages: list[str], options: dict[str, Any]):
-        tc = self.client.tc
+        tc = self.transport.tc
         values = {"question": np.array([question.encode("utf-8")], dtype=np.object_),
                   "passages": np.array([p.encode("utf-8") for p in passages], dtype=np.object_)}
         if options.get("threshold") is not None:
@@ -79,19 +75,22 @@ class TritonTextPruner:
             inputs.append(inp)
         return inputs, [tc.InferRequestedOutput(n) for n in TEXT_OUTPUTS]
 
-    def _send(self, question: str, passages: list[str], options: dict[str, Any],
-              deadline: float) -> dict[str, np.ndarray]:
-        c = self.client
-        inputs, outputs = self._inputs(question, passages, options)
+    def _send_all(self, question: str, parts: list[list[str]], options: dict[str, Any],
+                  deadline: float) -> list[dict[str, np.ndarray]]:
+        """One request per part (a range of the call's passages), sent concurrently."""
+        c = self.transport
         try:
-            res = c.infer_with_retries(c.model, inputs, outputs, deadline)
+            raw = c.infer_all(c.model, [self._inputs(question, p, options) for p in parts], deadline)
         except Exception as exc:
             raise BackendError(f"Triton text model {c.model!r} on {c.url} failed: {exc}") from exc
-        out = {n: res.as_numpy(n) for n in TEXT_OUTPUTS}
-        missing = [n for n, v in out.items() if v is None]
-        if missing:
-            raise BackendError(f"Triton text model {c.model!r} returned no {missing}")
-        return out
+        outs = []
+        for res in raw:
+            out = {n: res.as_numpy(n) for n in TEXT_OUTPUTS}
+            missing = [n for n, v in out.items() if v is None]
+            if missing:
+                raise BackendError(f"Triton text model {c.model!r} returned no {missing}")
+            outs.append(out)
+        return outs
 
     # ------------------------------------------------------------------ API
     def prune(self, question: str, passages: str | Sequence[str], *, threshold: float | None = None,
@@ -130,12 +129,8 @@ class TritonTextPruner:
         used = self.spec.family.threshold if threshold is None else threshold
         ran = self.spec.family.windows if windows is None else windows
         chunks = self._chunks(question, passages)
-        deadline = self.client.deadline()      # one deadline for the whole call
-        if len(chunks) > 1 and self.client.protocol == "grpc":
-            outs = list(self.client._pool.map(
-                lambda se: self._send(question, passages[se[0]:se[1]], options, deadline), chunks))
-        else:
-            outs = [self._send(question, passages[s:e], options, deadline) for s, e in chunks]
+        deadline = self.transport.deadline()      # one deadline for the whole call
+        outs = self._send_all(question, [passages[s:e] for s, e in chunks], options, deadline)
         results: list[PruneResult] = []
         for (s, e), out in zip(chunks, outs):
             results += tensors_to_results(passages[s:e], out, used, offset=s, windows=ran)
@@ -148,7 +143,7 @@ class TritonTextPruner:
         return await asyncio.to_thread(self.prune, question, passages, **kwargs)
 
     def close(self) -> None:
-        self.client.close()
+        self.transport.close()
 
     def __enter__(self) -> "TritonTextPruner":
         return self

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from engine.quality import _progress, _read_jsonl
+from engine.tools.quality import _progress, _read_jsonl
 
 THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
 

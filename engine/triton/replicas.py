@@ -3,9 +3,8 @@
     pruner = Pruner.connect(["10.0.0.5:8001", "10.0.0.6:8001"], "default_text")
     pruner = Pruner.connect("dns:///prune-triton-headless.prune.svc:8001", "default_text")
 
-A `ReplicaSet` stands where a single server's client stands (it offers the same
-`infer_with_retries`, `deadline`, `manifest`, ... as `TritonClient`), so the text-model
-pruner and the core pruner run on it unchanged. Every request goes to the ready replica
+A `ReplicaSet` is a `Transport` (`engine.triton.client`), as a single server's
+`TritonClient` is, so the text-model pruner and the core backend run on it unchanged. Every request goes to the ready replica
 with the fewest requests outstanding (ties in turn). A replica that fails with a
 connection error or a timeout is taken out at once and the request is sent to another
 (inference is idempotent: nothing is counted twice, because a request's result is used
@@ -31,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from engine.backends.triton import _RETRYABLE, TritonBackend, TritonClient
+from engine.triton.client import TritonClient, retryable
 from engine.errors import BackendError, ModelLoadError
 
 DNS_SCHEME = "dns:///"
@@ -67,11 +66,6 @@ def resolve(name: str) -> list[str]:
     addrs = sorted({i[4][0] for i in infos if i[0] == socket.AF_INET}) or \
         sorted({i[4][0] for i in infos if i[0] == socket.AF_INET6})   # one family: no double counting
     return [f"[{a}]:{port}" if ":" in a else f"{a}:{port}" for a in addrs]
-
-
-def retryable(exc: BaseException) -> bool:
-    """A connection error or a timeout: another replica may answer."""
-    return isinstance(exc, TimeoutError) or any(k in str(exc).lower() for k in _RETRYABLE)
 
 
 @dataclass
@@ -267,6 +261,10 @@ class ReplicaSet:
                 r.served += 1
             return result
 
+    def infer_all(self, model: str, requests: Sequence[tuple[Any, Any]], deadline: float) -> list[Any]:
+        """Every (inputs, outputs) request of one call, concurrently, each with failover."""
+        return list(self._pool.map(lambda io: self.infer_with_retries(model, io[0], io[1], deadline), requests))
+
     def parameters(self) -> dict[str, str]:
         return self.reference.parameters()
 
@@ -303,13 +301,3 @@ class ReplicaSet:
             if r.client is not None and r.client is not self.reference:
                 r.client.close()
         self.reference.close()
-
-
-class ReplicatedBackend(ReplicaSet, TritonBackend):
-    """The token-level core model on several replicas: `TritonBackend`'s batching, split
-    and assembly, with every request sent through the replica set."""
-
-    def __init__(self, url: str | Sequence[str], model: str, **kwargs: Any):
-        ReplicaSet.__init__(self, url, model, **kwargs)
-        self._check_contract()
-        self.input_names = self.metadata_inputs

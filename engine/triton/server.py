@@ -54,36 +54,6 @@ def server_binary() -> Path:
     return path
 
 
-# Run by the watchdog process: argv = starter pid, server process group, work folder.
-# It polls (every 0.2 s) whether its starter is still its parent; when not, it kills the
-# server's process group and removes the work folder. It ends by itself when the group
-# is gone.
-_WATCHDOG = """
-import os, shutil, signal, sys, time
-starter, group, work = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-while True:
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        break
-    if os.getppid() != starter:
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        for _ in range(50):
-            try:
-                os.killpg(group, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.1)
-        shutil.rmtree(work, ignore_errors=True)
-        break
-    time.sleep(0.2)
-"""
-
-
 #: Triton APIs that change the server or reach its memory, locked by default: a client
 #: could register shared memory and have outputs written into it, or change logging and
 #: tracing. (Model loading is off: --model-control-mode=none. Statistics are read-only.)
@@ -193,7 +163,7 @@ class TritonServer:
                                      start_new_session=True)
         assert self._workdir is not None
         self._watchdog = subprocess.Popen(
-            [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(self.proc.pid), self._workdir.name],
+            [sys.executable, "-m", "engine.triton.watchdog", str(os.getpid()), str(self.proc.pid), self._workdir.name],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)
         threading.Thread(target=self._pump, daemon=True).start()

@@ -1,11 +1,11 @@
 """Text -> embedding vectors for retrieval, with ONNX Runtime and tokenizers only (no torch).
 
-An encoder folder is what `export.encoder.export_encoder` writes (`prune export --encoder`):
+An encoder folder is what `export.embedder.export_encoder` writes (`prune export --encoder`):
 encoder.onnx, tokenizer.json and encoder.json. `Embedder.load("default")` is the default
 model's encoder (all-MiniLM-L6-v2), exported into the cache on first use.
 
 Nothing is cut silently: a text longer than the encoder's window is refused with its
-length; `prune index` chunks documents to fit (engine.pipeline.chunk_spans).
+length; `prune index` chunks documents to fit (engine.rag.pipeline.chunk_spans).
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def ensure_default_encoder(log: Callable[[str], None] | None = None) -> Path:
     if (target / ENCODER_FILE).is_file():
         return target
     log = log or stderr_log
-    export_encoder = exporter("export.encoder", "export_encoder", "the default encoder", "pass an exported encoder")
+    export_encoder = exporter("export.embedder", "export_encoder", "the default encoder", "pass an exported encoder")
     source = default_checkpoint()
     log(f"first use: exporting the encoder of {DEFAULT_MODEL} from {source} to {target} (once, about 5 s) ...")
     return export_into_cache(target, ENCODER_FILE, lambda staging: export_encoder(

@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from engine.quality import load_rag_data
+from engine.tools.quality import load_rag_data
 
 
 @dataclass
@@ -288,7 +288,7 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
         paths["onnxruntime-int8"] = lambda r: run_sequential(int8, qs, r)
     server = None
     if triton:
-        from engine.serve import TritonServer
+        from engine.triton.server import TritonServer
         from export.triton import RepositoryOptions, build_repository
         import socket
         import tempfile

@@ -120,7 +120,7 @@ def sentence_metrics(preds: Sequence[np.ndarray], labels: Sequence[np.ndarray]) 
             "kept_share": kept / total if total else 0.0}
 
 
-def decide(probs: np.ndarray, threshold: float, alpha: float | None, strict: bool = True) -> np.ndarray:
+def sweep_keep(probs: np.ndarray, threshold: float, alpha: float | None, strict: bool = True) -> np.ndarray:
     """Threshold then backoff, the engine's rule (no title rule: these are plain passages)."""
     kept = probs > threshold if strict else probs >= threshold
     if alpha is not None and len(probs) and not kept.any() and probs.max() >= alpha:
@@ -145,7 +145,7 @@ def grid_search(name: str, scores: Sequence[np.ndarray], labels: Sequence[np.nda
     curves: dict[Any, list[dict[str, float]]] = {}
     for alpha in alphas:
         for t in thresholds:
-            m = sentence_metrics([decide(s, t, alpha, strict) for s in scores], labels)
+            m = sentence_metrics([sweep_keep(s, t, alpha, strict) for s in scores], labels)
             curves.setdefault(alpha, []).append({"threshold": t, **m["micro"]})
             if m["micro"]["f1"] > best_f1 + 1e-12:
                 best_f1, best, setting = m["micro"]["f1"], m, {"threshold": t, "alpha": alpha}
@@ -329,14 +329,14 @@ def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: st
             rows.append(grid_search(name, scores, labels, strict=strict))
             fam = pruner.family
             rows.append(GridResult(f"{name} at its defaults", sentence_metrics(
-                [k if k is not None else decide(s, fam.threshold, fam.backoff_alpha, strict)
+                [k if k is not None else sweep_keep(s, fam.threshold, fam.backoff_alpha, strict)
                  for s, k in zip(scores, kept)], labels),
                 {"threshold": fam.threshold, "alpha": fam.backoff_alpha}))
             if half >= 10:
                 # Honest generalisation: the setting chosen on the first half, scored on the second.
                 tuned = grid_search(name, scores[:half], labels[:half], strict=strict).setting
                 rows.append(GridResult(f"{name}, setting of docs 1-{half}, scored on {half + 1}-{len(samples)}",
-                                       sentence_metrics([decide(s, tuned["threshold"], tuned["alpha"], strict)
+                                       sentence_metrics([sweep_keep(s, tuned["threshold"], tuned["alpha"], strict)
                                                          for s in scores[half:]], labels[half:]), tuned))
         report["pruning"] = {"data": str(prune_data), "documents": len(samples),
                              "sentences": int(sum(len(y) for y in labels)),

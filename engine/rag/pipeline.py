@@ -1,12 +1,12 @@
 """Retrieve, rerank, prune, highlight: one pipeline on Milvus.
 
 `prune index` chunks documents at sentence boundaries, embeds the chunks with the
-engine's ONNX encoder (engine.embed) and stores text, vectors and Milvus's built-in BM25
+engine's ONNX encoder (engine.rag.embedder) and stores text, vectors and Milvus's built-in BM25
 full-text index in one collection. `prune ask` runs hybrid retrieval (dense + BM25,
 fused by Milvus with reciprocal-rank fusion), reranks the candidates by the pruner's
 reranking score, prunes them and returns the pruned context with its sources.
 
-    from engine.pipeline import Pipeline
+    from engine.rag.pipeline import Pipeline
     with Pipeline("rag.db") as p:                 # Milvus Lite file, or "http://host:19530"
         p.index(documents)                        # [{"id": ..., "text": ..., other fields}]
         answer = p.ask("Who built the castle?", k=5)
@@ -254,7 +254,7 @@ class Pipeline:
     @property
     def embedder(self):
         if self._embedder is None:
-            from engine.embed import Embedder
+            from engine.rag.embedder import Embedder
             self._embedder = Embedder.load("default", log=self.log)
         return self._embedder
 

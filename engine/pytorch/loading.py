@@ -1,6 +1,7 @@
-"""The fp32 PyTorch reference: a checkpoint folder (or hub id) -> module, tokenizer, spec."""
+"""Loading a checkpoint for PyTorch: a folder (or hub id) -> module, tokenizer, spec."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,13 +52,23 @@ def embedding_rows(model: Any) -> int:
                  if k.endswith(("word_embeddings.weight", "tok_embeddings.weight"))), 0)
 
 
-def load_reference(path: str | Path, family: str | None = None, tokenizer: str | Path | None = None,
-                   max_length: int | None = None, options: dict[str, Any] | None = None,
-                   attn: str = "eager"):
-    """(module, tokenizers.Tokenizer, ModelSpec) for running a checkpoint with PyTorch.
+@dataclass
+class TorchModel:
+    """A checkpoint loaded for PyTorch: what the torch backend runs and export traces."""
+    module: Any                    # the family's torch.nn.Module (engine.pytorch.modeling)
+    tokenizer: Any                 # tokenizers.Tokenizer the engine encodes with
+    spec: ModelSpec
+    checkpoint: Any                # engine.pytorch.modeling.Checkpoint: config, folder, hashes
+    hf_tokenizer: Any              # the transformers tokenizer (its special tokens, save_pretrained)
+
+
+def load_torch_model(path: str | Path, family: str | None = None, tokenizer: str | Path | None = None,
+                     max_length: int | None = None, options: dict[str, Any] | None = None,
+                     attn: str = "eager") -> TorchModel:
+    """A checkpoint folder (or hub id) loaded for PyTorch, its tokenizer checked against it.
 
     `options`: family options (the embedding family's mode, scale, shift, rerank)."""
-    from engine.modeling import load_checkpoint
+    from engine.pytorch.modeling import load_checkpoint
     ck = load_checkpoint(path, family=family, options=options, attn=attn)
     hf_tok = load_hf_tokenizer(tokenizer or ck.folder)
     backend_tok = checkpoint_tokenizer(tokenizer or ck.folder) or hf_tok.backend_tokenizer
@@ -70,6 +81,5 @@ def load_reference(path: str | Path, family: str | None = None, tokenizer: str |
         raise ModelLoadError(f"max_length {max_length} is outside 16..{limit}, the window "
                              "this checkpoint's position embeddings allow")
     spec = ModelSpec(family=ck.family, max_length=int(max_length or ck.max_length),
-                     name=Path(str(path)).name, **special_ids(hf_tok),
-                     extra={"checkpoint": ck, "hf_tokenizer": hf_tok})
-    return ck.model, backend_tok, spec
+                     name=Path(str(path)).name, **special_ids(hf_tok))
+    return TorchModel(ck.model, backend_tok, spec, ck, hf_tok)

@@ -1,0 +1,94 @@
+"""The package's import rules (docs/development.md), read from the source with `ast`.
+
+Every import statement counts, at module level or inside a function (a lazy import is
+still a dependency of whoever calls that function). Importlib calls with a string are
+not seen: `engine.default_model` exports the default model on first use that way, and
+says so."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _modules(*patterns: str) -> list[Path]:
+    return sorted({p for pat in patterns for p in ROOT.glob(pat) if p.name != "__main__.py"})
+
+
+def imports(path: Path) -> set[str]:
+    """Every module name an import statement of `path` names (`from a.b import c` gives
+    a.b and a.b.c: c may be a module)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def _hits(names: set[str], forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(n for n in names if any(n == f or n.startswith(f + ".") for f in forbidden))
+
+
+#: the client-safe spine: what a torch-free client, the Triton text model and the HTTP API run
+SPINE = [p for p in _modules("engine/*.py") if p.name != "cli.py"]
+CLIENT_SAFE = SPINE + _modules("engine/backends/base.py", "engine/backends/onnxruntime.py",
+                               "engine/backends/triton.py", "engine/triton/*.py")
+#: who may import the torch modelling (engine.pytorch)
+TORCH_MODELLING_USERS = _modules("engine/pytorch/*.py", "engine/backends/torch.py", "export/*.py",
+                                 "engine/tools/fidelity.py")
+#: everything below the CLI: may not import the offline tools or the RAG application
+BELOW_CLI = [p for p in _modules("engine/**/*.py", "triton_models/*/model.py")
+             if p.name != "cli.py" and not {"tools", "rag"} & set(p.relative_to(ROOT).parts)]
+
+RULES = {
+    "the spine, backends/{base,onnxruntime,triton} and triton/ never import torch, transformers or export":
+        (CLIENT_SAFE, ("torch", "transformers", "export")),
+    "only backends/torch, export/ and the fidelity tool import the torch modelling (engine.pytorch)":
+        ([p for p in _modules("engine/**/*.py", "triton_models/*/model.py")
+          if p not in TORCH_MODELLING_USERS], ("engine.pytorch",)),
+    "nothing below the CLI imports tools/ or rag/":
+        (BELOW_CLI, ("engine.tools", "engine.rag")),
+    "nothing installed imports the benchmarks (a clone's studies, not in the wheel)":
+        (_modules("engine/**/*.py", "export/*.py", "triton_models/*/model.py"), ("benchmarks",)),
+}
+
+
+def violations(files: list[Path], forbidden: tuple[str, ...]) -> dict[str, list[str]]:
+    out = {}
+    for path in files:
+        hits = _hits(imports(path), forbidden)
+        if hits:
+            out[str(path.relative_to(ROOT))] = hits
+    return out
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_import_rule(rule):
+    files, forbidden = RULES[rule]
+    assert files, "the rule covers no file: the layout moved under it"
+    assert violations(files, forbidden) == {}, rule
+
+
+def test_the_rules_see_lazy_imports(tmp_path):
+    """A function-level import is caught as well as a module-level one."""
+    f = tmp_path / "m.py"
+    f.write_text("import numpy\n\ndef later():\n    from torch import nn\n    import export.onnx\n")
+    assert _hits(imports(f), ("torch", "export")) == ["export.onnx", "torch", "torch.nn"]
+
+
+def test_the_layout_has_the_documented_packages():
+    for pkg in ("engine/backends", "engine/triton", "engine/pytorch", "engine/tools", "engine/rag"):
+        assert (ROOT / pkg / "__init__.py").is_file(), pkg
+    text = (ROOT / "docs" / "development.md").read_text()
+    for module in [*_modules("engine/*.py"), *_modules("engine/*/*.py"), *_modules("export/*.py")]:
+        if module.name != "__init__.py":
+            assert module.stem in text, f"docs/development.md's layout omits {module.relative_to(ROOT)}"
