@@ -11,17 +11,14 @@ Rules, in order, for one passage with sentence probabilities p:
 """
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from engine.errors import InputError
 from engine.families import Family
+from engine.inputs import TITLE_RULES, check_threshold, check_top_k  # noqa: F401  (re-exported)
 
-TITLE_RULES = ("first_sentence", "none")
 
 
 @dataclass(frozen=True)
@@ -66,13 +63,6 @@ class PruneResult:
         return asdict(self)
 
 
-def check_threshold(value: Any, name: str = "threshold") -> float:
-    # numbers.Real: int, float and numpy's scalars (np.float32 included)
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise InputError(f"{name} must be a finite number in [0, 1], got {value!r}")
-    if not 0.0 <= float(value) <= 1.0:
-        raise InputError(f"{name} must be in [0, 1], got {value!r}")
-    return float(value)
 
 
 def keep_mask(probs: np.ndarray, family: Family, threshold: float, title: str,
@@ -117,10 +107,6 @@ def build_result(index: int, context: str, spans: list[tuple[int, int]], probs: 
                        windows=windows)
 
 
-def check_top_k(top_k: Any) -> int | None:
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise InputError(f"top_k must be a positive integer, got {top_k!r}")
-    return top_k
 
 
 def order_results(results: list[PruneResult], reorder: bool, top_k: int | None) -> list[PruneResult]:

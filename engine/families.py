@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ModelLoadError
+from engine.inputs import WINDOWS  # noqa: F401  (re-exported)
 
 
-WINDOWS = ("reference", "sentences")
 
 
 @dataclass(frozen=True)

@@ -20,19 +20,21 @@ import numpy as np
 from engine import text as textmod
 from engine.backends.base import Backend
 from engine.batching import BatchingConfig, ModelBatch, collate, plan
-from engine.decide import (TITLE_RULES, PruneResult, build_result, check_threshold, check_top_k, keep_mask,
-                           order_results)
+from engine.decide import PruneResult, build_result, keep_mask, order_results
 from engine.encode import Block, Encoder, load_tokenizer, manifest_tokenizer
 from engine.errors import BackendError, InputError, ModelLoadError, PruneError
-from engine.families import WINDOWS
+from engine.inputs import Limits, check_call, check_options, check_windows, default_limits
+from engine.settings import DEFAULTS
+from engine.protocol import PrunerProtocol
 from engine.spec import ModelSpec, read_manifest, spec_from_manifest
 
 log = logging.getLogger(__name__)
 
-MAX_PASSAGES = 10_000
-#: characters per call, question and passages together (as a text model's default): one call at
-#: the limit peaks at 0.6 GB (many passages) to 1.4 GB (one passage) of RSS (docs/limits.md)
-MAX_CALL_CHARS = 2_000_000
+#: what one call may hold by default (engine.settings; PRUNE_MAX_PASSAGES, PRUNE_MAX_CALL_CHARS):
+#: one call at the character limit peaks at 0.6 GB (many passages) to 1.4 GB (one passage)
+#: of RSS (docs/limits.md)
+MAX_PASSAGES = DEFAULTS.max_passages
+MAX_CALL_CHARS = DEFAULTS.max_call_chars
 
 
 @dataclass
@@ -62,9 +64,11 @@ class Scored:
 
 class Pruner:
     def __init__(self, backend: Backend, tokenizer: Any, spec: ModelSpec,
-                 batching: BatchingConfig | None = None, min_context_tokens: int = 64):
+                 batching: BatchingConfig | None = None, min_context_tokens: int = 64,
+                 limits: Limits | None = None):
         self.backend = backend
         self.spec = spec
+        self.limits = limits or default_limits()
         self.encoder = Encoder(tokenizer, spec, min_context_tokens)
         self.batching = batching or BatchingConfig()
         if backend.max_batch_size and backend.max_batch_size < self.batching.max_batch_size:
@@ -129,7 +133,7 @@ class Pruner:
     def connect(cls, url: str | Sequence[str], model: str, *, protocol: str = "grpc",
                 tokenizer: str | Path | None = None, batching: BatchingConfig | None = None,
                 timeout: float = 30.0, retries: int = 3, backoff: float = 0.5, concurrency: int = 8,
-                ready_timeout: float = 10.0, replica_options: dict[str, Any] | None = None) -> "Pruner":
+                ready_timeout: float = 10.0, replica_options: dict[str, Any] | None = None) -> PrunerProtocol:
         """The same API on a model of a Triton server (see `prune repository`).
 
         `url` is one server (`host:port`) or several replicas of it: a list of endpoints, a
@@ -150,15 +154,17 @@ class Pruner:
         stop when it is spent, so a call ends in at most `timeout` seconds.
         """
         from engine.backends.triton import TritonBackend
-        from engine.triton.client import TritonClient
+        from engine.triton.client import Transport, TritonClient
         from engine.triton.replicas import ReplicaSet, is_replicated
-        kwargs = dict(protocol=protocol, timeout=timeout, retries=retries, backoff=backoff,
-                      concurrency=concurrency, ready_timeout=ready_timeout)
-        transport: Any
+        transport: Transport
         if is_replicated(url):
-            transport = ReplicaSet(url, model, **kwargs, **(replica_options or {}))
+            transport = ReplicaSet(url, model, protocol=protocol, timeout=timeout, retries=retries, backoff=backoff,
+                                   concurrency=concurrency, ready_timeout=ready_timeout, **(replica_options or {}))
+        elif isinstance(url, str):
+            transport = TritonClient(url, model, protocol=protocol, timeout=timeout, retries=retries,
+                                     backoff=backoff, concurrency=concurrency, ready_timeout=ready_timeout)
         else:
-            transport = TritonClient(url, model, **kwargs)   # type: ignore[arg-type]
+            raise InputError(f"url must be host:port or a list of them, got {url!r}")
         if transport.is_text_model:
             from engine.triton.text_pruner import TritonTextPruner
             return TritonTextPruner(transport)
@@ -201,7 +207,7 @@ class Pruner:
 
     # ------------------------------------------------------------------ prune
     def prune(self, question: str, passages: str | Sequence[str], *, threshold: float | None = None,
-              title: str | None = None, alpha: float | None = ..., reorder: bool = False,  # type: ignore[assignment]
+              title: str | None = None, alpha: Any = ..., reorder: bool = False,
               top_k: int | None = None,
               sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None,
               windows: str | None = None) -> list[PruneResult]:
@@ -224,7 +230,7 @@ class Pruner:
         return self.finish(call, self.backend.infer_many(call.batches) if call.batches else [])
 
     def prepare(self, question: str, passages: str | Sequence[str], *, threshold: float | None = None,
-                title: str | None = None, alpha: float | None = ..., reorder: bool = False,  # type: ignore[assignment]
+                title: str | None = None, alpha: Any = ..., reorder: bool = False,
                 top_k: int | None = None,
                 sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None,
                 windows: str | None = None) -> "Call":
@@ -233,16 +239,13 @@ class Pruner:
         `prune` is `finish(prepare(...), backend.infer_many(call.batches))`; a caller that
         runs the core itself (the Triton text model, over BLS) uses the two halves."""
         fam = self.spec.family
-        threshold = fam.threshold if threshold is None else check_threshold(threshold)
-        title = fam.title if title is None else title
-        if title not in TITLE_RULES:
-            raise InputError(f"title must be one of {TITLE_RULES}, got {title!r}")
-        alpha = fam.backoff_alpha if alpha is ... else alpha
-        if alpha is not None:
-            alpha = check_threshold(alpha, "alpha")
-        check_top_k(top_k)
+        question, passages = check_call(question, passages, self.limits)
+        opts = check_options(threshold=threshold, title=title, alpha=alpha, top_k=top_k, windows=windows,
+                             sentences=sentences, n_passages=len(passages))
+        threshold = fam.threshold if opts["threshold"] is None else opts["threshold"]
+        title = fam.title if opts["title"] is None else opts["title"]
+        alpha = fam.backoff_alpha if opts["alpha"] is ... else opts["alpha"]
         windows = self.windows_mode(windows)
-        passages = self._check_inputs(question, passages, sentences)
         spans = [textmod.spans_from_sentences(p, sentences[i]) if sentences is not None
                  else textmod.split_sentences(p) for i, p in enumerate(passages)]
         blocks = self.encode(question, passages, spans, windows) if passages else []
@@ -252,11 +255,7 @@ class Pruner:
 
     def windows_mode(self, windows: str | None) -> str:
         """The windowing a call runs: the family's default, or `windows` when valid."""
-        if windows is None:
-            return self.spec.family.windows
-        if windows not in WINDOWS:
-            raise InputError(f"windows must be one of {WINDOWS}, got {windows!r}")
-        return windows
+        return self.spec.family.windows if windows is None else str(check_windows(windows))
 
     def _token_windows(self, windows: str) -> bool:
         return windows == "reference" and self.spec.family.window_tokens > 0
@@ -326,37 +325,6 @@ class Pruner:
             out.append(self.finish_blocks(c, per_block[pos:pos + len(c.blocks)]))
             pos += len(c.blocks)
         return out
-
-    def _check_inputs(self, question: Any, passages: Any, sentences: Any) -> list[str]:
-        if not isinstance(question, str):
-            raise InputError(f"question must be a str, got {type(question).__name__}")
-        if not question.strip():
-            raise InputError("question is empty")
-        textmod.check_unicode(question, "the question")
-        if isinstance(passages, str):
-            passages = [passages]
-        if not isinstance(passages, Sequence):
-            raise InputError(f"passages must be a list of str, got {type(passages).__name__}")
-        passages = list(passages)
-        if len(passages) > MAX_PASSAGES:
-            raise InputError(f"{len(passages)} passages in one call; the limit is {MAX_PASSAGES}")
-        total = len(question)
-        for i, p in enumerate(passages):
-            if not isinstance(p, str):
-                raise InputError(f"passage {i} must be a str, got {type(p).__name__}")
-            total += len(p)
-            if total > MAX_CALL_CHARS:
-                raise InputError(f"the call holds more than {MAX_CALL_CHARS} characters (question and passages "
-                                 f"together, passed at passage {i}); split it into several calls")
-            textmod.check_unicode(p, f"passage {i}")
-        if sentences is not None:
-            if not isinstance(sentences, Sequence) or len(sentences) != len(passages):
-                raise InputError("sentences must hold one list of sentences per passage")
-            for i, sent in enumerate(sentences):
-                if isinstance(sent, str) or not isinstance(sent, Sequence):
-                    raise InputError(f"sentences[{i}] must be a list of sentences (str or (start, end)), "
-                                     f"got {type(sent).__name__}")
-        return passages
 
     # ------------------------------------------------------------------ model
     def encode(self, question: str, passages: Sequence[str],

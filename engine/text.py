@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import nupunkt
 
 from engine.errors import InputError
+from engine.inputs import check_unicode  # noqa: F401  (re-exported)
 
 Span = tuple[int, int]
 
@@ -31,14 +32,6 @@ _CJK_END = re.compile(r"[。！？｡][」』”’）〕】\"')]*|(?<=[.!?])\s+
 _SPACE = re.compile(r"\s")
 
 
-def check_unicode(text: str, what: str) -> None:
-    """Text that cannot be UTF-8 (a lone surrogate, e.g. from a lenient JSON decode) is an
-    input error, not a tokenizer crash."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InputError(f"{what} is not valid Unicode: a lone surrogate {text[exc.start]!r} at character "
-                         f"{exc.start}") from None
 
 
 def _blocks(text: str) -> list[Span]:

@@ -42,6 +42,7 @@ def test_ten_thousand_lines_with_bad_ones(pruners, tmp_path, capsys):
     for k, rec in enumerate(got):
         if k in bad:
             assert "error" in rec and rec["line"] == k + 1
+            assert rec["id"] == (k + 1 if k == 17 else json.loads(lines[k])["id"])   # the line's own id
         else:
             assert rec["id"] == f"q{k}" and len(rec["results"]) == 1
     assert "not valid JSON" in got[17]["error"] and "no question" in got[2500]["error"]
@@ -69,3 +70,32 @@ def test_batch_file_through_a_text_model(server, pruners, tmp_path):
     assert [g["id"] for g in got] == list(range(30))
     exp = pruners["opensearch"][0].prune(queries[7]["question"], [queries[7]["context"]])[0]
     assert got[7]["results"][0]["pruned_context"] == exp.pruned_context
+
+
+BROKEN = [
+    ({"id": "broken", "question": 5, "passages": "x"}, "passages must be a list of strings"),
+    ({"id": "no-question", "passages": ["A passage."]}, "the line has no question"),
+    ({"id": 7, "question": 5, "passages": ["A passage."]}, "question must be a str, got int"),
+    ({"id": "bad-option", "question": "q?", "passages": ["x."], "top_k": 0}, "top_k must be a positive integer"),
+    ({"question": "q?", "passages": ["x."], "title": "always"}, "title must be one of"),   # no id: the line number
+]
+
+
+@pytest.mark.parametrize("where", ["in-process", "text model"])
+def test_an_error_record_keeps_the_lines_id(where, pruners, request, tmp_path):
+    """Whatever is wrong with a JSON line that has an id, its error record carries that id."""
+    import io
+    from engine.pruner import Pruner
+    pruner = (pruners["opensearch"][0] if where == "in-process"
+              else Pruner.connect(request.getfixturevalue("server").grpc_url, "opensearch_text"))
+    good = {"id": "good", "question": "When was it built?", "passages": ["It was built in 1923."]}
+    lines = [json.dumps(good)] + [json.dumps(row) for row, _ in BROKEN] + ["[1, 2]"]
+    sink = io.StringIO()
+    stats = run_file(pruner, io.StringIO("\n".join(lines) + "\n"), sink, group=3, progress=False)
+    got = [json.loads(line) for line in sink.getvalue().splitlines()]
+    assert stats["lines"] == len(lines) and stats["errors"] == len(BROKEN) + 1
+    assert got[0]["id"] == "good" and len(got[0]["results"]) == 1
+    for k, (row, message) in enumerate(BROKEN, start=1):
+        assert got[k] == {"id": row.get("id", k + 1), "line": k + 1, "error": got[k]["error"]}
+        assert message in got[k]["error"], got[k]
+    assert got[-1]["id"] == len(lines) and "expected a JSON object" in got[-1]["error"]

@@ -69,9 +69,13 @@ def test_reranking_score_of_a_multi_block_passage(pruners, name):
 
 
 def test_passage_limits_are_enforced(pruners, monkeypatch):
-    ort_p, _ = pruners["opensearch"]
-    monkeypatch.setattr(pruner_module, "MAX_PASSAGES", 3)
-    monkeypatch.setattr(pruner_module, "MAX_CALL_CHARS", len(Q) + 54)
+    """The call limits, here set through their PRUNE_* variables (engine.settings)."""
+    from engine.inputs import Limits
+    monkeypatch.setenv("PRUNE_MAX_PASSAGES", "3")
+    monkeypatch.setenv("PRUNE_MAX_CALL_CHARS", str(len(Q) + 54))
+    base = pruners["opensearch"][0]
+    ort_p = pruner_module.Pruner(base.backend, base.encoder.tokenizer, base.spec)
+    assert ort_p.limits == Limits(max_passages=3, max_chars=len(Q) + 54)
     with pytest.raises(InputError, match="4 passages in one call; the limit is 3"):
         ort_p.prune(Q, ["a.", "b", "c", "d"])
     with pytest.raises(InputError, match=f"more than {len(Q) + 54} characters .* passed at passage 2"):

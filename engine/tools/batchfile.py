@@ -9,9 +9,12 @@ or `{"id", "line", "error"}` for a line that could not be processed: the other l
 are processed all the same.
 
 Streaming with bounded memory: lines are read, run and written in groups of `group`
-queries. In-process, a group's blocks are packed into batches together
-(`Pruner.prune_many`), so the core runs full batches on every core; a served text
-model gets the group's queries concurrently.
+queries, each group through `prune_many` (the Pruner protocol): in-process, a group's
+blocks are packed into batches together, so the core runs full batches on every core; a
+served text model gets the group's queries concurrently.
+
+An error record carries the line's own `id` whenever the line is a JSON object with one
+(whatever else is wrong with it), else the line number.
 """
 from __future__ import annotations
 
@@ -19,23 +22,38 @@ import json
 import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
-from engine.errors import InputError, PruneError
+from engine.errors import InputError
+from engine.protocol import PrunerProtocol
 
 OPTIONS = ("threshold", "title", "alpha", "top_k", "reorder", "windows")
 
 
+class LineError(InputError):
+    """A line that cannot be run; `ident` is its id (or its number when it has none)."""
+
+    def __init__(self, message: str, ident: Any):
+        super().__init__(message)
+        self.ident = ident
+
+
 def parse_line(text: str, number: int) -> tuple[Any, dict[str, Any]]:
-    """(id, prune keyword arguments) of one input line; InputError if it is not usable."""
+    """(id, prune keyword arguments) of one input line; LineError if it is not usable."""
     try:
         row = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InputError(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+        raise LineError(f"not valid JSON ({exc.msg} at column {exc.colno})", number) from None
     if not isinstance(row, dict):
-        raise InputError(f"expected a JSON object, got a JSON {type(row).__name__}")
+        raise LineError(f"expected a JSON object, got a JSON {type(row).__name__}", number)
     ident = row.get("id", number)
+    try:
+        return ident, _query(row)
+    except InputError as exc:
+        raise LineError(str(exc), ident) from None
+
+
+def _query(row: dict[str, Any]) -> dict[str, Any]:
     if "passages" in row:
         passages = row["passages"]
         if not isinstance(passages, list):
@@ -48,7 +66,7 @@ def parse_line(text: str, number: int) -> tuple[Any, dict[str, Any]]:
         raise InputError("the line has no question")
     query = {"question": row["question"], "passages": passages}
     query.update({k: row[k] for k in OPTIONS if k in row})
-    return ident, query
+    return query
 
 
 def _result(r) -> dict[str, Any]:
@@ -63,27 +81,16 @@ def _lines(stream: IO[str]) -> Iterator[tuple[int, str]]:
             yield number, text
 
 
-def run_file(pruner: Any, source: IO[str], sink: IO[str], *, group: int = 64, progress: bool = True,
-             concurrency: int = 8) -> dict[str, Any]:
+def run_file(pruner: PrunerProtocol, source: IO[str], sink: IO[str], *, group: int = 64,
+             progress: bool = True) -> dict[str, Any]:
     """Process every line of `source` into `sink`; returns counts and throughput."""
     t0 = time.perf_counter()
     counts = {"lines": 0, "errors": 0, "passages": 0}
     last_report = t0
-    pool = None if hasattr(pruner, "prune_many") else ThreadPoolExecutor(concurrency)
 
     def run(items: list[tuple[int, Any, dict[str, Any] | Exception]]) -> None:
         good = [(i, q) for i, (_, _, q) in enumerate(items) if not isinstance(q, Exception)]
-        queries = [q for _, q in good]
-        if pool is None:
-            outs = pruner.prune_many(queries)
-        else:
-            def one(q):
-                try:
-                    q = dict(q)
-                    return pruner.prune(q.pop("question"), q.pop("passages"), **q)
-                except PruneError as exc:
-                    return exc
-            outs = list(pool.map(one, queries))
+        outs = pruner.prune_many([q for _, q in good])
         answers: dict[int, Any] = {i: o for (i, _), o in zip(good, outs)}
         for i, (number, ident, q) in enumerate(items):
             got = answers.get(i, q)
@@ -97,26 +104,22 @@ def run_file(pruner: Any, source: IO[str], sink: IO[str], *, group: int = 64, pr
             sink.write(json.dumps(record, ensure_ascii=False) + "\n")
 
     items: list[tuple[int, Any, dict[str, Any] | Exception]] = []
-    try:
-        for number, text in _lines(source):
-            try:
-                ident, query = parse_line(text, number)
-                items.append((number, ident, query))
-            except InputError as exc:
-                items.append((number, number, exc))
-            if len(items) >= group:
-                run(items)
-                items = []
-                now = time.perf_counter()
-                if progress and now - last_report > 1.0:
-                    last_report = now
-                    print(f"\r{counts['lines']} lines, {counts['errors']} errors, "
-                          f"{counts['lines'] / (now - t0):.0f} lines/s", end="", file=sys.stderr, flush=True)
-        if items:
+    for number, text in _lines(source):
+        try:
+            ident, query = parse_line(text, number)
+            items.append((number, ident, query))
+        except LineError as exc:
+            items.append((number, exc.ident, exc))
+        if len(items) >= group:
             run(items)
-    finally:
-        if pool is not None:
-            pool.shutdown()
+            items = []
+            now = time.perf_counter()
+            if progress and now - last_report > 1.0:
+                last_report = now
+                print(f"\r{counts['lines']} lines, {counts['errors']} errors, "
+                      f"{counts['lines'] / (now - t0):.0f} lines/s", end="", file=sys.stderr, flush=True)
+    if items:
+        run(items)
     elapsed = time.perf_counter() - t0
     if progress:
         print(f"\r{counts['lines']} lines, {counts['errors']} errors, {counts['passages']} passages in "

@@ -42,6 +42,7 @@ class Transport(Protocol):
     protocol: str
     model: str
     timeout: float
+    concurrency: int                 # requests of one call in flight at once
     config: dict[str, Any]
     max_batch_size: int | None
     metadata_inputs: list[str]

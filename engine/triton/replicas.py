@@ -91,7 +91,7 @@ class ReplicaSet:
                  resolve_interval: float = 10.0, log: Callable[[str], None] | None = None):
         endpoints, self.dns_name = parse_endpoints(url)
         self.model, self.protocol, self.version = model, protocol, version
-        self.timeout, self.try_timeout = timeout, try_timeout
+        self.timeout, self.try_timeout, self.concurrency = timeout, try_timeout, concurrency
         self.health_interval, self.resolve_interval = health_interval, resolve_interval
         self.log = log or (lambda m: None)
         self._client_kwargs = dict(protocol=protocol, version=version, timeout=timeout, retries=0,

@@ -13,26 +13,31 @@ whole call.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from engine.triton.client import Transport
-from engine.decide import TITLE_RULES, PruneResult, check_threshold, check_top_k, order_results
-from engine.errors import BackendError, InputError
+from engine.decide import PruneResult, order_results
+from engine.errors import BackendError, InputError, PruneError
+from engine.inputs import Limits, check_call, check_options, default_limits
 from engine.spec import ModelSpec, spec_from_manifest
-from engine.text import check_unicode
-from engine.families import WINDOWS
-from engine.triton.wire import TEXT_INPUTS, TEXT_OUTPUTS, TextLimits, tensors_to_results
+from engine.triton.client import Transport
+from engine.triton.wire import (DEFAULT_MAX_CHARS, DEFAULT_MAX_PASSAGES, TEXT_INPUTS, TEXT_OUTPUTS, input_error,
+                               tensors_to_results)
 
 
 class TritonTextPruner:
-    def __init__(self, transport: Transport):
+    def __init__(self, transport: Transport, limits: Limits | None = None):
         self.transport = client = transport
         self.spec: ModelSpec = spec_from_manifest(client.manifest(), name=client.model)
         params = client.parameters()
-        self.limits = TextLimits(max_passages=int(params.get("max_passages", 1000)),
-                                 max_chars=int(params.get("max_chars", 2_000_000)))
+        #: what one request to the text model may hold; a call is cut into such requests
+        self.request_limits = Limits(max_passages=int(params.get("max_passages", DEFAULT_MAX_PASSAGES)),
+                                     max_chars=int(params.get("max_chars", DEFAULT_MAX_CHARS)))
+        #: what one call may hold: as in-process (engine.inputs)
+        self.limits = limits or default_limits()
+        self._many: ThreadPoolExecutor | None = None
 
     @property
     def family(self):
@@ -46,10 +51,10 @@ class TritonTextPruner:
         """[start, end) ranges of passages, each within the text model's limits."""
         chunks, start, chars = [], 0, len(question)
         for i, p in enumerate(passages):
-            if len(question) + len(p) > self.limits.max_chars:
+            if len(question) + len(p) > self.request_limits.max_chars:
                 raise InputError(f"passage {i} has {len(p)} characters; with the question, the text model "
-                                 f"{self.transport.model!r} accepts at most {self.limits.max_chars} per request")
-            if i > start and (i - start >= self.limits.max_passages or chars + len(p) > self.limits.max_chars):
+                                 f"{self.transport.model!r} accepts at most {self.request_limits.max_chars} per request")
+            if i > start and (i - start >= self.request_limits.max_passages or chars + len(p) > self.request_limits.max_chars):
                 chunks.append((start, i))
                 start, chars = i, len(question)
             chars += len(p)
@@ -82,6 +87,9 @@ class TritonTextPruner:
         try:
             raw = c.infer_all(c.model, [self._inputs(question, p, options) for p in parts], deadline)
         except Exception as exc:
+            bad_input = input_error(str(exc))     # the server refused this input: as in-process
+            if bad_input is not None:
+                raise bad_input from None
             raise BackendError(f"Triton text model {c.model!r} on {c.url} failed: {exc}") from exc
         outs = []
         for res in raw:
@@ -94,40 +102,20 @@ class TritonTextPruner:
 
     # ------------------------------------------------------------------ API
     def prune(self, question: str, passages: str | Sequence[str], *, threshold: float | None = None,
-              title: str | None = None, alpha: float | None = ..., reorder: bool = False,  # type: ignore[assignment]
+              title: str | None = None, alpha: Any = ..., reorder: bool = False,
               top_k: int | None = None, sentences: Any = None, windows: str | None = None) -> list[PruneResult]:
         """`Pruner.prune` on the server (see there). `sentences=` needs the client-side
         splitter: connect to the core model for it."""
-        if windows is not None and windows not in WINDOWS:
-            raise InputError(f"windows must be one of {WINDOWS}, got {windows!r}")
+        question, passages = check_call(question, passages, self.limits)
+        opts = check_options(threshold=threshold, title=title, alpha=alpha, top_k=top_k, windows=windows)
         if sentences is not None:
             raise InputError("sentences= is not supported through a text model (the server splits); "
                              "connect to the core model to pass your own sentences")
-        if not isinstance(question, str):
-            raise InputError(f"question must be a str, got {type(question).__name__}")
-        if not question.strip():
-            raise InputError("question is empty")
-        if isinstance(passages, str):
-            passages = [passages]
-        if not isinstance(passages, Sequence):
-            raise InputError(f"passages must be a list of str, got {type(passages).__name__}")
-        passages = list(passages)
-        check_unicode(question, "the question")
-        for i, p in enumerate(passages):
-            if not isinstance(p, str):
-                raise InputError(f"passage {i} must be a str, got {type(p).__name__}")
-            check_unicode(p, f"passage {i}")
-        if title is not None and title not in TITLE_RULES:
-            raise InputError(f"title must be one of {TITLE_RULES}, got {title!r}")
-        threshold = None if threshold is None else check_threshold(threshold)
-        if alpha is not ... and alpha is not None:
-            alpha = check_threshold(alpha, "alpha")
-        check_top_k(top_k)
         if not passages:
             return []
-        options = {"threshold": threshold, "title": title, "alpha": alpha, "windows": windows}
-        used = self.spec.family.threshold if threshold is None else threshold
-        ran = self.spec.family.windows if windows is None else windows
+        options = {k: opts[k] for k in ("threshold", "title", "alpha", "windows")}
+        used = self.spec.family.threshold if opts["threshold"] is None else opts["threshold"]
+        ran = self.spec.family.windows if opts["windows"] is None else opts["windows"]
         chunks = self._chunks(question, passages)
         deadline = self.transport.deadline()      # one deadline for the whole call
         outs = self._send_all(question, [passages[s:e] for s, e in chunks], options, deadline)
@@ -138,11 +126,31 @@ class TritonTextPruner:
             raise BackendError(f"the text model returned {len(results)} results for {len(passages)} passages")
         return order_results(results, reorder, top_k)
 
+    def prune_many(self, queries: Sequence[dict[str, Any]]) -> list[list[PruneResult] | Exception]:
+        """Several calls at once (`Pruner.prune_many`): each query is sent as its own call,
+        concurrently over gRPC (sequentially over HTTP, whose client belongs to one thread);
+        each gets its results, or the InputError its own input raised, in order."""
+        def one(q: dict[str, Any]) -> list[PruneResult] | Exception:
+            try:
+                q = dict(q)
+                return self.prune(q.pop("question"), q.pop("passages"), **q)
+            except PruneError as exc:
+                return exc
+            except (TypeError, KeyError) as exc:
+                return InputError(f"bad query: {exc!r}")
+        if self.transport.protocol != "grpc" or len(queries) < 2:
+            return [one(q) for q in queries]
+        if self._many is None:
+            self._many = ThreadPoolExecutor(max_workers=self.transport.concurrency, thread_name_prefix="prune-many")
+        return list(self._many.map(one, queries))
+
     async def aprune(self, question: str, passages: str | Sequence[str], **kwargs) -> list[PruneResult]:
         import asyncio
         return await asyncio.to_thread(self.prune, question, passages, **kwargs)
 
     def close(self) -> None:
+        if self._many is not None:
+            self._many.shutdown(wait=False)
         self.transport.close()
 
     def __enter__(self) -> "TritonTextPruner":

@@ -42,9 +42,10 @@ from typing import Any
 
 import numpy as np
 
-from engine.decide import TITLE_RULES, PruneResult, Sentence, check_threshold
+from engine.decide import PruneResult, Sentence
 from engine.errors import InputError
-from engine.families import WINDOWS
+from engine.inputs import Limits, check_call, check_threshold, check_title, check_top_k, check_windows
+from engine.settings import DEFAULTS
 
 #: name -> (Triton datatype, dims) of the text model's inputs; all optional in the config
 #: (a describe request has none); `question` and `passages` are checked by `read_request`.
@@ -72,15 +73,19 @@ DESCRIBE_OUTPUTS: dict[str, tuple[str, list[int]]] = {
     "manifest": ("BYTES", [1]),
     "tokenizer": ("BYTES", [1]),
 }
-#: Per-request limits of the text model (`prune repository --text-max-passages/-chars`).
-DEFAULT_MAX_PASSAGES = 1_000
-DEFAULT_MAX_CHARS = 2_000_000
+#: Per-request limits of the text model (`prune repository --text-max-passages/-chars`):
+#: an `engine.inputs.Limits` that the server checks each request against.
+DEFAULT_MAX_PASSAGES = DEFAULTS.text_max_passages
+DEFAULT_MAX_CHARS = DEFAULTS.text_max_chars
+#: Marks an error that the request's input caused (an `InputError` on the server), so the
+#: client raises InputError with the same message instead of a BackendError.
+INPUT_ERROR_PREFIX = "invalid input: "
 
 
-@dataclass(frozen=True)
-class TextLimits:
-    max_passages: int = DEFAULT_MAX_PASSAGES
-    max_chars: int = DEFAULT_MAX_CHARS     # code points over the question and all passages
+def input_error(message: str) -> InputError | None:
+    """The InputError a server error message carries (see INPUT_ERROR_PREFIX), or None."""
+    at = message.find(INPUT_ERROR_PREFIX)
+    return None if at < 0 else InputError(message[at + len(INPUT_ERROR_PREFIX):].strip())
 
 
 @dataclass
@@ -144,11 +149,11 @@ def _one(arr: np.ndarray, name: str) -> Any:
     return arr.reshape(-1)[0]
 
 
-def read_request(get: Callable[[str], np.ndarray | None], limits: TextLimits) -> TextRequest | None:
+def read_request(get: Callable[[str], np.ndarray | None], limits: Limits) -> TextRequest | None:
     """Parse one request from its tensors (`get(name)` -> numpy array or None).
 
-    Returns None for a describe request; raises InputError for anything invalid, with a
-    message that names the input and the limit."""
+    Returns None for a describe request; raises InputError for anything invalid, with the
+    message every entry point gives (`engine.inputs`) or one that names the tensor."""
     q, p = get("question"), get("passages")
     others = {n: get(n) for n in ("threshold", "top_k", "title", "alpha", "windows")}
     if q is None and p is None:
@@ -160,43 +165,23 @@ def read_request(get: Callable[[str], np.ndarray | None], limits: TextLimits) ->
     if p is None:
         raise InputError("passages is required (BYTES [P], UTF-8; one request = one question and its passages)")
     question = _decode(_one(q, "question"), "question")
-    if not question.strip():
-        raise InputError("question is empty")
     if p.ndim != 1:
         raise InputError(f"passages must be BYTES [P], got shape {list(p.shape)}")
-    if p.shape[0] > limits.max_passages:
-        raise InputError(f"{p.shape[0]} passages in one request; the limit is {limits.max_passages}")
-    passages, total = [], len(question)
-    for i, raw in enumerate(p):
-        text = _decode(raw, f"passage {i}")
-        if not text.strip():
-            raise InputError(f"passage {i} is empty or only whitespace")
-        total += len(text)
-        if total > limits.max_chars:
-            raise InputError(f"the request holds more than {limits.max_chars} characters "
-                             f"(question and passages); split it into several requests")
-        passages.append(text)
+    if p.shape[0] > limits.max_passages:     # before decoding any of them
+        raise InputError(f"{p.shape[0]} passages in one call; the limit is {limits.max_passages}")
+    question, passages = check_call(question, [_decode(raw, f"passage {i}") for i, raw in enumerate(p)], limits)
     req = TextRequest(question, passages)
     if others["threshold"] is not None:
         req.threshold = check_threshold(float(_one(others["threshold"], "threshold")))
     if others["top_k"] is not None:
-        k = int(_one(others["top_k"], "top_k"))
-        if k < 1:
-            raise InputError(f"top_k must be a positive integer, got {k}")
-        req.top_k = k
+        req.top_k = check_top_k(int(_one(others["top_k"], "top_k")))
     if others["title"] is not None:
-        title = _decode(_one(others["title"], "title"), "title")
-        if title not in TITLE_RULES:
-            raise InputError(f"title must be one of {TITLE_RULES}, got {title!r}")
-        req.title = title
+        req.title = check_title(_decode(_one(others["title"], "title"), "title"))
     if others["alpha"] is not None:
         a = float(_one(others["alpha"], "alpha"))
         req.alpha = None if a < 0 else check_threshold(a, "alpha")
     if others["windows"] is not None:
-        windows = _decode(_one(others["windows"], "windows"), "windows")
-        if windows not in WINDOWS:
-            raise InputError(f"windows must be one of {WINDOWS}, got {windows!r}")
-        req.windows = windows
+        req.windows = check_windows(_decode(_one(others["windows"], "windows"), "windows"))
     return req
 
 

@@ -21,10 +21,11 @@ import triton_python_backend_utils as pb_utils
 from engine.backends.base import Backend
 from engine.batching import BatchingConfig
 from engine.encode import manifest_tokenizer
-from engine.errors import BackendError, PruneError
+from engine.errors import BackendError, InputError, PruneError
 from engine.pruner import Pruner
 from engine.spec import read_manifest, spec_from_manifest
-from engine.triton.wire import TextLimits, describe_tensors, read_request, results_to_tensors
+from engine.inputs import Limits
+from engine.triton.wire import INPUT_ERROR_PREFIX, describe_tensors, read_request, results_to_tensors
 
 
 class _BLSCore(Backend):
@@ -68,7 +69,7 @@ class TritonPythonModel:
         batching = BatchingConfig(max_batch_tokens=int(params.get("max_batch_tokens", "16384")),
                                   max_batch_size=core.max_batch_size)
         self.pruner = Pruner(core, manifest_tokenizer(folder, self.manifest, spec.family), spec, batching)
-        self.limits = TextLimits(max_passages=int(params["max_passages"]), max_chars=int(params["max_chars"]))
+        self.limits = Limits(max_passages=int(params["max_passages"]), max_chars=int(params["max_chars"]))
         self.core = core
 
     @staticmethod
@@ -92,7 +93,9 @@ class TritonPythonModel:
                     responses[i] = self._response(describe_tensors(self.manifest, self.tokenizer_json))
                     continue
                 calls.append((i, self.pruner.prepare(args.question, args.passages, **args.options())))
-            except PruneError as exc:       # bad input: this request only
+            except InputError as exc:       # bad input: this request only; the client raises InputError
+                responses[i] = self._error(INPUT_ERROR_PREFIX + str(exc))
+            except PruneError as exc:
                 responses[i] = self._error(str(exc))
             except Exception as exc:        # never fail the neighbours
                 responses[i] = self._error(f"text model: {type(exc).__name__}: {exc}")

@@ -1,0 +1,50 @@
+"""The Pruner protocol: what every pruner offers, wherever its model runs.
+
+Two classes satisfy it: `engine.pruner.Pruner` (in-process, or a Triton core model with
+client-side tokenization) and `engine.triton.text_pruner.TritonTextPruner` (a Triton text
+model: text in, results out). `Pruner.load` and `Pruner.connect` return one of them; code
+above the pruner (batch files, the HTTP API, the framework adapters) is written against
+this protocol alone. Both check their input with `engine.inputs`, so a bad call gets the
+same InputError from either.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from engine.decide import PruneResult
+from engine.families import Family
+from engine.inputs import Limits
+from engine.spec import ModelSpec
+
+
+@runtime_checkable
+class PrunerProtocol(Protocol):
+    spec: ModelSpec                 # family, window, special tokens
+    limits: Limits                  # what one call may hold (engine.inputs)
+
+    @property
+    def family(self) -> Family: ...
+
+    def prune(self, question: str, passages: str | Sequence[str], *, threshold: float | None = None,
+              title: str | None = None, alpha: Any = ..., reorder: bool = False, top_k: int | None = None,
+              sentences: Any = None, windows: str | None = None) -> list[PruneResult]:
+        """One PruneResult per passage, in input order (or best first with reorder/top_k)."""
+        ...
+
+    async def aprune(self, question: str, passages: str | Sequence[str], **kwargs: Any) -> list[PruneResult]:
+        """`prune` for asyncio code; the event loop stays free."""
+        ...
+
+    def prune_many(self, queries: Sequence[dict[str, Any]]) -> list[list[PruneResult] | Exception]:
+        """Several calls (`prune` keyword arguments each) at once; per query its results or
+        the InputError its own input raised, in order."""
+        ...
+
+    def describe(self) -> str: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: Any) -> None: ...

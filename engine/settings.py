@@ -1,0 +1,138 @@
+"""Every deployment-relevant default in one place, each also read from a `PRUNE_*` variable.
+
+As TEI and Infinity do, each setting that a deployment tunes has a command-line flag and an
+environment variable of the same name (`--max-batch-tokens`, `PRUNE_MAX_BATCH_TOKENS`): a
+flag given on the command line wins, then the variable, then the default here. The table
+in docs/configuration.md is made from `SETTINGS` (a test keeps the two equal).
+
+    from engine.settings import DEFAULTS, setting
+    DEFAULTS.max_batch_tokens      # the built-in default: 16384
+    setting("max_batch_tokens")    # what applies now: $PRUNE_MAX_BATCH_TOKENS or 16384
+
+Torch-free, standard library only.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from engine.errors import InputError
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str                       # python name; the flag is --name-with-dashes
+    default: Any
+    help: str
+    type: Callable[[str], Any] = str
+    env: str = ""                   # PRUNE_NAME unless set (kept names: PRUNE_INTRA_OP_THREADS)
+    choices: tuple[str, ...] | None = None
+    secret: bool = False            # never printed (keys)
+
+    @property
+    def variable(self) -> str:
+        return self.env or "PRUNE_" + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def value(self, environ: dict[str, str] | None = None) -> Any:
+        """The variable's value (parsed and checked) if set and non-empty, else the default."""
+        raw = (os.environ if environ is None else environ).get(self.variable, "")
+        if raw.strip() == "":
+            return self.default
+        try:
+            value = self.type(raw.strip())
+        except ValueError:
+            raise InputError(f"{self.variable}={raw!r} is not a valid {getattr(self.type, '__name__', 'value')}") \
+                from None
+        if self.choices and value not in self.choices:
+            raise InputError(f"{self.variable} must be one of {self.choices}, got {value!r}")
+        return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+positive_int = _positive
+positive_int.__name__ = "positive integer"
+
+_ALL = [
+    # ---- the batcher (in-process and the Triton text model)
+    Setting("max_batch_tokens", 16384, "padded tokens per model batch; larger batches help until the core "
+            "is compute bound", positive_int),
+    Setting("max_batch_size", 64, "rows per model batch", positive_int),
+    Setting("threads", None, "ONNX Runtime's (or torch's) intra-op threads; default: all cores",
+            positive_int, env="PRUNE_INTRA_OP_THREADS"),
+    Setting("ort_arena", "shrink", "ONNX Runtime's CPU arena after a run: shrink (memory of a large batch "
+            "goes back), keep (ORT's default), off", choices=("shrink", "keep", "off")),
+    # ---- what one call may hold (every entry point: docs/limits.md)
+    Setting("max_passages", 10_000, "passages in one call", positive_int),
+    Setting("max_call_chars", 2_000_000, "characters in one call, question and passages together "
+            "(one call at the limit peaks at 0.6-1.4 GB RSS)", positive_int),
+    # ---- the Triton text model's per-request limits (prune repository)
+    Setting("text_max_passages", 1_000, "passages per request of a text model", positive_int),
+    Setting("text_max_chars", 2_000_000, "characters per request of a text model, question and passages "
+            "together", positive_int),
+    # ---- clients of a Triton server
+    Setting("timeout", 30.0, "seconds one call to a server may take, retries included", float),
+    Setting("retries", 3, "retries of a connection error to one server (replicas fail over instead)", int),
+    Setting("concurrency", 8, "requests of one call in flight at once", positive_int),
+    # ---- prune serve (tritonserver)
+    Setting("host", "127.0.0.1", "address the servers bind (loopback unless told otherwise)"),
+    Setting("http_port", 8000, "tritonserver's KServe v2 HTTP port", int),
+    Setting("grpc_port", 8001, "tritonserver's KServe v2 gRPC port", int),
+    Setting("metrics_port", 8002, "tritonserver's Prometheus metrics port", int),
+    Setting("admin_key", None, "the shared-memory, trace and logging APIs answer only requests with the "
+            "header 'prune-admin-key: KEY' (default: none, so they are refused)", secret=True),
+    Setting("max_restarts", 5, "restarts of a dead server or stub allowed within a minute", int),
+    Setting("tritonserver", None, "the tritonserver binary (default: the one nvidia-pytriton ships)"),
+    # ---- files
+    Setting("cache", None, "where the default model is exported on first use (default: "
+            "$XDG_CACHE_HOME/prune-engine, else ~/.cache/prune-engine)"),
+    # ---- the retrieval pipeline (prune index / prune ask)
+    Setting("chunk_tokens", 200, "encoder tokens per indexed chunk (whole sentences)", positive_int),
+    Setting("candidates", 20, "chunks retrieved before reranking", positive_int),
+    Setting("k", 5, "chunks returned after reranking", positive_int),
+]
+SETTINGS: dict[str, Setting] = {s.name: s for s in _ALL}
+
+
+class _Defaults:
+    """Attribute access to the built-in defaults (`DEFAULTS.max_batch_tokens`)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return SETTINGS[name].default
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+DEFAULTS = _Defaults()
+
+
+def setting(name: str, environ: dict[str, str] | None = None) -> Any:
+    """The value in force: the `PRUNE_*` variable if set, else the default."""
+    return SETTINGS[name].value(environ)
+
+
+def help_text(name: str, extra: str = "") -> str:
+    """A flag's help: what it does, its variable and its default, each said once."""
+    s = SETTINGS[name]
+    default = "" if s.secret or s.default is None else f"; default {s.default}"
+    return f"{s.help}{extra} (env {s.variable}{default})"
+
+
+def markdown_table() -> str:
+    """The table of docs/configuration.md."""
+    rows = ["| flag | environment variable | default | what it sets |", "|---|---|---|---|"]
+    for s in _ALL:
+        default = "none" if s.default is None else f"`{s.default}`"
+        rows.append(f"| `{s.flag}` | `{s.variable}` | {default} | {s.help} |")
+    return "\n".join(rows)
