@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.encode import Block
+from engine.settings import DEFAULTS
 
 # Multiples of 32: on the RAG workload (SQuAD paragraphs, 20 per query) padding is 8% of
 # the tokens, against 27% with 64/128/256/384/512 (measured, see benchmarks/).
@@ -23,8 +24,8 @@ DEFAULT_BUCKETS = tuple(range(32, 513, 32))
 
 @dataclass(frozen=True)
 class BatchingConfig:
-    max_batch_tokens: int = 16384
-    max_batch_size: int = 64
+    max_batch_tokens: int = DEFAULTS.max_batch_tokens
+    max_batch_size: int = DEFAULTS.max_batch_size
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
     strategy: str = "sorted"   # "sorted": length-sorted token budget; "fixed": input order, fixed size
 

@@ -16,24 +16,35 @@ import time
 from pathlib import Path
 
 from engine.errors import PruneError
-from engine.triton.wire import DEFAULT_MAX_CHARS, DEFAULT_MAX_PASSAGES
+from engine.families import FAMILIES
+from engine.inputs import TITLE_RULES, WINDOWS
+from engine.settings import SETTINGS, help_text, setting
+
+
+def _setting(p, name: str, extra: str = "", **kwargs) -> None:
+    """A flag from engine.settings: its default is the PRUNE_* variable when set, else the
+    setting's default; its help says what it does, its variable and its default, once."""
+    s = SETTINGS[name]
+    if s.type is not str:
+        kwargs.setdefault("type", s.type)
+    if s.choices:
+        kwargs.setdefault("choices", s.choices)
+    p.add_argument(s.flag, default=setting(name), help=help_text(name, extra), **kwargs)
 
 
 def _add_batching(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-batch-tokens", type=int, default=int(os.environ.get("PRUNE_MAX_BATCH_TOKENS", 16384)),
-                   help="padded tokens per model batch (env PRUNE_MAX_BATCH_TOKENS); larger "
-                        "batches help until the core is compute bound")
-    p.add_argument("--max-batch-size", type=int, default=int(os.environ.get("PRUNE_MAX_BATCH_SIZE", 64)),
-                   help="rows per model batch (env PRUNE_MAX_BATCH_SIZE)")
-    p.add_argument("--threads", type=int, help="intra-op threads of the core (env PRUNE_INTRA_OP_THREADS)")
+    _setting(p, "max_batch_tokens")
+    _setting(p, "max_batch_size")
+    _setting(p, "threads")
 
 
 def _add_windows(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--windows", choices=["reference", "sentences"],
+    p.add_argument("--windows", choices=list(WINDOWS),
                    help="how a long passage is cut: as the family's own code (reference: OpenSearch's 510-token "
                         "windows with stride 128 and a decision per window; OpenProvence's fragments of half "
                         "the window averaged without weights) or sentence-aligned blocks with one decision per "
-                        "passage and token-weighted pieces (default: the family's, reference)")
+                        "passage and token-weighted pieces (default: the family's own: " +
+                        ", ".join(f"{f.name} {f.windows}" for f in FAMILIES.values()) + ")")
 
 
 def _batching(args):
@@ -62,11 +73,15 @@ def cmd_export(args) -> int:
     if args.model == "default":
         from engine.default_model import default_checkpoint
         args.model = default_checkpoint()
-    if args.encoder:
+    try:
         from export.embedder import export_encoder
+        from export.onnx import export_model
+    except ImportError as exc:
+        raise PruneError(f"prune export needs PyTorch, transformers and onnx (missing here: {exc.name}): "
+                         "pip install 'prune-engine[export]'") from exc
+    if args.encoder:
         export_encoder(args.model, args.out, overwrite=args.overwrite, opset=args.opset, log=args.log)
         return 0
-    from export.onnx import export_model
     export_model(args.model, args.out, family=args.family, tokenizer=args.tokenizer,
                  max_length=args.max_length, opset=args.opset, external_data=args.external_data,
                  verify=not args.no_verify, overwrite=args.overwrite, options=_embedding_options(args),
@@ -124,7 +139,7 @@ def cmd_run(args) -> int:
     if args.server:
         name = args.server_model or "default_text"
         pruner = Pruner.connect(args.server, name, protocol=args.protocol, tokenizer=args.model,
-                                batching=_batching(args))
+                                batching=_batching(args), timeout=args.timeout)
         args.model = f"{args.protocol}://{args.server}/{name}"
     else:
         args.model = _model_path(args)
@@ -177,7 +192,8 @@ def _load_models(args, pipe, with_pruner: bool) -> None:
     if with_pruner:
         from engine.pruner import Pruner
         if args.server:
-            pipe.pruner = Pruner.connect(args.server, args.server_model or "default_text", protocol=args.protocol)
+            pipe.pruner = Pruner.connect(args.server, args.server_model or "default_text", protocol=args.protocol,
+                                         timeout=args.timeout)
         else:
             args.backend = "onnxruntime"
             pipe.pruner = Pruner.load(_model_path(args), threads=args.threads, log=args.log)
@@ -412,14 +428,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="more on stderr: Python logging at DEBUG and a traceback with every error")
     _add = sub.add_parser
 
-    def add_parser(name, **kwargs):   # every subcommand's help shows the defaults
-        return _add(name, formatter_class=argparse.ArgumentDefaultsHelpFormatter, parents=[common], **kwargs)
+    def add_parser(name, **kwargs):   # every subcommand's help shows the defaults, once
+        return _add(name, formatter_class=_HelpFormatter, parents=[common], **kwargs)
     sub.add_parser = add_parser  # type: ignore[method-assign]
 
     e = sub.add_parser("export", help="checkpoint -> ONNX graph + tokenizer + manifest, checked against PyTorch")
     e.add_argument("--model", required=True, help="checkpoint folder, hub id, or 'default' (all-MiniLM-L6-v2)")
     e.add_argument("--out", required=True, help="output folder")
-    e.add_argument("--family", help="override the detected family (provence, xprovence, open_provence, opensearch)")
+    e.add_argument("--family", help=f"override the detected family: {', '.join(FAMILIES)} (zilliz: open_provence)")
     e.add_argument("--tokenizer", help="tokenizer folder or hub id, if the checkpoint has none")
     e.add_argument("--max-length", type=int, help="model window in tokens (default: 512, or the checkpoint's if "
                    "shorter; at most what its position embeddings allow, e.g. 8192 for BGE-M3-based models)")
@@ -455,6 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--server-model", help="the model's name in the server's repository (default: 'default_text', "
                    "the default model's text model; a core model name makes this client tokenize)")
     r.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="how to reach --server")
+    _setting(r, "timeout")
     r.add_argument("--family", help="family override for --backend torch")
     r.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: ONNX Runtime's CUDA provider with IO binding (pip install 'prune-engine[gpu]'), "
@@ -470,7 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--context", action="append", help="a passage (repeatable)")
     r.add_argument("--context-file", action="append", help="a file holding one passage; - for stdin (repeatable)")
     r.add_argument("--threshold", type=float, help="keep threshold (default: the family's)")
-    r.add_argument("--title", choices=["first_sentence", "none"], help="title rule (default: the family's)")
+    r.add_argument("--title", choices=list(TITLE_RULES), help="title rule (default: the family's)")
     r.add_argument("--alpha", type=float, help="backoff alpha; negative disables (default: the family's)")
     r.add_argument("--reorder", action="store_true", help="sort passages by reranking score")
     r.add_argument("--top-k", type=int, help="keep the k best passages by reranking score")
@@ -516,18 +533,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--target", choices=["cpu", "gpu-onnx", "gpu-tensorrt"], default="cpu",
                    help="cpu: python backend running ONNX Runtime; gpu-onnx / gpu-tensorrt: NVIDIA's container")
     g.add_argument("--name", help="model name in the repository (default: the folder's name)")
-    g.add_argument("--max-batch-size", type=int, default=64, help="largest batch the core model accepts")
-    g.add_argument("--max-batch-tokens", type=int, default=16384,
-                   help="token budget the preferred batch sizes are derived from")
+    _setting(g, "max_batch_size", "; here the largest batch the core model accepts")
+    _setting(g, "max_batch_tokens", "; here the budget the preferred batch sizes are derived from")
     g.add_argument("--max-queue-delay-us", type=int, default=2000,
                    help="how long the dynamic batcher waits to fill a batch")
     g.add_argument("--preferred-batch-sizes", type=int, nargs="+",
                    help="dynamic batcher's preferred sizes (default: derived from --max-batch-tokens)")
     g.add_argument("--instances", type=int, default=1, help="model instances")
     g.add_argument("--intra-op-threads", type=int, help="ONNX Runtime threads per instance (cpu target)")
-    g.add_argument("--ort-arena", choices=["shrink", "keep", "off"], default="shrink",
-                   help="cpu target: ONNX Runtime's memory arena after a run: shrink (memory a large batch "
-                        "took goes back), keep (held at its peak), off (no arena; large batches slower)")
+    _setting(g, "ort_arena", "; cpu target")
     g.add_argument("--trt-accelerator", action="store_true",
                    help="gpu-onnx: ONNX Runtime's TensorRT execution accelerator, fp16")
     g.add_argument("--overwrite", action="store_true", help="replace models of the same name in --out")
@@ -535,25 +549,21 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-text-model", action="store_true", help="write only the core model")
     t.add_argument("--text-instances", type=int, default=4,
                    help="text-model instances: text requests served at once (default 4)")
-    t.add_argument("--text-max-passages", type=int, default=DEFAULT_MAX_PASSAGES,
-                   help=f"passages per text request (default {DEFAULT_MAX_PASSAGES})")
-    t.add_argument("--text-max-chars", type=int, default=DEFAULT_MAX_CHARS,
-                   help=f"characters per text request, question and passages together (default {DEFAULT_MAX_CHARS})")
+    _setting(t, "text_max_passages")
+    _setting(t, "text_max_chars")
     g.set_defaults(func=cmd_repository)
 
     s = sub.add_parser("serve", help="start a local tritonserver on a model repository")
     s.add_argument("--model-repository", required=True, help="the folder `prune repository` wrote")
-    s.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
-    s.add_argument("--http-port", type=int, default=8000, help="KServe v2 HTTP/REST port")
-    s.add_argument("--grpc-port", type=int, default=8001, help="KServe v2 gRPC port")
-    s.add_argument("--metrics-port", type=int, default=8002, help="Prometheus metrics port")
+    _setting(s, "host")
+    _setting(s, "http_port")
+    _setting(s, "grpc_port")
+    _setting(s, "metrics_port")
     s.add_argument("--ready-timeout", type=float, default=120.0, help="seconds to wait for readiness (default 120)")
-    s.add_argument("--admin-key", default=os.environ.get("PRUNE_ADMIN_KEY"),
-                   help="the shared-memory, trace and logging APIs answer only requests with the header "
-                        "'prune-admin-key: KEY' (env PRUNE_ADMIN_KEY; default: none, so they are refused)")
+    _setting(s, "admin_key")
     s.add_argument("--no-restart", action="store_true",
                    help="exit when the server dies or a model's stub dies, instead of restarting it")
-    s.add_argument("--max-restarts", type=int, default=5, help="restarts allowed within a minute before giving up")
+    _setting(s, "max_restarts")
     s.add_argument("--open-admin-apis", action="store_true",
                    help="leave those APIs open to every client (not recommended beyond loopback)")
     s.set_defaults(func=cmd_serve)
@@ -595,22 +605,22 @@ def build_parser() -> argparse.ArgumentParser:
     ix = sub.add_parser("index", help="chunk, embed and store documents in Milvus (dense + BM25) for prune ask")
     add_db(ix)
     ix.add_argument("--data", required=True, help="JSONL documents: id and text, other fields kept as metadata")
-    ix.add_argument("--chunk-tokens", type=int, default=200,
-                    help="encoder tokens per chunk; chunks are whole sentences (a longer sentence is cut)")
+    _setting(ix, "chunk_tokens", "; a longer sentence is cut")
     ix.add_argument("--overwrite", action="store_true", help="rebuild an existing collection")
     ix.set_defaults(func=cmd_index)
 
     a = sub.add_parser("ask", help="retrieve (hybrid), rerank, prune and highlight for a question")
     add_db(a)
     a.add_argument("--question", required=True, help="the question")
-    a.add_argument("--k", type=int, default=5, help="chunks returned, best reranking score first")
-    a.add_argument("--candidates", type=int, default=20, help="chunks retrieved before reranking")
+    _setting(a, "k", ", best reranking score first")
+    _setting(a, "candidates")
     a.add_argument("--mode", choices=["hybrid", "dense", "bm25"], default="hybrid",
                    help="retrieval: dense + BM25 fused by Milvus (RRF), or one of them")
     a.add_argument("--model", help="the pruning model: exported folder or 'default'; default: 'default'")
     a.add_argument("--server", help="a Triton server running the pruning model (host:port) instead of in-process")
     a.add_argument("--server-model", help="the model's name on --server (default: 'default_text')")
     a.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="how to reach --server")
+    _setting(a, "timeout")
     a.add_argument("--threshold", type=float, help="keep threshold (default: the model's)")
     a.add_argument("--no-rerank", action="store_true", help="keep Milvus's order instead of the pruner's "
                    "reranking score (only the k returned are pruned)")
@@ -635,8 +645,26 @@ def _logger(args):
     return lambda m: print(m, file=sys.stderr, flush=True)
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Adds "(default: X)" to a flag's help only where the help does not say its default
+    already and there is one worth saying (not None, not a switch's True/False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or default is None or isinstance(default, bool) or default is argparse.SUPPRESS
+                or not action.option_strings):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        parser = build_parser()
+    except PruneError as exc:   # a PRUNE_* variable that does not parse
+        print(f"prune: error: {exc}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     args.quiet = args.quiet or args.top_quiet
     args.verbose = args.verbose or args.top_verbose
     if args.quiet and args.verbose:

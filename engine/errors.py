@@ -19,3 +19,7 @@ class ExportError(PruneError, RuntimeError):
 
 class BackendError(PruneError, RuntimeError):
     """The accelerated core failed to run a batch (server down, session error...)."""
+
+
+class SettingError(PruneError, ValueError):
+    """A setting's PRUNE_* environment variable holds a value that does not parse or is not allowed."""

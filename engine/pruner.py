@@ -132,7 +132,7 @@ class Pruner:
     @classmethod
     def connect(cls, url: str | Sequence[str], model: str, *, protocol: str = "grpc",
                 tokenizer: str | Path | None = None, batching: BatchingConfig | None = None,
-                timeout: float = 30.0, retries: int = 3, backoff: float = 0.5, concurrency: int = 8,
+                timeout: float = DEFAULTS.timeout, retries: int = 3, backoff: float = 0.5, concurrency: int = 8,
                 ready_timeout: float = 10.0, replica_options: dict[str, Any] | None = None) -> PrunerProtocol:
         """The same API on a model of a Triton server (see `prune repository`).
 

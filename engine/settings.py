@@ -1,8 +1,9 @@
 """Every deployment-relevant default in one place, each also read from a `PRUNE_*` variable.
 
-As TEI and Infinity do, each setting that a deployment tunes has a command-line flag and an
-environment variable of the same name (`--max-batch-tokens`, `PRUNE_MAX_BATCH_TOKENS`): a
-flag given on the command line wins, then the variable, then the default here. The table
+As TEI and Infinity do, each setting that a deployment tunes has an environment variable
+and, where a command takes it, a command-line flag of the same name (`--max-batch-tokens`,
+`PRUNE_MAX_BATCH_TOKENS`): a flag given on the command line wins, then the variable, then
+the default here. The table
 in docs/configuration.md is made from `SETTINGS` (a test keeps the two equal).
 
     from engine.settings import DEFAULTS, setting
@@ -17,7 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from engine.errors import InputError
+from engine.errors import SettingError
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class Setting:
     env: str = ""                   # PRUNE_NAME unless set (kept names: PRUNE_INTRA_OP_THREADS)
     choices: tuple[str, ...] | None = None
     secret: bool = False            # never printed (keys)
+    flag_too: bool = True           # False: a variable only (no command takes it as a flag)
 
     @property
     def variable(self) -> str:
@@ -46,10 +48,10 @@ class Setting:
         try:
             value = self.type(raw.strip())
         except ValueError:
-            raise InputError(f"{self.variable}={raw!r} is not a valid {getattr(self.type, '__name__', 'value')}") \
+            raise SettingError(f"{self.variable}={raw!r} is not a valid {getattr(self.type, '__name__', 'value')}") \
                 from None
         if self.choices and value not in self.choices:
-            raise InputError(f"{self.variable} must be one of {self.choices}, got {value!r}")
+            raise SettingError(f"{self.variable} must be one of {self.choices}, got {value!r}")
         return value
 
 
@@ -73,17 +75,15 @@ _ALL = [
     Setting("ort_arena", "shrink", "ONNX Runtime's CPU arena after a run: shrink (memory of a large batch "
             "goes back), keep (ORT's default), off", choices=("shrink", "keep", "off")),
     # ---- what one call may hold (every entry point: docs/limits.md)
-    Setting("max_passages", 10_000, "passages in one call", positive_int),
+    Setting("max_passages", 10_000, "passages in one call", positive_int, flag_too=False),
     Setting("max_call_chars", 2_000_000, "characters in one call, question and passages together "
-            "(one call at the limit peaks at 0.6-1.4 GB RSS)", positive_int),
+            "(one call at the limit peaks at 0.6-1.4 GB RSS)", positive_int, flag_too=False),
     # ---- the Triton text model's per-request limits (prune repository)
     Setting("text_max_passages", 1_000, "passages per request of a text model", positive_int),
     Setting("text_max_chars", 2_000_000, "characters per request of a text model, question and passages "
             "together", positive_int),
     # ---- clients of a Triton server
-    Setting("timeout", 30.0, "seconds one call to a server may take, retries included", float),
-    Setting("retries", 3, "retries of a connection error to one server (replicas fail over instead)", int),
-    Setting("concurrency", 8, "requests of one call in flight at once", positive_int),
+    Setting("timeout", 30.0, "seconds one call to a Triton server may take, retries included (--server)", float),
     # ---- prune serve (tritonserver)
     Setting("host", "127.0.0.1", "address the servers bind (loopback unless told otherwise)"),
     Setting("http_port", 8000, "tritonserver's KServe v2 HTTP port", int),
@@ -92,14 +92,16 @@ _ALL = [
     Setting("admin_key", None, "the shared-memory, trace and logging APIs answer only requests with the "
             "header 'prune-admin-key: KEY' (default: none, so they are refused)", secret=True),
     Setting("max_restarts", 5, "restarts of a dead server or stub allowed within a minute", int),
-    Setting("tritonserver", None, "the tritonserver binary (default: the one nvidia-pytriton ships)"),
+    Setting("tritonserver", None, "the tritonserver binary (default: the one nvidia-pytriton ships)",
+            flag_too=False),
     # ---- files
     Setting("cache", None, "where the default model is exported on first use (default: "
-            "$XDG_CACHE_HOME/prune-engine, else ~/.cache/prune-engine)"),
+            "$XDG_CACHE_HOME/prune-engine, else ~/.cache/prune-engine)", flag_too=False),
     # ---- the retrieval pipeline (prune index / prune ask)
     Setting("chunk_tokens", 200, "encoder tokens per indexed chunk (whole sentences)", positive_int),
-    Setting("candidates", 20, "chunks retrieved before reranking", positive_int),
-    Setting("k", 5, "chunks returned after reranking", positive_int),
+    Setting("candidates", 20, "chunks retrieved before reranking (prune ask)", positive_int,
+            env="PRUNE_ASK_CANDIDATES"),
+    Setting("k", 5, "chunks returned after reranking (prune ask)", positive_int, env="PRUNE_ASK_K"),
 ]
 SETTINGS: dict[str, Setting] = {s.name: s for s in _ALL}
 
@@ -134,5 +136,6 @@ def markdown_table() -> str:
     rows = ["| flag | environment variable | default | what it sets |", "|---|---|---|---|"]
     for s in _ALL:
         default = "none" if s.default is None else f"`{s.default}`"
-        rows.append(f"| `{s.flag}` | `{s.variable}` | {default} | {s.help} |")
+        flag = f"`{s.flag}`" if s.flag_too else "(variable only)"
+        rows.append(f"| {flag} | `{s.variable}` | {default} | {s.help} |")
     return "\n".join(rows)

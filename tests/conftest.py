@@ -13,7 +13,36 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 FAMILY_NAMES = ["provence", "xprovence", "open_provence", "opensearch", "embedding"]
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+#: the small data the tests need, carried by the repository (tests/data/README.md: sources, licence, canary)
+DATA = Path(__file__).resolve().parent / "data"
+
+
+#: Each test is marked by what it needs (pyproject's markers): `unit` (fast: no exported
+#: model, no server; `python -m pytest -m unit` runs in under a minute), `inprocess` (test
+#: models exported and run in this process) or `server` (real tritonservers).
+LAYERS = ("unit", "inprocess", "server")
+MODEL_FIXTURES = {"checkpoints", "exported", "exported_int8", "pruners", "default_cache", "repository"}
+#: modules whose tests start servers or processes of their own, without the fixtures
+SERVER_MODULES = {"test_serve_signals", "test_replicas", "test_deadlines", "test_hardening", "test_triton",
+                  "test_text_model"}
+#: modules whose tests export or build without the fixtures (a wheel, a fresh venv, the CLI)
+INPROCESS_MODULES = {"test_wheel", "test_packaging", "test_cli", "test_export_cli", "test_checkpoints",
+                     "test_gpu_script", "test_tokenizer_check", "test_embedding_family", "test_deploy",
+                     "test_peer_fixtures"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(item.get_closest_marker(m) for m in LAYERS):
+            continue
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        names = set(item.fixturenames)
+        if "server" in names or module in SERVER_MODULES:
+            item.add_marker(pytest.mark.server)
+        elif names & MODEL_FIXTURES or module in INPROCESS_MODULES:
+            item.add_marker(pytest.mark.inprocess)
+        else:
+            item.add_marker(pytest.mark.unit)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """`prune run --input queries.jsonl --output results.jsonl`: one result line per input
 line, in order, with the input's id; a bad line gets an error record and every other line
 is processed; results equal `Pruner.prune` of the same query. On 10,000 lines made from
-the shared RAG data."""
+the RAG sample in tests/data."""
 import json
 
 import numpy as np
@@ -9,12 +9,11 @@ import pytest
 
 from engine.tools.batchfile import run_file
 from engine.cli import main
-from tests.conftest import SHARED_DATA
+from tests.conftest import DATA
 
-RAG = SHARED_DATA / "squad-dev-rag.jsonl"
+RAG = DATA / "squad-dev-rag.jsonl"
 
 
-@pytest.mark.skipif(not RAG.is_file(), reason="../shared/data is not next to this checkout")
 def test_ten_thousand_lines_with_bad_ones(pruners, tmp_path, capsys):
     rows = [json.loads(line) for line in RAG.read_text().splitlines()]
     lines, bad = [], {}

@@ -9,7 +9,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from engine.errors import InputError, ModelLoadError
+from engine.errors import InputError, ModelLoadError, SettingError
 from engine.pruner import Pruner
 from engine.triton.server import ADMIN_HEADER, TritonServer
 from tests.conftest import free_ports
@@ -238,7 +238,7 @@ def test_onnxruntime_gives_memory_back_by_default(exported, monkeypatch, tmp_pat
     with pytest.raises(Exception):     # no such entry: the arena keeps its peak
         kept.run_options.get_run_config_entry("memory.enable_memory_arena_shrinkage")
     monkeypatch.setenv("PRUNE_ORT_ARENA", "bogus")
-    with pytest.raises(ModelLoadError, match="PRUNE_ORT_ARENA must be one of"):
+    with pytest.raises(SettingError, match="PRUNE_ORT_ARENA must be one of"):
         OnnxRuntimeBackend(graph)
     build_repository(exported["opensearch"], tmp_path, RepositoryOptions(name="m"), log=lambda m: None)
     assert 'key: "ort_arena"\n  value: { string_value: "shrink" }' in (tmp_path / "m" / "config.pbtxt").read_text()

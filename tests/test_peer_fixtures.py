@@ -1,4 +1,4 @@
-"""Against each family's own code: `../shared/fixtures/peer/` holds tiny checkpoints in
+"""Against each family's own code: `tests/data/peer/` holds tiny checkpoints in
 the families' own formats and what their original code returned on the first 20
 documents of squad-dev-prune (see its README). Here: Provence (naver/bergen's
 DebertaV2ForCompressionAndRanking) and XProvence (XLMRobertaForCompressionAndRanking),
@@ -15,10 +15,9 @@ import pytest
 from engine.pruner import Pruner
 from export.onnx import export_model
 
-PEER = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "peer"
+PEER = Path(__file__).resolve().parent / "data" / "peer"
 
 
-@pytest.mark.skipif(not PEER.is_dir(), reason="../shared/fixtures is not next to this checkout")
 @pytest.mark.parametrize("family", ["provence", "xprovence"])
 def test_model_math_and_template_equal_the_original_code(family, tmp_path):
     export_model(PEER / family / "checkpoint", tmp_path / family, log=lambda m: None)
@@ -45,7 +44,6 @@ NASTY = ("Wait… the ｆｕｌｌ-width ＡＢＣ and “quotes” — ﬁ liga
          "no\u00a0break\u2003em space ①②③ Ⅻ ™ ﬀ ＊ ｶﾀｶﾅ 𝐛𝐨𝐥𝐝 x²")
 
 
-@pytest.mark.skipif(not PEER.is_dir(), reason="../shared/fixtures is not next to this checkout")
 @pytest.mark.parametrize("family", ["provence", "xprovence", "open_provence", "opensearch"])
 def test_exported_tokenizer_tokenizes_as_the_checkpoint_does(family, tmp_path):
     """The exported tokenizer.json gives the ids the checkpoint's own tokenizer.json gives
@@ -66,7 +64,6 @@ def test_exported_tokenizer_tokenizes_as_the_checkpoint_does(family, tmp_path):
     assert any(ids[k:k + len(want)] == want for k in range(len(ids))), "the sentence's ids are not in the block"
 
 
-@pytest.mark.skipif(not PEER.is_dir(), reason="../shared/fixtures is not next to this checkout")
 def test_open_provence_decides_as_its_process_does(tmp_path):
     """OpenProvenceModel.process() on the fixture documents, with its own sentences, in
     each of its runs: `default` (the config's `default_threadshold`, here null, so 0.1),
@@ -120,7 +117,6 @@ def test_open_provence_decides_as_its_process_does(tmp_path):
           "with a sentence over max_length // 2 tokens")
 
 
-@pytest.mark.skipif(not PEER.is_dir(), reason="../shared/fixtures is not next to this checkout")
 def test_opensearch_windows_decide_as_its_pipeline_does(tmp_path):
     """The OpenSearch pipeline (whitespace words, `is_split_into_words`, 510-token windows
     with stride 128, threshold 0.5 and backoff per window, the union kept): with the

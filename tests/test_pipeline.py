@@ -1,6 +1,6 @@
 """The retrieval pipeline on a real Milvus Lite database: index, ask, Milvus-shaped highlights.
 
-A few hundred SQuAD passages (../shared/data/squad-dev-rag.jsonl) are indexed with the
+A few hundred SQuAD passages (tests/data/squad-dev-rag.jsonl) are indexed with the
 default model's ONNX encoder; the questions are asked through hybrid retrieval, reranking
 and pruning, and every answer is checked against what the parts give on their own.
 """
@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pytest
 
-from tests.conftest import SHARED_DATA, processes_under
+from tests.conftest import DATA, processes_under
 
 pytest.importorskip("pymilvus", reason="the [milvus] extra is part of the dev install")
 
@@ -36,7 +36,7 @@ def pruner(default_cache):
 
 @pytest.fixture(scope="module")
 def squad():
-    rows = [json.loads(line) for line in (SHARED_DATA / "squad-dev-rag.jsonl").open()][:QUESTIONS]
+    rows = [json.loads(line) for line in (DATA / "squad-dev-rag.jsonl").open()][:QUESTIONS]
     ids: dict[str, str] = {}
     for q in rows:
         for i, p in enumerate(q["passages"]):

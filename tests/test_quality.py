@@ -8,7 +8,7 @@ import pytest
 from engine.tools.quality import (BM25, first_k_baseline, grid_search, keep_all_baseline,
                                 load_prune_data, reranking_metrics, sentence_metrics, table, words,
                                 write_report)
-from tests.conftest import SHARED_DATA
+from tests.conftest import DATA
 
 
 def test_sentence_metrics_by_hand():
@@ -72,9 +72,8 @@ def test_report_files(tmp_path):
     assert "keep-all" in table(rows)
 
 
-@pytest.mark.skipif(not (SHARED_DATA / "squad-dev-prune.jsonl").is_file(), reason="shared data not present")
 def test_dataset_loads_with_its_own_spans():
-    samples = load_prune_data(SHARED_DATA / "squad-dev-prune.jsonl", limit=5)
+    samples = load_prune_data(DATA / "squad-dev-prune.jsonl", limit=5)
     for s in samples:
         assert len(s.spans) == len(s.labels) and s.labels.any()
         assert all(0 <= a < b <= len(s.context) for a, b in s.spans)
@@ -177,14 +176,13 @@ def test_default_is_accepted_wherever_a_model_is(default_pruner, monkeypatch, ca
         [s.probability for s in expected.sentences], abs=1e-5)
 
 
-@pytest.mark.skipif(not (SHARED_DATA / "squad-dev-prune.jsonl").is_file(), reason="../shared/data is not next to this checkout")
 def test_eval_and_fidelity_record_the_windows(pruners):
     """`prune eval` and `prune fidelity` say which windowing they ran (that the two
     windowings decide differently is tested against the original code's fixtures)."""
     from engine.tools.fidelity import load_docs, measure
     from engine.tools.quality import evaluate
     ort, ref = pruners["opensearch"]
-    data = SHARED_DATA / "squad-dev-prune.jsonl"
+    data = DATA / "squad-dev-prune.jsonl"
     reports = {w: evaluate({"os": ort}, data, None, limit=6, progress=False, log=lambda m: None, windows=w)
                for w in (None, "sentences")}
     assert reports[None]["windows"] == {"os": "reference"} and reports["sentences"]["windows"] == {"os": "sentences"}

@@ -116,3 +116,38 @@ def test_wheel_in_a_fresh_venv_runs_the_whole_first_use_path(checkpoints, tmp_pa
     finally:
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(timeout=60) == 0
+
+
+def test_cpu_extra_alone_runs_the_main_job_on_numpy_2(exported, pruners, tmp_path):
+    """`pip install prune-engine[cpu]` (no torch, no Triton): numpy 2 is what resolves, an
+    exported model runs in-process as in the dev environment, and what needs another extra
+    says which."""
+    wheel = build_wheel(tmp_path)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = str(venv / "bin" / "python")
+    pip = subprocess.run([py, "-m", "pip", "install", "-q", f"{wheel}[cpu]"], capture_output=True, text=True,
+                         timeout=900)
+    assert pip.returncode == 0, pip.stderr[-3000:]
+    numpy = subprocess.run([py, "-c", "import numpy; print(numpy.__version__)"], capture_output=True, text=True)
+    assert int(numpy.stdout.split(".")[0]) >= 2, numpy.stdout
+    for absent in ("torch", "transformers", "tritonclient"):
+        assert subprocess.run([py, "-c", f"import {absent}"], capture_output=True).returncode != 0, absent
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "PRUNE_CACHE": str(tmp_path / "cache")}
+    question, passage = "When was the stadium built?", "The stadium was built in 1923. It holds 80,000 people."
+
+    def prune(*args):
+        return subprocess.run([str(venv / "bin" / "prune"), *args], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=300)
+    run = prune("run", "--model", str(exported["provence"]), "--json", "--question", question, "--context", passage)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout)[0]
+    want = pruners["provence"][0].prune(question, [passage])[0]
+    assert [s["text"] for s in got["sentences"]] == [s.text for s in want.sentences]
+    assert [s["probability"] for s in got["sentences"]] == \
+        __import__("pytest").approx([s.probability for s in want.sentences], abs=1e-5)
+    export = prune("export", "--model", str(exported["provence"]), "--out", "x")
+    assert export.returncode == 2 and "pip install 'prune-engine[export]'" in export.stderr, export.stderr
+    assert "Traceback" not in export.stderr
+    default = prune("run", "--question", question, "--context", passage)
+    assert default.returncode == 2 and "pip install 'prune-engine[default-model]'" in default.stderr, default.stderr

@@ -1,7 +1,6 @@
 """ONNX Runtime in-process: the embedded default."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +9,7 @@ import numpy as np
 from engine.backends.base import Backend
 from engine.batching import ModelBatch
 from engine.errors import BackendError, ModelLoadError
+from engine.settings import setting
 
 
 #: What ONNX Runtime's CPU arena does after a run (env PRUNE_ORT_ARENA): "shrink" (default:
@@ -21,7 +21,7 @@ ARENA_MODES = ("shrink", "keep", "off")
 
 
 def arena_mode(value: str | None = None) -> str:
-    mode = (value or os.environ.get("PRUNE_ORT_ARENA") or "shrink").strip().lower()
+    mode = (value or setting("ort_arena")).strip().lower()
     if mode not in ARENA_MODES:
         raise ModelLoadError(f"PRUNE_ORT_ARENA must be one of {ARENA_MODES}, got {mode!r}")
     return mode
@@ -49,9 +49,8 @@ def session_options(ort: Any, intra_op_threads: int | None = None, inter_op_thre
     optimizations, threads (`PRUNE_INTRA_OP_THREADS` when not given), the arena mode."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    env_threads = os.environ.get("PRUNE_INTRA_OP_THREADS")
-    if intra_op_threads is None and env_threads:
-        intra_op_threads = int(env_threads)
+    if intra_op_threads is None:
+        intra_op_threads = setting("threads")
     if intra_op_threads:
         opts.intra_op_num_threads = int(intra_op_threads)
     if inter_op_threads:

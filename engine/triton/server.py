@@ -35,6 +35,7 @@ from collections import deque
 from pathlib import Path
 
 from engine.errors import BackendError
+from engine.settings import setting
 
 
 def _pytriton_dir() -> Path:
@@ -47,7 +48,7 @@ def _pytriton_dir() -> Path:
 
 
 def server_binary() -> Path:
-    env = os.environ.get("PRUNE_TRITONSERVER")
+    env = setting("tritonserver")
     path = Path(env) if env else _pytriton_dir() / "bin" / "tritonserver"
     if not path.is_file():
         raise BackendError(f"{path}: no tritonserver binary")
@@ -91,7 +92,7 @@ class TritonServer:
         self.forward_logs = forward_logs
         self.extra_args = extra_args or []
         self.restrict_admin = restrict_admin
-        self.admin_key = admin_key or os.environ.get("PRUNE_ADMIN_KEY") or None
+        self.admin_key = admin_key or setting("admin_key") or None
         self._secret = self.admin_key or secrets.token_hex(24)
         self.proc: subprocess.Popen | None = None
         self._watchdog: subprocess.Popen | None = None
