@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shlex
 import sys
 import time
 
@@ -307,7 +308,7 @@ def main(argv=None) -> int:
         except Exception as exc:   # the PyTorch figures are kept whatever happens here
             rows.append({"path": "onnxruntime", "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
             log(f"onnxruntime paths failed: {exc}")
-    report = {"info": info, "rows": rows, "command": " ".join(sys.argv)}
+    report = {"info": info, "rows": rows, "command": shlex.join(sys.argv)}
     with open(args.out, "w") as fh:
         json.dump(report, fh, indent=2)
     if args.markdown:

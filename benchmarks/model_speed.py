@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import shlex
 import sys
 import tempfile
 import time
@@ -42,9 +43,12 @@ def main(argv=None) -> int:
     times: dict[str, list[float]] = {name: [] for name, _ in VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
         pruners = {}
-        for name, kw in VARIANTS:
+        for k, (name, kw) in enumerate(VARIANTS, 1):
             folder = Path(tmp) / name.replace(" ", "_")
+            print(f"exporting {name} ({k}/{len(VARIANTS)}) ...", file=sys.stderr, flush=True)
+            t0 = time.perf_counter()
             export_model(args.model, folder, log=lambda m: None, **kw)
+            print(f"  exported {name} in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
             pruners[name] = Pruner.load(folder, threads=args.threads)
         first = pruners["fp32"]
         batches = []
@@ -54,7 +58,10 @@ def main(argv=None) -> int:
         tokens = sum(int(b.attention_mask.sum()) for b in batches)
         for p in pruners.values():  # warm-up
             p.backend.infer(batches[0])
-        for _ in range(args.repeats):
+        print(f"{len(batches)} batches, {tokens} tokens; {args.repeats} interleaved rounds of "
+              f"{len(pruners)} variants", file=sys.stderr, flush=True)
+        for r in range(args.repeats):
+            print(f"round {r + 1}/{args.repeats}", file=sys.stderr, flush=True)
             for name, p in pruners.items():
                 t0 = time.perf_counter()
                 for b in batches:
@@ -67,7 +74,7 @@ def main(argv=None) -> int:
             for n, t in times.items()]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    command = "python -m benchmarks.model_speed " + " ".join(sys.argv[1:])
+    command = shlex.join(["python", "-m", "benchmarks.model_speed", *sys.argv[1:]])
     meta = {"machine": machine_info(), "batches": len(batches), "tokens": tokens, "command": command,
             "threads": args.threads, "repeats": args.repeats}
     (out / "model-speed.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")

@@ -13,6 +13,7 @@ import argparse
 import json
 import platform
 import statistics
+import shlex
 import sys
 import tempfile
 import time
@@ -74,11 +75,11 @@ def main(argv=None) -> int:
     meta = {"model": args.model, "data": args.data, "documents": len(docs), "repeats": args.repeats,
             "machine": platform.processor() or platform.machine(), "python": platform.python_version(),
             "onnxruntime": __import__("onnxruntime").__version__,
-            "command": "python -m benchmarks.precision_choice " + " ".join(sys.argv[1:])}
+            "command": shlex.join(["python", "-m", "benchmarks.precision_choice", *sys.argv[1:]])}
     (out / "precision-choice.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = ["| variant | agree@0.1 | agree@0.3 | agree@0.5 | agree@default | max abs dp | mean abs dp | "
              "rerank max err | Spearman | pruned text changed | time (median) | speed vs fp32 ONNX |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         a = list(r["decision_agreement"].values())
         lines.append(f"| {r['variant']} | " + " | ".join(f"{100 * x:.2f}%" for x in a) +

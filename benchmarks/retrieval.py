@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shlex
 import statistics
 import time
 from pathlib import Path
@@ -181,7 +182,7 @@ def main(argv=None) -> int:
         label = "default (all-MiniLM-L6-v2, embedding family)" if args.model == "default" else Path(args.model).name
     pipe = Pipeline(db, Pruner.load(model, threads=args.threads), Embedder.load("default", threads=args.threads),
                     log=lambda m: None)
-    result = {"command": "python -m benchmarks.retrieval " + " ".join(sys.argv[1:] if argv is None else argv),
+    result = {"command": shlex.join(["python", "-m", "benchmarks.retrieval", *(sys.argv[1:] if argv is None else argv)]),
               "machine": f"{platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores",
               "settings": {"k": args.k, "candidates": args.candidates, "chunk_tokens": CHUNK_TOKENS,
                            "encoder": pipe.embedder.name, "pruner": label,

@@ -55,7 +55,7 @@ def ensure_default_model(log: Callable[[str], None] | None = None, precision: st
     log(f"first use: exporting the default model {DEFAULT_MODEL} from {source} to {target} "
         "(once, about 10 s) ...")
     return export_into_cache(target, MANIFEST, lambda staging: export_model(
-        source, staging, precision=precision, log=lambda m: log("  " + m)))
+        source, staging, precision=precision, log=lambda m: log("  " + m.replace(str(staging), str(target)))))
 
 
 def stderr_log(message: str) -> None:

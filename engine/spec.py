@@ -54,8 +54,12 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
     if not folder.exists():
         raise ModelLoadError(f"{folder}: no such model folder")
     if not path.is_file():
-        raise ModelLoadError(f"{folder}: no {MANIFEST}; export a checkpoint first "
-                             f"(prune export --model CHECKPOINT --out {folder})")
+        if (folder / "config.json").is_file():
+            raise ModelLoadError(f"{folder} is a checkpoint, not an exported model (it has no {MANIFEST}): export "
+                                 f"it first (prune export --model {folder} --out {folder.name}-onnx), or run it "
+                                 "with PyTorch (--backend torch)")
+        raise ModelLoadError(f"{folder}: no {MANIFEST}, so not an exported model; export a checkpoint into a "
+                             "folder of its own first (prune export --model CHECKPOINT --out FOLDER)")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

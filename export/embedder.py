@@ -82,7 +82,7 @@ def export_encoder(checkpoint: str | Path, out: str | Path, *, overwrite: bool =
     from engine.pytorch.loading import load_torch_model
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ExportError(f"{out} exists and is not empty (pass overwrite=True / --overwrite)")
+        raise ExportError(f"{out} exists and is not empty: choose another --out, or --overwrite to write into it")
     t0 = time.perf_counter()
     tm = load_torch_model(checkpoint, family="embedding")
     model, tok, spec, ck = tm.module, tm.tokenizer, tm.spec, tm.checkpoint

@@ -158,7 +158,7 @@ def export_model(checkpoint: str | Path, out: str | Path, *, family: str | None 
     """Export `checkpoint` into `out`; returns the manifest. Raises ExportError on mismatch."""
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ExportError(f"{out} exists and is not empty (pass overwrite=True / --overwrite)")
+        raise ExportError(f"{out} exists and is not empty: choose another --out, or --overwrite to write into it")
     if external_data not in ("auto", "always", "never"):
         raise ExportError("external_data must be auto, always or never")
     if precision not in PRECISIONS:
@@ -293,7 +293,9 @@ def export_model(checkpoint: str | Path, out: str | Path, *, family: str | None 
                           **spec.special_tokens()},
             # input_ids must stay below this (the word-embedding rows): servers check it
             "embedding_rows": rows,
-            "source": {"checkpoint": str(checkpoint), "weights_sha256": ck.weights_sha256,
+            # absolute for a local folder, so `prune fidelity` finds it from any folder
+            "source": {"checkpoint": str(Path(checkpoint).resolve()) if Path(str(checkpoint)).exists()
+                       else str(checkpoint), "weights_sha256": ck.weights_sha256,
                        "num_attention_heads": heads, "hidden_size": hidden},
             "options": family_options(model),
             "exported_with": {"engine": engine.__version__, "torch": torch.__version__,

@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,19 @@ import onnx
 _ENCODER_MARKERS = ("/encoder/layer", "Attention_")
 
 
-def _quiet_ort_logs() -> None:
-    for name in ("onnxruntime", "onnxruntime.transformers", "fusion_base", "onnx_model"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+@contextlib.contextmanager
+def _quiet_ort_logs():
+    """ONNX Runtime's optimizer and quantizer log warnings that are expected here, on the
+    root logger and on loggers named after their own modules (imported as top-level
+    `fusion_*`): the quantizer's advice to run pre-processing (it fails or hangs on these
+    graphs: docs/precisions.md) and the embedding fusion's note that the test models'
+    vocabularies are smaller than their position tables. Errors still show."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(previous)
 
 
 def encoder_dims(config: dict[str, Any]) -> tuple[int, int]:
@@ -41,9 +52,9 @@ def optimize_graph(src: Path, dst: Path, num_heads: int, hidden_size: int, opt_l
                    external_data: bool = False) -> dict[str, int]:
     """Run the transformer optimizer; returns the count of fused ops by type."""
     from onnxruntime.transformers.optimizer import optimize_model
-    _quiet_ort_logs()
-    opt = optimize_model(str(src), model_type="bert", num_heads=num_heads, hidden_size=hidden_size,
-                         opt_level=opt_level)
+    with _quiet_ort_logs():
+        opt = optimize_model(str(src), model_type="bert", num_heads=num_heads, hidden_size=hidden_size,
+                             opt_level=opt_level)
     opt.save_model_to_file(str(dst), use_external_data_format=external_data)
     counts: dict[str, int] = {}
     for n in opt.model.graph.node:
@@ -69,16 +80,16 @@ def weight_matmuls(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
 def quantize_int8(src: Path, dst: Path, weight_type: str = "QInt8", per_channel: bool = True,
                   external_data: bool = False) -> dict[str, Any]:
     from onnxruntime.quantization import QuantType, quantize_dynamic
-    _quiet_ort_logs()
     model = onnx.load(str(src))
     nodes, kept_fp32 = weight_matmuls(model)
     if not nodes:
         raise ValueError(f"{src}: no encoder weight MatMul to quantize")
-    quantize_dynamic(str(src), str(dst), weight_type=getattr(QuantType, weight_type), per_channel=per_channel,
-                     op_types_to_quantize=["MatMul", "Attention"], nodes_to_quantize=nodes,
-                     use_external_data_format=external_data,
-                     # needed for graphs the transformer optimizer fused (environment notes)
-                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    with _quiet_ort_logs():
+        quantize_dynamic(str(src), str(dst), weight_type=getattr(QuantType, weight_type), per_channel=per_channel,
+                         op_types_to_quantize=["MatMul", "Attention"], nodes_to_quantize=nodes,
+                         use_external_data_format=external_data,
+                         # needed for graphs the transformer optimizer fused (environment notes)
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     return {"weight_type": weight_type, "per_channel": per_channel, "quantized_nodes": len(nodes),
             "float32_nodes": len(kept_fp32)}
 
@@ -87,13 +98,15 @@ def convert_fp16(src: Path, dst: Path, num_heads: int, hidden_size: int, keep_la
                  external_data: bool = False) -> dict[str, Any]:
     """fp16 graph with float32 I/O; Softmax, heads and pooling (and LayerNorm) in float32."""
     from onnxruntime.transformers.optimizer import optimize_model
-    _quiet_ort_logs()
-    opt = optimize_model(str(src), model_type="bert", num_heads=num_heads, hidden_size=hidden_size, opt_level=0)
+    with _quiet_ort_logs():
+        opt = optimize_model(str(src), model_type="bert", num_heads=num_heads, hidden_size=hidden_size,
+                             opt_level=0)
     keep_ops = ["Softmax"]
     if keep_layernorm_fp32:
         keep_ops += ["LayerNormalization", "SkipLayerNormalization"]
     head_nodes = [n.name for n in opt.model.graph.node
                   if not any(m in n.name for m in _ENCODER_MARKERS) and "/embeddings/" not in n.name]
-    opt.convert_float_to_float16(keep_io_types=True, op_block_list=keep_ops, node_block_list=head_nodes)
+    with _quiet_ort_logs():
+        opt.convert_float_to_float16(keep_io_types=True, op_block_list=keep_ops, node_block_list=head_nodes)
     opt.save_model_to_file(str(dst), use_external_data_format=external_data)
     return {"float32_ops": keep_ops, "float32_nodes": len(head_nodes)}

@@ -172,7 +172,7 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
     text_name = name + TEXT_SUFFIX if opts.text_model else None
     existing = [d for d in (model_dir, Path(out) / (text_name or "")) if d != Path(out) and d.exists()]
     if existing and not opts.overwrite:
-        raise ExportError(f"{', '.join(map(str, existing))} exists: pass overwrite=True (--overwrite) to replace it")
+        raise ExportError(f"{', '.join(map(str, existing))} exists: --overwrite replaces it")
     for d in existing:
         shutil.rmtree(d)
     try:

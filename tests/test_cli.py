@@ -172,7 +172,7 @@ def test_first_use_polish(exported, server, tmp_path):
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
     repo = tmp_path / "repo"
     build_repository(exported["opensearch"], repo, RepositoryOptions(name="m"), log=lambda m: None)
-    with pytest.raises(ExportError, match="exists: pass overwrite=True"):
+    with pytest.raises(ExportError, match="exists: --overwrite replaces it"):
         build_repository(exported["opensearch"], repo, RepositoryOptions(name="m"), log=lambda m: None)
     assert main(["repository", "--model", str(exported["opensearch"]), "--out", str(repo), "--name", "m",
                  "--overwrite"]) == 0

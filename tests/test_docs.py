@@ -94,3 +94,35 @@ def test_documented_modules_and_links_exist():
             if "://" not in link and not (page.parent / link).exists():
                 bad.append(f"{page.name}: link {link}: no such file")
     assert not bad, "\n".join(bad)
+
+
+def test_markdown_tables_are_well_formed():
+    """In every page and committed report, a table's header, separator and rows have the
+    same number of columns (a short separator renders as no table at all)."""
+    import re
+    pages = sorted(ROOT.glob("docs/*.md")) + sorted(ROOT.glob("benchmarks/results/**/*.md")) + [ROOT / "README.md"]
+    bad = []
+    for page in pages:
+        lines = page.read_text(encoding="utf-8").splitlines()
+        for i in range(1, len(lines)):
+            if re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", lines[i].strip()) and lines[i - 1].lstrip().startswith("|"):
+                width = lines[i].strip().count("|")
+                header = lines[i - 1].strip().replace("\\|", "").count("|")
+                if header != width:
+                    bad.append(f"{page.relative_to(ROOT)}:{i}: header {header - 1} columns, separator {width - 1}")
+    assert not bad, "\n".join(bad)
+
+
+def test_recorded_commands_paste_into_a_shell():
+    """A report's command line (the line after `Command:`) has its shell characters quoted,
+    so it runs as recorded when pasted (reports write it with shlex.join)."""
+    import re
+    bad = []
+    for page in sorted(ROOT.glob("benchmarks/results/**/*.md")):
+        text = page.read_text(encoding="utf-8")
+        for m in re.finditer(r"Command:\s*\n\s*```\n(.+?)\n```|Command: `(.+?)`", text):
+            command = m.group(1) or m.group(2)
+            bare = re.sub(r"'[^']*'|\"[^\"]*\"", "", command)
+            if re.search(r"[*?()\[\]{}|&;<>`]", bare):
+                bad.append(f"{page.relative_to(ROOT)}: {command}")
+    assert not bad, "\n".join(bad)

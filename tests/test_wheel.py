@@ -8,6 +8,8 @@ import time
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,8 +28,13 @@ def build_wheel(tmp_path: Path) -> Path:
     return next(dist.glob("prune_engine-*.whl"))
 
 
-def test_wheel_ships_the_templates_and_repository_works_from_it(exported, tmp_path):
-    wheel = build_wheel(tmp_path)
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel, built once for this module's tests."""
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+def test_wheel_ships_the_templates_and_repository_works_from_it(exported, wheel, tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"triton_models/python_onnxruntime/model.py", "triton_models/python_text/model.py",
             "engine/py.typed"} <= names
@@ -67,10 +74,9 @@ def _wait_for_line(proc, needle: str, timeout: float) -> str:
     raise AssertionError(f"no {needle!r} within {timeout} s; output:\n" + "".join(seen))
 
 
-def test_wheel_in_a_fresh_venv_runs_the_whole_first_use_path(checkpoints, tmp_path):
+def test_wheel_in_a_fresh_venv_runs_the_whole_first_use_path(checkpoints, wheel, tmp_path):
     """What a user of the wheel does, outside the source tree, with the extras the README names:
     the default model on first use, an export, a repository, a served model and a client run."""
-    wheel = build_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), "LICENSE missing from the wheel"
     assert {n.split("/")[0] for n in names if "/" in n and ".dist-info" not in n} == \
@@ -96,6 +102,7 @@ def test_wheel_in_a_fresh_venv_runs_the_whole_first_use_path(checkpoints, tmp_pa
                       "--context", "Shepherd's pie has minced lamb at the bottom. Mashed potato goes on top. "
                                    "It is baked in an oven.")
     assert "first use: exporting the default model" in first.stderr
+    assert ".tmp-" not in first.stderr and "exported embedding to " + str(tmp_path / "cache") in first.stderr
     assert "pruned_context:\nShepherd's pie has minced lamb at the bottom." in first.stdout, first.stdout
     prune_cmd("export", "--model", str(checkpoints["opensearch"]), "--out", "exported")
     prune_cmd("repository", "--target", "cpu", "--model", "exported", "--name", "hl", "--out", "repo",
@@ -118,11 +125,10 @@ def test_wheel_in_a_fresh_venv_runs_the_whole_first_use_path(checkpoints, tmp_pa
         assert serve.wait(timeout=60) == 0
 
 
-def test_cpu_extra_alone_runs_the_main_job_on_numpy_2(exported, pruners, tmp_path):
+def test_cpu_extra_alone_runs_the_main_job_on_numpy_2(exported, pruners, wheel, tmp_path):
     """`pip install prune-engine[cpu]` (no torch, no Triton): numpy 2 is what resolves, an
     exported model runs in-process as in the dev environment, and what needs another extra
     says which."""
-    wheel = build_wheel(tmp_path)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     py = str(venv / "bin" / "python")
@@ -145,7 +151,7 @@ def test_cpu_extra_alone_runs_the_main_job_on_numpy_2(exported, pruners, tmp_pat
     want = pruners["provence"][0].prune(question, [passage])[0]
     assert [s["text"] for s in got["sentences"]] == [s.text for s in want.sentences]
     assert [s["probability"] for s in got["sentences"]] == \
-        __import__("pytest").approx([s.probability for s in want.sentences], abs=1e-5)
+        pytest.approx([s.probability for s in want.sentences], abs=1e-5)
     export = prune("export", "--model", str(exported["provence"]), "--out", "x")
     assert export.returncode == 2 and "pip install 'prune-engine[export]'" in export.stderr, export.stderr
     assert "Traceback" not in export.stderr

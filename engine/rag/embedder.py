@@ -40,7 +40,7 @@ def ensure_default_encoder(log: Callable[[str], None] | None = None) -> Path:
     source = default_checkpoint()
     log(f"first use: exporting the encoder of {DEFAULT_MODEL} from {source} to {target} (once, about 5 s) ...")
     return export_into_cache(target, ENCODER_FILE, lambda staging: export_encoder(
-        source, staging, name=DEFAULT_MODEL, log=lambda m: log("  " + m)))
+        source, staging, name=DEFAULT_MODEL, log=lambda m: log("  " + m.replace(str(staging), str(target)))))
 
 
 class Embedder:

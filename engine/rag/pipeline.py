@@ -311,7 +311,7 @@ class Pipeline:
         if client.has_collection(self.collection):
             if not overwrite:
                 raise PipelineError(f"collection {self.collection!r} already exists in {self.db}; "
-                                    "pass overwrite=True (--overwrite) to rebuild it")
+                                    "--overwrite rebuilds it")
             client.drop_collection(self.collection)
         self._about = None
         self._create(client, embedder, chunk_tokens, len(docs))

@@ -69,6 +69,10 @@ def _query(row: dict[str, Any]) -> dict[str, Any]:
     return query
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _result(r) -> dict[str, Any]:
     d = r.to_dict()
     d.pop("context", None)
@@ -116,12 +120,13 @@ def run_file(pruner: PrunerProtocol, source: IO[str], sink: IO[str], *, group: i
             now = time.perf_counter()
             if progress and now - last_report > 1.0:
                 last_report = now
-                print(f"\r{counts['lines']} lines, {counts['errors']} errors, "
+                print(f"\r{_n(counts['lines'], 'line')}, {_n(counts['errors'], 'error')}, "
                       f"{counts['lines'] / (now - t0):.0f} lines/s", end="", file=sys.stderr, flush=True)
     if items:
         run(items)
     elapsed = time.perf_counter() - t0
     if progress:
-        print(f"\r{counts['lines']} lines, {counts['errors']} errors, {counts['passages']} passages in "
+        print(f"\r{_n(counts['lines'], 'line')}, {_n(counts['errors'], 'error')}, "
+              f"{_n(counts['passages'], 'passage')} in "
               f"{elapsed:.1f} s ({counts['lines'] / max(elapsed, 1e-9):.0f} lines/s)", file=sys.stderr, flush=True)
     return {**counts, "seconds": elapsed}

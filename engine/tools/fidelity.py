@@ -33,7 +33,10 @@ class Doc:
 def load_docs(path: str | Path, limit: int | None = None) -> list[Doc]:
     """Documents from either data format: `context` (+ `sentences`) or `passages`."""
     docs: list[Doc] = []
-    for row in _read_jsonl(path):
+    for n, row in enumerate(_read_jsonl(path), 1):
+        if not isinstance(row, dict) or not ("context" in row or "passages" in row) or "question" not in row:
+            raise ValueError(f"{path}: record {n} has neither question and context (a prune file) nor question "
+                             "and passages (a RAG file)")
         if "context" in row:
             spans = [(int(a), int(b)) for a, b in row["sentences"]] if "sentences" in row else None
             docs.append(Doc(row["question"], row["context"], spans))

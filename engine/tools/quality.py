@@ -62,11 +62,33 @@ def _read_jsonl(path: str | Path) -> Iterable[dict[str, Any]]:
                     raise ValueError(f"{path}:{n}: not JSON ({exc})") from exc
 
 
+PRUNE_FIELDS = ("question", "context", "sentences", "labels")
+RAG_FIELDS = ("question", "passages", "gold")
+_KINDS = {PRUNE_FIELDS: ("a sentence-labelled prune file", "prune eval --data, prune fidelity --data"),
+          RAG_FIELDS: ("a RAG file", "prune eval --rag-data, prune bench --data")}
+
+
+def check_fields(row: Any, fields: tuple[str, ...], path: str | Path, number: int) -> dict[str, Any]:
+    """`row` (the `number`-th record of `path`) as a dict with `fields`; a ValueError that
+    says what the file looks like otherwise (the two data formats are easy to swap)."""
+    if not isinstance(row, dict):
+        raise ValueError(f"{path}: record {number} is a JSON {type(row).__name__}, not an object")
+    missing = [f for f in fields if f not in row]
+    if missing:
+        want, _ = _KINDS[fields]
+        other = next((k for k in _KINDS if k != fields and all(f in row for f in k)), None)
+        hint = (f"; it looks like {_KINDS[other][0]} (for {_KINDS[other][1]})" if other else "")
+        raise ValueError(f"{path}: record {number} lacks {', '.join(missing)}: not {want} (each line holds "
+                         f"{', '.join(fields)}){hint}")
+    return row
+
+
 def load_prune_data(path: str | Path, limit: int | None = None) -> list[PruneSample]:
     out = []
     for i, row in enumerate(_read_jsonl(path)):
         if limit is not None and i >= limit:
             break
+        check_fields(row, PRUNE_FIELDS, path, i + 1)
         spans = [(int(s), int(e)) for s, e in row["sentences"]]
         labels = np.asarray(row["labels"], dtype=bool)
         if len(spans) != len(labels):
@@ -80,6 +102,7 @@ def load_rag_data(path: str | Path, limit: int | None = None) -> list[RagSample]
     for i, row in enumerate(_read_jsonl(path)):
         if limit is not None and i >= limit:
             break
+        check_fields(row, RAG_FIELDS, path, i + 1)
         out.append(RagSample(str(row.get("id", i)), row["question"], list(row["passages"]), int(row["gold"])))
     return out
 
