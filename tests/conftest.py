@@ -1,7 +1,9 @@
 """Shared fixtures: tiny random-weight checkpoints of every family, exported once per session."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 import os
 import time
 from pathlib import Path
@@ -154,6 +156,27 @@ def free_ports(n):
     for s in socks:
         s.close()
     return ports
+
+
+@contextlib.contextmanager
+def serve_api(pruner, config=None):
+    """The app on a free loopback port, in a thread; yields its base URL."""
+    import uvicorn
+    from engine.http.app import ApiConfig, create_app
+    (port,) = free_ports(1)
+    server = uvicorn.Server(uvicorn.Config(create_app(pruner, config or ApiConfig()), host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the API did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(20)
 
 
 #: The shared test repository: small core batches (calls get split) and small text-model

@@ -15,34 +15,14 @@ import pytest
 pytest.importorskip("fastapi")
 import httpx  # noqa: E402
 
-from engine.http.app import ApiConfig, create_app, rank_score  # noqa: E402
-from tests.conftest import free_ports  # noqa: E402
+from engine.http.app import ApiConfig, rank_score  # noqa: E402
+from tests.conftest import serve_api as serving  # noqa: E402
 
 pytestmark = pytest.mark.server
 
 Q = "When was the stadium built?"
 TEXTS = ["The stadium was built in 1923. It holds 80,000 people.", "Paris is the capital of France.",
          "", "The river flows to the sea. The stadium opened in 1924 after a year of work."]
-
-
-@contextlib.contextmanager
-def serving(pruner, config: ApiConfig = ApiConfig()):
-    """The app on a free loopback port, in a thread; yields its base URL."""
-    import uvicorn
-    (port,) = free_ports(1)
-    server = uvicorn.Server(uvicorn.Config(create_app(pruner, config), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the API did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(20)
 
 
 @pytest.fixture(scope="module", params=["in-process", "text model"])
@@ -138,6 +118,32 @@ def test_real_clients_work_unmodified(api):
     out = tei.TextEmbeddingInference(base_url=url, top_n=2).postprocess_nodes(nodes, query_bundle=QueryBundle(Q))
     non_empty = [r for r in expected if r.context]
     assert [n.node.get_content() for n in out] == [r.context for r in non_empty[:2]]
+
+
+def test_concurrent_clients_each_get_their_own_results(api):
+    """8 clients, 12 calls each, every call its own question and texts: nothing lost or mixed."""
+    url, local, family = api
+    calls = [(f"When was stadium {i} built?", [f"Stadium {i} was built in {1900 + i}. It holds {i * 100} people.",
+                                               f"Town {i} has a river. The river is {i} km long."])
+             for i in range(96)]
+    expected = [[(r.index, r.pruned_context) for r in sorted(local.prune(q, t),
+                                                               key=lambda r: -rank_score(r, family, False))]
+                for q, t in calls]
+    errors = []
+
+    def client(k: int) -> None:
+        with httpx.Client(timeout=60) as http:
+            for i in range(k, len(calls), 8):
+                q, t = calls[i]
+                body = http.post(f"{url}/rerank", json={"query": q, "texts": t}).json()
+                if [(b["index"], b["pruned_text"]) for b in body] != expected[i]:
+                    errors.append((i, body))
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors[:2]
 
 
 # --------------------------------------------------------------------------- hostile
@@ -258,3 +264,26 @@ def test_a_request_past_its_deadline_is_504(pruners):
     with serving(Stuck(), ApiConfig(request_timeout=0.5)) as url:
         r = httpx.post(f"{url}/rerank", json={"query": Q, "texts": ["a."]}, timeout=30)
         assert r.status_code == 504 and "0.5 s" in r.json()["error"]
+
+
+def test_the_schema_fuzzed_gets_no_5xx_and_every_response_matches_it(pruners, tmp_path):
+    """schemathesis (property-based, from the OpenAPI schema) against the running API: no
+    5xx, and every response's status code, content type and body as documented."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+    st = shutil.which("schemathesis") or str(Path(sys.executable).parent / "schemathesis")
+    if not Path(st).exists():
+        pytest.skip("schemathesis is not installed (the test extra has it)")
+    with serving(pruners["opensearch"][0]) as url:
+        proc = subprocess.run([st, "run", f"{url}/openapi.json", "--checks",
+                               "not_a_server_error,response_schema_conformance,status_code_conformance,"
+                               "content_type_conformance", "-n", "40", "--generation-deterministic"],
+                              capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+    tail = proc.stdout[-3000:]
+    assert proc.returncode == 0, tail
+    generated = re.search(r"(\d+) generated", proc.stdout)
+    assert generated and int(generated.group(1)) >= 200, tail

@@ -226,3 +226,45 @@ def test_prune_serve_restarts_a_dead_server_or_stub(small_repository, pruners):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
+
+
+def test_a_dead_stub_turns_the_apis_health_503_and_back(small_repository, pruners):
+    """The HTTP API in front of a served text model: a killed stub (Triton keeps the model
+    "ready") shows as 503 on /health within seconds, and 200 again once `prune serve` has
+    restarted the server."""
+    pytest.importorskip("fastapi")
+    import httpx
+    from engine.http.app import ApiConfig
+    from engine.pruner import Pruner
+    from tests.conftest import serve_api
+    ports = free_ports(3)
+    proc, lines = _start_serve(small_repository, ports)
+    try:
+        client = Pruner.connect(f"127.0.0.1:{ports[1]}", "m_text", timeout=2, retries=6, backoff=0.2)
+        with serve_api(client, ApiConfig()) as url:
+            assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+            stub = next(pid for pid, cmd in processes_under(small_repository).items()
+                        if "triton_python_backend_stub" in cmd and "/m_text/1/model.py" in cmd)
+            mark = len(lines)
+            t0 = time.monotonic()
+            os.kill(stub, signal.SIGKILL)
+            codes = []
+            while time.monotonic() - t0 < 15:
+                codes.append(httpx.get(f"{url}/health", timeout=30).status_code)
+                if codes[-1] == 503:
+                    break
+            down = time.monotonic() - t0
+            assert codes[-1] == 503, codes
+            assert _wait_for(lines, "ready again", mark), "".join(lines[-20:])
+            while time.monotonic() - t0 < 60 and httpx.get(f"{url}/health", timeout=30).status_code != 200:
+                time.sleep(0.2)
+            up = time.monotonic() - t0
+            assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+            doc = ["The stadium was built in 1923. It holds 80,000 people."]
+            got = httpx.post(f"{url}/v1/prune", json={"question": "When?", "passages": doc}, timeout=30).json()
+            assert got["results"][0]["pruned_context"] == pruners["opensearch"][0].prune("When?", doc)[0].pruned_context
+            print(f"\n/health: 503 {down:.1f} s after the stub was killed, 200 again after {up:.1f} s")
+        client.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)

@@ -164,26 +164,33 @@ def test_concurrent_text_requests_meet_in_the_core_batcher(server, pruners):
     local = pruners[name][0]
     questions = [f"Question number {i} about the pie?" for i in range(16)]
     expected = [local.prune(q, [PASSAGES[0], PASSAGES[1]]) for q in questions]
-    req0, exe0 = _stats(server, name)
     clients = [Pruner.connect(server.grpc_url, f"{name}_text") for _ in range(4)]
-    results = [None] * len(questions)
-    barrier = threading.Barrier(len(questions))
+    joined = []
+    # Dynamic batching joins what arrives within the queue delay (20 ms here): on a loaded
+    # machine one round may see none joined, so up to three rounds, each checked.
+    for _ in range(3):
+        req0, exe0 = _stats(server, name)
+        results = [None] * len(questions)
+        barrier = threading.Barrier(len(questions))
 
-    def work(i):
-        barrier.wait()
-        results[i] = clients[i % len(clients)].prune(questions[i], [PASSAGES[0], PASSAGES[1]])
+        def work(i):
+            barrier.wait()
+            results[i] = clients[i % len(clients)].prune(questions[i], [PASSAGES[0], PASSAGES[1]])
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(questions))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    req1, exe1 = _stats(server, name)
-    print(f"\n16 concurrent text requests: {req1 - req0} core requests in {exe1 - exe0} core executions")
-    assert req1 - req0 >= len(questions)          # at least one core request per text request
-    assert exe1 - exe0 < req1 - req0               # ... joined into fewer executions
-    for got, exp in zip(results, expected):
-        same(got, exp)
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(questions))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        req1, exe1 = _stats(server, name)
+        print(f"\n16 concurrent text requests: {req1 - req0} core requests in {exe1 - exe0} core executions")
+        assert req1 - req0 >= len(questions)          # at least one core request per text request
+        for got, exp in zip(results, expected):
+            same(got, exp)
+        joined.append(exe1 - exe0 < req1 - req0)      # ... joined into fewer executions
+        if joined[-1]:
+            break
+    assert any(joined), "no round joined core requests into fewer executions"
 
 
 def test_text_load_test_no_lost_or_mixed_results(server, pruners):

