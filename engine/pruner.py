@@ -160,11 +160,9 @@ class Pruner:
         if is_replicated(url):
             transport = ReplicaSet(url, model, protocol=protocol, timeout=timeout, retries=retries, backoff=backoff,
                                    concurrency=concurrency, ready_timeout=ready_timeout, **(replica_options or {}))
-        elif isinstance(url, str):
-            transport = TritonClient(url, model, protocol=protocol, timeout=timeout, retries=retries,
+        else:   # a single host:port (is_replicated takes every list)
+            transport = TritonClient(str(url), model, protocol=protocol, timeout=timeout, retries=retries,
                                      backoff=backoff, concurrency=concurrency, ready_timeout=ready_timeout)
-        else:
-            raise InputError(f"url must be host:port or a list of them, got {url!r}")
         if transport.is_text_model:
             from engine.triton.text_pruner import TritonTextPruner
             return TritonTextPruner(transport)

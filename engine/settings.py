@@ -55,15 +55,14 @@ class Setting:
         return value
 
 
-def _positive(text: str) -> int:
+def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise ValueError(text)
     return value
 
 
-positive_int = _positive
-positive_int.__name__ = "positive integer"
+positive_int.__name__ = "positive integer"      # what the error message calls it
 
 _ALL = [
     # ---- the batcher (in-process and the Triton text model)

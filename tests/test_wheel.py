@@ -125,16 +125,22 @@ def test_wheel_in_a_fresh_venv_runs_the_whole_first_use_path(checkpoints, wheel,
         assert serve.wait(timeout=60) == 0
 
 
+def _venv_with(wheel: Path, extras: str, tmp_path: Path) -> Path:
+    """A fresh venv with `wheel[extras]` installed from the package index."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", f"{wheel}[{extras}]"],
+                         capture_output=True, text=True, timeout=900)
+    assert pip.returncode == 0, pip.stderr[-3000:]
+    return venv
+
+
 def test_cpu_extra_alone_runs_the_main_job_on_numpy_2(exported, pruners, wheel, tmp_path):
     """`pip install prune-engine[cpu]` (no torch, no Triton): numpy 2 is what resolves, an
     exported model runs in-process as in the dev environment, and what needs another extra
     says which."""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    venv = _venv_with(wheel, "cpu", tmp_path)
     py = str(venv / "bin" / "python")
-    pip = subprocess.run([py, "-m", "pip", "install", "-q", f"{wheel}[cpu]"], capture_output=True, text=True,
-                         timeout=900)
-    assert pip.returncode == 0, pip.stderr[-3000:]
     numpy = subprocess.run([py, "-c", "import numpy; print(numpy.__version__)"], capture_output=True, text=True)
     assert int(numpy.stdout.split(".")[0]) >= 2, numpy.stdout
     for absent in ("torch", "transformers", "tritonclient"):
@@ -180,12 +186,8 @@ def test_the_newest_tritonclient_on_numpy_2_talks_to_the_bundled_server(wheel, s
     """`[cpu,triton]` alone resolves the newest tritonclient with protobuf 5+ and numpy 2;
     the text model (gRPC and HTTP) and the core model on the bundled 2.51 server answer it
     as the in-process pruner does. (Only perf_analyzer, in [bench], needs the 2.51 wheel.)"""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    venv = _venv_with(wheel, "cpu,triton", tmp_path)
     py = str(venv / "bin" / "python")
-    pip = subprocess.run([py, "-m", "pip", "install", "-q", f"{wheel}[cpu,triton]"], capture_output=True, text=True,
-                         timeout=900)
-    assert pip.returncode == 0, pip.stderr[-3000:]
     version = subprocess.run([py, "-c", "import importlib.metadata as m; print(m.version('tritonclient'))"],
                              capture_output=True, text=True).stdout.strip()
     assert tuple(int(x) for x in version.split(".")[:2]) > (2, 51), version

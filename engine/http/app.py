@@ -392,9 +392,3 @@ def _sentence(s) -> dict[str, Any]:
 def _version() -> str:
     import engine
     return engine.__version__
-
-
-def openapi_schema(pruner: PrunerProtocol) -> dict[str, Any]:
-    """The OpenAPI schema (for docs and schemathesis)."""
-    app = create_app(pruner).app
-    return json.loads(json.dumps(app.openapi()))
