@@ -324,16 +324,29 @@ class _Stop(Exception):
     """A termination signal reached `prune serve`."""
 
 
-def cmd_api(args) -> int:
+def _api_imports():
     try:
         import uvicorn
         from engine.http.app import ApiConfig, create_app
     except ImportError as exc:
-        raise PruneError(f"prune api needs FastAPI and uvicorn (missing here: {exc.name}): "
+        raise PruneError(f"the HTTP API needs FastAPI and uvicorn (missing here: {exc.name}): "
                          "pip install 'prune-engine[api]'") from exc
+    return uvicorn, ApiConfig, create_app
+
+
+def _api_app(args, pruner, label: str, remote: bool):
+    _, ApiConfig, create_app = _api_imports()
+    workers = args.workers or (16 if remote else 1)
+    config = ApiConfig(api_key=args.api_key, workers=workers, max_concurrent=args.max_concurrent,
+                       request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes, model_name=label)
+    return create_app(pruner, config)
+
+
+def cmd_api(args) -> int:
+    uvicorn, _, _ = _api_imports()
     from engine.pruner import Pruner
     if args.server:
-        name = args.text_model
+        name = args.text_model or "default_text"
         args.log(f"connecting to the text model {name!r} on {args.server} (gRPC) ...")
         pruner = Pruner.connect(args.server, name, timeout=args.request_timeout)
         label = f"{name}@{args.server}"
@@ -341,10 +354,7 @@ def cmd_api(args) -> int:
         model = _model_path(args)
         pruner = Pruner.load(model, threads=args.threads, batching=_batching(args))
         label = Path(model).name if args.model and args.model != "default" else "default"
-    workers = args.workers or (16 if args.server else 1)
-    config = ApiConfig(api_key=args.api_key, workers=workers, max_concurrent=args.max_concurrent,
-                       request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes, model_name=label)
-    app = create_app(pruner, config)
+    app = _api_app(args, pruner, label, remote=bool(args.server))
     args.log(f"prune api: {label} ({pruner.family.name}, {pruner.describe()}) on http://{args.host}:{args.port}"
              + ("" if args.api_key else "; no API key"))
     try:
@@ -355,6 +365,21 @@ def cmd_api(args) -> int:
     return 0
 
 
+def _text_model(args) -> str | None:
+    """The text model the API of `prune serve` fronts: --text-model, or the repository's
+    only `<name>_text` model; None (no API) when the repository has none and the API was
+    not asked for by name."""
+    if args.text_model:
+        if not (Path(args.model_repository) / args.text_model / "config.pbtxt").is_file():
+            raise PruneError(f"{args.model_repository}: no model {args.text_model!r} (--text-model)")
+        return args.text_model
+    names = sorted(p.parent.name for p in Path(args.model_repository).glob("*_text/config.pbtxt"))
+    if len(names) > 1:
+        raise PruneError(f"{args.model_repository} holds {len(names)} text models ({', '.join(names)}): "
+                         "name the one the HTTP API serves with --text-model, or --api-port 0")
+    return names[0] if names else None
+
+
 def cmd_serve(args) -> int:
     import signal as _signal
     from engine.triton.server import TritonServer
@@ -362,20 +387,46 @@ def cmd_serve(args) -> int:
     def on_signal(signum, frame):
         raise _Stop(_signal.Signals(signum).name)
 
-    server = TritonServer(args.model_repository, host=args.host, http_port=args.http_port,
+    text_model = _text_model(args) if args.api_port else None
+    if args.api_port and text_model is None:
+        args.log(f"prune serve: {args.model_repository} has no text model (prune repository writes one unless "
+                 "--no-text-model): no HTTP API")
+    if text_model:
+        try:
+            _api_imports()
+        except PruneError as exc:
+            args.log(f"prune serve: {exc}: no HTTP API (--api-port 0 says so without this note)")
+            text_model = None
+    api_on = text_model is not None
+    triton_host = args.triton_host or ("127.0.0.1" if api_on else args.host)
+    server = TritonServer(args.model_repository, host=triton_host, http_port=args.http_port,
                           grpc_port=args.grpc_port, metrics_port=args.metrics_port, forward_logs=not args.quiet,
-                          admin_key=args.admin_key, restrict_admin=not args.open_admin_apis)
+                          admin_key=args.admin_key, restrict_admin=not args.open_admin_apis,
+                          http=args.triton_http == "on")
     # SIGTERM (systemd, Kubernetes, docker stop) and SIGHUP stop the server exactly as Ctrl-C does.
     previous = {s: _signal.signal(s, on_signal) for s in (_signal.SIGTERM, _signal.SIGHUP)}
     why = None
     restarts: list[float] = []
+    api = pruner = None
     try:
         server.start(timeout=args.ready_timeout)
         stubs = len(server.stub_pids())
-        print(f"tritonserver ready: gRPC {server.grpc_url}  HTTP {server.http_url}  metrics {server.metrics_url}"
+        http = f"HTTP {server.http_url}" if server.http else "HTTP off"
+        print(f"tritonserver ready: gRPC {server.grpc_url}  {http}  metrics {server.metrics_url}"
               "  (Ctrl-C stops)", flush=True)
+        if text_model:
+            from engine.http.server import ApiThread
+            from engine.pruner import Pruner
+            pruner = Pruner.connect(server.grpc_url, text_model, timeout=args.request_timeout)
+            api = ApiThread(_api_app(args, pruner, text_model, remote=True), args.host, args.api_port,
+                            log_level="warning" if args.quiet else "info", graceful_s=args.request_timeout).start()
+            print(f"HTTP API ready: {api.url} ({text_model}; TEI /rerank, Cohere /v1/rerank /v2/rerank, "
+                  "/v1/prune, /health, /docs)" + ("" if args.api_key else "; no API key"), flush=True)
         while True:
             time.sleep(0.5)
+            if api and not api.alive():
+                print("prune serve: the HTTP API stopped", file=sys.stderr, flush=True)
+                break
             problem = server.health_problem(stubs)
             if problem is None:
                 continue
@@ -399,11 +450,15 @@ def cmd_serve(args) -> int:
     finally:
         for s, h in previous.items():
             _signal.signal(s, h)
+        if api:             # the API drains first: its requests in flight still reach Triton
+            api.stop()
+        if pruner:
+            pruner.close()
         clean = server.stop()
     if why is None:   # the server failed and was not (or no longer) restarted
         return 1
-    args.log(f"prune serve: {why}: tritonserver " + ("drained and stopped" if clean else
-                                                     "did not stop in time and was killed"))
+    args.log(f"prune serve: {why}: " + ("the HTTP API and " if api else "") + "tritonserver "
+             + ("drained and stopped" if clean else "did not stop in time and was killed"))
     return 0 if clean else 1
 
 
@@ -597,7 +652,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "default: 'default'")
     h.add_argument("--server", help="a Triton server's gRPC address, host:port (several replicas: comma-separated "
                                     "or dns:///name:port), instead of an in-process model")
-    h.add_argument("--text-model", default="default_text", help="the text model's name on --server")
+    _setting(h, "text_model")
     _setting(h, "host")
     _setting(h, "port")
     _setting(h, "api_key")
@@ -608,12 +663,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_batching(h)
     h.set_defaults(func=cmd_api, backend="onnxruntime")
 
-    s = sub.add_parser("serve", help="start a local tritonserver on a model repository")
+    s = sub.add_parser("serve", help="start a local tritonserver on a model repository, with the HTTP API in front")
     s.add_argument("--model-repository", required=True, help="the folder `prune repository` wrote")
     _setting(s, "host")
+    _setting(s, "triton_host")
     _setting(s, "http_port")
     _setting(s, "grpc_port")
     _setting(s, "metrics_port")
+    _setting(s, "triton_http")
     s.add_argument("--ready-timeout", type=float, default=120.0, help="seconds to wait for readiness (default 120)")
     _setting(s, "admin_key")
     s.add_argument("--no-restart", action="store_true",
@@ -621,6 +678,10 @@ def build_parser() -> argparse.ArgumentParser:
     _setting(s, "max_restarts")
     s.add_argument("--open-admin-apis", action="store_true",
                    help="leave those APIs open to every client (not recommended beyond loopback)")
+    api = s.add_argument_group("the HTTP API (prune api's, in front of the served text model)")
+    _setting(api, "api_port")
+    for name in ("text_model", "api_key", "workers", "max_concurrent", "request_timeout", "max_body_bytes"):
+        _setting(api, name)
     s.set_defaults(func=cmd_serve)
 
     b = sub.add_parser("bench", help="speed of every path side by side on the RAG workload")

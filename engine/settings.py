@@ -84,7 +84,14 @@ _ALL = [
     # ---- clients of a Triton server
     Setting("timeout", 30.0, "seconds one call to a Triton server may take, retries included (--server)", float),
     # ---- prune serve (tritonserver)
-    Setting("host", "127.0.0.1", "address the servers bind (loopback unless told otherwise)"),
+    Setting("host", "127.0.0.1", "address the servers bind (loopback unless told otherwise); prune serve: "
+            "the HTTP API's, and tritonserver's only with --api-port 0"),
+    Setting("triton_host", None, "address tritonserver binds under prune serve (default: 127.0.0.1 while the "
+            "HTTP API is on, so only the API faces clients; else --host)"),
+    Setting("triton_http", "on", "tritonserver's own KServe v2 HTTP endpoint under prune serve: on, or off "
+            "(gRPC and the HTTP API only; readiness is asked over gRPC)", choices=("on", "off")),
+    Setting("api_port", 8080, "the HTTP API's port beside tritonserver (prune serve; needs [api] and a text "
+            "model in the repository); 0: no API", int),
     Setting("http_port", 8000, "tritonserver's KServe v2 HTTP port", int),
     Setting("grpc_port", 8001, "tritonserver's KServe v2 gRPC port", int),
     Setting("metrics_port", 8002, "tritonserver's Prometheus metrics port", int),
@@ -94,6 +101,9 @@ _ALL = [
     Setting("tritonserver", None, "the tritonserver binary (default: the one nvidia-pytriton ships)",
             flag_too=False),
     # ---- prune api (the HTTP API)
+    Setting("text_model", None, "the Triton text model the HTTP API serves, and python -m engine.triton.probe "
+            "checks (default: prune serve: the repository's only *_text model; else default_text, what "
+            "prune repository writes with no --name)"),
     Setting("port", 8080, "the HTTP API's port (prune api)", int),
     Setting("api_key", None, "the HTTP API answers only requests with 'Authorization: Bearer KEY' "
             "(/health and /metrics excepted; default: no key)", secret=True),

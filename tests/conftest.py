@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import threading
 import os
 import time
 from pathlib import Path
@@ -13,6 +12,8 @@ import pytest
 # No model hub is reachable in tests: fail fast instead of waiting on the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Haystack's clients (the HTTP API's tests) send usage telemetry unless told not to.
+os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
 
 FAMILY_NAMES = ["provence", "xprovence", "open_provence", "opensearch", "embedding"]
 #: the small data the tests need, carried by the repository (tests/data/README.md: sources, licence, canary)
@@ -161,22 +162,11 @@ def free_ports(n):
 @contextlib.contextmanager
 def serve_api(pruner, config=None):
     """The app on a free loopback port, in a thread; yields its base URL."""
-    import uvicorn
     from engine.http.app import ApiConfig, create_app
+    from engine.http.server import ApiThread
     (port,) = free_ports(1)
-    server = uvicorn.Server(uvicorn.Config(create_app(pruner, config or ApiConfig()), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the API did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(20)
+    with ApiThread(create_app(pruner, config or ApiConfig()), port=port) as api:
+        yield api.url
 
 
 #: The shared test repository: small core batches (calls get split) and small text-model

@@ -182,3 +182,38 @@ def test_first_use_polish(exported, server, tmp_path):
     assert not (tmp_path / "r3" / "z").exists()
     with pytest.raises(BackendError, match="it is Triton's HTTP port"):
         Pruner.connect(server.http_url, "opensearch_text", protocol="grpc", ready_timeout=1)
+
+
+@pytest.mark.server
+def test_bench_runs_the_api_beside_the_text_model_and_shares_one_pruner(exported, exported_int8, tiny_data, tmp_path,
+                                                                         capsys, monkeypatch):
+    """--triton adds the HTTP API (its own process) in front of the served text model and
+    in-process, at each concurrency; the in-process concurrency paths share one Pruner
+    (no Pruner.load while they run)."""
+    from engine.pruner import Pruner
+    from engine.tools import bench as bench_module
+    loads = []
+    real_load = Pruner.load.__func__
+    monkeypatch.setattr(Pruner, "load", classmethod(lambda cls, *a, **k: loads.append(a) or real_load(cls, *a, **k)))
+    real_run = bench_module.run_concurrent
+    during = []
+
+    def counting(make_client, *args):
+        before = len(loads)
+        el = real_run(make_client, *args)
+        during.append(len(loads) - before)
+        return el
+    monkeypatch.setattr(bench_module, "run_concurrent", counting)
+    assert main(["bench", "--data", str(tiny_data / "rag.jsonl"), "--model", str(exported["xprovence"]),
+                 "--int8", str(exported_int8), "--triton", "--no-perf-analyzer", "--text-instances", "1",
+                 "--queries", "2", "--repeats", "1", "--out", str(tmp_path), "--paths", "text-grpc|in-process"]) == 0
+    report = json.loads(next(tmp_path.glob("bench-*/bench.json")).read_text())
+    names = {r["path"] for r in report["paths"]}
+    for c in (1, 4, 16):
+        assert {f"api-text-grpc c{c} (int8)", f"triton-text-grpc c{c} (int8)", f"onnxruntime-int8 in-process c{c}",
+                f"api-in-process c{c} (int8)"} <= names
+    assert all(r["passages_per_s"] > 0 for r in report["paths"])
+    assert during and set(during) == {0}, during          # no pruner loaded per client thread
+    text = next(tmp_path.glob("bench-*/bench.md")).read_text()
+    assert "The HTTP API in front of the text model, against the text model over gRPC: c1:" in text
+    capsys.readouterr()

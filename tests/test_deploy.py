@@ -1,6 +1,7 @@
 """deploy/kubernetes: every core-API manifest is valid against the Kubernetes schema
 (kubernetes-validate, strict: unknown fields fail), and the manifests agree with the code:
-ports with `prune serve`'s, probe paths with engine.triton.server's, model names with what
+ports with `prune serve`'s and `prune api`'s, probes with engine.triton.server's and
+engine.triton.probe's, model names with what
 `prune repository` writes, the restricted admin APIs with `prune serve`'s, the Triton image
 with the tritonclient pin."""
 import re
@@ -10,7 +11,7 @@ import pytest
 import yaml
 
 from engine.cli import build_parser
-from engine.triton.server import ADMIN_APIS, ADMIN_HEADER, HEALTH_LIVE, HEALTH_READY
+from engine.triton.server import ADMIN_APIS, ADMIN_HEADER, HEALTH_READY
 from export.triton import TEXT_SUFFIX
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,35 +50,62 @@ def test_every_file_is_listed_in_the_kustomization():
     assert listed == {f.name for f in DEPLOY.glob("*.yaml")} - {"kustomization.yaml"}
 
 
+def _serve_api_default(option):
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["api"]
+    return next(a.default for a in sub._actions if option in a.option_strings)
+
+
 def test_manifests_match_the_code():
     dep = _one("Deployment", "prune-triton")
     pod = dep["spec"]["template"]
     labels = pod["metadata"]["labels"]
     assert dep["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    (c,) = pod["spec"]["containers"]
+    c, api = pod["spec"]["containers"]
+    assert (c["name"], api["name"]) == ("tritonserver", "api")
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"http": _serve_default("--http-port"), "grpc": _serve_default("--grpc-port"),
-                     "metrics": _serve_default("--metrics-port")}
+    # Triton's HTTP endpoint is not a container port: it listens on the pod's loopback only
+    assert ports == {"grpc": _serve_default("--grpc-port"), "metrics": _serve_default("--metrics-port")}
     args = c["args"]
-    for flag, port in (("--http-port", "http"), ("--grpc-port", "grpc"), ("--metrics-port", "metrics")):
+    assert f"--http-port={_serve_default('--http-port')}" in args and "--http-address=127.0.0.1" in args
+    for flag, port in (("--grpc-port", "grpc"), ("--metrics-port", "metrics")):
         assert f"{flag}={ports[port]}" in args
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(ports["metrics"])
-    assert c["readinessProbe"]["httpGet"]["path"] == HEALTH_READY
-    assert c["startupProbe"]["httpGet"]["path"] == HEALTH_READY
-    assert c["livenessProbe"]["httpGet"]["path"] == HEALTH_LIVE
-    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
-        assert c[probe]["httpGet"]["port"] == "http"
+    startup = " ".join(c["startupProbe"]["exec"]["command"])
+    assert f"http://127.0.0.1:{_serve_default('--http-port')}{HEALTH_READY}" in startup
+    # liveness: a real inference through the text model (a dead stub keeps Triton "ready")
+    live = c["livenessProbe"]["exec"]["command"]
+    assert live[:3] == ["python3", "-m", "engine.triton.probe"]
+    assert live[live.index("--url") + 1] == f"127.0.0.1:{ports['grpc']}"
+    from engine.triton.probe import main as probe_main
+    with pytest.raises(SystemExit) as parsed:        # the probe takes exactly these flags
+        probe_main([*live[3:], "--help"])
+    assert parsed.value.code == 0
+    # the API container: the same image, prune api in front of the text model over loopback gRPC
+    assert api["image"] == c["image"]
+    cmd = api["command"]
+    assert cmd[:2] == ["prune", "api"] and cmd[cmd.index("--server") + 1] == f"127.0.0.1:{ports['grpc']}"
+    api_port = {p["name"]: p["containerPort"] for p in api["ports"]}["api"]
+    assert api_port == int(cmd[cmd.index("--port") + 1]) == _serve_api_default("--port")
+    assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
+    assert api["readinessProbe"]["httpGet"] == {"path": "/health", "port": "api"}
+    assert api["livenessProbe"]["httpGet"] == {"path": "/metrics", "port": "api"}
+    api_env = {e["name"]: e for e in api["env"]}
+    assert api_env["PRUNE_API_KEY"]["valueFrom"]["secretKeyRef"]["optional"] is True
+    # the text model both containers name: what `prune repository` writes by default
+    assert api_env["PRUNE_TEXT_MODEL"]["value"] == "default" + TEXT_SUFFIX
     # what prune serve passes: no model control, strict readiness, admin APIs behind the key
     assert "--model-control-mode=none" in args and "--strict-readiness=true" in args
     rule = f"{','.join(ADMIN_APIS)}:{ADMIN_HEADER}=$(PRUNE_ADMIN_KEY)"
     assert f"--http-restricted-api={rule}" in args and f"--grpc-restricted-protocol={rule}" in args
     env = {e["name"]: e for e in c["env"]}
+    assert env["PRUNE_TEXT_MODEL"]["value"] == api_env["PRUNE_TEXT_MODEL"]["value"]
     assert env["PRUNE_ADMIN_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "prune-admin-key"
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
     # the volume the repository comes from
     claim = {v["name"]: v for v in pod["spec"]["volumes"]}["models"]["persistentVolumeClaim"]["claimName"]
     assert _one("PersistentVolumeClaim")["metadata"]["name"] == claim
     assert env["MODEL_REPOSITORY"]["value"] == {m["name"]: m for m in c["volumeMounts"]}["models"]["mountPath"]
+    ports["api"] = api_port
 
     services = {d["metadata"]["name"]: d for _, d in _docs() if d["kind"] == "Service"}
     assert services["prune-triton-headless"]["spec"]["clusterIP"] == "None"
@@ -117,3 +145,4 @@ def test_dockerfile_matches_the_client_pin():
     assert "ENTRYPOINT [\"tritonserver\"]" in text
     dep = _one("Deployment", "prune-triton")
     assert "command" not in dep["spec"]["template"]["spec"]["containers"][0]   # the image's entrypoint
+    assert "[api,triton]" in text and "engine.triton.probe" in text   # what the API container and the probe need

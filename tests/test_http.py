@@ -1,7 +1,7 @@
 """The HTTP API (engine.http) on a real port, for both engines (the in-process pruner and
 a Triton text model): every endpoint's results equal the in-process Pruner's; real
-third-party clients of each protocol (the Cohere SDK's v1 and v2 clients, LlamaIndex's TEI
-reranker) work unmodified; hostile requests get 4xx and the server keeps serving."""
+third-party clients of each protocol (the Cohere SDK's v1 and v2 clients, LlamaIndex's and
+Haystack's TEI rerankers) work unmodified; hostile requests get 4xx and the server keeps serving."""
 from __future__ import annotations
 
 import contextlib
@@ -101,7 +101,7 @@ def test_health_info_metrics_and_schema(api):
 
 def test_real_clients_work_unmodified(api):
     """The Cohere SDK (v2 and v1 clients, base_url pointed here) and LlamaIndex's TEI
-    reranker, as their users call them."""
+    reranker and Haystack's TEI ranker, as their users call them."""
     url, local, family = api
     expected = sorted(local.prune(Q, TEXTS), key=lambda r: -rank_score(r, family, False))
     cohere = pytest.importorskip("cohere")
@@ -118,6 +118,15 @@ def test_real_clients_work_unmodified(api):
     out = tei.TextEmbeddingInference(base_url=url, top_n=2).postprocess_nodes(nodes, query_bundle=QueryBundle(Q))
     non_empty = [r for r in expected if r.context]
     assert [n.node.get_content() for n in out] == [r.context for r in non_empty[:2]]
+    from haystack import Document
+    from haystack.components.rankers import HuggingFaceTEIRanker, hugging_face_tei
+    docs = [Document(content=t) for t in TEXTS if t]
+    ranker = HuggingFaceTEIRanker(url=url, top_k=3)
+    ranked = ranker.run(query=Q, documents=docs)["documents"]
+    assert [d.content for d in ranked] == [r.context for r in non_empty[:3]]
+    assert [d.score for d in ranked] == pytest.approx([rank_score(r, family, False) for r in non_empty[:3]], abs=1e-5)
+    right = ranker.run(query=Q, documents=docs, truncation_direction=hugging_face_tei.TruncationDirection.RIGHT)
+    assert [d.content for d in right["documents"]] == [d.content for d in ranked]
 
 
 def test_concurrent_clients_each_get_their_own_results(api):

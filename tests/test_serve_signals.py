@@ -43,17 +43,19 @@ def _ports_free(ports):
     return True
 
 
-def _start_serve(repo, ports):
+def _start_serve(repo, ports, api_port=0, *extra):
+    """`prune serve` on free ports; with `api_port`, its HTTP API too (ready when it is)."""
     h, g, m = ports
     proc = subprocess.Popen([str(PRUNE), "serve", "--model-repository", str(repo), "--http-port", str(h),
-                             "--grpc-port", str(g), "--metrics-port", str(m)],
+                             "--grpc-port", str(g), "--metrics-port", str(m), "--api-port", str(api_port), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines, ready = [], threading.Event()
+    needle = "HTTP API ready" if api_port else "tritonserver ready"
 
     def pump():
         for line in proc.stdout:
             lines.append(line)
-            if "tritonserver ready" in line:
+            if needle in line:
                 ready.set()
     threading.Thread(target=pump, daemon=True).start()
     assert ready.wait(120), "".join(lines[-30:])
@@ -229,42 +231,56 @@ def test_prune_serve_restarts_a_dead_server_or_stub(small_repository, pruners):
 
 
 def test_a_dead_stub_turns_the_apis_health_503_and_back(small_repository, pruners):
-    """The HTTP API in front of a served text model: a killed stub (Triton keeps the model
-    "ready") shows as 503 on /health within seconds, and 200 again once `prune serve` has
-    restarted the server."""
+    """`prune serve`'s own HTTP API in front of its text model, on --host 0.0.0.0 while
+    tritonserver stays on loopback with its HTTP endpoint off: a killed stub (Triton keeps the model "ready") shows
+    as 503 on /health within seconds, and 200 again once `prune serve` has restarted the
+    server."""
     pytest.importorskip("fastapi")
     import httpx
-    from engine.http.app import ApiConfig
-    from engine.pruner import Pruner
-    from tests.conftest import serve_api
-    ports = free_ports(3)
-    proc, lines = _start_serve(small_repository, ports)
+    ports = free_ports(4)
+    proc, lines = _start_serve(small_repository, ports[:3], ports[3], "--triton-http", "off", "--host", "0.0.0.0")
+    url = f"http://127.0.0.1:{ports[3]}"
     try:
-        client = Pruner.connect(f"127.0.0.1:{ports[1]}", "m_text", timeout=2, retries=6, backoff=0.2)
-        with serve_api(client, ApiConfig()) as url:
-            assert httpx.get(f"{url}/health", timeout=30).status_code == 200
-            stub = next(pid for pid, cmd in processes_under(small_repository).items()
-                        if "triton_python_backend_stub" in cmd and "/m_text/1/model.py" in cmd)
-            mark = len(lines)
-            t0 = time.monotonic()
-            os.kill(stub, signal.SIGKILL)
-            codes = []
-            while time.monotonic() - t0 < 15:
-                codes.append(httpx.get(f"{url}/health", timeout=30).status_code)
-                if codes[-1] == 503:
-                    break
-            down = time.monotonic() - t0
-            assert codes[-1] == 503, codes
-            assert _wait_for(lines, "ready again", mark), "".join(lines[-20:])
-            while time.monotonic() - t0 < 60 and httpx.get(f"{url}/health", timeout=30).status_code != 200:
-                time.sleep(0.2)
-            up = time.monotonic() - t0
-            assert httpx.get(f"{url}/health", timeout=30).status_code == 200
-            doc = ["The stadium was built in 1923. It holds 80,000 people."]
-            got = httpx.post(f"{url}/v1/prune", json={"question": "When?", "passages": doc}, timeout=30).json()
-            assert got["results"][0]["pruned_context"] == pruners["opensearch"][0].prune("When?", doc)[0].pruned_context
-            print(f"\n/health: 503 {down:.1f} s after the stub was killed, 200 again after {up:.1f} s")
-        client.close()
+        assert any("HTTP off" in line for line in lines), "".join(lines)
+        server_cmd = next(cmd for cmd in processes_under(small_repository).values() if "--grpc-address" in cmd)
+        for api in ("http", "grpc", "metrics"):    # the API faces clients (--host), Triton only loopback
+            assert f"--{api}-address=127.0.0.1" in server_cmd, server_cmd
+        with pytest.raises(httpx.ConnectError):          # Triton's own HTTP endpoint is off
+            httpx.get(f"http://127.0.0.1:{ports[0]}/v2/health/ready", timeout=5)
+        assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+        probe = [sys.executable, "-m", "engine.triton.probe", "--url", f"127.0.0.1:{ports[1]}", "--model", "m_text",
+                 "--timeout", "3"]
+        assert subprocess.run(probe, capture_output=True, timeout=60).returncode == 0
+        stub = next(pid for pid, cmd in processes_under(small_repository).items()
+                    if "triton_python_backend_stub" in cmd and "/m_text/1/model.py" in cmd)
+        mark = len(lines)
+        t0 = time.monotonic()
+        os.kill(stub, signal.SIGKILL)
+        # the liveness probe sees it too (in a thread beside the /health polls, since the restart
+        # comes within seconds; the probe as a process is run above)
+        from engine.triton.probe import main as probe_main
+        dead: list[int] = []
+        prober = threading.Thread(target=lambda: dead.append(probe_main(probe[3:])))
+        prober.start()
+        codes = []
+        while time.monotonic() - t0 < 15:
+            codes.append(httpx.get(f"{url}/health", timeout=30).status_code)
+            if codes[-1] == 503:
+                break
+        down = time.monotonic() - t0
+        assert codes[-1] == 503, codes
+        prober.join(60)
+        assert dead == [1]
+        assert _wait_for(lines, "ready again", mark), "".join(lines[-20:])
+        while time.monotonic() - t0 < 60 and httpx.get(f"{url}/health", timeout=30).status_code != 200:
+            time.sleep(0.2)
+        up = time.monotonic() - t0
+        assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+        doc = ["The stadium was built in 1923. It holds 80,000 people."]
+        got = httpx.post(f"{url}/v1/prune", json={"question": "When?", "passages": doc}, timeout=30).json()
+        assert got["results"][0]["pruned_context"] == pruners["opensearch"][0].prune("When?", doc)[0].pruned_context
+        print(f"\n/health: 503 {down:.1f} s after the stub was killed, 200 again after {up:.1f} s")
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+        assert proc.wait(60) == 0
+    assert any("the HTTP API and tritonserver drained and stopped" in line for line in lines), "".join(lines[-5:])

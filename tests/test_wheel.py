@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -86,7 +87,7 @@ def test_wheel_in_a_fresh_venv_runs_the_whole_first_use_path(checkpoints, wheel,
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
-                          f"{wheel}[cpu,default-model,triton,serve]"], capture_output=True, text=True, timeout=900)
+                          f"{wheel}[cpu,default-model,triton,serve,api]"], capture_output=True, text=True, timeout=900)
     assert pip.returncode == 0, pip.stderr[-3000:]
     prune = str(venv / "bin" / "prune")
     work = tmp_path / "elsewhere"
@@ -107,12 +108,12 @@ def test_wheel_in_a_fresh_venv_runs_the_whole_first_use_path(checkpoints, wheel,
     prune_cmd("export", "--model", str(checkpoints["opensearch"]), "--out", "exported")
     prune_cmd("repository", "--target", "cpu", "--model", "exported", "--name", "hl", "--out", "repo",
               "--text-instances", "1")
-    http, grpc, metrics = free_ports(3)
+    http, grpc, metrics, api = free_ports(4)
     serve = subprocess.Popen([prune, "serve", "--model-repository", "repo", "--http-port", str(http),
-                              "--grpc-port", str(grpc), "--metrics-port", str(metrics)], cwd=work, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                              "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--api-port", str(api)],
+                             cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        _wait_for_line(serve, "tritonserver ready", 180)
+        _wait_for_line(serve, "HTTP API ready", 180)
         served = prune_cmd("run", "--server", f"127.0.0.1:{grpc}", "--server-model", "hl_text", "--json",
                            "--question", "what is at the bottom?", "--context", "Lamb is at the bottom. Potato is on top.")
         local = prune_cmd("run", "--model", "exported", "--json",
@@ -120,16 +121,21 @@ def test_wheel_in_a_fresh_venv_runs_the_whole_first_use_path(checkpoints, wheel,
         got, want = json.loads(served.stdout), json.loads(local.stdout)
         assert [s["text"] for s in got[0]["sentences"]] == [s["text"] for s in want[0]["sentences"]]
         assert got[0]["pruned_context"] == want[0]["pruned_context"]
+        request = urllib.request.Request(f"http://127.0.0.1:{api}/v1/prune", headers={"Content-Type": "application/json"},
+                                         data=json.dumps({"question": "what is at the bottom?",
+                                                          "passages": ["Lamb is at the bottom. Potato is on top."]}).encode())
+        with urllib.request.urlopen(request, timeout=60) as r:
+            assert json.load(r)["results"][0]["pruned_context"] == want[0]["pruned_context"]
     finally:
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(timeout=60) == 0
 
 
-def _venv_with(wheel: Path, extras: str, tmp_path: Path) -> Path:
-    """A fresh venv with `wheel[extras]` installed from the package index."""
+def _venv_with(wheel: Path, extras: str, tmp_path: Path, *also: str) -> Path:
+    """A fresh venv with `wheel[extras]` (and the requirements `also`) from the package index."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", f"{wheel}[{extras}]"],
+    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", f"{wheel}[{extras}]", *also],
                          capture_output=True, text=True, timeout=900)
     assert pip.returncode == 0, pip.stderr[-3000:]
     return venv
@@ -204,3 +210,35 @@ def test_the_newest_tritonclient_on_numpy_2_talks_to_the_bundled_server(wheel, s
         for g, w in zip(got, want):
             assert [s["probability"] for s in g["sentences"]] == pytest.approx(
                 [s.probability for s in w.sentences], abs=1e-4), name
+
+
+@pytest.mark.server
+def test_what_the_image_installs_runs_the_api_in_front_of_a_text_model(wheel, server, pruners, tmp_path):
+    """deploy/Dockerfile's install ([api,triton] and numpy<2, its check command) in a fresh
+    venv, then its API container's command (`prune api --server`, deployment.yaml) in front
+    of a served text model: /v1/prune and /health answer as the in-process pruner does."""
+    import re
+    dockerfile = (Path(__file__).resolve().parents[1] / "deploy" / "Dockerfile").read_text()
+    extras = re.search(r'prune_engine-\*\.whl\)\[([a-z,]+)\]" "(numpy<2)"', dockerfile)
+    check = re.search(r'python3 -c "([^"]+)"', dockerfile).group(1)
+    assert extras, "the Dockerfile's install line changed: update this test"
+    venv = _venv_with(wheel, extras.group(1), tmp_path, extras.group(2))
+    assert subprocess.run([str(venv / "bin" / "python"), "-c", check], capture_output=True).returncode == 0
+    (port,) = free_ports(1)
+    api = subprocess.Popen([str(venv / "bin" / "prune"), "api", "--server", server.grpc_url, "--text-model",
+                            "xprovence_text", "--port", str(port)], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for_line(api, "Uvicorn running", 120)
+        q, docs = "When was the stadium built?", ["The stadium was built in 1923. It holds 80,000 people.", ""]
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/prune", headers={"Content-Type": "application/json"},
+                                         data=json.dumps({"question": q, "passages": docs}).encode())
+        with urllib.request.urlopen(request, timeout=60) as r:
+            got = json.load(r)["results"]
+        assert [g["pruned_context"] for g in got] == [w.pruned_context for w in pruners["xprovence"][0].prune(q, docs)]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30) as r:
+            assert r.status == 200
+    finally:
+        api.send_signal(signal.SIGTERM)
+        # uvicorn drains, then re-raises the signal it caught (so a parent sees it): -15
+        assert api.wait(timeout=60) == -signal.SIGTERM

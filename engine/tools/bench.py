@@ -12,7 +12,11 @@ one run, interleaved over repeats, reported as medians:
   served by a local tritonserver, the Python client tokenizing;
 - with --replicas N: the same two over N servers through one multi-endpoint client;
 - triton-text-grpc at concurrency 1, 4, 16: the text model (text in, everything on the
-  server); and Triton's own perf_analyzer on the core and on the text model.
+  server); and Triton's own perf_analyzer on the core and on the text model;
+- api-text-grpc at concurrency 1, 4, 16: the HTTP API (`prune api`, its own process) in
+  front of that text model, called on TEI's /rerank over keep-alive connections;
+- onnxruntime-int8 in-process c1/c4/c16: one Pruner shared by every client thread, as a
+  service shares it; api-in-process c1/c4/c16: `prune api --model` on that INT8 folder.
 
 Also: where the time goes (client work vs model), the batching ablation (sorted token
 budget vs fixed-size batches in input order), and the bytes per passage leaving the core.
@@ -23,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -152,6 +157,73 @@ def run_concurrent(make_client: Callable[[], Any], queries, concurrency: int, re
         raise RuntimeError(f"{len(errors)} client(s) failed: {errors[0]!r}")
     res.latencies = lat
     return el
+
+
+class _Shared:
+    """One pruner handed to every client thread of run_concurrent (which closes each
+    thread's client): closing it is its owner's business."""
+
+    def __init__(self, pruner):
+        self.prune = pruner.prune
+
+    def close(self) -> None:
+        pass
+
+
+class _RerankClient:
+    """A client of the HTTP API's TEI /rerank on one keep-alive connection (the stdlib's,
+    so the bench needs nothing the API's users would not have)."""
+
+    def __init__(self, url: str):
+        import http.client
+        from urllib.parse import urlsplit
+        u = urlsplit(url)
+        self._conn = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
+
+    def prune(self, question: str, passages: list[str]) -> list[dict[str, Any]]:
+        self._conn.request("POST", "/rerank", body=json.dumps({"query": question, "texts": passages}),
+                           headers={"Content-Type": "application/json"})
+        r = self._conn.getresponse()
+        body = r.read()
+        if r.status != 200:
+            raise RuntimeError(f"/rerank answered {r.status}: {body[:300]!r}")
+        out = json.loads(body)
+        if len(out) != len(passages):
+            raise RuntimeError(f"/rerank returned {len(out)} results for {len(passages)} texts")
+        return out
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _wanted(only: str | None, names: list[str]) -> bool:
+    """Whether --paths keeps any of these paths (a server is started only for paths run)."""
+    return not only or any(re.search(only, n) for n in names)
+
+
+def start_api(args: list[str], log=print, timeout: float = 300.0) -> tuple[subprocess.Popen, str]:
+    """`prune api ARGS` as its own process (its own interpreter, as deployed) on a free
+    loopback port; returns it and its URL once /health answers."""
+    import socket
+    import urllib.request
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "api", "--quiet", "--port", str(port), *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"prune api {' '.join(args)} exited: {proc.stderr.read()[-2000:] if proc.stderr else ''}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
+                if r.status == 200:
+                    log(f"prune api {' '.join(args)}: {url}")
+                    return proc, url
+        except OSError:
+            time.sleep(0.25)
+    proc.kill()
+    raise RuntimeError(f"prune api {' '.join(args)} did not answer /health within {timeout:.0f} s")
 
 
 def client_share(pruner, queries) -> dict[str, float]:
@@ -287,6 +359,8 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
         int8 = Pruner.load(models["int8"], threads=threads)
         paths["onnxruntime-int8"] = lambda r: run_sequential(int8, qs, r)
     server = None
+    apis: list[subprocess.Popen] = []
+    precision = 'int8' if 'int8' in models else 'fp32'
     if triton:
         from engine.triton.server import TritonServer
         from export.triton import RepositoryOptions, build_repository
@@ -308,7 +382,6 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
             servers.append(TritonServer(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]))
             servers[-1].start()
         server = servers[0]
-        precision = 'int8' if 'int8' in models else 'fp32'
         if replicas > 1:   # the same load through one multi-endpoint client over every replica
             endpoints = [s.grpc_url for s in servers]
             for c in concurrencies:
@@ -334,14 +407,28 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
                 req1, exe1 = core_stats()
                 r.extra = {"core_requests": req1 - req0, "core_executions": exe1 - exe0}
                 return el
-            paths[f"triton-text-grpc c{c} ({'int8' if 'int8' in models else 'fp32'})"] = text_runner
-        if "int8" in models:
-            for c in (1, 4, 16):
-                def ip(r, c=c):
-                    return run_concurrent(lambda: Pruner.load(models["int8"], threads=threads), qs, c, r)
-                paths[f"onnxruntime-int8 in-process c{c}"] = ip
+            paths[f"triton-text-grpc c{c} ({precision})"] = text_runner
+        if _wanted(only, [f"api-text-grpc c{c} ({precision})" for c in concurrencies]):
+            api_proc, api_url = start_api(["--server", server.grpc_url, "--text-model", "bench_text"], log)
+            apis.append(api_proc)
+            for c in concurrencies:   # the HTTP API in front of the same text model
+                def api_runner(r, c=c):
+                    return run_concurrent(lambda: _RerankClient(api_url), qs, c, r)
+                paths[f"api-text-grpc c{c} ({precision})"] = api_runner
+    if "int8" in models:
+        for c in concurrencies:   # one Pruner shared by the client threads, as a service shares it
+            def ip(r, c=c):
+                return run_concurrent(lambda: _Shared(int8), qs, c, r)
+            paths[f"onnxruntime-int8 in-process c{c}"] = ip
+        ip_args = ["--model", str(models["int8"])] + (["--threads", str(threads)] if threads else [])
+        if _wanted(only, [f"api-in-process c{c} (int8)" for c in concurrencies]):
+            ip_proc, ip_url = start_api(ip_args, log)
+            apis.append(ip_proc)
+            for c in concurrencies:
+                def ip_api(r, c=c):
+                    return run_concurrent(lambda: _RerankClient(ip_url), qs, c, r)
+                paths[f"api-in-process c{c} (int8)"] = ip_api
     if only:
-        import re
         paths = {k: v for k, v in paths.items() if re.search(only, k)}
         if not paths:
             raise ValueError(f"no benchmark path matches {only!r}")
@@ -360,6 +447,9 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
                   "bench_text": perf_analyzer(server.grpc_url, "bench_text", text_input_data(qs), concurrencies,
                                               out_dir)}
     finally:
+        for proc in apis:
+            proc.terminate()
+            proc.wait(60)
         if server is not None:
             for s in servers:
                 s.stop()
@@ -414,6 +504,17 @@ def markdown(report: dict[str, Any], command: str) -> str:
         lines += ["", "Core model under the text model (last repeat): " + "; ".join(
             f"{r['path']}: {r['core_requests']} BLS requests in {r['core_executions']} executions"
             for r in core) + "."]
+    by_path = {r["path"]: r for r in report["paths"]}
+    api_vs = []
+    for conc in (1, 4, 16):
+        api = next((r for n, r in by_path.items() if n.startswith(f"api-text-grpc c{conc} ")), None)
+        grpc = next((r for n, r in by_path.items() if n.startswith(f"triton-text-grpc c{conc} ")), None)
+        if api and grpc:
+            api_vs.append(f"c{conc}: {100 * api['passages_per_s'] / grpc['passages_per_s']:.0f}% of its throughput, "
+                          f"p50 {api['p50_ms'] - grpc['p50_ms']:+.1f} ms")
+    if api_vs:
+        lines += ["", "The HTTP API in front of the text model, against the text model over gRPC: "
+                  + "; ".join(api_vs) + "."]
     c = report["client"]
     lines += ["", f"Client-side work (split, tokenize, encode, batch, decide): {c['client_passages_per_s_one_core']:.0f} "
               f"passages/s on one core" + (f"; {100 * c['share_of_int8_total']:.1f}% of the INT8 path's total time."

@@ -59,8 +59,8 @@ def server_binary() -> Path:
 #: could register shared memory and have outputs written into it, or change logging and
 #: tracing. (Model loading is off: --model-control-mode=none. Statistics are read-only.)
 ADMIN_APIS = ("shared-memory", "trace", "logging")
-#: Triton's health endpoints (KServe v2), used here and by deploy/kubernetes' probes
-HEALTH_READY, HEALTH_LIVE = "/v2/health/ready", "/v2/health/live"
+#: Triton's readiness endpoint (KServe v2), used here and by deploy/kubernetes' startup probe
+HEALTH_READY = "/v2/health/ready"
 ADMIN_HEADER = "prune-admin-key"
 
 
@@ -80,10 +80,11 @@ class TritonServer:
     def __init__(self, repository: str | Path, *, host: str = "127.0.0.1", http_port: int = 8000,
                  grpc_port: int = 8001, metrics_port: int = 8002, log_file: str | Path | None = None,
                  forward_logs: bool = False, extra_args: list[str] | None = None,
-                 admin_key: str | None = None, restrict_admin: bool = True):
+                 admin_key: str | None = None, restrict_admin: bool = True, http: bool = True):
         """`restrict_admin` (default): the shared-memory, trace and logging APIs answer only
         requests carrying the header `prune-admin-key: <admin_key>`; with no admin_key,
-        a random one nobody knows, so they are refused to every client."""
+        a random one nobody knows, so they are refused to every client. `http=False`
+        turns Triton's HTTP endpoint off (readiness is then asked over gRPC)."""
         self.repository = Path(repository).resolve()
         if not self.repository.is_dir():
             raise BackendError(f"{repository}: no such model repository")
@@ -92,6 +93,7 @@ class TritonServer:
         self.forward_logs = forward_logs
         self.extra_args = extra_args or []
         self.restrict_admin = restrict_admin
+        self.http = http
         self.admin_key = admin_key or setting("admin_key") or None
         self._secret = self.admin_key or secrets.token_hex(24)
         self.proc: subprocess.Popen | None = None
@@ -138,7 +140,7 @@ class TritonServer:
                f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
                f"--metrics-port={self.metrics_port}", "--strict-readiness=true", "--log-verbose=0",
                "--model-control-mode=none",        # no load/unload through the API
-               *self.extra_args]
+               *([] if self.http else ["--allow-http=false"]), *self.extra_args]
         if self.restrict_admin:
             rule = f"{','.join(ADMIN_APIS)}:{ADMIN_HEADER}={self._secret}"
             cmd += [f"--http-restricted-api={rule}", f"--grpc-restricted-protocol={rule}"]
@@ -181,6 +183,10 @@ class TritonServer:
 
     def ready(self) -> bool:
         try:
+            if not self.http:
+                import tritonclient.grpc as grpcclient   # nvidia-pytriton depends on it
+                with grpcclient.InferenceServerClient(self.grpc_url) as client:
+                    return bool(client.is_server_ready(client_timeout=1))
             with urllib.request.urlopen(f"http://{self.http_url}{HEALTH_READY}", timeout=1) as r:
                 return r.status == 200
         except Exception:
