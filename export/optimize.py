@@ -108,5 +108,71 @@ def convert_fp16(src: Path, dst: Path, num_heads: int, hidden_size: int, keep_la
                   if not any(m in n.name for m in _ENCODER_MARKERS) and "/embeddings/" not in n.name]
     with _quiet_ort_logs():
         opt.convert_float_to_float16(keep_io_types=True, op_block_list=keep_ops, node_block_list=head_nodes)
+    dropped = drop_repeated_nodes(opt.model.graph)
+    renamed = unique_node_names(opt.model.graph)
     opt.save_model_to_file(str(dst), use_external_data_format=external_data)
-    return {"float32_ops": keep_ops, "float32_nodes": len(head_nodes)}
+    return {"float32_ops": keep_ops, "float32_nodes": len(head_nodes), "repeated_casts_dropped": dropped,
+            "renamed_nodes": renamed}
+
+
+def drop_repeated_nodes(graph) -> int:
+    """Remove a node that recomputes, identically, a tensor an earlier node already
+    produces; returns how many were removed.
+
+    ONNX Runtime's float16 converter in onnxruntime 1.30 and 1.31 inserts one Cast per
+    consumer of a float32-kept tensor, each named after that tensor and writing the same
+    output name: the graph then defines one tensor several times and those versions refuse
+    it ("Duplicate definition of name", "two nodes with same node name"); 1.32 accepts it.
+    The copies are the same Cast of the same input, so every consumer reads the first.
+    Two different nodes writing one name would be a real conflict: that raises."""
+    from engine.errors import ExportError
+    producer: dict[str, Any] = {}
+    keep = []
+    dropped = 0
+    for node in graph.node:
+        earlier = [producer[o] for o in node.output if o and o in producer]
+        if earlier:
+            first = earlier[0]
+            same = (first.op_type == node.op_type and first.domain == node.domain
+                    and list(first.input) == list(node.input) and list(first.output) == list(node.output)
+                    and [a.SerializeToString() for a in first.attribute] == [a.SerializeToString() for a in node.attribute])
+            if not same:
+                raise ExportError(f"two different nodes ({first.name}, {node.name}) write the tensor {node.output[0]}")
+            dropped += 1
+            continue
+        for o in node.output:
+            if o:
+                producer[o] = node
+        keep.append(node)
+    if dropped:
+        del graph.node[:]
+        graph.node.extend(keep)
+    return dropped
+
+
+def unique_node_names(graph) -> int:
+    """Give every node of `graph` a name of its own; returns how many were renamed.
+
+    ONNX Runtime's float16 converter in onnxruntime 1.30 and 1.31 names the Cast it
+    inserts after the tensor it casts, so a tensor cast for two consumers yields two nodes
+    of one name ("..._cast_to_fp32_node"), and ONNX Runtime 1.30/1.31 then refuse the
+    graph ("two nodes with same node name"); 1.32 accepts it. Node names carry no
+    meaning in the computation: the second and later get a suffix."""
+    seen: set[str] = {n.name for n in graph.node}
+    counts: dict[str, int] = {}
+    renamed = 0
+    for node in graph.node:
+        if not node.name:
+            continue
+        k = counts.get(node.name, 0)
+        counts[node.name] = k + 1
+        if k == 0:
+            continue
+        new = f"{node.name}_{k}"
+        while new in seen:
+            k += 1
+            new = f"{node.name}_{k}"
+        seen.add(new)
+        node.name = new
+        renamed += 1
+    return renamed

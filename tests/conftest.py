@@ -31,7 +31,7 @@ SERVER_MODULES = {"test_serve_signals", "test_replicas", "test_deadlines", "test
 #: modules whose tests export or build without the fixtures (a wheel, a fresh venv, the CLI)
 INPROCESS_MODULES = {"test_wheel", "test_packaging", "test_cli", "test_export_cli", "test_checkpoints",
                      "test_gpu_script", "test_tokenizer_check", "test_embedding_family", "test_deploy",
-                     "test_peer_fixtures"}
+                     "test_peer_fixtures", "test_fp16_ort_versions"}
 
 
 def pytest_collection_modifyitems(config, items):

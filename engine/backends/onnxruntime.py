@@ -30,6 +30,10 @@ def arena_mode(value: str | None = None) -> str:
 DEVICES = ("cpu", "cuda")
 
 
+TENSORRT_FALLBACK = ("ONNX Runtime's TensorRT provider is not available here (it needs TensorRT's libraries): "
+                     "running the CUDA provider")
+
+
 def require_cuda() -> None:
     """Raise a ModelLoadError naming the fix when ONNX Runtime has no CUDA provider."""
     try:
@@ -106,17 +110,20 @@ class OnnxRuntimeBackend(Backend):
             raise ModelLoadError("ONNX Runtime's TensorRT provider needs device='cuda' (--device cuda)")
         self.device = device
         available = ort.get_available_providers()
+        say = log or (lambda m: None)
         if device == "cuda":
             require_cuda()
-            providers = [("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"]
+            # use_tf32 0: ONNX Runtime's CUDA provider runs fp32 MatMuls in TF32 by default and
+            # PyTorch does not, so fp32 rows would compare unlike things (fp16 graphs are unaffected)
+            providers = [("CUDAExecutionProvider", {"device_id": 0, "use_tf32": 0}), "CPUExecutionProvider"]
             if tensorrt is not None:
                 if "TensorrtExecutionProvider" in available:
                     providers.insert(0, ("TensorrtExecutionProvider", tensorrt))
                 else:
-                    (log or (lambda m: None))("ONNX Runtime's TensorRT provider is not in this onnxruntime-gpu "
-                                              "(it needs TensorRT's libraries): running the CUDA provider")
+                    say(TENSORRT_FALLBACK)
         elif providers is None:
-            providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+            # device "cpu" means the CPU, even where onnxruntime-gpu offers CUDA first
+            providers = ["CPUExecutionProvider"]
         try:
             self.session = ort.InferenceSession(str(graph), sess_options=opts, providers=providers)
         except Exception as exc:
@@ -127,6 +134,11 @@ class OnnxRuntimeBackend(Backend):
             # onnxruntime-gpu falls back to the CPU when CUDA's libraries do not load
             raise ModelLoadError(f"device='cuda': ONNX Runtime fell back to {self.session.get_providers()} "
                                  "(are the CUDA and cuDNN libraries onnxruntime-gpu needs installed?)")
+        #: the TensorRT provider was asked for but is not what runs (its libraries did not
+        #: load and ONNX Runtime quietly fell back to CUDA): a "tensorrt" figure would be CUDA's
+        self.tensorrt_fallback = tensorrt is not None and self.session.get_providers()[0] != "TensorrtExecutionProvider"
+        if self.tensorrt_fallback and "TensorrtExecutionProvider" in available:
+            say(TENSORRT_FALLBACK)
         self.io_binding = (device == "cuda") if io_binding is None else bool(io_binding)
         self.input_names = [i.name for i in self.session.get_inputs()]
         outputs = [o.name for o in self.session.get_outputs()]

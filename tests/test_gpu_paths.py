@@ -1,0 +1,94 @@
+"""The CUDA paths' choices, checked without a GPU (#28 items 7-10): ONNX Runtime is made
+to offer CUDA and TensorRT, and the session records what the backend asked for.
+
+- device "cpu" asks for the CPU alone, even where onnxruntime-gpu offers CUDA first;
+- device "cuda" turns the CUDA provider's TF32 off (PyTorch fp32 does not use it);
+- a TensorRT request that ONNX Runtime quietly ran on CUDA says so, and gpu.py measures it
+  once (as CUDA), not twice;
+- benchmarks/gpu.py runs again into the same --keep folder."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import onnxruntime
+import pytest
+
+from engine.backends import onnxruntime as backend_module
+from engine.backends.onnxruntime import TENSORRT_FALLBACK, OnnxRuntimeBackend
+
+pytestmark = pytest.mark.inprocess
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def gpu_offered(monkeypatch):
+    """onnxruntime offering CUDA (and TensorRT); sessions run on the CPU but report the
+    first provider asked for, unless `runs` says which one 'loaded'."""
+    asked: list = []
+    state = {"runs": None}
+    real = onnxruntime.InferenceSession
+
+    class Session:
+        def __init__(self, path, sess_options=None, providers=None):
+            asked.append(providers)
+            self._s = real(path, sess_options=sess_options, providers=["CPUExecutionProvider"])
+            first = providers[0] if isinstance(providers[0], str) else providers[0][0]
+            self._providers = [state["runs"] or first, "CPUExecutionProvider"]
+
+        def get_providers(self):
+            return self._providers
+
+        def __getattr__(self, name):
+            return getattr(self._s, name)
+
+    monkeypatch.setattr(onnxruntime, "get_available_providers",
+                        lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(onnxruntime, "InferenceSession", Session)
+    return asked, state
+
+
+def test_device_cpu_asks_for_the_cpu_alone(gpu_offered, exported):
+    asked, _ = gpu_offered
+    OnnxRuntimeBackend(exported["xprovence"] / "model.onnx", device="cpu")
+    assert asked[-1] == ["CPUExecutionProvider"]
+
+
+def test_device_cuda_turns_tf32_off(gpu_offered, exported):
+    asked, _ = gpu_offered
+    b = OnnxRuntimeBackend(exported["xprovence"] / "model.onnx", device="cuda", io_binding=False)
+    cuda = next(p[1] for p in asked[-1] if isinstance(p, tuple) and p[0] == "CUDAExecutionProvider")
+    assert cuda["use_tf32"] == 0 and not b.tensorrt_fallback
+
+
+def test_a_tensorrt_request_run_on_cuda_says_so(gpu_offered, exported):
+    asked, state = gpu_offered
+    state["runs"] = "CUDAExecutionProvider"        # TensorRT's libraries did not load
+    said: list[str] = []
+    b = OnnxRuntimeBackend(exported["xprovence"] / "model.onnx", device="cuda", io_binding=False,
+                           tensorrt=backend_module.tensorrt_options(["input_ids"], [128], 8, Path("trt")),
+                           log=said.append)
+    assert asked[-1][0][0] == "TensorrtExecutionProvider"
+    assert b.tensorrt_fallback and said == [TENSORRT_FALLBACK]
+    state["runs"] = None                           # TensorRT ran: no note
+    said.clear()
+    b = OnnxRuntimeBackend(exported["xprovence"] / "model.onnx", device="cuda", io_binding=False,
+                           tensorrt=backend_module.tensorrt_options(["input_ids"], [128], 8, Path("trt")),
+                           log=said.append)
+    assert not b.tensorrt_fallback and said == []
+
+
+def test_gpu_script_reruns_into_the_same_keep_folder(tmp_path):
+    keep = tmp_path / "models"
+    for run in range(2):
+        out = tmp_path / f"gpu{run}.json"
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu", "--tiny", "--device", "cpu", "--out", str(out),
+                               "--keep", str(keep), "--lengths", "16", "--batches", "1", "--dtypes", "float32",
+                               "--attn", "eager", "--iters", "1"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rows = json.loads(out.read_text())["rows"]
+        assert not [r for r in rows if "error" in r], [r for r in rows if "error" in r]
+        assert {"onnxruntime-cpu fp32", "onnxruntime-cpu fp16"} <= {r.get("path") for r in rows}
