@@ -1,7 +1,7 @@
 """The HTTP API (engine.http) on a real port, for both engines (the in-process pruner and
 a Triton text model): every endpoint's results equal the in-process Pruner's; real
-third-party clients of each protocol (the Cohere SDK's v1 and v2 clients, LlamaIndex's and
-Haystack's TEI rerankers) work unmodified; hostile requests get 4xx and the server keeps serving."""
+third-party clients of each protocol (the Cohere SDK's v1 and v2 clients and LangChain's
+CohereRerank; LlamaIndex's and Haystack's TEI rerankers) work unmodified; hostile requests get 4xx and the server keeps serving."""
 from __future__ import annotations
 
 import contextlib
@@ -100,8 +100,9 @@ def test_health_info_metrics_and_schema(api):
 
 
 def test_real_clients_work_unmodified(api):
-    """The Cohere SDK (v2 and v1 clients, base_url pointed here) and LlamaIndex's TEI
-    reranker and Haystack's TEI ranker, as their users call them."""
+    """Cohere's protocol: the Cohere SDK (v2 and v1 clients, base_url pointed here) and
+    LangChain's CohereRerank; TEI's: LlamaIndex's TEI reranker and Haystack's TEI ranker;
+    as their users call them."""
     url, local, family = api
     expected = sorted(local.prune(Q, TEXTS), key=lambda r: -rank_score(r, family, False))
     cohere = pytest.importorskip("cohere")
@@ -118,6 +119,13 @@ def test_real_clients_work_unmodified(api):
     out = tei.TextEmbeddingInference(base_url=url, top_n=2).postprocess_nodes(nodes, query_bundle=QueryBundle(Q))
     non_empty = [r for r in expected if r.context]
     assert [n.node.get_content() for n in out] == [r.context for r in non_empty[:2]]
+    from langchain_cohere import CohereRerank          # Cohere's protocol, a second client
+    from langchain_core.documents import Document as LcDocument
+    reranker = CohereRerank(cohere_api_key="unused", base_url=url, model="m", top_n=2)
+    lc = reranker.compress_documents([LcDocument(page_content=t) for t in TEXTS], Q)
+    assert [d.page_content for d in lc] == [r.context for r in expected[:2]]
+    assert [d.metadata["relevance_score"] for d in lc] == pytest.approx(
+        [rank_score(r, family, False) for r in expected[:2]], abs=1e-5)
     from haystack import Document
     from haystack.components.rankers import HuggingFaceTEIRanker, hugging_face_tei
     docs = [Document(content=t) for t in TEXTS if t]
