@@ -158,6 +158,8 @@ def cmd_run(args) -> int:
         kwargs["alpha"] = None if args.alpha < 0 else args.alpha
     if args.windows:
         kwargs["windows"] = args.windows
+    if args.lexical_weight is not None:
+        kwargs["lexical_weight"] = args.lexical_weight
     results = pruner.prune(args.question, contexts, threshold=args.threshold, title=args.title,
                            reorder=args.reorder, top_k=args.top_k, **kwargs)
     t_run = time.perf_counter() - t1
@@ -583,6 +585,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--threshold", type=float, help="keep threshold (default: the family's)")
     r.add_argument("--title", choices=list(TITLE_RULES), help="title rule (default: the family's)")
     r.add_argument("--alpha", type=float, help="backoff alpha; negative disables (default: the family's)")
+    r.add_argument("--lexical-weight", type=float,
+                   help="weight in [0, 1] of the in-passage lexical score fused with the model's sentence and "
+                        "reranking scores (engine.lexical; default: the model's, 0 for every family today)")
     r.add_argument("--reorder", action="store_true", help="sort passages by reranking score")
     r.add_argument("--top-k", type=int, help="keep the k best passages by reranking score")
     r.add_argument("--json", action="store_true", help="print results as JSON")

@@ -52,6 +52,9 @@ class Family:
     # The tokenizer this family's published checkpoints use, named when a checkpoint's own
     # is missing or degenerate (prune export --tokenizer).
     usual_tokenizer: str = ""
+    # The weight of the in-passage lexical score fused with the model's (engine.lexical):
+    # 0 leaves the model's scores as they are. A manifest's defaults may set it.
+    lexical_weight: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

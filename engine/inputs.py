@@ -121,8 +121,14 @@ def check_alpha(alpha: Any) -> Any:
     return alpha if alpha is ... or alpha is None else check_threshold(alpha, "alpha")
 
 
+def check_lexical_weight(weight: Any) -> float | None:
+    """None (the family's default) passes; a number must be in [0, 1] (engine.lexical)."""
+    return None if weight is None else check_threshold(weight, "lexical_weight")
+
+
 def check_options(*, threshold: Any = None, title: Any = None, alpha: Any = ..., top_k: Any = None,
-                  windows: Any = None, sentences: Any = None, n_passages: int = 0) -> dict[str, Any]:
+                  windows: Any = None, sentences: Any = None, n_passages: int = 0,
+                  lexical_weight: Any = None) -> dict[str, Any]:
     """The call's options, checked; None / `...` stay (the family's defaults)."""
     if sentences is not None:
         if not isinstance(sentences, Sequence) or len(sentences) != n_passages:
@@ -133,4 +139,4 @@ def check_options(*, threshold: Any = None, title: Any = None, alpha: Any = ...,
                                  f"got {type(sent).__name__}")
     return {"threshold": None if threshold is None else check_threshold(threshold),
             "title": check_title(title), "alpha": check_alpha(alpha), "top_k": check_top_k(top_k),
-            "windows": check_windows(windows)}
+            "windows": check_windows(windows), "lexical_weight": check_lexical_weight(lexical_weight)}

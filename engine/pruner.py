@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from engine import lexical
 from engine import text as textmod
 from engine.backends.base import Backend
 from engine.batching import BatchingConfig, ModelBatch, collate, plan
@@ -51,6 +52,8 @@ class Call:
     reorder: bool
     top_k: int | None
     windows: str = "sentences"
+    question: str = ""
+    lexical_weight: float = 0.0
 
 
 @dataclass
@@ -208,7 +211,7 @@ class Pruner:
               title: str | None = None, alpha: Any = ..., reorder: bool = False,
               top_k: int | None = None,
               sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None,
-              windows: str | None = None) -> list[PruneResult]:
+              windows: str | None = None, lexical_weight: float | None = None) -> list[PruneResult]:
         """Prune each passage for `question`; one PruneResult per passage, in input order
         (or by reranking score with `reorder` / `top_k`).
 
@@ -224,14 +227,15 @@ class Pruner:
                decision per passage, token-weighted pieces); the family's default if None.
         """
         call = self.prepare(question, passages, threshold=threshold, title=title, alpha=alpha,
-                            reorder=reorder, top_k=top_k, sentences=sentences, windows=windows)
+                            reorder=reorder, top_k=top_k, sentences=sentences, windows=windows,
+                            lexical_weight=lexical_weight)
         return self.finish(call, self.backend.infer_many(call.batches) if call.batches else [])
 
     def prepare(self, question: str, passages: str | Sequence[str], *, threshold: float | None = None,
                 title: str | None = None, alpha: Any = ..., reorder: bool = False,
                 top_k: int | None = None,
                 sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None,
-                windows: str | None = None) -> "Call":
+                windows: str | None = None, lexical_weight: float | None = None) -> "Call":
         """Everything before the model: checks, sentences, blocks and padded batches.
 
         `prune` is `finish(prepare(...), backend.infer_many(call.batches))`; a caller that
@@ -239,7 +243,7 @@ class Pruner:
         fam = self.spec.family
         question, passages = check_call(question, passages, self.limits)
         opts = check_options(threshold=threshold, title=title, alpha=alpha, top_k=top_k, windows=windows,
-                             sentences=sentences, n_passages=len(passages))
+                             sentences=sentences, n_passages=len(passages), lexical_weight=lexical_weight)
         threshold = fam.threshold if opts["threshold"] is None else opts["threshold"]
         title = fam.title if opts["title"] is None else opts["title"]
         alpha = fam.backoff_alpha if opts["alpha"] is ... else opts["alpha"]
@@ -247,9 +251,13 @@ class Pruner:
         spans = [textmod.spans_from_sentences(p, sentences[i]) if sentences is not None
                  else textmod.split_sentences(p) for i, p in enumerate(passages)]
         blocks = self.encode(question, passages, spans, windows) if passages else []
+        weight = fam.lexical_weight if opts["lexical_weight"] is None else opts["lexical_weight"]
+        if weight and self._token_windows(windows):
+            raise InputError("lexical_weight applies to sentence windows; windows='reference' decides per "
+                             "token window as the family's own code does (pass windows='sentences')")
         return Call(passages=passages, spans=spans, blocks=blocks, batches=self.batches(blocks),
                     threshold=threshold, title=title, alpha=alpha, reorder=reorder, top_k=top_k,
-                    windows=windows)
+                    windows=windows, question=question, lexical_weight=weight)
 
     def windows_mode(self, windows: str | None) -> str:
         """The windowing a call runs: the family's default, or `windows` when valid."""
@@ -270,6 +278,12 @@ class Pruner:
                             unweighted=self._fragment_tokens(call.windows) is not None)
         per_window = (self._window_decisions(call.spans, call.blocks, per_block, call.threshold, call.alpha)
                       if self._token_windows(call.windows) else None)
+        if call.lexical_weight:      # the in-passage lexical score fused with the model's (engine.lexical)
+            w = call.lexical_weight
+            for p, sp, sc in zip(call.passages, call.spans, scored):
+                sc.probs = lexical.fuse(sc.probs, lexical.sentence_scores(call.question, [p[a:b] for a, b in sp]), w)
+                if sc.rerank is not None:
+                    sc.rerank = float(lexical.fuse(sc.rerank, lexical.passage_score(call.question, p), w))
         results = []
         for i, (p, sp, sc) in enumerate(zip(call.passages, call.spans, scored)):
             if per_window is not None:

@@ -159,6 +159,8 @@ class PruneRequest(_Request):
     alpha: float | None = Field(None, description="backoff alpha (the family's default when absent); a "
                                                   "negative value turns backoff off")
     windows: Literal["reference", "sentences"] | None = None
+    lexical_weight: float | None = Field(None, ge=0.0, le=1.0, description="weight of the in-passage lexical "
+                                         "score fused with the model's (the model's default when absent; 0: off)")
     pre: str | None = Field(None, description="with post: each result's passage with its kept sentences tagged")
     post: str | None = None
 
@@ -348,7 +350,7 @@ def create_app(pruner: PrunerProtocol, config: ApiConfig = ApiConfig()) -> Any:
               summary="Prune passages: the engine's full result")
     async def prune_endpoint(req: PruneRequest):
         options: dict[str, Any] = {"threshold": req.threshold, "top_k": req.top_k, "reorder": req.reorder,
-                                   "title": req.title, "windows": req.windows}
+                                   "title": req.title, "windows": req.windows, "lexical_weight": req.lexical_weight}
         if req.alpha is not None:
             options["alpha"] = None if req.alpha < 0 else req.alpha
         results = await run(prune, req.question, req.passages, **options)

@@ -77,13 +77,15 @@ class HttpPruner:
 
     def prune(self, question: str, passages: str | Sequence[str], *, threshold: float | None = None,
               title: str | None = None, alpha: Any = ..., reorder: bool = False, top_k: int | None = None,
-              sentences: Any = None, windows: str | None = None) -> list[PruneResult]:
+              sentences: Any = None, windows: str | None = None,
+              lexical_weight: float | None = None) -> list[PruneResult]:
         if sentences is not None:
             raise InputError("sentences: given sentence lists are an in-process option; /v1/prune splits itself")
         question, texts = check_call(question, passages, self.limits)
-        opts = check_options(threshold=threshold, title=title, alpha=alpha, top_k=top_k, windows=windows)
+        opts = check_options(threshold=threshold, title=title, alpha=alpha, top_k=top_k, windows=windows,
+                             lexical_weight=lexical_weight)
         body: dict[str, Any] = {"question": question, "passages": texts, "reorder": reorder}
-        for key in ("threshold", "top_k", "title", "windows"):
+        for key in ("threshold", "top_k", "title", "windows", "lexical_weight"):
             if opts[key] is not None:
                 body[key] = opts[key]
         if opts["alpha"] is not ...:

@@ -25,6 +25,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from engine import lexical
+
 THRESHOLDS = tuple(round(x, 3) for x in np.linspace(0.0, 1.0, 101))
 ALPHAS = (None, 0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -225,6 +227,28 @@ def bm25_sentence_scores(samples: Sequence[PruneSample]) -> list[np.ndarray]:
     return out
 
 
+#: The hybrid's setting, chosen on squad-dev alone (docs/quality.md): the weight of the
+#: in-passage lexical score (engine.lexical) and the keep threshold and backoff with it.
+HYBRID = {"lexical_weight": 0.5, "threshold": 0.83, "alpha": 0.0}
+
+
+def passage_lexical_scores(samples: Sequence[PruneSample]) -> list[np.ndarray]:
+    """engine.lexical's sentence scores: BM25 with the IDF of the passage's own sentences."""
+    return [lexical.sentence_scores(s.question, [s.context[a:b] for a, b in s.spans]) for s in samples]
+
+
+def hybrid_rows(name: str, pruner, samples: Sequence[PruneSample], scores: Sequence[np.ndarray],
+                labels: Sequence[np.ndarray], strict: bool) -> list[GridResult]:
+    """The model's sentence scores fused with engine.lexical's (as Pruner does with
+    lexical_weight): at the best setting of the grid, and at HYBRID's."""
+    w = HYBRID["lexical_weight"]
+    fused = [lexical.fuse(s, lx, w) for s, lx in zip(scores, passage_lexical_scores(samples))]
+    at = sentence_metrics([sweep_keep(f, HYBRID["threshold"], HYBRID["alpha"], strict) for f in fused], labels)
+    return [grid_search(f"{name} + lexical (weight {w})", fused, labels, strict=strict),
+            GridResult(f"{name} + lexical (weight {w}) at threshold {HYBRID['threshold']}, alpha {HYBRID['alpha']}",
+                       at, dict(HYBRID))]
+
+
 # --------------------------------------------------------------------------- models
 
 def _progress(iterable, total: int, desc: str, enabled: bool):
@@ -265,10 +289,10 @@ def reranking_metrics(rankings: Sequence[Sequence[float]], golds: Sequence[int],
 
 
 def model_rankings(pruner, samples: Sequence[RagSample], progress: bool = True,
-                   windows: str | None = None) -> list[list[float]]:
+                   windows: str | None = None, lexical_weight: float | None = None) -> list[list[float]]:
     out = []
     for s in _progress(samples, len(samples), "reranking", progress):
-        results = pruner.prune(s.question, s.passages, windows=windows)
+        results = pruner.prune(s.question, s.passages, windows=windows, lexical_weight=lexical_weight)
         out.append([r.reranking_score if r.reranking_score is not None else -math.inf for r in results])
     return out
 
@@ -342,7 +366,9 @@ def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: st
         samples = load_prune_data(prune_data, limit)
         labels = [s.labels for s in samples]
         rows = [keep_all_baseline(labels), first_k_baseline(labels),
-                grid_search("BM25 (sentence vs question)", bm25_sentence_scores(samples), labels)]
+                grid_search("BM25 (sentence vs question)", bm25_sentence_scores(samples), labels),
+                grid_search("BM25 over the passage's own sentences (engine.lexical)",
+                            passage_lexical_scores(samples), labels)]
         half = len(samples) // 2
         for name, pruner in models.items():
             log(f"scoring {len(samples)} documents with {name} (windows {report['windows'][name]}) ...")
@@ -355,6 +381,8 @@ def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: st
                 [k if k is not None else sweep_keep(s, fam.threshold, fam.backoff_alpha, strict)
                  for s, k in zip(scores, kept)], labels),
                 {"threshold": fam.threshold, "alpha": fam.backoff_alpha}))
+            if report["windows"][name] == "sentences":
+                rows += hybrid_rows(name, pruner, samples, scores, labels, strict)
             if half >= 10:
                 # Honest generalisation: the setting chosen on the first half, scored on the second.
                 tuned = grid_search(name, scores[:half], labels[:half], strict=strict).setting
@@ -373,6 +401,10 @@ def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: st
         for name, pruner in models.items():
             log(f"reranking {len(rag)} queries with {name} ...")
             rr[name] = reranking_metrics(model_rankings(pruner, rag, progress, windows), golds)
+            if report["windows"][name] == "sentences":
+                w = HYBRID["lexical_weight"]
+                rr[f"{name} + lexical (weight {w})"] = reranking_metrics(
+                    model_rankings(pruner, rag, progress, windows, lexical_weight=w), golds)
         report["reranking"] = {"data": str(rag_data), "metrics": rr}
     return report
 

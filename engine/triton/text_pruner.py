@@ -65,8 +65,9 @@ class TritonTextPruner:
         tc = self.transport.tc
         values = {"question": np.array([question.encode("utf-8")], dtype=np.object_),
                   "passages": np.array([p.encode("utf-8") for p in passages], dtype=np.object_)}
-        if options.get("threshold") is not None:
-            values["threshold"] = np.array([options["threshold"]], dtype=np.float32)
+        for name in ("threshold", "lexical_weight"):
+            if options.get(name) is not None:
+                values[name] = np.array([options[name]], dtype=np.float32)
         for name in ("title", "windows"):
             if options.get(name) is not None:
                 values[name] = np.array([options[name].encode("utf-8")], dtype=np.object_)
@@ -103,17 +104,19 @@ class TritonTextPruner:
     # ------------------------------------------------------------------ API
     def prune(self, question: str, passages: str | Sequence[str], *, threshold: float | None = None,
               title: str | None = None, alpha: Any = ..., reorder: bool = False,
-              top_k: int | None = None, sentences: Any = None, windows: str | None = None) -> list[PruneResult]:
+              top_k: int | None = None, sentences: Any = None, windows: str | None = None,
+              lexical_weight: float | None = None) -> list[PruneResult]:
         """`Pruner.prune` on the server (see there). `sentences=` needs the client-side
         splitter: connect to the core model for it."""
         question, passages = check_call(question, passages, self.limits)
-        opts = check_options(threshold=threshold, title=title, alpha=alpha, top_k=top_k, windows=windows)
+        opts = check_options(threshold=threshold, title=title, alpha=alpha, top_k=top_k, windows=windows,
+                             lexical_weight=lexical_weight)
         if sentences is not None:
             raise InputError("sentences= is not supported through a text model (the server splits); "
                              "connect to the core model to pass your own sentences")
         if not passages:
             return []
-        options = {k: opts[k] for k in ("threshold", "title", "alpha", "windows")}
+        options = {k: opts[k] for k in ("threshold", "title", "alpha", "windows", "lexical_weight")}
         used = self.spec.family.threshold if opts["threshold"] is None else opts["threshold"]
         ran = self.spec.family.windows if opts["windows"] is None else opts["windows"]
         chunks = self._chunks(question, passages)

@@ -1,0 +1,67 @@
+"""An in-passage lexical score, fused with the model's, beside the decisions (`lexical_weight`).
+
+A similarity model keeps the sentence most *like* the question (often a title or a
+restatement); lexical overlap finds the sentence that names what is asked about. The
+fusion runs on the client side of the core, in `Pruner.finish_blocks`, so the in-process
+pruner and the Triton text model (which runs the same Pruner) give the same results.
+
+- A sentence's lexical score: Okapi BM25 (k1 1.5, b 0.75) of the question against the
+  passage's sentences, with the IDF taken from those sentences (no corpus, no language
+  data), divided by the passage's best, so it lies in [0, 1].
+- A passage's lexical score (for its reranking score): the share of the question's
+  distinct words that occur in it, in [0, 1]; it depends on that passage alone, so a call
+  cut into several requests scores exactly as the whole call.
+- Fusion: (1 - w) * model + w * lexical, for the sentence probabilities and the reranking
+  score alike; w = 0 leaves the model's scores untouched.
+
+Words: Unicode word characters (`\\w+`), case-folded. The settings were chosen on
+squad-dev (docs/quality.md)."""
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+_WORD = re.compile(r"\w+")
+K1, B = 1.5, 0.75
+
+
+def words(text: str) -> list[str]:
+    return [w.casefold() for w in _WORD.findall(text)]
+
+
+def sentence_scores(question: str, sentences: Sequence[str], k1: float = K1, b: float = B) -> np.ndarray:
+    """Each sentence's BM25 against the question, IDF from these sentences, divided by the best."""
+    docs = [words(s) for s in sentences]
+    n = len(docs)
+    if n == 0:
+        return np.zeros(0)
+    query = set(words(question))
+    avgdl = sum(len(d) for d in docs) / n or 1.0
+    df = Counter(w for d in docs for w in set(d) if w in query)
+    idf = {w: math.log(1 + (n - c + 0.5) / (c + 0.5)) for w, c in df.items()}
+    out = np.zeros(n)
+    for i, d in enumerate(docs):
+        tf = Counter(w for w in d if w in idf)
+        norm = k1 * (1 - b + b * len(d) / avgdl)
+        out[i] = sum(idf[w] * f * (k1 + 1) / (f + norm) for w, f in tf.items())
+    best = out.max()
+    return out / best if best > 0 else out
+
+
+def passage_score(question: str, passage: str) -> float:
+    """The share of the question's distinct words that the passage holds."""
+    query = set(words(question))
+    if not query:
+        return 0.0
+    return len(query & set(words(passage))) / len(query)
+
+
+def fuse(model: np.ndarray | float, lexical: np.ndarray | float, weight: float) -> np.ndarray | float:
+    """(1 - weight) * model + weight * lexical; the model's scores as they are at weight 0."""
+    if weight == 0:
+        return model
+    return (1.0 - weight) * model + weight * lexical

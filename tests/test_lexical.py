@@ -1,0 +1,92 @@
+"""The in-passage lexical score (engine.lexical) and its fusion with the model's
+(`lexical_weight`): BM25 against a hand computation, the fusion monotone in each part,
+weight 0 equal to the model alone, the in-process pruner and the Triton text model equal,
+awkward questions handled, bad weights refused."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from engine import lexical
+from engine.errors import InputError
+
+
+def test_bm25_over_the_passages_sentences_by_hand():
+    sents = ["The cat sat.", "A dog sat on the cat.", "Birds fly."]
+    got = lexical.sentence_scores("Where did the cat sit?", sents)
+    # query words: where did the cat sit; df over the 3 sentences: the 2, cat 2 (sit: no "sit", only "sat")
+    n, k1, b = 3, 1.5, 0.75
+    lengths = [3, 6, 2]
+    avgdl = sum(lengths) / n
+    idf = math.log(1 + (n - 2 + 0.5) / (2 + 0.5))          # "the" and "cat": df 2 each
+
+    def bm(tf_the, tf_cat, dl):
+        norm = k1 * (1 - b + b * dl / avgdl)
+        return sum(idf * tf * (k1 + 1) / (tf + norm) for tf in (tf_the, tf_cat) if tf)
+    raw = np.array([bm(1, 1, 3), bm(1, 1, 6), 0.0])
+    np.testing.assert_allclose(got, raw / raw.max())
+    assert got[0] == 1.0 and got[2] == 0.0
+
+
+def test_passage_score_is_question_word_coverage():
+    assert lexical.passage_score("When was the stadium built?", "The stadium was built in 1923.") == 4 / 5
+    assert lexical.passage_score("When?", "Nothing here.") == 0.0
+
+
+@pytest.mark.parametrize("question", ["北京是中国的首都吗？", "Où est la tour Eiffel ?", "the of and a", "???", "Ünïcödé CASE"])
+def test_awkward_questions_are_handled(question):
+    sents = ["北京是中国的首都。", "La tour Eiffel est à Paris.", "The cat and a dog.", "ünïcödé case works"]
+    got = lexical.sentence_scores(question, sents)
+    assert got.shape == (4,) and np.all((got >= 0) & (got <= 1))
+    assert 0.0 <= lexical.passage_score(question, " ".join(sents)) <= 1.0
+    assert lexical.sentence_scores(question, []).shape == (0,)
+    if question == "Ünïcödé CASE":                     # case-folded
+        assert got[3] == 1.0
+
+
+def test_fusion_is_monotone_in_each_part_and_weight_zero_is_the_model():
+    rng = np.random.default_rng(0)
+    model, lex = rng.random(50), rng.random(50)
+    for w in (0.0, 0.3, 0.5, 1.0):
+        base = lexical.fuse(model, lex, w)
+        assert np.all(lexical.fuse(model + 0.1, lex, w) >= base) and np.all(lexical.fuse(model, lex + 0.1, w) >= base)
+    assert lexical.fuse(model, lex, 0.0) is model
+
+
+def test_weight_zero_equals_todays_results_and_weights_are_checked(pruners):
+    p = pruners["xprovence"][0]
+    q = "When was the stadium built?"
+    docs = ["The stadium was built in 1923. It holds 80,000 people.", "Paris is the capital of France."]
+    assert [r.to_dict() for r in p.prune(q, docs, lexical_weight=0.0)] == [r.to_dict() for r in p.prune(q, docs)]
+    fused = p.prune(q, docs, lexical_weight=0.5)
+    for r, m in zip(fused, p.prune(q, docs)):
+        lex = lexical.sentence_scores(q, [s.text for s in m.sentences])
+        np.testing.assert_allclose([s.probability for s in r.sentences],
+                                   0.5 * np.array([s.probability for s in m.sentences]) + 0.5 * lex, atol=1e-6)
+        assert r.reranking_score == pytest.approx(0.5 * m.reranking_score + 0.5 * lexical.passage_score(q, m.context))
+    for bad in (-0.1, 1.5, float("nan"), "0.5"):
+        with pytest.raises(InputError, match="lexical_weight"):
+            p.prune(q, docs, lexical_weight=bad)
+    with pytest.raises(InputError, match="token window"):
+        pruners["opensearch"][0].prune(q, docs, lexical_weight=0.5, windows="reference")
+
+
+def test_the_triton_text_model_fuses_as_in_process(pruners, server):
+    from engine.pruner import Pruner
+    local = pruners["xprovence"][0]
+    q = "When was the stadium built?"
+    docs = ["The stadium was built in 1923. It holds 80,000 people. Its roof came later.",
+            "Paris is the capital of France.", "", "The river flows to the sea. The stadium opened in 1924."]
+    with Pruner.connect(server.grpc_url, "xprovence_text") as remote:
+        got, want = remote.prune(q, docs, lexical_weight=0.5), local.prune(q, docs, lexical_weight=0.5)
+        assert [r.pruned_context for r in got] == [r.pruned_context for r in want]
+        for g, w in zip(got, want):
+            assert [s.probability for s in g.sentences] == pytest.approx([s.probability for s in w.sentences], abs=1e-5)
+            assert (g.reranking_score is None) == (w.reranking_score is None)
+            if w.reranking_score is not None:
+                assert g.reranking_score == pytest.approx(w.reranking_score, abs=1e-5)
+        assert [r.to_dict() for r in remote.prune(q, docs, lexical_weight=0.0)] != [r.to_dict() for r in got]
+        with pytest.raises(InputError, match="lexical_weight"):
+            remote.prune(q, docs, lexical_weight=2.0)
