@@ -217,3 +217,19 @@ def test_bench_runs_the_api_beside_the_text_model_and_shares_one_pruner(exported
     text = next(tmp_path.glob("bench-*/bench.md")).read_text()
     assert "The HTTP API in front of the text model, against the text model over gRPC: c1:" in text
     capsys.readouterr()
+
+
+def test_eval_reports_the_lexical_hybrid_beside_its_parts(exported, tiny_data, tmp_path, capsys):
+    from engine.tools.quality import HYBRID
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", str(exported["xprovence"]), "--data", str(tiny_data / "prune.jsonl"),
+                 "--rag-data", str(tiny_data / "rag.jsonl"), "--out", str(out), "--no-progress"]) == 0
+    report = json.loads((out / "eval.json").read_text())
+    names = [r["name"] for r in report["pruning"]["rows"]]
+    w = HYBRID["lexical_weight"]
+    assert "BM25 over the passage's own sentences (engine.lexical)" in names
+    assert any(n.endswith(f"+ lexical (weight {w})") for n in names)
+    assert any(f"+ lexical (weight {w}) at threshold {HYBRID['threshold']}" in n for n in names)
+    hybrid = [m for n, m in report["reranking"]["metrics"].items() if n.endswith(f"+ lexical (weight {w})")]
+    assert len(hybrid) == 1 and 0 < hybrid[0]["mrr@10"] <= 1
+    capsys.readouterr()

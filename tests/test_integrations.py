@@ -249,3 +249,21 @@ def test_the_docs_pipelines_print_what_the_page_shows(default_cache, framework, 
                          cwd=root)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip("\n") == output
+
+
+def test_the_adapters_pass_the_lexical_weight(pruners):
+    from haystack import Document as HsDocument
+    from langchain_core.documents import Document
+    from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+    from engine.integrations.haystack import PruneRanker
+    from engine.integrations.langchain import PruneCompressor
+    from engine.integrations.llamaindex import PrunePostprocessor
+    local = pruners["xprovence"][0]
+    want = [r.pruned_context for r in local.prune(Q, TEXTS, threshold=THRESHOLD, lexical_weight=0.5)]
+    assert want != [r.pruned_context for r in local.prune(Q, TEXTS, threshold=THRESHOLD)]   # it changes something
+    opts = {"threshold": THRESHOLD, "lexical_weight": 0.5, "keep_empty": True}
+    lc = PruneCompressor(pruner=local, **opts).compress_documents([Document(page_content=t) for t in TEXTS], Q)
+    li = PrunePostprocessor(pruner=local, **opts).postprocess_nodes(
+        [NodeWithScore(node=TextNode(text=t)) for t in TEXTS], query_bundle=QueryBundle(Q))
+    hs = PruneRanker(pruner=local, **opts).run(query=Q, documents=[HsDocument(content=t) for t in TEXTS])["documents"]
+    assert [d.page_content for d in lc] == [n.node.get_content() for n in li] == [d.content for d in hs] == want

@@ -33,6 +33,7 @@ class PruneOptions:
     title: str | None = None
     alpha: Any = ...
     windows: str | None = None
+    lexical_weight: float | None = None
     pre: str = "<em>"
     post: str = "</em>"
     metadata_key: str = "pruning"
@@ -40,6 +41,8 @@ class PruneOptions:
     def call_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {"threshold": self.threshold, "title": self.title, "windows": self.windows,
                               "reorder": self.reorder, "top_k": self.top_k}
+        if self.lexical_weight is not None:
+            kw["lexical_weight"] = self.lexical_weight
         if self.alpha is not ...:
             kw["alpha"] = self.alpha
         return kw

@@ -41,6 +41,7 @@ class PruneCompressor(BaseDocumentCompressor):
     keep_empty: bool = False
     title: str | None = None
     windows: str | None = None
+    lexical_weight: float | None = None
     pre: str = "<em>"
     post: str = "</em>"
     metadata_key: str = "pruning"
@@ -51,7 +52,8 @@ class PruneCompressor(BaseDocumentCompressor):
 
     def _options(self) -> PruneOptions:
         return PruneOptions(threshold=self.threshold, top_k=self.top_k, reorder=self.reorder,
-                            keep_empty=self.keep_empty, title=self.title, windows=self.windows, pre=self.pre,
+                            keep_empty=self.keep_empty, title=self.title, windows=self.windows,
+                            lexical_weight=self.lexical_weight, pre=self.pre,
                             post=self.post, metadata_key=self.metadata_key)
 
     def _shape(self, documents: Sequence[Document], outcomes: list[Outcome], opts: PruneOptions) -> list[Document]:

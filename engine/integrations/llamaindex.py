@@ -36,6 +36,7 @@ class PrunePostprocessor(BaseNodePostprocessor):
     keep_empty: bool = False
     title: str | None = None
     windows: str | None = None
+    lexical_weight: float | None = None
     pre: str = "<em>"
     post: str = "</em>"
     metadata_key: str = "pruning"
@@ -50,7 +51,8 @@ class PrunePostprocessor(BaseNodePostprocessor):
 
     def _options(self) -> PruneOptions:
         return PruneOptions(threshold=self.threshold, top_k=self.top_k, reorder=self.reorder,
-                            keep_empty=self.keep_empty, title=self.title, windows=self.windows, pre=self.pre,
+                            keep_empty=self.keep_empty, title=self.title, windows=self.windows,
+                            lexical_weight=self.lexical_weight, pre=self.pre,
                             post=self.post, metadata_key=self.metadata_key)
 
     @staticmethod

@@ -244,9 +244,18 @@ def hybrid_rows(name: str, pruner, samples: Sequence[PruneSample], scores: Seque
     w = HYBRID["lexical_weight"]
     fused = [lexical.fuse(s, lx, w) for s, lx in zip(scores, passage_lexical_scores(samples))]
     at = sentence_metrics([sweep_keep(f, HYBRID["threshold"], HYBRID["alpha"], strict) for f in fused], labels)
-    return [grid_search(f"{name} + lexical (weight {w})", fused, labels, strict=strict),
+    rows = [grid_search(f"{name} + lexical (weight {w})", fused, labels, strict=strict),
             GridResult(f"{name} + lexical (weight {w}) at threshold {HYBRID['threshold']}, alpha {HYBRID['alpha']}",
                        at, dict(HYBRID))]
+    half = len(samples) // 2
+    if half >= 10:    # as for the model alone: the threshold chosen on the first half, scored on the second
+        tuned = grid_search(name, fused[:half], labels[:half], strict=strict).setting
+        rows.append(GridResult(f"{name} + lexical (weight {w}), setting of docs 1-{half}, scored on "
+                               f"{half + 1}-{len(samples)}",
+                               sentence_metrics([sweep_keep(f, tuned["threshold"], tuned["alpha"], strict)
+                                                 for f in fused[half:]], labels[half:]),
+                               {"lexical_weight": w, **tuned}))
+    return rows
 
 
 # --------------------------------------------------------------------------- models
