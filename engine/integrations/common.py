@@ -15,7 +15,7 @@ Rules (docs/integrations.md):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,12 @@ class PruneOptions:
         if self.alpha is not ...:
             kw["alpha"] = self.alpha
         return kw
+
+
+def options_of(adapter: Any) -> PruneOptions:
+    """The PruneOptions an adapter holds as attributes of the same names (its framework's
+    own fields: a pydantic model for LangChain and LlamaIndex)."""
+    return PruneOptions(**{f.name: getattr(adapter, f.name) for f in fields(PruneOptions) if hasattr(adapter, f.name)})
 
 
 def resolve_pruner(pruner: Any) -> Any:
@@ -108,7 +114,7 @@ def _finish(run: list[int], results: list[PruneResult], passed: list[Outcome], o
     ranked = bool(opts.reorder or opts.top_k is not None)
     done = [Outcome(run[r.index], r) for r in results]       # r.index: position in the call; ranked already
     if not opts.keep_empty:
-        done = [o for o in done if o.result is not None and o.result.pruned_context.strip()]
+        done = [o for o in done if o.result and o.result.pruned_context.strip()]
     if ranked:
         return done + passed
     return sorted(done + passed, key=lambda o: o.index)

@@ -25,7 +25,8 @@ except ImportError as exc:  # pragma: no cover - the message is the point
     raise ImportError("engine.integrations.langchain needs langchain-core: pip install 'prune-engine[langchain]'") from exc
 from pydantic import ConfigDict, Field, PrivateAttr
 
-from engine.integrations.common import Outcome, PruneOptions, aprune_contents, prune_contents, pruning_metadata, resolve_pruner
+from engine.integrations.common import (Outcome, PruneOptions, aprune_contents, options_of, prune_contents,
+                                        pruning_metadata, resolve_pruner)
 
 
 class PruneCompressor(BaseDocumentCompressor):
@@ -50,12 +51,6 @@ class PruneCompressor(BaseDocumentCompressor):
     def model_post_init(self, __context: Any) -> None:
         self._engine = resolve_pruner(self.pruner)
 
-    def _options(self) -> PruneOptions:
-        return PruneOptions(threshold=self.threshold, top_k=self.top_k, reorder=self.reorder,
-                            keep_empty=self.keep_empty, title=self.title, windows=self.windows,
-                            lexical_weight=self.lexical_weight, pre=self.pre,
-                            post=self.post, metadata_key=self.metadata_key)
-
     def _shape(self, documents: Sequence[Document], outcomes: list[Outcome], opts: PruneOptions) -> list[Document]:
         out = []
         for o in outcomes:
@@ -71,13 +66,13 @@ class PruneCompressor(BaseDocumentCompressor):
 
     def compress_documents(self, documents: Sequence[Document], query: str,
                            callbacks: Callbacks | None = None) -> Sequence[Document]:
-        opts = self._options()
+        opts = options_of(self)
         return self._shape(documents, prune_contents(self._engine, query, [d.page_content for d in documents], opts),
                            opts)
 
     async def acompress_documents(self, documents: Sequence[Document], query: str,
                                   callbacks: Callbacks | None = None) -> Sequence[Document]:
-        opts = self._options()
+        opts = options_of(self)
         outcomes = await aprune_contents(self._engine, query, [d.page_content for d in documents], opts)
         return self._shape(documents, outcomes, opts)
 

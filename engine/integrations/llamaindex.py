@@ -22,7 +22,8 @@ except ImportError as exc:  # pragma: no cover - the message is the point
     raise ImportError("engine.integrations.llamaindex needs llama-index-core: "
                       "pip install 'prune-engine[llamaindex]'") from exc
 
-from engine.integrations.common import Outcome, PruneOptions, aprune_contents, prune_contents, pruning_metadata, resolve_pruner
+from engine.integrations.common import (Outcome, PruneOptions, aprune_contents, options_of, prune_contents,
+                                        pruning_metadata, resolve_pruner)
 
 
 class PrunePostprocessor(BaseNodePostprocessor):
@@ -48,12 +49,6 @@ class PrunePostprocessor(BaseNodePostprocessor):
     @classmethod
     def class_name(cls) -> str:
         return "PrunePostprocessor"
-
-    def _options(self) -> PruneOptions:
-        return PruneOptions(threshold=self.threshold, top_k=self.top_k, reorder=self.reorder,
-                            keep_empty=self.keep_empty, title=self.title, windows=self.windows,
-                            lexical_weight=self.lexical_weight, pre=self.pre,
-                            post=self.post, metadata_key=self.metadata_key)
 
     @staticmethod
     def _query(query_bundle: QueryBundle | None) -> str:
@@ -86,13 +81,13 @@ class PrunePostprocessor(BaseNodePostprocessor):
 
     def _postprocess_nodes(self, nodes: list[NodeWithScore],
                            query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
-        opts = self._options()
+        opts = options_of(self)
         return self._shape(nodes, prune_contents(self._engine, self._query(query_bundle), self._contents(nodes), opts),
                            opts)
 
     async def _apostprocess_nodes(self, nodes: list[NodeWithScore],
                                   query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
-        opts = self._options()
+        opts = options_of(self)
         outcomes = await aprune_contents(self._engine, self._query(query_bundle), self._contents(nodes), opts)
         return self._shape(nodes, outcomes, opts)
 
