@@ -67,7 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     embed = EngineEmbedding(encoder)
     pruner = Pruner.load(ensure_default_model())
     systems: dict[str, Any] = {
-        "engine: PrunePostprocessor (default model, its defaults)": PrunePostprocessor(pruner=pruner, keep_empty=True),
+        "engine: PrunePostprocessor (default model, its defaults: lexical_weight 0.5)":
+            PrunePostprocessor(pruner=pruner, keep_empty=True),
+        "engine: PrunePostprocessor (default model, lexical_weight 0: the model alone)":
+            PrunePostprocessor(pruner=pruner, keep_empty=True, lexical_weight=0.0),
         "SentenceEmbeddingOptimizer(threshold_cutoff=0.7)": SentenceEmbeddingOptimizer(embed_model=embed,
                                                                                        threshold_cutoff=0.7),
         "SentenceEmbeddingOptimizer(percentile_cutoff=0.5)": SentenceEmbeddingOptimizer(embed_model=embed,

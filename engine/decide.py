@@ -42,6 +42,7 @@ class PruneResult:
     threshold: float
     blocks: int = 1                 # model windows the passage needed
     windows: str = "sentences"      # how the passage was cut: "sentences" or "reference"
+    lexical_weight: float = 0.0     # the lexical score's share in the probabilities (engine.lexical)
 
     @property
     def highlights(self) -> list[dict[str, Any]]:
@@ -84,7 +85,7 @@ def keep_mask(probs: np.ndarray, family: Family, threshold: float, title: str,
 
 def build_result(index: int, context: str, spans: list[tuple[int, int]], probs: np.ndarray,
                  kept: np.ndarray, reranking_score: float | None, threshold: float,
-                 blocks: int, windows: str = "sentences") -> PruneResult:
+                 blocks: int, windows: str = "sentences", lexical_weight: float = 0.0) -> PruneResult:
     sentences = [Sentence(context[s:e], s, e, float(p), bool(k))
                  for (s, e), p, k in zip(spans, probs, kept)]
     parts: list[str] = []
@@ -104,7 +105,7 @@ def build_result(index: int, context: str, spans: list[tuple[int, int]], probs: 
     return PruneResult(index=index, context=context, pruned_context=pruned,
                        reranking_score=reranking_score, sentences=sentences,
                        compression_rate=max(0.0, rate), threshold=threshold, blocks=blocks,
-                       windows=windows)
+                       windows=windows, lexical_weight=float(lexical_weight))
 
 
 

@@ -55,6 +55,15 @@ class Family:
     # The weight of the in-passage lexical score fused with the model's (engine.lexical):
     # 0 leaves the model's scores as they are. A manifest's defaults may set it.
     lexical_weight: float = 0.0
+    # The default threshold when the fusion is on (weight > 0): the fused score is another
+    # score than the model's, with a threshold of its own; None: `threshold` either way.
+    lexical_threshold: float | None = None
+
+    def default_threshold(self, lexical_weight: float | None) -> float:
+        """The keep threshold a call gets when it passes none, at `lexical_weight`."""
+        if lexical_weight and self.lexical_threshold is not None:
+            return self.lexical_threshold
+        return self.threshold
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,9 +107,13 @@ FAMILIES: dict[str, Family] = {
     "embedding": Family(
         name="embedding", backbone="auto", sentence_pooling="embedding",
         # threshold 0.87 (cosine 0.74 with the default mapping) and keep-the-best backoff:
-        # chosen on the first half of squad-dev-prune, F1 73.3 on the other half (docs/families.md)
+        # chosen on the first half of squad-dev-prune, F1 73.3 on the other half (docs/families.md).
+        # Fused half and half with the in-passage lexical score (engine.lexical), kept above
+        # 0.83: chosen on squad-dev-prune alone, F1 79.9 there against 71.3 for the model
+        # and 74.9 for BM25's best threshold (docs/quality.md); lexical_weight=0 turns it off.
         has_rerank_head=True, uses_token_type_ids=False, seps_between=1,
         threshold=0.87, keep_rule="gt", title="none", backoff_alpha=0.0,
+        lexical_weight=0.5, lexical_threshold=0.83,
         description="any sentence-embedding encoder (e.g. all-MiniLM-L6-v2): cosine of "
                     "question and sentence embeddings, mapped to a probability",
         sentence_specials=True, rerank_merge="max",

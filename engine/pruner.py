@@ -244,14 +244,14 @@ class Pruner:
         question, passages = check_call(question, passages, self.limits)
         opts = check_options(threshold=threshold, title=title, alpha=alpha, top_k=top_k, windows=windows,
                              sentences=sentences, n_passages=len(passages), lexical_weight=lexical_weight)
-        threshold = fam.threshold if opts["threshold"] is None else opts["threshold"]
+        weight = fam.lexical_weight if opts["lexical_weight"] is None else opts["lexical_weight"]
+        threshold = fam.default_threshold(weight) if opts["threshold"] is None else opts["threshold"]
         title = fam.title if opts["title"] is None else opts["title"]
         alpha = fam.backoff_alpha if opts["alpha"] is ... else opts["alpha"]
         windows = self.windows_mode(windows)
         spans = [textmod.spans_from_sentences(p, sentences[i]) if sentences is not None
                  else textmod.split_sentences(p) for i, p in enumerate(passages)]
         blocks = self.encode(question, passages, spans, windows) if passages else []
-        weight = fam.lexical_weight if opts["lexical_weight"] is None else opts["lexical_weight"]
         if weight and self._token_windows(windows):
             raise InputError("lexical_weight applies to sentence windows; windows='reference' decides per "
                              "token window as the family's own code does (pass windows='sentences')")
@@ -292,7 +292,7 @@ class Pruner:
                 kept = keep_mask(sc.probs, fam, call.threshold, call.title, call.alpha)
             rerank = 0.0 if fam.zero_rerank_when_empty and sc.rerank is not None and not kept.any() else sc.rerank
             results.append(build_result(i, p, sp, sc.probs, kept, rerank, call.threshold, sc.blocks,
-                                        windows=call.windows))
+                                        windows=call.windows, lexical_weight=call.lexical_weight))
         return order_results(results, call.reorder, call.top_k)
 
     def _window_decisions(self, spans: Sequence[Sequence[tuple[int, int]]], blocks: Sequence[Block],

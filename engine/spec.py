@@ -82,9 +82,11 @@ def spec_from_manifest(manifest: dict[str, Any], name: str = "model") -> ModelSp
         tok = manifest["tokenizer"]
         family = with_threshold(get_family(manifest["family"]),   # the checkpoint's own default
                                 (manifest.get("defaults") or {}).get("threshold"))
-        weight = (manifest.get("defaults") or {}).get("lexical_weight")
-        if weight is not None:
-            family = replace(family, lexical_weight=float(weight))
+        defaults = manifest.get("defaults") or {}
+        if defaults.get("lexical_weight") is not None:
+            family = replace(family, lexical_weight=float(defaults["lexical_weight"]))
+        if defaults.get("lexical_threshold") is not None:
+            family = replace(family, lexical_threshold=float(defaults["lexical_threshold"]))
         if "seps_between" in tok and int(tok["seps_between"]) != family.seps_between:
             family = replace(family, seps_between=int(tok["seps_between"]))   # e.g. OpenProvence on ModernBERT
         spec = ModelSpec(family=family, max_length=int(manifest["max_length"]),

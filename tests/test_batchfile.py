@@ -98,3 +98,21 @@ def test_an_error_record_keeps_the_lines_id(where, pruners, request, tmp_path):
         assert got[k] == {"id": row.get("id", k + 1), "line": k + 1, "error": got[k]["error"]}
         assert message in got[k]["error"], got[k]
     assert got[-1]["id"] == len(lines) and "expected a JSON object" in got[-1]["error"]
+
+
+def test_a_line_sets_the_lexical_weight(pruners, tmp_path):
+    """`lexical_weight` per line, as per call: 0 is the embedding model alone."""
+    pruner = pruners["embedding"][0]
+    q = "When was the stadium built?"
+    docs = ["The stadium was built in 1923. It holds 80,000 people. Its roof came later."]
+    src = tmp_path / "q.jsonl"
+    src.write_text(json.dumps({"id": "default", "question": q, "passages": docs}) + "\n"
+                   + json.dumps({"id": "alone", "question": q, "passages": docs, "lexical_weight": 0}) + "\n")
+    out = tmp_path / "r.jsonl"
+    assert main(["run", "--model", str(pruner.backend.graph.parent), "--input", str(src), "--output", str(out),
+                 "--quiet"]) == 0
+    got = [json.loads(line)["results"][0] for line in out.read_text().splitlines()]
+    for rec, weight in zip(got, (0.5, 0.0)):
+        exp = pruner.prune(q, docs, lexical_weight=weight)[0]
+        assert rec["lexical_weight"] == weight and rec["threshold"] == exp.threshold
+        assert [s["probability"] for s in rec["sentences"]] == pytest.approx([s.probability for s in exp.sentences])

@@ -43,7 +43,7 @@ def test_full_mode_and_mean_rerank_equal_one_plain_forward(checkpoints, tmp_path
     sentence = mean of its tokens' states; rerank "mean": cos(q, mean of the context)."""
     ck = checkpoints["embedding"]
     p = _export(ck, tmp_path / "full", "--embedding-mode", "full", "--embedding-rerank", "mean")
-    r = p.prune(Q, [DOC])[0]
+    r = p.prune(Q, [DOC], lexical_weight=0)[0]
     block = p.encode(Q, [DOC], [[(s.start, s.end) for s in r.sentences]])[0]
     h = _hidden(ck, block.input_ids.tolist())
     sid = torch.from_numpy(block.sentence_ids)
@@ -62,7 +62,7 @@ def test_cls_pooling_equals_each_segments_own_cls(checkpoints, tmp_path):
         {"word_embedding_dimension": 32, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}))
     p = _export(ck, tmp_path / "cls", "--similarity-scale", "5", "--similarity-shift", "0.2")
     assert json.loads((tmp_path / "cls" / "manifest.json").read_text())["options"]["pooling"] == "cls"
-    r = p.prune(Q, [DOC])[0]
+    r = p.prune(Q, [DOC], lexical_weight=0)[0]
     tok = AutoTokenizer.from_pretrained(str(ck))
     cls = [_norm(_hidden(ck, tok(t)["input_ids"])[0]) for t in [Q] + [s.text for s in r.sentences]]
     cos = [float(c @ cls[0]) for c in cls[1:]]
@@ -89,7 +89,7 @@ def test_roberta_backbone_positions_start_after_padding(checkpoints, tmp_path):
     save_file(state, str(ck / "model.safetensors"))
     p = _export(ck, tmp_path / "xlmr")
     assert p.family.name == "embedding"
-    r = p.prune(Q, [DOC])[0]
+    r = p.prune(Q, [DOC], lexical_weight=0)[0]
     tok = AutoTokenizer.from_pretrained(str(ck))
     embs = []
     for t in [Q] + [s.text for s in r.sentences]:

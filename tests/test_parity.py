@@ -2,6 +2,8 @@
 
 Tolerance: sentence probabilities within 1e-5 (measured: under 3e-7), reranking scores
 within 1e-4 (a raw logit), and identical keep decisions at thresholds 0.1, 0.3 and 0.5.
+The model's own scores (`lexical_weight=0`): the lexical fusion the embedding family runs
+by default is the same client-side code on both paths (tests/test_lexical.py).
 """
 import numpy as np
 import pytest
@@ -26,7 +28,7 @@ def _splitting_threshold(pruner, passages) -> float:
     """Random weights put most probabilities on one side of a fixed threshold. This one
     splits them near the median, in the widest gap between neighbours, so identical
     decisions there are a real check and not a tie decided by float noise."""
-    probs = np.sort([s.probability for r in pruner.prune(QUESTION, passages) for s in r.sentences])
+    probs = np.sort([s.probability for r in pruner.prune(QUESTION, passages, lexical_weight=0) for s in r.sentences])
     lo, hi = len(probs) // 4, 3 * len(probs) // 4
     k = lo + int(np.argmax(np.diff(probs[lo:hi + 1])))
     assert probs[k + 1] - probs[k] > 10 * PROB_TOL
@@ -35,8 +37,8 @@ def _splitting_threshold(pruner, passages) -> float:
 
 def _compare(ort_pruner, torch_pruner, passages):
     for threshold in (0.1, 0.3, 0.5, _splitting_threshold(torch_pruner, passages)):
-        a = ort_pruner.prune(QUESTION, passages, threshold=threshold)
-        b = torch_pruner.prune(QUESTION, passages, threshold=threshold)
+        a = ort_pruner.prune(QUESTION, passages, threshold=threshold, lexical_weight=0)
+        b = torch_pruner.prune(QUESTION, passages, threshold=threshold, lexical_weight=0)
         assert len(a) == len(b) == len(passages)
         for ra, rb in zip(a, b):
             pa = np.array([s.probability for s in ra.sentences])
@@ -70,5 +72,5 @@ def test_onnx_equals_pytorch_multi_block(pruners, name, batch_size):
 def test_decisions_vary_on_random_models(pruners, name):
     """Guard against a vacuous parity test: probabilities are spread, not constant."""
     ort_p, _ = pruners[name]
-    probs = [s.probability for r in ort_p.prune(QUESTION, PASSAGES) for s in r.sentences]
+    probs = [s.probability for r in ort_p.prune(QUESTION, PASSAGES, lexical_weight=0) for s in r.sentences]
     assert max(probs) - min(probs) > 0.05

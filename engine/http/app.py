@@ -62,8 +62,9 @@ def rank_score(result: PruneResult, family: str, raw: bool) -> float:
     - provence, xprovence: the rerank head's logit; `raw_scores=false` gives its sigmoid;
     - open_provence: already the sigmoid of the logit (as its own code reports it, 0.0 when
       nothing is kept); `raw_scores=true` gives the logit back;
-    - embedding: the best sentence's cosine with the question; `raw_scores=false` maps it
-      to [0, 1] as (1 + cosine) / 2;
+    - embedding: the best sentence's cosine with the question, fused with the share of the
+      question's words the passage holds at the model's lexical_weight (engine.lexical);
+      `raw_scores=false` maps it to [0, 1] as (1 + score) / 2;
     - opensearch: the model has no rerank head: 0.0 for every text (input order).
     A passage with no text (empty or whitespace) scores 0.0, or the lowest raw score."""
     s = result.reranking_score
@@ -374,7 +375,11 @@ def create_app(pruner: PrunerProtocol, config: ApiConfig = ApiConfig()) -> Any:
 
     @app.get("/info", summary="model, family, limits, version")
     async def info():
-        return {"model": config.model_name, "family": family, "engine": pruner.describe(),
+        fam = pruner.family
+        defaults = {"threshold": fam.default_threshold(fam.lexical_weight), "lexical_weight": fam.lexical_weight,
+                    "threshold_without_lexical": fam.threshold, "title": fam.title, "alpha": fam.backoff_alpha,
+                    "windows": fam.windows}
+        return {"model": config.model_name, "family": family, "defaults": defaults, "engine": pruner.describe(),
                 "max_length": pruner.spec.max_length, "limits": pruner.limits.to_dict(),
                 "max_body_bytes": config.max_body_bytes, "max_concurrent": config.max_concurrent,
                 "request_timeout": config.request_timeout, "version": _version()}

@@ -16,6 +16,7 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from engine.decide import PruneResult, Sentence
@@ -29,7 +30,7 @@ def result_from_dict(d: dict[str, Any]) -> PruneResult:
     return PruneResult(index=d["index"], context=d["context"], pruned_context=d["pruned_context"],
                        reranking_score=d["reranking_score"], sentences=[Sentence(**s) for s in d["sentences"]],
                        compression_rate=d["compression_rate"], threshold=d["threshold"], blocks=d.get("blocks", 1),
-                       windows=d.get("windows", "sentences"))
+                       windows=d.get("windows", "sentences"), lexical_weight=d.get("lexical_weight", 0.0))
 
 
 class HttpPruner:
@@ -69,7 +70,13 @@ class HttpPruner:
 
     @property
     def family(self) -> Family:
-        return get_family(self.info["family"])
+        """The server's family with the defaults its model runs with (from `/info`)."""
+        fam = get_family(self.info["family"])
+        d = self.info.get("defaults")
+        if not d:
+            return fam
+        return replace(fam, threshold=d["threshold_without_lexical"], lexical_weight=d["lexical_weight"],
+                       lexical_threshold=d["threshold"], title=d["title"], backoff_alpha=d["alpha"])
 
     @property
     def limits(self) -> Limits:

@@ -19,13 +19,14 @@ import json
 import math
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 from engine import lexical
+from engine.families import FAMILIES
 
 THRESHOLDS = tuple(round(x, 3) for x in np.linspace(0.0, 1.0, 101))
 ALPHAS = (None, 0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
@@ -227,9 +228,21 @@ def bm25_sentence_scores(samples: Sequence[PruneSample]) -> list[np.ndarray]:
     return out
 
 
-#: The hybrid's setting, chosen on squad-dev alone (docs/quality.md): the weight of the
-#: in-passage lexical score (engine.lexical) and the keep threshold and backoff with it.
-HYBRID = {"lexical_weight": 0.5, "threshold": 0.83, "alpha": 0.0}
+#: The hybrid's setting, chosen on squad-dev alone (docs/quality.md) and the default
+#: family's default (engine.families): the weight of the in-passage lexical score
+#: (engine.lexical) and the keep threshold and backoff with it. prune eval scores every
+#: family's model at it (the trained families' own default weight is 0).
+HYBRID = {"lexical_weight": FAMILIES["embedding"].lexical_weight,
+          "threshold": FAMILIES["embedding"].lexical_threshold, "alpha": FAMILIES["embedding"].backoff_alpha}
+
+
+def hybrid_setting(family) -> dict[str, Any]:
+    """The lexical weight, threshold and alpha `family` fuses with: its own defaults when
+    its default weight is not 0, else HYBRID."""
+    if family.lexical_weight:
+        return {"lexical_weight": family.lexical_weight,
+                "threshold": family.default_threshold(family.lexical_weight), "alpha": family.backoff_alpha}
+    return dict(HYBRID)
 
 
 def passage_lexical_scores(samples: Sequence[PruneSample]) -> list[np.ndarray]:
@@ -240,13 +253,14 @@ def passage_lexical_scores(samples: Sequence[PruneSample]) -> list[np.ndarray]:
 def hybrid_rows(name: str, pruner, samples: Sequence[PruneSample], scores: Sequence[np.ndarray],
                 labels: Sequence[np.ndarray], strict: bool) -> list[GridResult]:
     """The model's sentence scores fused with engine.lexical's (as Pruner does with
-    lexical_weight): at the best setting of the grid, and at HYBRID's."""
-    w = HYBRID["lexical_weight"]
+    lexical_weight): at the best setting of the grid, and at hybrid_setting's."""
+    setting = hybrid_setting(pruner.family)
+    w = setting["lexical_weight"]
     fused = [lexical.fuse(s, lx, w) for s, lx in zip(scores, passage_lexical_scores(samples))]
-    at = sentence_metrics([sweep_keep(f, HYBRID["threshold"], HYBRID["alpha"], strict) for f in fused], labels)
+    at = sentence_metrics([sweep_keep(f, setting["threshold"], setting["alpha"], strict) for f in fused], labels)
     rows = [grid_search(f"{name} + lexical (weight {w})", fused, labels, strict=strict),
-            GridResult(f"{name} + lexical (weight {w}) at threshold {HYBRID['threshold']}, alpha {HYBRID['alpha']}",
-                       at, dict(HYBRID))]
+            GridResult(f"{name} + lexical (weight {w}) at threshold {setting['threshold']}, alpha {setting['alpha']}"
+                       + (" (its defaults)" if pruner.family.lexical_weight else ""), at, setting)]
     half = len(samples) // 2
     if half >= 10:    # as for the model alone: the threshold chosen on the first half, scored on the second
         tuned = grid_search(name, fused[:half], labels[:half], strict=strict).setting
@@ -389,7 +403,9 @@ def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: st
             rows.append(GridResult(f"{name} at its defaults", sentence_metrics(
                 [k if k is not None else sweep_keep(s, fam.threshold, fam.backoff_alpha, strict)
                  for s, k in zip(scores, kept)], labels),
-                {"threshold": fam.threshold, "alpha": fam.backoff_alpha}))
+                {"threshold": fam.threshold, "alpha": fam.backoff_alpha, "lexical_weight": 0.0}))
+            if fam.lexical_weight and report["windows"][name] == "sentences":
+                rows[-1] = replace(rows[-1], name=f"{name} with lexical_weight 0 at threshold {fam.threshold}")
             if report["windows"][name] == "sentences":
                 rows += hybrid_rows(name, pruner, samples, scores, labels, strict)
             if half >= 10:
@@ -409,9 +425,9 @@ def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: st
         rr = {"BM25 (passage vs question)": reranking_metrics(bm25_rankings(rag), golds)}
         for name, pruner in models.items():
             log(f"reranking {len(rag)} queries with {name} ...")
-            rr[name] = reranking_metrics(model_rankings(pruner, rag, progress, windows), golds)
+            rr[name] = reranking_metrics(model_rankings(pruner, rag, progress, windows, lexical_weight=0.0), golds)
             if report["windows"][name] == "sentences":
-                w = HYBRID["lexical_weight"]
+                w = hybrid_setting(pruner.family)["lexical_weight"]
                 rr[f"{name} + lexical (weight {w})"] = reranking_metrics(
                     model_rankings(pruner, rag, progress, windows, lexical_weight=w), golds)
         report["reranking"] = {"data": str(rag_data), "metrics": rr}

@@ -117,14 +117,16 @@ class TritonTextPruner:
         if not passages:
             return []
         options = {k: opts[k] for k in ("threshold", "title", "alpha", "windows", "lexical_weight")}
-        used = self.spec.family.threshold if opts["threshold"] is None else opts["threshold"]
-        ran = self.spec.family.windows if opts["windows"] is None else opts["windows"]
+        fam = self.spec.family
+        weight = fam.lexical_weight if opts["lexical_weight"] is None else opts["lexical_weight"]
+        used = fam.default_threshold(weight) if opts["threshold"] is None else opts["threshold"]
+        ran = fam.windows if opts["windows"] is None else opts["windows"]
         chunks = self._chunks(question, passages)
         deadline = self.transport.deadline()      # one deadline for the whole call
         outs = self._send_all(question, [passages[s:e] for s, e in chunks], options, deadline)
         results: list[PruneResult] = []
         for (s, e), out in zip(chunks, outs):
-            results += tensors_to_results(passages[s:e], out, used, offset=s, windows=ran)
+            results += tensors_to_results(passages[s:e], out, used, offset=s, windows=ran, lexical_weight=weight)
         if len(results) != len(passages):
             raise BackendError(f"the text model returned {len(results)} results for {len(passages)} passages")
         return order_results(results, reorder, top_k)

@@ -229,9 +229,11 @@ def describe_tensors(manifest: dict[str, Any], tokenizer_json: str) -> dict[str,
 # ---------------------------------------------------------------------- client side
 
 def tensors_to_results(passages: Sequence[str], out: dict[str, np.ndarray], threshold: float,
-                       offset: int = 0, windows: str = "sentences") -> list[PruneResult]:
+                       offset: int = 0, windows: str = "sentences",
+                       lexical_weight: float = 0.0) -> list[PruneResult]:
     """PruneResults (code point offsets) from one response of the text model; `offset` is
-    the index of `passages[0]` in the caller's whole call; `windows` the windowing it ran."""
+    the index of `passages[0]` in the caller's whole call; `windows` the windowing it ran,
+    `threshold` and `lexical_weight` the settings it ran with."""
     results = []
     for row, idx in enumerate(np.asarray(out["passage_index"]).reshape(-1)):
         context = passages[int(idx)]
@@ -248,5 +250,5 @@ def tensors_to_results(passages: Sequence[str], out: dict[str, np.ndarray], thre
             pruned_context=pruned.decode("utf-8") if isinstance(pruned, bytes) else str(pruned),
             reranking_score=None if math.isnan(score) else score, sentences=sentences,
             compression_rate=float(out["compression_rate"][row]), threshold=threshold,
-            blocks=int(out["blocks"][row]), windows=windows))
+            blocks=int(out["blocks"][row]), windows=windows, lexical_weight=float(lexical_weight)))
     return results
