@@ -4,7 +4,7 @@ weights: speed does not depend on them) through the engine's PyTorch module.
     python -m benchmarks.gpu --out results.json            # on a GPU machine (benchmarks/gpu.sh)
     python -m benchmarks.gpu --tiny --device cpu --out x.json   # a dry run of the script on CPU
 
-For lengths 128/256/512 and batch sizes 1-256 it times fp32, fp16 and bf16 eager
+For lengths 128/512 and batch sizes 1/8/64/256 it times fp32, fp16 and bf16 eager
 forwards (and SDPA attention) of the full contract module (encoder, heads, float32
 softmax and sentence pooling), with CUDA events after warm-up, and reports sequences/s
 and the share of the GPU's dense fp16 peak, counting the model's FLOPs:
@@ -13,10 +13,17 @@ and the share of the GPU's dense fp16 peak, counting the model's FLOPs:
     + 2 x 2 x L^2 h (QK^T and AV) + 2 x 2 x L^2 h (DeBERTa's c2p and p2c terms)
     + 2 x 2 x L x 2k x h (position key/query projections over 2k relative positions, k = 256)
 
-Then the engine's own path: the same configuration exported by `prune export` (fp32,
-fp16) and run by the engine's ONNX Runtime backend (CUDA provider with IO binding; the
-TensorRT provider where the onnxruntime-gpu build has it), with p50/p99 at batch 1 and
-each graph's largest probability difference from the fp32 PyTorch reference.
+The engine's own path runs first: the same configuration exported by `prune export`
+(fp16, the headline figure, then fp32) and run by the engine's ONNX Runtime backend (CUDA
+provider with IO binding; the TensorRT provider where the onnxruntime-gpu build has it),
+with p50/p99 at batch 1 and each graph's largest probability difference from the fp32
+PyTorch reference.
+
+One budget bounds the run (`--budget-s`, exports and sessions included): the engine's
+paths may start cases until `--engine-share` of it has passed, PyTorch's until all of it
+has; a case that would start later is listed as not measured. The report is rewritten
+after every case, and on SIGTERM (gpu.sh runs this under `timeout`), so what was measured
+comes back whatever stops the run.
 
 The PyTorch part needs torch and transformers; the ONNX Runtime part also onnxruntime-gpu
 and onnx (benchmarks/gpu.sh installs them from a folder of wheels).
@@ -25,8 +32,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shlex
+import signal
 import sys
 import time
 
@@ -70,7 +79,7 @@ def _feeds(batch: int, length: int, vocab: int, seed: int = 0):
             "sentence_ids": np.tile(np.arange(length, dtype=np.int64) // 32, (batch, 1))}
 
 
-def onnxruntime_rows(args, cfg_dict: dict, start: float, log) -> list[dict]:
+def onnxruntime_rows(args, cfg_dict: dict, until: float, log, rows: list[dict], save) -> None:
     """The engine's own path: a random-weight Provence-size checkpoint exported by
     `prune export` (fp32 and fp16), run by the engine's ONNX Runtime backend on
     `args.device` (CUDA with IO binding; the TensorRT provider too where present):
@@ -99,14 +108,23 @@ def onnxruntime_rows(args, cfg_dict: dict, start: float, log) -> list[dict]:
     with torch.inference_mode():
         _, ref_probs = model(*(torch.from_numpy(check[n]) for n in ("input_ids", "attention_mask", "sentence_ids")))
     ref_probs = ref_probs.float().numpy()
-    rows = []
+    del model, tm
     cuda = args.device == "cuda"
-    for precision in ("fp32", "fp16"):
+    # both exports first (prune bench, after this script, runs on them), then the sweeps, fp16
+    # first (the headline figure), each starting cases until the engine's share has passed
+    for precision in ("fp16", "fp32"):
         t = time.time()
-        out = work / precision
-        export_model(ck, out, precision=precision, verify=False, overwrite=True, log=lambda m: None)   # a rerun reuses --keep
+        export_model(ck, work / precision, precision=precision, verify=False, overwrite=True,  # a rerun reuses --keep
+                     log=lambda m: None)
         log(f"exported the {precision} graph in {time.time() - t:.0f} s")
         rows.append({"path": f"export {precision}", "seconds": time.time() - t})
+        save()
+    for precision in ("fp16", "fp32"):
+        out = work / precision
+        if time.time() > until:
+            rows.append({"path": f"onnxruntime {precision}", "skipped": "the engine's share of the budget was spent"})
+            save()
+            continue
         variants = [("onnxruntime-cuda" if cuda else "onnxruntime-cpu", None)]
         if cuda and "TensorrtExecutionProvider" in ort.get_available_providers():
             variants.append(("onnxruntime-tensorrt", tensorrt_options(
@@ -118,6 +136,7 @@ def onnxruntime_rows(args, cfg_dict: dict, start: float, log) -> list[dict]:
                                              io_binding=True, tensorrt=trt, log=log)
             except Exception as exc:
                 rows.append({"path": f"{name} {precision}", "error": str(exc)[:300]})
+                save()
                 continue
             path = f"{name} {precision}"
             if backend.tensorrt_fallback:     # CUDA under TensorRT's name: measured once, as CUDA
@@ -128,6 +147,7 @@ def onnxruntime_rows(args, cfg_dict: dict, start: float, log) -> list[dict]:
             dp = float(np.abs(probs - ref_probs).max())
             rows.append({"path": path, "check": "vs fp32 PyTorch, batch 8", "max_abs_dprob": dp,
                          "providers": backend.session.get_providers()})
+            save()
             log(f"{path}: max |dp| vs fp32 PyTorch {dp:.2e} ({backend.session.get_providers()[0]})")
             for length in args.lengths:
                 one = _Feeds(_feeds(1, length, vocab))
@@ -142,8 +162,10 @@ def onnxruntime_rows(args, cfg_dict: dict, start: float, log) -> list[dict]:
                 rows.append({"path": path, "length": length, "batch": 1, "p50_ms": statistics.median(lat) * 1000,
                              "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000})
                 for bs in args.batches:
-                    if time.time() - start > args.budget_s:
-                        break
+                    if time.time() > until:
+                        rows.append({"path": path, "length": length, "batch": bs,
+                                     "skipped": "the engine's share of the budget was spent"})
+                        continue
                     feeds = _Feeds(_feeds(bs, length, vocab))
                     try:
                         for _ in range(2):
@@ -161,9 +183,9 @@ def onnxruntime_rows(args, cfg_dict: dict, start: float, log) -> list[dict]:
                            "sequences_per_s": seq_s, "tokens_per_s": seq_s * length, "tflops": tflops,
                            "share_of_fp16_peak": tflops / args.peak_tflops}
                     rows.append(row)
+                    save()
                     print(json.dumps(row), flush=True)
             del backend
-    return rows
 
 
 def _path(row: dict) -> str:
@@ -224,20 +246,20 @@ def plot(report: dict, path) -> bool:
 
 def main(argv=None) -> int:
     import torch
-    from transformers import AutoConfig
-
-    from engine.pytorch.modeling import ProvenceModel
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="a tiny configuration (dry run on CPU)")
-    ap.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512])
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
+    ap.add_argument("--lengths", type=int, nargs="+", default=[128, 512])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
     ap.add_argument("--dtypes", nargs="+", default=["float32", "float16", "bfloat16"])
     ap.add_argument("--attn", nargs="+", default=["eager", "sdpa"])
     ap.add_argument("--peak-tflops", type=float, default=990.0, help="dense fp16 peak (H200: ~990)")
-    ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--budget-s", type=float, default=240.0, help="stop starting new cases after this")
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--budget-s", type=float, default=300.0,
+                    help="seconds for the whole run, exports included: no case starts after it")
+    ap.add_argument("--engine-share", type=float, default=0.7,
+                    help="the share of the budget after which the engine's paths (first) start no case")
     ap.add_argument("--out", required=True, help="the JSON report")
     ap.add_argument("--markdown", help="also write a markdown summary here")
     ap.add_argument("--plot", help="also write a PNG here (needs matplotlib)")
@@ -249,12 +271,48 @@ def main(argv=None) -> int:
 
     cfg_dict = TINY if args.tiny else LARGE
     dev = torch.device(args.device)
-    rows = []
+    rows: list[dict] = []
     start = time.time()
     info = {"torch": torch.__version__, "device": args.device, "python": platform.python_version(),
-            "config": "tiny" if args.tiny else "deberta-v3-large (Provence)"}
+            "config": "tiny" if args.tiny else "deberta-v3-large (Provence)", "budget_s": args.budget_s}
     if dev.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(0)
+    report = {"info": info, "rows": rows, "command": shlex.join(sys.argv)}
+
+    def save() -> None:
+        info["elapsed_s"] = time.time() - start
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(report, fh, indent=2)
+        os.replace(tmp, args.out)
+
+    def stop(signum, frame):
+        raise SystemExit(f"stopped by signal {signum}")
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        if not args.no_onnxruntime:
+            try:
+                onnxruntime_rows(args, cfg_dict, start + args.engine_share * args.budget_s, log, rows, save)
+            except Exception as exc:   # the PyTorch figures are still measured
+                rows.append({"path": "onnxruntime", "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+                log(f"onnxruntime paths failed: {exc}")
+        torch_rows(args, cfg_dict, dev, start + args.budget_s, rows, save)
+    finally:
+        save()
+        if args.markdown:
+            with open(args.markdown, "w") as fh:
+                fh.write(markdown(report))
+        if args.plot and not plot(report, args.plot):
+            log("no plot: matplotlib is not installed")
+    return 0
+
+
+def torch_rows(args, cfg_dict: dict, dev, until: float, rows: list[dict], save) -> None:
+    """PyTorch eager and SDPA forwards in each dtype, until `until`."""
+    import torch
+    from transformers import AutoConfig
+
+    from engine.pytorch.modeling import ProvenceModel
     for attn in args.attn:
         cfg = AutoConfig.for_model("deberta-v2", **cfg_dict)
         cfg._attn_implementation = attn
@@ -268,8 +326,10 @@ def main(argv=None) -> int:
             model = base.to(dev, dtype)
             for length in args.lengths:
                 for bs in args.batches:
-                    if time.time() - start > args.budget_s:
-                        break
+                    if time.time() > until:
+                        rows.append({"attn": attn, "dtype": dtype_name, "length": length, "batch": bs,
+                                     "skipped": "the budget was spent"})
+                        continue
                     ids = torch.randint(5, cfg.vocab_size, (bs, length), device=dev)
                     mask = torch.ones_like(ids)
                     sid = torch.arange(length, device=dev).div(32, rounding_mode="floor").expand(bs, length).contiguous()
@@ -303,25 +363,11 @@ def main(argv=None) -> int:
                            "ms_per_batch": sec * 1000, "sequences_per_s": seq_s, "tflops": tflops,
                            "share_of_fp16_peak": tflops / args.peak_tflops, "finite": finite}
                     rows.append(row)
+                    save()
                     print(json.dumps(row), flush=True)
             del model
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
-    if not args.no_onnxruntime:
-        try:
-            rows += onnxruntime_rows(args, cfg_dict, start, log)
-        except Exception as exc:   # the PyTorch figures are kept whatever happens here
-            rows.append({"path": "onnxruntime", "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
-            log(f"onnxruntime paths failed: {exc}")
-    report = {"info": info, "rows": rows, "command": shlex.join(sys.argv)}
-    with open(args.out, "w") as fh:
-        json.dump(report, fh, indent=2)
-    if args.markdown:
-        with open(args.markdown, "w") as fh:
-            fh.write(markdown(report))
-    if args.plot and not plot(report, args.plot):
-        log("no plot: matplotlib is not installed")
-    return 0
 
 
 if __name__ == "__main__":

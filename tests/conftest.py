@@ -207,3 +207,35 @@ def server(repository):
     h, g, m = free_ports(3)
     with TritonServer(repository, http_port=h, grpc_port=g, metrics_port=m) as s:
         yield s
+
+
+#: The GPU machine's Python-level versions (../shared/reference/environment.md, #28):
+#: what benchmarks/gpu.sh meets there, rehearsed on the CPU. numpy 2.5 and torch 2.11 are
+#: not in this machine's package index: numpy 2.4 stands in, and torch is this
+#: environment's (2.13, CPU), seen through a .pth line after the venv's own packages.
+MACHINE_VERSIONS = ["transformers==5.17.0", "onnx==1.23.1", "onnxruntime==1.31.1", "numpy==2.4.6",
+                    "protobuf==7.36.2"]
+
+
+@pytest.fixture(scope="session")
+def machine_python(tmp_path_factory) -> Path:
+    """A fresh venv with MACHINE_VERSIONS (and what they and the engine need); its python."""
+    import subprocess
+    import sys
+    venv = tmp_path_factory.mktemp("machine") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    pip = subprocess.run([str(python), "-m", "pip", "install", "-q", *MACHINE_VERSIONS, "safetensors", "ml_dtypes",
+                          "sentencepiece", "tokenizers", "nupunkt", "sympy", "packaging", "matplotlib", "tqdm"],
+                         capture_output=True, text=True, timeout=900)
+    assert pip.returncode == 0, pip.stderr[-3000:]
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    torch_site = str(Path(__import__("torch").__file__).parents[1])
+    (Path(site) / "zz_torch_from_the_test_env.pth").write_text(torch_site + "\n")   # last on sys.path
+    got = subprocess.run([str(python), "-c", "import transformers, onnx, onnxruntime, numpy, google.protobuf as p, "
+                          "torch; print(transformers.__version__, onnx.__version__, onnxruntime.__version__, "
+                          "numpy.__version__, p.__version__)"], capture_output=True, text=True, timeout=300)
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert got.stdout.split() == [v.split("==")[1] for v in MACHINE_VERSIONS], got.stdout
+    return python

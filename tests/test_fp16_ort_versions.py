@@ -6,7 +6,8 @@ name, and then refuse what they wrote ("two nodes with same node name", "Duplica
 definition of name"); 1.32, the CPU build here, accepts it. In a fresh venv with
 onnxruntime 1.31.1 and onnx 1.23.1 (the GPU machine's), `export.optimize.convert_fp16`
 converts each trained family's fp32 graph; the graph must load there and agree with the
-fp32 graph run here within the export's fp16 tolerance."""
+fp32 graph run here within the export's fp16 tolerance. The venv is the GPU machine's
+versions (conftest.machine_python), shared with the gpu.sh rehearsal."""
 from __future__ import annotations
 
 import json
@@ -41,14 +42,9 @@ np.savez(out, **dict(zip(names, s.run(None, {i.name: f[i.name] for i in s.get_in
 
 
 @pytest.fixture(scope="module")
-def old_ort(tmp_path_factory) -> Path:
-    venv = tmp_path_factory.mktemp("ort131") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "onnxruntime==1.31.1",
-                          "onnx==1.23.1", "numpy<2.5", "sympy", "packaging"],
-                         capture_output=True, text=True, timeout=900)
-    assert pip.returncode == 0, pip.stderr[-3000:]
-    return venv / "bin" / "python"
+def old_ort(machine_python) -> Path:
+    """The GPU machine's versions (conftest.MACHINE_VERSIONS: onnxruntime 1.31.1, onnx 1.23.1, ...)."""
+    return machine_python
 
 
 @pytest.mark.parametrize("family", TRAINED)

@@ -92,3 +92,41 @@ def test_gpu_script_reruns_into_the_same_keep_folder(tmp_path):
         rows = json.loads(out.read_text())["rows"]
         assert not [r for r in rows if "error" in r], [r for r in rows if "error" in r]
         assert {"onnxruntime-cpu fp32", "onnxruntime-cpu fp16"} <= {r.get("path") for r in rows}
+
+
+def _system_library() -> Path:
+    """A real shared library of this machine, to stand in for a CUDA one."""
+    import ctypes.util
+    for name in ("z", "bz2", "lzma", "ffi"):
+        found = ctypes.util.find_library(name)
+        if found:
+            for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/lib64", "/usr/lib"):
+                if (Path(d) / found).is_file():
+                    return Path(d) / found
+    pytest.skip("no system shared library to stand in for a CUDA one")
+
+
+def test_cuda_libraries_are_found_on_sys_path_beside_a_target_install(tmp_path, monkeypatch):
+    """onnxruntime-gpu in one folder (pip install --target), the nvidia packages in another
+    sys.path entry: ONNX Runtime's preload_dlls looks beside onnxruntime only; the backend
+    searches every nvidia/*/lib on sys.path (#28 item 6)."""
+    import shutil
+    site = tmp_path / "site"
+    lib = site / "nvidia" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    shutil.copy(_system_library(), lib / "libcurand.so.10")        # a loadable library under CUDA's name
+    assert "libcurand.so.10" not in backend_module.loaded_libraries()
+    before = backend_module.preload_cuda_libraries(onnxruntime)
+    assert "libcurand.so" in before                                 # not on sys.path yet
+    monkeypatch.syspath_prepend(str(site))
+    after = backend_module.preload_cuda_libraries(onnxruntime)
+    assert "libcurand.so" not in after and "libcurand.so.10" in backend_module.loaded_libraries()
+
+
+def test_a_cuda_session_that_fell_back_to_the_cpu_names_the_missing_libraries(gpu_offered, exported, monkeypatch):
+    from engine.errors import ModelLoadError
+    _, state = gpu_offered
+    state["runs"] = "CPUExecutionProvider"          # the CUDA provider did not load
+    monkeypatch.setattr(backend_module, "preload_cuda_libraries", lambda ort: ["libcudnn.so", "libcublas.so"])
+    with pytest.raises(ModelLoadError, match=r"did not load.*libcudnn\.so, libcublas\.so.*cuda,cudnn"):
+        OnnxRuntimeBackend(exported["xprovence"] / "model.onnx", device="cuda", io_binding=False)

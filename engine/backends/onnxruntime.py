@@ -34,6 +34,51 @@ TENSORRT_FALLBACK = ("ONNX Runtime's TensorRT provider is not available here (it
                      "running the CUDA provider")
 
 
+#: The libraries ONNX Runtime's CUDA provider opens when it loads (CUDA 12 and 13 builds);
+#: pip installs them under `nvidia/*/lib` (nvidia-cu13 / nvidia-cudnn-cu13 and the like).
+CUDA_LIBRARIES = ("libcudart.so", "libcublasLt.so", "libcublas.so", "libcufft.so", "libcurand.so",
+                  "libnvrtc.so", "libcudnn.so")
+
+
+def preload_cuda_libraries(ort: Any) -> list[str]:
+    """Load the pip-installed CUDA libraries before a CUDA session; returns those of
+    CUDA_LIBRARIES this process still lacks (Linux; [] elsewhere).
+
+    ONNX Runtime's own `preload_dlls()` looks for the `nvidia` packages beside onnxruntime,
+    which misses them when onnxruntime-gpu was installed elsewhere (`pip install --target`,
+    a PYTHONPATH folder ahead of site-packages): every `nvidia/*/lib` folder on sys.path is
+    searched too, in dependency order."""
+    import contextlib
+    import ctypes
+    import io
+    import sys
+    if not sys.platform.startswith("linux"):
+        return []
+    if hasattr(ort, "preload_dlls"):
+        with contextlib.suppress(Exception), contextlib.redirect_stdout(io.StringIO()):
+            ort.preload_dlls()                      # it prints what it could not load; we say it below
+    lib_dirs = [d for entry in sys.path if entry and (Path(entry) / "nvidia").is_dir()
+                for d in sorted((Path(entry) / "nvidia").glob("*/lib"))]
+    for name in CUDA_LIBRARIES:
+        if name in loaded_libraries():
+            continue
+        for d in lib_dirs:
+            for f in sorted(d.glob(name + ".*")):
+                with contextlib.suppress(OSError):
+                    ctypes.CDLL(str(f), mode=ctypes.RTLD_GLOBAL)
+    loaded = loaded_libraries()
+    return [n for n in CUDA_LIBRARIES if n not in loaded]
+
+
+def loaded_libraries() -> str:
+    """The file names of the shared libraries this process has mapped (Linux)."""
+    try:
+        return " ".join(line.rsplit("/", 1)[-1] for line in Path("/proc/self/maps").read_text().splitlines()
+                        if "/" in line)
+    except OSError:
+        return ""
+
+
 def require_cuda() -> None:
     """Raise a ModelLoadError naming the fix when ONNX Runtime has no CUDA provider."""
     try:
@@ -111,8 +156,10 @@ class OnnxRuntimeBackend(Backend):
         self.device = device
         available = ort.get_available_providers()
         say = log or (lambda m: None)
+        missing: list[str] = []
         if device == "cuda":
             require_cuda()
+            missing = preload_cuda_libraries(ort)
             # use_tf32 0: ONNX Runtime's CUDA provider runs fp32 MatMuls in TF32 by default and
             # PyTorch does not, so fp32 rows would compare unlike things (fp16 graphs are unaffected)
             providers = [("CUDAExecutionProvider", {"device_id": 0, "use_tf32": 0}), "CPUExecutionProvider"]
@@ -132,8 +179,12 @@ class OnnxRuntimeBackend(Backend):
         if device == "cuda" and self.session.get_providers()[0] not in ("CUDAExecutionProvider",
                                                                         "TensorrtExecutionProvider"):
             # onnxruntime-gpu falls back to the CPU when CUDA's libraries do not load
-            raise ModelLoadError(f"device='cuda': ONNX Runtime fell back to {self.session.get_providers()} "
-                                 "(are the CUDA and cuDNN libraries onnxruntime-gpu needs installed?)")
+            raise ModelLoadError(
+                f"device='cuda': ONNX Runtime's CUDA provider did not load and the session fell back to "
+                f"{self.session.get_providers()}; "
+                + (f"not found or not loadable: {', '.join(missing)} (" if missing else "(")
+                + "pip install 'onnxruntime-gpu[cuda,cudnn]' brings them as pip packages, found on sys.path; "
+                "or put CUDA's and cuDNN's lib folders on LD_LIBRARY_PATH)")
         #: the TensorRT provider was asked for but is not what runs (its libraries did not
         #: load and ONNX Runtime quietly fell back to CUDA): a "tensorrt" figure would be CUDA's
         self.tensorrt_fallback = tensorrt is not None and self.session.get_providers()[0] != "TensorrtExecutionProvider"
