@@ -71,6 +71,12 @@ def test_bench_without_server(exported, tiny_data, tmp_path, capsys):
     assert names[0] == "onnxruntime-fp32" and len(names) == 2
     assert report["settings"]["passages"] == 6
     assert all(r["passages_per_s"] > 0 and r["p50_ms"] > 0 for r in report["paths"])
+    # the machine's limit: GEMM rates, and each in-process path as a share of the matching one
+    gemm = report["limits"]["gemm"]
+    assert gemm["fp32_gflops"] > 0 and gemm["int8_gops"] > 0
+    ort = next(r for r in report["paths"] if r["path"] == "onnxruntime-fp32")
+    assert 0 < ort["limit_share"] < 1.5 and ort["limit"].startswith("fp32 GEMM")
+    assert "share of the limit" in next(tmp_path.glob("bench-*/bench.md")).read_text()
     assert main(["bench", "--data", str(tiny_data / "rag.jsonl"), "--model", str(exported["opensearch"]),
                  "--queries", "1", "--repeats", "1", "--out", str(tmp_path), "--paths", "nothing-matches"]) == 2
     capsys.readouterr()

@@ -190,3 +190,15 @@ def test_eval_and_fidelity_record_the_windows(pruners):
     rep = measure(ort, ref, docs, progress=False, log=lambda m: None)
     assert rep["windows"] == "reference" and rep["max_abs_delta_prob"] < 1e-4
     assert measure(ort, ref, docs, progress=False, log=lambda m: None, windows="sentences")["windows"] == "sentences"
+
+
+def test_graph_work_counts_a_bert_layer_by_hand(exported, checkpoints):
+    """engine.tools.limits.graph_work on the embedding test model: each layer's weight
+    products are 4 h x h (Q, K, V, output) and h x i, i x h (feed-forward), 2 FLOPs per
+    multiply-add; QK^T and AV are two products of activations per layer."""
+    from engine.tools.limits import graph_work
+    cfg = json.loads((checkpoints["embedding"] / "config.json").read_text())
+    h, i, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    work = graph_work(exported["embedding"] / "model.onnx")
+    assert work["linear_flops_per_token"] == layers * 2 * (4 * h * h + 2 * h * i)
+    assert work["activation_products"] >= 2 * layers

@@ -479,10 +479,45 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
         "perf_analyzer": pa,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
+    if device == "cpu":
+        report["limits"] = machine_limits(rows, models, threads, {
+            "onnxruntime-fp32": ("fp32", sorted_batches), "torch-batched": ("fp32", sorted_batches),
+            "onnxruntime-fp32, fixed batches of 8 in input order": ("fp32", workload_batches(fixed, qs)),
+            "onnxruntime-int8": ("int8", sorted_batches)}, log)
     model_int8 = next((r for r in rows if r["path"] == "onnxruntime-int8"), None)
     if model_int8:
         report["client"]["share_of_int8_total"] = report["client"]["client_seconds"] / model_int8["seconds_median"]
     return report
+
+
+def machine_limits(rows: list[dict[str, Any]], models: dict[str, Path], threads: int | None,
+                   sent: dict[str, tuple[str, list]], log=print) -> dict[str, Any]:
+    """This CPU's fp32 and int8 GEMM rates with ONNX Runtime, each model's work per token
+    (engine.tools.limits), and every in-process path's achieved rate as a share of the
+    matching rate (`limit_share` in its row). `sent`: path -> (precision, padded batches)."""
+    try:
+        from engine.tools.limits import gemm_rates, graph_work, workload_flops
+        rates = gemm_rates(threads)
+    except ImportError as exc:     # onnx (the [export] extra) builds the GEMM graphs
+        return {"skipped": f"needs {exc.name} (pip install 'prune-engine[export]')"}
+    log(f"GEMM limit: fp32 {rates['fp32_gflops']:.0f} GFLOP/s, int8 {rates['int8_gops']:.0f} GOP/s")
+    out: dict[str, Any] = {"gemm": rates, "work": {}}
+    for precision, folder in models.items():
+        manifest = json.loads((Path(folder) / "manifest.json").read_text())
+        work = graph_work(Path(folder) / manifest["graph"])
+        work["hidden_size"] = int(manifest["source"]["hidden_size"])
+        out["work"][precision] = work
+    for row in rows:
+        if row["path"] not in sent or sent[row["path"]][0] not in out["work"]:
+            continue
+        precision, batches = sent[row["path"]]
+        work = out["work"][precision]
+        flops = workload_flops(batches, work, work["hidden_size"])
+        rate = flops / row["seconds_median"] / 1e9
+        limit = rates["int8_gops" if precision == "int8" else "fp32_gflops"]
+        row.update(achieved_gflops=rate, limit_share=rate / limit,
+                   limit=f"{'int8' if precision == 'int8' else 'fp32'} GEMM {limit:.0f} G/s")
+    return out
 
 
 def markdown(report: dict[str, Any], command: str) -> str:
@@ -499,6 +534,20 @@ def markdown(report: dict[str, Any], command: str) -> str:
         vb = f"{r['speedup_vs_torch_batched']:.2f}x" if r.get("speedup_vs_torch_batched") else "-"
         lines.append(f"| {r['path']} | {r['passages_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['p50_ms']:.0f} | "
                      f"{r['p95_ms']:.0f} | {r['p99_ms']:.0f} | {vs} | {vb} |")
+    limits = report.get("limits") or {}
+    if "gemm" in limits:
+        g = limits["gemm"]
+        lines += ["", f"This machine's limit (ONNX Runtime, {g['shape'][0]}x{g['shape'][1]} by {g['shape'][1]}x"
+                  f"{g['shape'][2]}, threads {g['threads']}): fp32 MatMul {g['fp32_gflops']:.0f} GFLOP/s, int8 "
+                  f"MatMulInteger {g['int8_gops']:.0f} GOP/s. Work per token from the graph: "
+                  + ", ".join(f"{k} {w['linear_flops_per_token'] / 1e6:.1f} MFLOP in weight products and "
+                              f"{w['activation_products']:.0f} activation products of 2 x L x {w['hidden_size']}"
+                              for k, w in limits["work"].items()) + " (L the padded length sent).", "",
+                  "| path | achieved G(FL)OP/s | share of the limit |", "|---|---|---|"]
+        lines += [f"| {r['path']} | {r['achieved_gflops']:.0f} | {100 * r['limit_share']:.0f}% of the {r['limit']} |"
+                  for r in report["paths"] if "limit_share" in r]
+    elif limits:
+        lines += ["", f"Machine limit: {limits['skipped']}."]
     core = [r for r in report["paths"] if "core_requests" in r]
     if core:
         lines += ["", "Core model under the text model (last repeat): " + "; ".join(

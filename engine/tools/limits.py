@@ -1,0 +1,104 @@
+"""The machine's limit for `prune bench` (#26): how fast ONNX Runtime multiplies matrices
+here, and how much arithmetic a model's graph does per token, so that every path can be
+reported as a share of what the hardware allows.
+
+- GEMM rates: one MatMul (float32) and one MatMulInteger (uint8 x int8 -> int32, what
+  dynamic INT8 quantization runs) of a workload-sized shape (4096 x 384 by 384 x 1536
+  by default: a batch of tokens through a feed-forward layer of the default model), timed
+  with the bench's threads after warm-up; the median of several runs.
+- Work per token, read from the graph itself: every matrix product with a weight
+  (MatMul, MatMulInteger, Gemm, FusedMatMul, DynamicQuantizeMatMul, Attention's input
+  projection) counts 2 x K x N per token; every product of two activations (attention's
+  QK^T and AV, DeBERTa's position terms, in-graph pooling) counts 2 x L x hidden per
+  token at the padded length L of its batch. The count is an estimate of the dense
+  arithmetic (it leaves out softmax, layer norm, GELU and the like).
+- A path's achieved rate: the work of the padded batches it sent over its median time.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+WEIGHT_OPS = {"MatMul", "MatMulInteger", "Gemm", "FusedMatMul", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
+              "QLinearMatMul"}
+
+
+def _session(model, threads: int | None):
+    import onnxruntime as ort
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = int(threads)
+    return ort.InferenceSession(model.SerializeToString(), sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+def gemm_rates(threads: int | None = None, m: int = 4096, k: int = 384, n: int = 1536,
+               runs: int = 7) -> dict[str, Any]:
+    """ONNX Runtime's fp32 MatMul and int8 MatMulInteger rates on this CPU (GFLOP/s, GOP/s)."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    out: dict[str, Any] = {"shape": [m, k, n], "threads": threads}
+    cases = {
+        "fp32_gflops": (TensorProto.FLOAT, "MatMul", rng.standard_normal((m, k), dtype=np.float32),
+                        rng.standard_normal((k, n), dtype=np.float32), TensorProto.FLOAT),
+        "int8_gops": (TensorProto.UINT8, "MatMulInteger", rng.integers(0, 255, (m, k), dtype=np.uint8),
+                      rng.integers(-127, 127, (k, n), dtype=np.int8), TensorProto.INT32),
+    }
+    for key, (a_type, op, a, b, y_type) in cases.items():
+        x = helper.make_tensor_value_info("a", a_type, [m, k])
+        y = helper.make_tensor_value_info("y", y_type, [m, n])
+        graph = helper.make_graph([helper.make_node(op, ["a", "b"], ["y"])], "gemm", [x], [y],
+                                  initializer=[numpy_helper.from_array(b, "b")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        sess = _session(model, threads)
+        for _ in range(3):
+            sess.run(None, {"a": a})
+        times = []
+        for _ in range(runs):
+            t = time.perf_counter()
+            sess.run(None, {"a": a})
+            times.append(time.perf_counter() - t)
+        out[key] = 2.0 * m * k * n / statistics.median(times) / 1e9
+    return out
+
+
+def graph_work(graph: str | Path) -> dict[str, float]:
+    """{"linear_flops_per_token", "activation_products"} of an ONNX graph (see the module
+    docstring); external weights are not read, only their shapes."""
+    import onnx
+    model = onnx.load(str(graph), load_external_data=False)
+    dims = {t.name: list(t.dims) for t in model.graph.initializer}
+    # weights reached through a DequantizeLinear / Transpose / Cast of an initializer count too
+    via = {n.output[0]: n.input[0] for n in model.graph.node
+           if n.op_type in ("DequantizeLinear", "Transpose", "Cast") and n.input and n.input[0] in dims}
+    def matrix(name: str) -> list[int] | None:
+        shape = dims.get(name) or dims.get(via.get(name, ""))
+        return shape if shape is not None and len(shape) == 2 else None
+
+    linear, products = 0.0, 0
+    for node in model.graph.node:
+        if node.op_type in WEIGHT_OPS or node.op_type == "Attention":
+            weight = next((w for w in (matrix(i) for i in list(node.input)[1:3]) if w), None)
+            if weight is not None:
+                kk, nn = weight
+                if node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute):
+                    kk, nn = nn, kk
+                linear += 2.0 * kk * nn
+                if node.op_type == "Attention":
+                    products += 2                      # its QK^T and AV
+            elif node.op_type in ("MatMul", "FusedMatMul"):
+                products += 1
+    return {"linear_flops_per_token": linear, "activation_products": float(products)}
+
+
+def workload_flops(batches: Sequence[Any], work: dict[str, float], hidden: int) -> float:
+    """The dense arithmetic of the padded batches sent (B x L tokens each, L padded)."""
+    total = 0.0
+    for b in batches:
+        rows, length = b.input_ids.shape
+        total += rows * length * (work["linear_flops_per_token"] + work["activation_products"] * 2.0 * length * hidden)
+    return total
