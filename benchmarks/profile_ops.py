@@ -1,0 +1,120 @@
+"""ONNX Runtime's per-operator profile of the engine's graphs on the RAG workload (#26):
+where the time goes, before any change to the INT8 path.
+
+    python -m benchmarks.profile_ops --rag ../shared/data/squad-dev-rag.jsonl \\
+        --out benchmarks/results/profile-ops
+
+Models: the default model (fp32 and its dynamic INT8 export), and two test checkpoints at
+the width of the big families with 2 layers (per-layer shares do not depend on the depth):
+Provence-width (DeBERTa-v3, hidden 1024, 16 heads, FFN 4096) and XProvence-width (XLM-R,
+the same), each exported fp32 and INT8. Each runs the padded batches the engine builds
+for the first --queries RAG calls (one warm-up pass, then one profiled pass) with the
+CPU provider; the profile's node events are summed by operator type. Reported: the top
+operators' share of node time, and the share of time in quantized products (MatMulInteger,
+DynamicQuantize*) against float products (MatMul, FusedMatMul, Gemm, Attention).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import platform
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+WIDE = {"hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 16, "intermediate_size": 4096}
+QUANTIZED = ("MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention")
+FLOAT_PRODUCTS = ("MatMul", "FusedMatMul", "Gemm", "Attention")
+
+
+def profile(folder: Path, batches, threads: int | None) -> dict:
+    """Sum of node time per operator type over one profiled pass of `batches`."""
+    import onnxruntime as ort
+    manifest = json.loads((folder / "manifest.json").read_text())
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        opts.intra_op_num_threads = threads
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = ort.InferenceSession(str(folder / manifest["graph"]), sess_options=opts,
+                                     providers=["CPUExecutionProvider"])
+        names = [i.name for i in plain.get_inputs()]
+        feeds = [{n: getattr(b, n) for n in names} for b in batches]
+        for f in feeds:                      # warm-up (without profiling)
+            plain.run(None, f)
+        opts.enable_profiling = True
+        opts.profile_file_prefix = str(Path(tmp) / "prof")
+        sess = ort.InferenceSession(str(folder / manifest["graph"]), sess_options=opts,
+                                    providers=["CPUExecutionProvider"])
+        for f in feeds:
+            sess.run(None, f)
+        events = json.loads(Path(sess.end_profiling()).read_text())
+    by_op: collections.Counter = collections.Counter()
+    for e in events:
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
+            by_op[e["args"]["op_name"]] += e["dur"]
+    total = sum(by_op.values())
+    return {"total_node_ms": total / 1000, "ops": {k: v / total for k, v in by_op.most_common()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rag", required=True, help="RAG JSONL (question, passages)")
+    ap.add_argument("--out", required=True, help="folder for profile.json and profile.md")
+    ap.add_argument("--queries", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--top", type=int, default=8)
+    args = ap.parse_args(argv)
+    from engine.default_model import ensure_default_model
+    from engine.pruner import Pruner
+    from engine.text import split_sentences
+    from engine.tools.quality import load_rag_data
+    from export.checkpoints import make_test_checkpoint
+    from export.onnx import export_model
+
+    rag = load_rag_data(args.rag, args.queries)
+    models = {"default fp32": ensure_default_model(), "default int8": ensure_default_model(precision="int8")}
+    work = Path(tempfile.mkdtemp(prefix="prune-profile-"))
+    for family, label in (("provence", "Provence-width"), ("xprovence", "XProvence-width")):
+        ck = make_test_checkpoint(family, work / family, sizes=WIDE)
+        for precision in ("fp32", "int8"):
+            out = work / f"{family}-{precision}"
+            print(f"exporting {label} {precision} ...", file=sys.stderr, flush=True)
+            export_model(ck, out, precision=precision, verify=False, log=lambda m: None)
+            models[f"{label} {precision}"] = out
+    report: dict = {"command": shlex.join(["python", "-m", "benchmarks.profile_ops",
+                                           *(argv if argv is not None else sys.argv[1:])]),
+                    "machine": f"{platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}",
+                    "queries": len(rag), "models": {}}
+    for name, folder in models.items():
+        pruner = Pruner.load(folder, threads=1)
+        batches = [b for q in rag for b in pruner.batches(pruner.encode(q.question, q.passages,
+                                                                         [split_sentences(p) for p in q.passages]))]
+        print(f"profiling {name}: {len(batches)} batches ...", file=sys.stderr, flush=True)
+        prof = profile(Path(folder), batches, args.threads)
+        prof["batches"] = len(batches)
+        prof["tokens_padded"] = int(sum(b.input_ids.size for b in batches))
+        prof["quantized_products_share"] = sum(v for k, v in prof["ops"].items() if k in QUANTIZED)
+        prof["float_products_share"] = sum(v for k, v in prof["ops"].items() if k in FLOAT_PRODUCTS)
+        report["models"][name] = prof
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profile.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = [f"`{report['command']}`", "", f"{report['machine']}; the engine's padded batches of {len(rag)} RAG "
+             "calls, one warm-up pass, one profiled pass; share of node time by operator type.", "",
+             "| model | node ms | float products | quantized products (incl. activation quantization) | top operators |",
+             "|---|---|---|---|---|"]
+    for name, p in report["models"].items():
+        top = ", ".join(f"{k} {100 * v:.0f}%" for k, v in list(p["ops"].items())[:args.top])
+        lines.append(f"| {name} | {p['total_node_ms']:.0f} | {100 * p['float_products_share']:.0f}% | "
+                     f"{100 * p['quantized_products_share']:.0f}% | {top} |")
+    (out / "profile.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
