@@ -239,3 +239,17 @@ def test_eval_reports_the_lexical_hybrid_beside_its_parts(exported, tiny_data, t
     hybrid = [m for n, m in report["reranking"]["metrics"].items() if n.endswith(f"+ lexical (weight {w})")]
     assert len(hybrid) == 1 and 0 < hybrid[0]["mrr@10"] <= 1
     capsys.readouterr()
+
+
+def test_bench_measures_the_sentence_transformers_peer(exported, checkpoints, tiny_data, tmp_path, capsys):
+    """On the embedding family's job, the peer a user would pick (sentence-transformers:
+    encode the question and the sentences, take cosines) runs beside the engine's paths."""
+    pytest.importorskip("sentence_transformers")
+    assert main(["bench", "--data", str(tiny_data / "rag.jsonl"), "--model", str(exported["embedding"]),
+                 "--checkpoint", str(checkpoints["embedding"]), "--queries", "2", "--repeats", "1",
+                 "--out", str(tmp_path), "--paths", "peer|^onnxruntime-fp32$"]) == 0
+    report = json.loads(next(tmp_path.glob("bench-*/bench.json")).read_text())
+    rows = {r["path"]: r for r in report["paths"]}
+    peer = next(r for n, r in rows.items() if n.startswith("peer: sentence-transformers"))
+    assert peer["passages_per_s"] > 0 and rows["onnxruntime-fp32"]["passages_per_s"] > 0
+    capsys.readouterr()

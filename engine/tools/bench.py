@@ -110,6 +110,39 @@ def run_sequential(pruner, queries, res: PathResult, per_passage: bool = False) 
     return el
 
 
+def sentence_transformers_peer(checkpoint: str, device: str):
+    """What a user who leaves PyTorch-by-hand picks for the embedding family's job: one
+    sentence-transformers model; per call, the question and every sentence of its passages
+    embedded in one `encode` (normalized), and each sentence's cosine with the question.
+    None when sentence-transformers is not installed (it comes with [default-model])."""
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        return None
+    from engine.text import split_sentences
+    model = SentenceTransformer(checkpoint, device=device)
+
+    def call(question: str, passages: list[str]) -> list[np.ndarray]:
+        sents = [[p[a:b] for a, b in split_sentences(p)] for p in passages]
+        emb = model.encode([question] + [x for ss in sents for x in ss], batch_size=64, normalize_embeddings=True,
+                           convert_to_numpy=True, show_progress_bar=False)
+        cos = emb[1:] @ emb[0]
+        bounds = np.cumsum([0] + [len(ss) for ss in sents])
+        return [cos[bounds[i]:bounds[i + 1]] for i in range(len(passages))]
+    return call
+
+
+def run_peer(call, queries, res: PathResult) -> float:
+    lat = []
+    t0 = time.perf_counter()
+    for q in queries:
+        t = time.perf_counter()
+        call(q.question, q.passages)
+        lat.append(time.perf_counter() - t)
+    res.latencies = lat
+    return time.perf_counter() - t0
+
+
 def run_concurrent(make_client: Callable[[], Any], queries, concurrency: int, res: PathResult) -> float:
     """`concurrency` client threads share the queries; each makes its own client in its
     own thread (the HTTP client is gevent-based and bound to one thread)."""
@@ -346,6 +379,10 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
         if device == "cuda":
             half = Pruner.load(checkpoint, backend="torch", threads=threads, device=device, dtype="float16")
             paths["torch-batched fp16"] = lambda r: run_sequential(half, qs, r)
+        peer = sentence_transformers_peer(checkpoint, device) if fp32.family.name == "embedding" else None
+        if peer is not None:
+            paths["peer: sentence-transformers (torch fp32; encode + cosine, no decisions)"] = \
+                lambda r: run_peer(peer, qs, r)
     fixed = Pruner.load(models["fp32"], threads=threads, device=device,
                         batching=BatchingConfig(strategy="fixed", max_batch_size=8))
     paths[f"onnxruntime{on}-fp32"] = lambda r: run_sequential(fp32, qs, r)
