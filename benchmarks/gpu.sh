@@ -81,6 +81,7 @@ else
 fi
 if [ -n "${RAG_DATA:-}" ]; then share="${GPU_SHARE:-75}"; else share="${GPU_SHARE:-100}"; fi
 gpu_s=$(( $(left) * share / 100 ))
+[ "$gpu_s" -ge 30 ] || gpu_s=30      # timeout 0 would mean no limit at all
 echo "budget: ${budget} s in all, $(left) s left; benchmarks.gpu gets ${gpu_s} s"
 # its cases stop starting 10% (at least 20 s) before the hard stop, so the last one ends in time
 margin=$(( gpu_s / 10 > 20 ? gpu_s / 10 : 20 ))
@@ -99,7 +100,7 @@ if [ -n "${RAG_DATA:-}" ] && [ "$(left)" -ge 45 ] && [ -f "$work/models/fp32/man
   timeout -s TERM -k 15 "$(left)" python3 -m engine bench --device "$device" --data "$RAG_DATA" \
     --queries "${RAG_QUERIES:-10}" --repeats 2 --model "$work/models/fp32" "${fp16[@]}" \
     --checkpoint "$work/models/checkpoint" --out "$work/bench" 2>&1 | tee "$work/logs/bench.log" || status=$?
-  latest="$(ls -d "$work"/bench/bench-* 2>/dev/null | sort | tail -1)"
+  latest="$(ls -d "$work"/bench/bench-* 2>/dev/null | sort | tail -1 || true)"   # none when stopped early
   if [ -n "$latest" ] && [ -f "$latest/bench.json" ]; then
     cp "$latest/bench.json" "$latest/bench.md" "$out/"
     cp -r "$latest" "$work/logs/"

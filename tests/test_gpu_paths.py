@@ -130,3 +130,18 @@ def test_a_cuda_session_that_fell_back_to_the_cpu_names_the_missing_libraries(gp
     monkeypatch.setattr(backend_module, "preload_cuda_libraries", lambda ort: ["libcudnn.so", "libcublas.so"])
     with pytest.raises(ModelLoadError, match=r"did not load.*libcudnn\.so, libcublas\.so.*cuda,cudnn"):
         OnnxRuntimeBackend(exported["xprovence"] / "model.onnx", device="cuda", io_binding=False)
+
+
+def test_gpu_py_stopped_by_timeout_keeps_what_it_measured(tmp_path):
+    """gpu.sh runs benchmarks.gpu under `timeout` (#28 item 4): on SIGTERM the report and
+    the markdown are still written, with every case measured so far."""
+    out, md = tmp_path / "gpu.json", tmp_path / "gpu.md"
+    proc = subprocess.run(["timeout", "-s", "TERM", "-k", "20", "12", sys.executable, "-m", "benchmarks.gpu", "--tiny",
+                           "--device", "cpu", "--out", str(out), "--markdown", str(md), "--keep", str(tmp_path / "m"),
+                           "--lengths", "16", "32", "64", "128", "256", "--batches", "1", "4", "16", "64",
+                           "--dtypes", "float32", "bfloat16", "--attn", "eager", "sdpa", "--iters", "30",
+                           "--budget-s", "600"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 124, proc.stderr[-2000:]             # stopped by the timeout, not finished
+    rows = json.loads(out.read_text())["rows"]
+    assert any("sequences_per_s" in r for r in rows)
+    assert "| onnxruntime-cpu fp16 |" in md.read_text()
