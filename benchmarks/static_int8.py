@@ -1,6 +1,7 @@
-"""Static (QDQ) INT8 of an exported model against its dynamic INT8 and fp32 (#26): speed on
-the RAG workload, fidelity to fp32 on sentence-labelled data, and whether a passage's
-answer depends on the passages batched with it.
+"""INT8 variants of the default model against its dynamic INT8 export and fp32 (#26):
+static (QDQ) INT8, and dynamic INT8 with per-tensor weights or uint8 weights; speed on the
+RAG workload, fidelity to fp32 on sentence-labelled data, and whether a passage's answer
+depends on the passages batched with it.
 
     python -m benchmarks.static_int8 --rag ../shared/data/squad-dev-rag.jsonl \\
         --prune-data ../shared/data/squad-dev-prune.jsonl --out benchmarks/results/static-int8
@@ -91,7 +92,15 @@ def main(argv: list[str] | None = None) -> int:
     calibration = [json.loads(line)["text"] for line in open(args.calibration, encoding="utf-8") if line.strip()]
     quant = static_quantize(fp32_dir, out / "model-static", calibration)
     print(f"static INT8: {quant}", file=sys.stderr)
-    paths = {"fp32": fp32_dir, "int8 dynamic (the export's)": int8_dir, "int8 static QDQ": out / "model-static"}
+    from export.optimize import quantize_int8
+    paths = {"fp32": fp32_dir, "int8 dynamic (the export's: int8 weights, per channel)": int8_dir,
+             "int8 static QDQ": out / "model-static"}
+    for weight_type, per_channel, label in (("QInt8", False, "int8 dynamic, per-tensor weights"),
+                                            ("QUInt8", True, "int8 dynamic, uint8 weights per channel")):
+        folder = out / f"model-{weight_type}-{per_channel}"
+        shutil.copytree(fp32_dir, folder, dirs_exist_ok=True)
+        quantize_int8(fp32_dir / "model.onnx", folder / "model.onnx", weight_type=weight_type, per_channel=per_channel)
+        paths[label] = folder
     pruners = {k: Pruner.load(v, threads=args.threads) for k, v in paths.items()}
     rag = load_rag_data(args.rag, 30)
     for p in pruners.values():
@@ -138,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
               f"| {r['max_abs_dprob']:.4f} | {100 * r['pruned_text_changed']:.1f}% | {r['rerank_spearman']:.4f} "
               f"| {r['alone_vs_in_call_max_dprob']:.1e} |" for r in rows]
     (out / "static-int8.md").write_text("\n".join(lines) + "\n")
-    shutil.rmtree(out / "model-static")
+    for folder in out.glob("model-*"):
+        shutil.rmtree(folder)
     print("\n".join(lines))
     return 0
 
