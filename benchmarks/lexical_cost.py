@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "lexical-cost.json").write_text(json.dumps(report, indent=2) + "\n")
-    md = [f"# The lexical fusion's cost\n", f"`{report['command']}`\n",
+    md = ["# The lexical fusion's cost\n", f"`{report['command']}`\n",
           f"{report['machine']}; {report['model']}; {len(rag)} queries, {passages} passages, "
           f"median of {args.repeats} repeats, settings interleaved call by call.\n",
           "| setting | seconds (median) |", "|---|---|"]

@@ -65,6 +65,11 @@ class Family:
             return self.lexical_threshold
         return self.threshold
 
+    def call_settings(self, threshold: float | None, lexical_weight: float | None) -> tuple[float, float]:
+        """(threshold, lexical_weight) a call runs with, from the ones it passed (None: the defaults)."""
+        weight = self.lexical_weight if lexical_weight is None else lexical_weight
+        return (self.default_threshold(weight) if threshold is None else threshold), weight
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -244,8 +244,7 @@ class Pruner:
         question, passages = check_call(question, passages, self.limits)
         opts = check_options(threshold=threshold, title=title, alpha=alpha, top_k=top_k, windows=windows,
                              sentences=sentences, n_passages=len(passages), lexical_weight=lexical_weight)
-        weight = fam.lexical_weight if opts["lexical_weight"] is None else opts["lexical_weight"]
-        threshold = fam.default_threshold(weight) if opts["threshold"] is None else opts["threshold"]
+        threshold, weight = fam.call_settings(opts["threshold"], opts["lexical_weight"])
         title = fam.title if opts["title"] is None else opts["title"]
         alpha = fam.backoff_alpha if opts["alpha"] is ... else opts["alpha"]
         windows = self.windows_mode(windows)

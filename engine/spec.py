@@ -80,9 +80,8 @@ MAX_WINDOW = 32_768
 def spec_from_manifest(manifest: dict[str, Any], name: str = "model") -> ModelSpec:
     try:
         tok = manifest["tokenizer"]
-        family = with_threshold(get_family(manifest["family"]),   # the checkpoint's own default
-                                (manifest.get("defaults") or {}).get("threshold"))
         defaults = manifest.get("defaults") or {}
+        family = with_threshold(get_family(manifest["family"]), defaults.get("threshold"))  # the checkpoint's own
         if defaults.get("lexical_weight") is not None:
             family = replace(family, lexical_weight=float(defaults["lexical_weight"]))
         if defaults.get("lexical_threshold") is not None:

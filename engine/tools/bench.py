@@ -120,27 +120,18 @@ def sentence_transformers_peer(checkpoint: str, device: str):
     except ImportError:
         return None
     from engine.text import split_sentences
-    model = SentenceTransformer(checkpoint, device=device)
 
-    def call(question: str, passages: list[str]) -> list[np.ndarray]:
-        sents = [[p[a:b] for a, b in split_sentences(p)] for p in passages]
-        emb = model.encode([question] + [x for ss in sents for x in ss], batch_size=64, normalize_embeddings=True,
-                           convert_to_numpy=True, show_progress_bar=False)
-        cos = emb[1:] @ emb[0]
-        bounds = np.cumsum([0] + [len(ss) for ss in sents])
-        return [cos[bounds[i]:bounds[i + 1]] for i in range(len(passages))]
-    return call
+    class Peer:
+        model = SentenceTransformer(checkpoint, device=device)
 
-
-def run_peer(call, queries, res: PathResult) -> float:
-    lat = []
-    t0 = time.perf_counter()
-    for q in queries:
-        t = time.perf_counter()
-        call(q.question, q.passages)
-        lat.append(time.perf_counter() - t)
-    res.latencies = lat
-    return time.perf_counter() - t0
+        def prune(self, question: str, passages: list[str]) -> list[np.ndarray]:   # run_sequential's call
+            sents = [[p[a:b] for a, b in split_sentences(p)] for p in passages]
+            emb = self.model.encode([question] + [x for ss in sents for x in ss], batch_size=64,
+                                    normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+            cos = emb[1:] @ emb[0]
+            bounds = np.cumsum([0] + [len(ss) for ss in sents])
+            return [cos[bounds[i]:bounds[i + 1]] for i in range(len(passages))]
+    return Peer()
 
 
 def run_concurrent(make_client: Callable[[], Any], queries, concurrency: int, res: PathResult) -> float:
@@ -382,9 +373,10 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
         peer = sentence_transformers_peer(checkpoint, device) if fp32.family.name == "embedding" else None
         if peer is not None:
             paths["peer: sentence-transformers (torch fp32; encode + cosine, no decisions)"] = \
-                lambda r: run_peer(peer, qs, r)
+                lambda r: run_sequential(peer, qs, r)
     fixed = Pruner.load(models["fp32"], threads=threads, device=device,
                         batching=BatchingConfig(strategy="fixed", max_batch_size=8))
+    fixed_batches = workload_batches(fixed, qs)
     paths[f"onnxruntime{on}-fp32"] = lambda r: run_sequential(fp32, qs, r)
     paths[f"onnxruntime{on}-fp32, fixed batches of 8 in input order"] = lambda r: run_sequential(fixed, qs, r)
     if "fp16" in models:
@@ -511,7 +503,7 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
         "paths": rows,
         "client": client_share(fp32, qs),
         "padding_share": {"sorted token budget": padding_share(sorted_batches),
-                          "fixed batches of 8, input order": padding_share(workload_batches(fixed, qs))},
+                          "fixed batches of 8, input order": padding_share(fixed_batches)},
         "output_size": output_bytes(sorted_batches, n_passages),
         "perf_analyzer": pa,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -519,7 +511,7 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
     if device == "cpu":
         report["limits"] = machine_limits(rows, models, threads, {
             "onnxruntime-fp32": ("fp32", sorted_batches), "torch-batched": ("fp32", sorted_batches),
-            "onnxruntime-fp32, fixed batches of 8 in input order": ("fp32", workload_batches(fixed, qs)),
+            "onnxruntime-fp32, fixed batches of 8 in input order": ("fp32", fixed_batches),
             "onnxruntime-int8": ("int8", sorted_batches)}, log)
     model_int8 = next((r for r in rows if r["path"] == "onnxruntime-int8"), None)
     if model_int8:

@@ -19,7 +19,7 @@ import json
 import math
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -400,12 +400,13 @@ def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: st
             scores = model_sentence_scores(pruner, samples, progress, windows=windows, kept=kept)
             rows.append(grid_search(name, scores, labels, strict=strict))
             fam = pruner.family
-            rows.append(GridResult(f"{name} at its defaults", sentence_metrics(
+            # the model's own scores at its own threshold: its defaults unless it fuses by default
+            label = (f"{name} with lexical_weight 0 at threshold {fam.threshold}"
+                     if fam.lexical_weight and report["windows"][name] == "sentences" else f"{name} at its defaults")
+            rows.append(GridResult(label, sentence_metrics(
                 [k if k is not None else sweep_keep(s, fam.threshold, fam.backoff_alpha, strict)
                  for s, k in zip(scores, kept)], labels),
                 {"threshold": fam.threshold, "alpha": fam.backoff_alpha, "lexical_weight": 0.0}))
-            if fam.lexical_weight and report["windows"][name] == "sentences":
-                rows[-1] = replace(rows[-1], name=f"{name} with lexical_weight 0 at threshold {fam.threshold}")
             if report["windows"][name] == "sentences":
                 rows += hybrid_rows(name, pruner, samples, scores, labels, strict)
             if half >= 10:

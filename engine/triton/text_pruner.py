@@ -118,8 +118,7 @@ class TritonTextPruner:
             return []
         options = {k: opts[k] for k in ("threshold", "title", "alpha", "windows", "lexical_weight")}
         fam = self.spec.family
-        weight = fam.lexical_weight if opts["lexical_weight"] is None else opts["lexical_weight"]
-        used = fam.default_threshold(weight) if opts["threshold"] is None else opts["threshold"]
+        used, weight = fam.call_settings(opts["threshold"], opts["lexical_weight"])
         ran = fam.windows if opts["windows"] is None else opts["windows"]
         chunks = self._chunks(question, passages)
         deadline = self.transport.deadline()      # one deadline for the whole call
