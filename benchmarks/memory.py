@@ -26,9 +26,12 @@ from pathlib import Path
 VARIANTS = ("arena", "arena+shrink", "no-arena")
 
 
-def rss_mb() -> float:
+def rss_mb(field: str = "VmRSS") -> float:
+    """This process's resident set (VmRSS) or its peak (VmHWM), in MB. The peak is read here
+    and not from getrusage: a child's ru_maxrss starts at its parent's peak (Linux carries
+    the high-water mark over fork and exec), VmHWM belongs to this process's own memory."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -82,7 +85,6 @@ def measure(model: Path, variant: str, threads: int, large_shape: str) -> dict:
 def call_limit(model: Path, shape: str) -> dict:
     """Peak RSS of one in-process call at the per-call character limit: `many` passages of
     the example document, or `one` passage as long as the limit allows."""
-    import resource
     from engine.pruner import MAX_CALL_CHARS, Pruner
     pruner = Pruner.load(str(model))
     text = (Path(__file__).resolve().parents[1] / "examples" / "shepherds-pie.txt").read_text()
@@ -94,7 +96,7 @@ def call_limit(model: Path, shape: str) -> dict:
     t = time.perf_counter()
     pruner.prune(question, passages)
     return {"shape": shape, "passages": len(passages), "chars": len(question) + sum(map(len, passages)),
-            "rss_loaded_mb": before, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "rss_loaded_mb": before, "peak_rss_mb": rss_mb("VmHWM"),
             "rss_after_mb": rss_mb(), "seconds": time.perf_counter() - t}
 
 

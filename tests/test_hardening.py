@@ -3,6 +3,7 @@ inputs to the core model, a bad request in a dynamic batch beside good ones, the
 APIs (shared memory, logging, tracing) locked by default; and clear in-process errors."""
 import json
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,12 @@ from engine.pruner import Pruner
 from engine.triton.server import ADMIN_HEADER, TritonServer
 from tests.conftest import free_ports
 from tests.test_parity import PASSAGES, QUESTION
+
+
+def _status_mb(field: str, pid: int | str = "self") -> float:
+    """A field of a process's /proc status (VmRSS, VmHWM) in MB."""
+    line = next(l for l in Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith(field + ":"))
+    return int(line.split()[1]) / 1024
 
 
 def _core_request(server, arrays, model="opensearch"):
@@ -40,12 +47,9 @@ def _with(arrays, **changes):
 
 def _stub_rss_mb(server, model: str) -> float:
     """Resident memory of the python-backend stub that runs `model` on `server`."""
-    from pathlib import Path
     for pid in server.stub_pids():
         if f"/{model}/1/model.py".encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
+            return _status_mb("VmRSS", pid)
     raise AssertionError(f"no stub for {model}")
 
 
@@ -176,8 +180,9 @@ def test_text_client_refuses_lone_surrogates(server):
 
 def test_huge_config_is_refused_before_any_allocation(checkpoints, tmp_path):
     """A 40 KB checkpoint whose config.json claims a huge model: refused by comparing the
-    config with the weights' shapes on a meta model, using almost no memory."""
-    import resource
+    config with the weights' shapes on a meta model, using almost no memory. The peak is
+    this process's VmHWM, reset first (clear_refs 5), so pytest's earlier peak cannot hide
+    an allocation below it."""
     import shutil
     from engine.pytorch.modeling import load_checkpoint
     folder = tmp_path / "huge-config"
@@ -185,10 +190,11 @@ def test_huge_config_is_refused_before_any_allocation(checkpoints, tmp_path):
     config = json.loads((folder / "config.json").read_text())
     config.update(hidden_size=4096, intermediate_size=16384, num_attention_heads=32, vocab_size=250_000)
     (folder / "config.json").write_text(json.dumps(config))
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    Path("/proc/self/clear_refs").write_text("5")      # VmHWM := VmRSS
+    before = _status_mb("VmHWM")
     with pytest.raises(ModelLoadError, match="has shape .* the config implies"):
         load_checkpoint(folder)
-    grew_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    grew_mb = _status_mb("VmHWM") - before
     assert grew_mb < 200, f"peak memory grew {grew_mb:.0f} MB"     # the real model would need ~5 GB
 
 
@@ -248,11 +254,11 @@ def test_a_call_at_the_character_limit_stays_under_its_memory_bound(exported):
     """The largest call the client accepts (MAX_CALL_CHARS in one passage, the costliest
     shape) peaks under the documented bound (docs/limits.md: 1.4 GB with the default
     model; the tokenizer's share is the same for any model). In its own process, so the
-    peak is this call's."""
+    peak is this call's: VmHWM, not ru_maxrss, which a child inherits from pytest's own peak."""
     import subprocess
     import sys
     code = (
-        "import resource, sys\n"
+        "import sys\n"
         "from engine.pruner import MAX_CALL_CHARS, Pruner\n"
         "p = Pruner.load(sys.argv[1])\n"
         "q = 'what is it?'\n"
@@ -260,7 +266,8 @@ def test_a_call_at_the_character_limit_stays_under_its_memory_bound(exported):
         "passage = (words * (MAX_CALL_CHARS // len(words) + 1))[:MAX_CALL_CHARS - len(q)]\n"
         "r = p.prune(q, [passage])[0]\n"
         "assert len(r.sentences) > 20000, len(r.sentences)\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n")
+        "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]\n"
+        "print(int(hwm.split()[1]) // 1024)\n")
     proc = subprocess.run([sys.executable, "-c", code, str(exported["opensearch"])], capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
