@@ -241,15 +241,26 @@ def test_eval_reports_the_lexical_hybrid_beside_its_parts(exported, tiny_data, t
     capsys.readouterr()
 
 
-def test_bench_measures_the_sentence_transformers_peer(exported, checkpoints, tiny_data, tmp_path, capsys):
-    """On the embedding family's job, the peer a user would pick (sentence-transformers:
-    encode the question and the sentences, take cosines) runs beside the engine's paths."""
+def test_bench_measures_the_peers(exported, checkpoints, tiny_data, tmp_path, capsys):
+    """On the embedding family's job, the peers a user would pick (sentence-transformers,
+    fastembed fp32 and int8 on the checkpoint exported plainly: embed the question and the
+    sentences, take cosines) run beside the engine's paths, each with its share of the
+    machine's limit; their plain exports do not outlive the run."""
     pytest.importorskip("sentence_transformers")
+    pytest.importorskip("fastembed", reason="fastembed comes with the [bench] extra")
+    import tempfile
+    before = set(Path(tempfile.gettempdir()).glob("prune-bench-peers-*"))
     assert main(["bench", "--data", str(tiny_data / "rag.jsonl"), "--model", str(exported["embedding"]),
                  "--checkpoint", str(checkpoints["embedding"]), "--queries", "2", "--repeats", "1",
                  "--out", str(tmp_path), "--paths", "peer|^onnxruntime-fp32$"]) == 0
     report = json.loads(next(tmp_path.glob("bench-*/bench.json")).read_text())
     rows = {r["path"]: r for r in report["paths"]}
-    peer = next(r for n, r in rows.items() if n.startswith("peer: sentence-transformers"))
-    assert peer["passages_per_s"] > 0 and rows["onnxruntime-fp32"]["passages_per_s"] > 0
+    peers = {n: r for n, r in rows.items() if n.startswith("peer: ")}
+    assert sorted(n.split(" (")[0] for n in peers) == ["peer: fastembed", "peer: fastembed",
+                                                       "peer: sentence-transformers"]
+    for row in [*peers.values(), rows["onnxruntime-fp32"]]:
+        assert row["passages_per_s"] > 0 and 0 < row["limit_share"] < 2, row
+    assert next(r for n, r in peers.items() if "int8" in n)["limit"].startswith("int8 GEMM")
+    assert set(Path(tempfile.gettempdir()).glob("prune-bench-peers-*")) == before
+    assert "peer" in (next(tmp_path.glob("bench-*/bench.md")).read_text())
     capsys.readouterr()

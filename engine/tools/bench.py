@@ -31,6 +31,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from engine.tools.peers import call_texts, embedding_peers
 from engine.tools.quality import load_rag_data
 
 
@@ -108,30 +110,6 @@ def run_sequential(pruner, queries, res: PathResult, per_passage: bool = False) 
     el = time.perf_counter() - t0
     res.latencies = lat
     return el
-
-
-def sentence_transformers_peer(checkpoint: str, device: str):
-    """What a user who leaves PyTorch-by-hand picks for the embedding family's job: one
-    sentence-transformers model; per call, the question and every sentence of its passages
-    embedded in one `encode` (normalized), and each sentence's cosine with the question.
-    None when sentence-transformers is not installed (it comes with [default-model])."""
-    try:
-        from sentence_transformers import SentenceTransformer
-    except ImportError:
-        return None
-    from engine.text import split_sentences
-
-    class Peer:
-        model = SentenceTransformer(checkpoint, device=device)
-
-        def prune(self, question: str, passages: list[str]) -> list[np.ndarray]:   # run_sequential's call
-            sents = [[p[a:b] for a, b in split_sentences(p)] for p in passages]
-            emb = self.model.encode([question] + [x for ss in sents for x in ss], batch_size=64,
-                                    normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
-            cos = emb[1:] @ emb[0]
-            bounds = np.cumsum([0] + [len(ss) for ss in sents])
-            return [cos[bounds[i]:bounds[i + 1]] for i in range(len(passages))]
-    return Peer()
 
 
 def run_concurrent(make_client: Callable[[], Any], queries, concurrency: int, res: PathResult) -> float:
@@ -357,6 +335,8 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
     qs = load_rag_data(data, queries)
     n_passages = sum(len(q.passages) for q in qs)
     paths: dict[str, Callable[[PathResult], float]] = {}
+    peers: dict[str, Any] = {}
+    peer_dir = None
     fp32 = Pruner.load(models["fp32"], threads=threads, device=device)
     sorted_batches = workload_batches(fp32, qs)
     tokens = sum(int(b.attention_mask.sum()) for b in sorted_batches)
@@ -370,10 +350,11 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
         if device == "cuda":
             half = Pruner.load(checkpoint, backend="torch", threads=threads, device=device, dtype="float16")
             paths["torch-batched fp16"] = lambda r: run_sequential(half, qs, r)
-        peer = sentence_transformers_peer(checkpoint, device) if fp32.family.name == "embedding" else None
-        if peer is not None:
-            paths["peer: sentence-transformers (torch fp32; encode + cosine, no decisions)"] = \
-                lambda r: run_sequential(peer, qs, r)
+        if fp32.family.name == "embedding" and _wanted(only, ["peer: "]):
+            peer_dir = tempfile.TemporaryDirectory(prefix="prune-bench-peers-")
+            peers = embedding_peers(checkpoint, Path(peer_dir.name), device, threads, log)
+            for name, peer in peers.items():
+                paths[name] = lambda r, peer=peer: run_sequential(peer, qs, r)
     fixed = Pruner.load(models["fp32"], threads=threads, device=device,
                         batching=BatchingConfig(strategy="fixed", max_batch_size=8))
     fixed_batches = workload_batches(fixed, qs)
@@ -394,7 +375,6 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
         from engine.triton.server import TritonServer
         from export.triton import RepositoryOptions, build_repository
         import socket
-        import tempfile
         repo = Path(tempfile.mkdtemp(prefix="prune-bench-repo-"))
         build_repository(models.get("int8", models["fp32"]), repo,
                          RepositoryOptions(target="cpu", name="bench", max_batch_size=64,
@@ -509,21 +489,33 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     if device == "cpu":
-        report["limits"] = machine_limits(rows, models, threads, {
-            "onnxruntime-fp32": ("fp32", sorted_batches), "torch-batched": ("fp32", sorted_batches),
-            "onnxruntime-fp32, fixed batches of 8 in input order": ("fp32", fixed_batches),
-            "onnxruntime-int8": ("int8", sorted_batches)}, log)
+        shapes = {"sorted": [b.input_ids.shape for b in sorted_batches],
+                  "fixed": [b.input_ids.shape for b in fixed_batches]}
+        sent = {"onnxruntime-fp32": ("fp32", "fp32", shapes["sorted"]),
+                "torch-batched": ("fp32", "fp32", shapes["sorted"]),
+                "onnxruntime-fp32, fixed batches of 8 in input order": ("fp32", "fp32", shapes["fixed"]),
+                "onnxruntime-int8": ("int8", "int8", shapes["sorted"])}
+        for name, peer in peers.items():
+            if peer.graph is not None and name in results:
+                sent[name] = (name, peer.precision,
+                              [sh for q in qs for sh in peer.shapes(call_texts(q.question, q.passages)[0])])
+        report["limits"] = machine_limits(rows, {**models, **{n: p.graph for n, p in peers.items() if p.graph}},
+                                          threads, sent, log)
+    if peer_dir is not None:      # the peers' plain exports (an error leaves them to its finalizer)
+        peer_dir.cleanup()
     model_int8 = next((r for r in rows if r["path"] == "onnxruntime-int8"), None)
     if model_int8:
         report["client"]["share_of_int8_total"] = report["client"]["client_seconds"] / model_int8["seconds_median"]
     return report
 
 
-def machine_limits(rows: list[dict[str, Any]], models: dict[str, Path], threads: int | None,
-                   sent: dict[str, tuple[str, list]], log=print) -> dict[str, Any]:
-    """This CPU's fp32 and int8 GEMM rates with ONNX Runtime, each model's work per token
+def machine_limits(rows: list[dict[str, Any]], graphs: dict[str, Path], threads: int | None,
+                   sent: dict[str, tuple[str, str, list]], log=print) -> dict[str, Any]:
+    """This CPU's fp32 and int8 GEMM rates with ONNX Runtime, each graph's work per token
     (engine.tools.limits), and every in-process path's achieved rate as a share of the
-    matching rate (`limit_share` in its row). `sent`: path -> (precision, padded batches)."""
+    matching rate (`limit_share` in its row). `graphs`: an exported model folder (its
+    manifest names the graph) or an ONNX file, by name; `sent`: path -> (the graph's name,
+    precision, the padded (rows, length) batches the path sent)."""
     try:
         from engine.tools.limits import gemm_rates, graph_work, workload_flops
         rates = gemm_rates(threads)
@@ -531,17 +523,22 @@ def machine_limits(rows: list[dict[str, Any]], models: dict[str, Path], threads:
         return {"skipped": f"needs {exc.name} (pip install 'prune-engine[export]')"}
     log(f"GEMM limit: fp32 {rates['fp32_gflops']:.0f} GFLOP/s, int8 {rates['int8_gops']:.0f} GOP/s")
     out: dict[str, Any] = {"gemm": rates, "work": {}}
-    for precision, folder in models.items():
-        manifest = json.loads((Path(folder) / "manifest.json").read_text())
-        work = graph_work(Path(folder) / manifest["graph"])
-        work["hidden_size"] = int(manifest["source"]["hidden_size"])
-        out["work"][precision] = work
+    for name, where in graphs.items():
+        where = Path(where)
+        if where.is_dir():
+            manifest = json.loads((where / "manifest.json").read_text())
+            work = graph_work(where / manifest["graph"])
+            work["hidden_size"] = int(manifest["source"]["hidden_size"])
+        else:                      # a plain export: config.json beside it
+            work = graph_work(where)
+            work["hidden_size"] = int(json.loads((where.parent / "config.json").read_text())["hidden_size"])
+        out["work"][name] = work
     for row in rows:
         if row["path"] not in sent or sent[row["path"]][0] not in out["work"]:
             continue
-        precision, batches = sent[row["path"]]
-        work = out["work"][precision]
-        flops = workload_flops(batches, work, work["hidden_size"])
+        graph, precision, shapes = sent[row["path"]]
+        work = out["work"][graph]
+        flops = workload_flops(shapes, work, work["hidden_size"])
         rate = flops / row["seconds_median"] / 1e9
         limit = rates["int8_gops" if precision == "int8" else "fp32_gflops"]
         row.update(achieved_gflops=rate, limit_share=rate / limit,

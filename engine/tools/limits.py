@@ -19,7 +19,7 @@ from __future__ import annotations
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -95,10 +95,10 @@ def graph_work(graph: str | Path) -> dict[str, float]:
     return {"linear_flops_per_token": linear, "activation_products": float(products)}
 
 
-def workload_flops(batches: Sequence[Any], work: dict[str, float], hidden: int) -> float:
-    """The dense arithmetic of the padded batches sent (B x L tokens each, L padded)."""
+def workload_flops(shapes: Iterable[tuple[int, int]], work: dict[str, float], hidden: int) -> float:
+    """The dense arithmetic of the padded batches sent, given as their (rows B, padded
+    length L) shapes."""
     total = 0.0
-    for b in batches:
-        rows, length = b.input_ids.shape
+    for rows, length in shapes:
         total += rows * length * (work["linear_flops_per_token"] + work["activation_products"] * 2.0 * length * hidden)
     return total
