@@ -294,7 +294,9 @@ def export_model(checkpoint: str | Path, out: str | Path, *, family: str | None 
         elif precision == "fp16":
             log("converting to FP16 (float32 inputs/outputs, softmax, heads and pooling) ...")
             h = _step_path(tmp_dir, "fp16")
-            details["fp16"] = convert_fp16(current, h, heads, hidden, fam.backbone == "deberta-v2", use_external)
+            # from the plain fp32 graph: the optimizer then fuses for the GPU, SkipLayerNormalization
+            # included (the CPU graph's is split back, export.optimize.unfuse_skip_layer_norm)
+            details["fp16"] = convert_fp16(fp32, h, heads, hidden, fam.backbone == "deberta-v2", use_external)
             check(h, "fp16", FP16_TOLERANCE)
             current = h
         for item in current.parent.iterdir():
