@@ -44,7 +44,7 @@ CLIENT_SAFE = SPINE + _modules("engine/backends/base.py", "engine/backends/onnxr
                                "engine/backends/triton.py", "engine/triton/*.py")
 #: who may import the torch modelling (engine.pytorch)
 TORCH_MODELLING_USERS = _modules("engine/pytorch/*.py", "engine/backends/torch.py", "export/*.py",
-                                 "engine/tools/fidelity.py")
+                                 "engine/tools/fidelity.py", "engine/tools/peers.py")
 #: everything below the CLI: may not import the offline tools or the RAG application (the
 #: framework adapters sit beside the CLI: their embeddings are the RAG encoder's)
 BELOW_CLI = [p for p in _modules("engine/**/*.py", "triton_models/*/model.py")
@@ -54,7 +54,7 @@ FRAMEWORKS = ("langchain", "langchain_core", "langchain_classic", "llama_index",
 RULES = {
     "the spine, backends/{base,onnxruntime,triton} and triton/ never import torch, transformers or export":
         (CLIENT_SAFE, ("torch", "transformers", "export")),
-    "only backends/torch, export/ and the fidelity tool import the torch modelling (engine.pytorch)":
+    "only backends/torch, export/ and the fidelity and peer tools import the torch modelling (engine.pytorch)":
         ([p for p in _modules("engine/**/*.py", "triton_models/*/model.py")
           if p not in TORCH_MODELLING_USERS], ("engine.pytorch",)),
     "nothing below the CLI imports tools/ or rag/":
