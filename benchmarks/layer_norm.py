@@ -11,14 +11,11 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
-import time
 
 import numpy as np
 
 
 def graph(kind: str, rows: int, hidden: int):
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
     io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [rows, hidden]) for n in ("x", "skip", "y")]
     rng = np.random.default_rng(1)          # the same weights for both graphs
@@ -41,24 +38,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=10)
     args = p.parse_args(argv)
     import onnxruntime as ort
+    from engine.tools.limits import cpu_session, median_run_seconds
     rng = np.random.default_rng(0)
     feed = {n: rng.standard_normal((args.rows, args.hidden), dtype=np.float32) for n in ("x", "skip")}
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, onnxruntime {ort.__version__}; "
           f"{args.rows} x {args.hidden}, threads {args.threads or 'all'}, median of {args.repeats}")
     outs = {}
     for kind in ("SkipLayerNormalization", "Add + LayerNormalization"):
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = args.threads
-        session = ort.InferenceSession(graph(kind, args.rows, args.hidden).SerializeToString(), opts,
-                                       providers=["CPUExecutionProvider"])
-        for _ in range(3):
-            outs[kind] = session.run(None, feed)[0]
-        times = []
-        for _ in range(args.repeats):
-            t = time.perf_counter()
-            session.run(None, feed)
-            times.append(time.perf_counter() - t)
-        ms = statistics.median(times) * 1000
+        session = cpu_session(graph(kind, args.rows, args.hidden), args.threads)
+        outs[kind] = session.run(None, feed)[0]
+        ms = median_run_seconds(session, feed, args.repeats) * 1000
         print(f"| {kind} | {ms:.1f} ms | {args.rows * args.hidden / ms / 1e6:.2f} G elements/s |")
     diff = float(np.abs(outs["SkipLayerNormalization"] - outs["Add + LayerNormalization"]).max())
     print(f"max |difference| of the outputs: {diff:.2e}")

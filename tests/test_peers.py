@@ -5,7 +5,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from engine.tools.peers import call_texts, embedding_peers, fastembed_peer, plain_export, sentence_transformers_peer
+from engine.tools.peers import (call_texts, embedding_peers, fastembed_peer, plain_export, plain_int8,
+                                sentence_transformers_peer)
 from tests.test_parity import PASSAGES, QUESTION
 
 pytest.importorskip("fastembed", reason="fastembed comes with the [bench] extra")
@@ -90,7 +91,7 @@ def test_plain_export_is_the_backbone_and_quantizes(checkpoints, tmp_path):
     with torch.inference_mode():
         want = model(**{n: torch.from_numpy(v) for n, v in feed.items()}).last_hidden_state.numpy()
     assert np.abs(got - want).max() < 1e-4
-    int8 = plain_export(ck, tmp_path / "int8", int8=True)
+    int8 = plain_int8(folder, tmp_path / "int8")
     ops = {n.op_type for n in onnx.load(str(int8 / "model.onnx")).graph.node}
-    assert "MatMulInteger" in ops and not (int8 / "model-fp32.onnx").exists()
+    assert "MatMulInteger" in ops and (int8 / "tokenizer.json").is_file()
     assert fastembed_peer(int8, threads=1) is not None and sentence_transformers_peer(ck) is not None

@@ -27,7 +27,8 @@ WEIGHT_OPS = {"MatMul", "MatMulInteger", "Gemm", "FusedMatMul", "DynamicQuantize
               "QLinearMatMul"}
 
 
-def _session(model, threads: int | None):
+def cpu_session(model, threads: int | None):
+    """An ONNX Runtime CPU session of an in-memory model; `threads` intra-op (None or 0: all cores)."""
     import onnxruntime as ort
     opts = ort.SessionOptions()
     if threads:
@@ -54,16 +55,20 @@ def gemm_rates(threads: int | None = None, m: int = 4096, k: int = 384, n: int =
                                   initializer=[numpy_helper.from_array(b, "b")])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         model.ir_version = 8
-        sess = _session(model, threads)
-        for _ in range(3):
-            sess.run(None, {"a": a})
-        times = []
-        for _ in range(runs):
-            t = time.perf_counter()
-            sess.run(None, {"a": a})
-            times.append(time.perf_counter() - t)
-        out[key] = 2.0 * m * k * n / statistics.median(times) / 1e9
+        out[key] = 2.0 * m * k * n / median_run_seconds(cpu_session(model, threads), {"a": a}, runs) / 1e9
     return out
+
+
+def median_run_seconds(session, feed: dict[str, Any], runs: int = 7, warmup: int = 3) -> float:
+    """The median wall time of `session.run` on `feed`, after `warmup` runs."""
+    for _ in range(warmup):
+        session.run(None, feed)
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        session.run(None, feed)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
 
 
 def graph_work(graph: str | Path) -> dict[str, float]:

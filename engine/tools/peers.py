@@ -76,11 +76,10 @@ def sentence_transformers_peer(checkpoint: str, device: str = "cpu", graph: Path
                                                  convert_to_numpy=True, show_progress_bar=False), shapes, graph)
 
 
-def plain_export(checkpoint: str, folder: Path, int8: bool = False, opset: int = 17) -> Path:
+def plain_export(checkpoint: str, folder: Path, opset: int = 17) -> Path:
     """The checkpoint's backbone exported plainly into `folder` (model.onnx: input_ids,
-    attention_mask, token_type_ids -> last_hidden_state; the tokenizer files beside it);
-    `int8`: then ONNX Runtime's dynamic quantization at its defaults. Weights are read from
-    safetensors only. Returns the folder."""
+    attention_mask, token_type_ids -> last_hidden_state; the tokenizer files beside it).
+    Weights are read from safetensors only. Returns the folder."""
     import torch
     from transformers import AutoModel
     src = Path(checkpoint)
@@ -98,7 +97,7 @@ def plain_export(checkpoint: str, folder: Path, int8: bool = False, opset: int =
 
     model = Plain()
     ids = torch.ones(2, 8, dtype=torch.long)
-    graph = folder / ("model-fp32.onnx" if int8 else "model.onnx")
+    graph = folder / "model.onnx"
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore")        # the tracer's notes on transformers' mask code
         torch.onnx.export(model, (ids, torch.ones_like(ids), torch.zeros_like(ids)), str(graph),
@@ -107,10 +106,6 @@ def plain_export(checkpoint: str, folder: Path, int8: bool = False, opset: int =
                           dynamic_axes={n: {0: "batch", 1: "sequence"} for n in
                                         ("input_ids", "attention_mask", "token_type_ids", "last_hidden_state")},
                           opset_version=opset, do_constant_folding=True, dynamo=False)
-    if int8:
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-        quantize_dynamic(str(graph), str(folder / "model.onnx"), weight_type=QuantType.QInt8)
-        graph.unlink()
     for name in TOKENIZER_FILES:
         if (src / name).is_file():
             shutil.copyfile(src / name, folder / name)
@@ -122,6 +117,18 @@ def plain_export(checkpoint: str, folder: Path, int8: bool = False, opset: int =
         from export.embedder import _window
         conf["model_max_length"] = _window(src, int(backbone.config.max_position_embeddings))
         tok_config.write_text(json.dumps(conf, indent=2) + "\n")
+    return folder
+
+
+def plain_int8(plain: Path, folder: Path) -> Path:
+    """A `plain_export` folder's graph through ONNX Runtime's dynamic quantization at its
+    defaults (int8 weights per tensor) into `folder`, the tokenizer files copied. Returns it."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    folder.mkdir(parents=True, exist_ok=True)
+    quantize_dynamic(str(plain / "model.onnx"), str(folder / "model.onnx"), weight_type=QuantType.QInt8)
+    for name in TOKENIZER_FILES:
+        if (plain / name).is_file():
+            shutil.copyfile(plain / name, folder / name)
     return folder
 
 
@@ -168,7 +175,7 @@ def embedding_peers(checkpoint: str, folder: Path, device: str = "cpu", threads:
     if fastembed_ok:
         log("peers: exporting the checkpoint plainly (fp32, dynamic int8) for fastembed ...")
         plain_export(checkpoint, plain)
-        plain_export(checkpoint, folder / "int8", int8=True)
+        plain_int8(plain, folder / "int8")
         pooling = _pooling(Path(checkpoint)) if Path(checkpoint).is_dir() else "mean"
         peers["peer: fastembed (ONNX Runtime fp32, plain export; embed + cosine, no decisions)"] = \
             fastembed_peer(plain, pooling, threads)
