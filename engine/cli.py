@@ -304,7 +304,8 @@ def cmd_repository(args) -> int:
                              intra_op_threads=args.intra_op_threads or 0, trt_accelerator=args.trt_accelerator,
                              text_model=not args.no_text_model, text_instances=args.text_instances,
                              text_max_passages=args.text_max_passages, text_max_chars=args.text_max_chars,
-                             overwrite=args.overwrite, ort_arena=args.ort_arena)
+                             overwrite=args.overwrite, ort_arena=args.ort_arena,
+                             join_requests=args.join_requests)
     build_repository(model, args.out, opts, log=args.log)
     return 0
 
@@ -644,6 +645,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--instances", type=int, default=1, help="model instances")
     g.add_argument("--intra-op-threads", type=int, help="ONNX Runtime threads per instance (cpu target)")
     _setting(g, "ort_arena", "; cpu target")
+    _setting(g, "join_requests")
     g.add_argument("--trt-accelerator", action="store_true",
                    help="gpu-onnx: ONNX Runtime's TensorRT execution accelerator, fp16")
     g.add_argument("--overwrite", action="store_true", help="replace models of the same name in --out")

@@ -77,6 +77,11 @@ _ALL = [
     Setting("max_passages", 10_000, "passages in one call", positive_int, flag_too=False),
     Setting("max_call_chars", 2_000_000, "characters in one call, question and passages together "
             "(one call at the limit peaks at 0.6-1.4 GB RSS)", positive_int, flag_too=False),
+    # ---- the Triton core model (prune repository, cpu target)
+    Setting("join_requests", "auto", "whether the cpu core model runs the requests Triton's dynamic batcher "
+            "groups as one padded batch (always) or each alone (never: an answer never depends on its batch "
+            "company); auto: alone for INT8 graphs, whose activation scales are taken per batch",
+            choices=("auto", "always", "never")),
     # ---- the Triton text model's per-request limits (prune repository)
     Setting("text_max_passages", 1_000, "passages per request of a text model", positive_int),
     Setting("text_max_chars", 2_000_000, "characters per request of a text model, question and passages "

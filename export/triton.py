@@ -57,6 +57,7 @@ class RepositoryOptions:
     core_timeout_ms: int = 60_000
     overwrite: bool = False
     ort_arena: str = "shrink"      # cpu target: what ONNX Runtime's arena does after a run
+    join_requests: str = "auto"    # cpu target: join the batcher's requests in one run (always/never/auto)
 
 
 def preferred_sizes(buckets: list[int], max_batch_tokens: int, max_batch_size: int) -> list[int]:
@@ -100,6 +101,15 @@ def render_text_config(name: str, core: str, manifest: dict[str, Any], opts: Rep
             f"version_policy: {{ latest: {{ num_versions: 1 }} }}\n" + _parameters(params) + "\n")
 
 
+def joins_requests(manifest: dict[str, Any], opts: RepositoryOptions) -> bool:
+    """Whether the cpu core runs the requests the dynamic batcher groups as one padded batch.
+    An INT8 graph quantizes its activations with scales taken over the whole batch, so a
+    joined run makes each answer depend on the requests beside it: "auto" runs them alone."""
+    if opts.join_requests == "auto":
+        return manifest.get("precision") != "int8"
+    return opts.join_requests == "always"
+
+
 def render_config(name: str, manifest: dict[str, Any], opts: RepositoryOptions, text_model: str | None) -> str:
     inputs = ",\n".join(_tensor(n, "TYPE_INT64", "-1") for n in manifest["inputs"])
     # rerank_score is [B]: exposed as [B, 1] with the model's own shape [B] (reshape [])
@@ -118,6 +128,8 @@ def render_config(name: str, manifest: dict[str, Any], opts: RepositoryOptions, 
         kind = "KIND_GPU"
     params = {"pad_id": str(manifest["tokenizer"]["pad_id"]), "prune_manifest": json.dumps(manifest),
               "intra_op_threads": str(opts.intra_op_threads), "ort_arena": opts.ort_arena}
+    if opts.target == "cpu":
+        params["join_requests"] = "true" if joins_requests(manifest, opts) else "false"
     if text_model:
         params["prune_text_model"] = text_model
     param_text = _parameters(params)
@@ -156,6 +168,14 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
         raise ExportError("max_batch_size must be >= 1")
     if opts.ort_arena not in ("shrink", "keep", "off"):
         raise ExportError(f"ort_arena must be shrink, keep or off, got {opts.ort_arena!r}")
+    if opts.join_requests not in ("auto", "always", "never"):
+        raise ExportError(f"join_requests must be auto, always or never, got {opts.join_requests!r}")
+    if opts.join_requests == "never" and opts.target != "cpu":
+        raise ExportError(f"join_requests never needs the cpu target: Triton's own backends ({opts.target}) "
+                          "always run the requests the dynamic batcher groups as one batch")
+    if opts.target != "cpu" and manifest.get("precision") == "int8":
+        log(f"note: {opts.target} joins the requests its dynamic batcher groups; with an INT8 graph an answer "
+            "can move slightly with its batch company (the cpu target runs them alone)")
     name = opts.name or model_folder.name
     if not name.replace("-", "").replace("_", "").isalnum():
         raise ExportError(f"model name {name!r}: use letters, digits, - and _")

@@ -18,6 +18,7 @@ import tritonclient.http as httpclient
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from engine.batching import BatchingConfig
 from engine.errors import InputError
 from engine.pruner import Pruner
 from engine.triton.text_pruner import TritonTextPruner
@@ -357,18 +358,94 @@ def test_describe_request_over_http(server):
         _raw_infer(server, "opensearch_text", {"threshold": (np.array([0.5], dtype=np.float32), "FP32")})
 
 
+def _answers(results):
+    """Everything a caller sees of a call, exactly: spans, probabilities and the reranking
+    score (as the float32 the wire carries), kept flags, texts."""
+    f32 = lambda x: float(np.float32(x))  # noqa: E731
+    return [([(s.start, s.end, f32(s.probability), s.kept) for s in r.sentences], f32(r.reranking_score),
+             r.pruned_context) for r in results]
+
+
 def test_served_int8_model_equals_in_process_int8(server, exported_int8):
-    """INT8 through the server: dynamic quantization scales each batch, so results move
-    slightly with what is batched together; within 2e-3 of the in-process INT8 engine."""
-    local = Pruner.load(exported_int8, threads=1)
+    """INT8 through the server equals the in-process INT8 engine bit for bit: the core runs
+    each request alone (join_requests auto for an INT8 graph), and a request is one batch
+    of one call, cut as in process (the text model's batches hold at most the core's
+    max_batch_size rows: the same here)."""
+    local = Pruner.load(exported_int8, threads=1, batching=BatchingConfig(max_batch_size=CORE_MAX_BATCH))
     remote = Pruner.connect(server.grpc_url, "xprovence_int8_text")
     passages = PASSAGES + UNICODE
     got, exp = remote.prune(QUESTION, passages), local.prune(QUESTION, passages)
-    for a, b in zip(got, exp):
-        assert [(s.start, s.end) for s in a.sentences] == [(s.start, s.end) for s in b.sentences]
-        np.testing.assert_allclose([s.probability for s in a.sentences], [s.probability for s in b.sentences],
-                                   atol=2e-3)
+    assert _answers(got) == _answers(exp)
     assert sum(r.blocks for r in got) == sum(r.blocks for r in exp)
+
+
+def test_int8_answers_do_not_depend_on_their_batch_company(server, exported_int8):
+    """Dynamic INT8 takes activation scales per batch, so a core run that joined requests
+    would move each answer with its neighbours (measured: benchmarks/batch_company.py).
+    12 different calls from 4 concurrent clients, 3 times each in shuffled order, must each
+    equal the same call sent alone, bit for bit, in a round where the core batcher really
+    grouped requests (fewer executions than requests)."""
+    import random
+    local = Pruner.load(exported_int8, threads=1, batching=BatchingConfig(max_batch_size=CORE_MAX_BATCH))
+    docs = PASSAGES + UNICODE
+    calls = [(f"{QUESTION} (variant {i})", [docs[(i + k) % len(docs)] for k in range(1 + i % 4)]) for i in range(12)]
+    expected = [_answers(local.prune(q, ps)) for q, ps in calls]
+    clients = [Pruner.connect(server.grpc_url, "xprovence_int8_text") for _ in range(4)]
+    grouped = []
+    for attempt in range(3):
+        req0, exe0 = _stats(server, "xprovence_int8")
+        wrong, errors = [], []
+        barrier = threading.Barrier(len(clients))
+
+        def client(k, attempt=attempt):
+            order = [i for i in range(len(calls)) for _ in range(3)]
+            random.Random(k * 10 + attempt).shuffle(order)
+            barrier.wait()
+            for i in order:
+                try:
+                    if _answers(clients[k].prune(*calls[i])) != expected[i]:
+                        wrong.append(i)
+                except Exception as exc:  # collected, asserted below
+                    errors.append(repr(exc))
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(len(clients))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        req1, exe1 = _stats(server, "xprovence_int8")
+        print(f"\nINT8 company round {attempt}: {req1 - req0} core requests in {exe1 - exe0} executions, "
+              f"{len(wrong)} answers differing from the call sent alone")
+        assert not errors, errors[:3]
+        assert not wrong, f"calls {sorted(set(wrong))} answered differently beside other requests"
+        grouped.append(exe1 - exe0 < req1 - req0)
+        if grouped[-1]:
+            break
+    assert any(grouped), "the core batcher grouped no requests: the test saw no company"
+
+
+def test_int8_core_runs_requests_alone_by_default(repository, exported, exported_int8, tmp_path):
+    """The configs say what the core does: INT8 graphs run each request alone (auto), fp32
+    graphs join them; `always` and `never` override; `never` needs the cpu target."""
+    from engine.errors import ExportError
+
+    def joins(folder):
+        text = (folder / "config.pbtxt").read_text()
+        return json.loads(text.split('key: "join_requests"')[1].split("string_value: ")[1].split()[0])
+
+    assert joins(repository / "xprovence_int8") == "false"
+    assert joins(repository / "xprovence") == "true"
+    for folder, join, want in [(exported_int8, "always", "true"), (exported["xprovence"], "never", "false")]:
+        out = build_repository(folder, tmp_path / join, RepositoryOptions(join_requests=join, text_model=False),
+                               log=lambda m: None)
+        assert joins(out) == want
+    with pytest.raises(ExportError, match="join_requests never needs the cpu target"):
+        build_repository(exported_int8, tmp_path / "gpu", RepositoryOptions(target="gpu-onnx", join_requests="never"),
+                         log=lambda m: None)
+    notes = []
+    build_repository(exported_int8, tmp_path / "gpu", RepositoryOptions(target="gpu-onnx"), log=notes.append)
+    assert any("batch company" in n for n in notes)
+    assert "join_requests" not in (tmp_path / "gpu" / "xprovence_int8" / "config.pbtxt").read_text()
 
 
 @pytest.mark.parametrize("name", ["opensearch", "open_provence"])

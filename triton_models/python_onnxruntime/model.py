@@ -4,7 +4,9 @@ Copied by `prune repository --target cpu` into `<model>/1/model.py`, beside
 `model.onnx`. The dynamic batcher hands `execute()` a list of requests (each [b, L]
 with its own L): they are joined into one batch padded to the longest L, run once, and
 the outputs are split back, one response per request, each request's sentence axis
-cut to its own S.
+cut to its own S. With the parameter `join_requests` false (`prune repository`'s
+default for INT8 graphs) each request runs alone, so its answer is the same whatever
+the batcher grouped it with.
 
 Every request is checked on its own before anything is allocated for it: int64 [b, L]
 inputs of one shape, L within the model's window, token ids within the vocabulary,
@@ -43,6 +45,9 @@ class TritonPythonModel:
         self.session = ort.InferenceSession(os.path.join(folder, "model.onnx"), opts,
                                             providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]
+        # false: each request of a dynamic batch runs alone, so its answer never depends on
+        # the requests beside it (INT8 scales are taken per batch; export/triton.py)
+        self.join = params.get("join_requests", "true") == "true"
         PAD["input_ids"] = int(params.get("pad_id", "0"))
         manifest = json.loads(params.get("prune_manifest", "{}"))
         # Bounds a request must respect (graph-independent: checked before allocation).
@@ -90,9 +95,13 @@ class TritonPythonModel:
             except Exception as exc:  # this request only
                 responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
         if parsed:
-            try:
-                done = self._run(parsed)
-            except Exception:   # isolate: each request alone, so only a failing one errs
+            done = None
+            if self.join:
+                try:
+                    done = self._run(parsed)
+                except Exception:   # isolate: each request alone, so only a failing one errs
+                    done = None
+            if done is None:
                 done = []
                 for item in parsed:
                     try:
