@@ -4,14 +4,19 @@ allocator settings, each in its own process:
 - arena: ORT's default CPU arena (grows to the largest batch seen and keeps it);
 - arena+shrink: the arena, shrunk after every run (RunOptions
   `memory.enable_memory_arena_shrinkage = cpu:0`);
-- no-arena: `SessionOptions.enable_cpu_mem_arena = False` (plain malloc/free).
+- no-arena: `SessionOptions.enable_cpu_mem_arena = False` (plain malloc/free);
+- arena+shrink-large: what the engine does (`PRUNE_ORT_ARENA=shrink`, its default): the
+  arena shrunk after a batch of more than `SHRINK_ABOVE_TOKENS` padded tokens only
+  (engine.backends.onnxruntime.ArenaRuns).
 
     python -m benchmarks.memory --model ~/.cache/prune-engine/all-minilm-l6-v2-0.1.0-int8 \
         --out benchmarks/results/memory
 
-Each process loads the graph, runs small batches (8 x 128 tokens), one large batch
-(`--large`, default 32 x 512: the engine's default token budget), then the small batches
-again; it reports RSS after each phase and the median time of a small batch.
+Each process loads the graph, runs small batches (8 x 128 tokens), one batch of
+SHRINK_ABOVE_TOKENS tokens at the longest length (8 x 512: the largest the engine's
+default lets the arena keep), one large batch (`--large`, default 32 x 512: the engine's
+default token budget), then the small batches again; it reports RSS after each phase and
+the median time of a small batch.
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-VARIANTS = ("arena", "arena+shrink", "no-arena")
+VARIANTS = ("arena", "arena+shrink", "no-arena", "arena+shrink-large")
 
 
 def rss_mb(field: str = "VmRSS") -> float:
@@ -54,27 +59,30 @@ def measure(model: Path, variant: str, threads: int, large_shape: str) -> dict:
         opts.intra_op_num_threads = threads
     if variant == "no-arena":
         opts.enable_cpu_mem_arena = False
-    run = ort.RunOptions()
-    if variant == "arena+shrink":
-        run.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    from engine.backends.onnxruntime import SHRINK_ABOVE_TOKENS, ArenaRuns
+    runs = ArenaRuns(ort, "shrink" if variant.startswith("arena+shrink") else "keep",
+                     SHRINK_ABOVE_TOKENS if variant == "arena+shrink-large" else -1)
     session = ort.InferenceSession(str(model / "model.onnx"), opts, providers=["CPUExecutionProvider"])
     manifest = json.loads((model / "manifest.json").read_text())
     vocab = int(manifest.get("embedding_rows") or manifest["tokenizer"]["vocab_size"])
     rows, length = (int(x) for x in large_shape.split("x"))
     small, large = feeds(session, 8, 128, vocab), feeds(session, rows, length, vocab)
+    kept = feeds(session, SHRINK_ABOVE_TOKENS // 512, 512, vocab)
     out = {"variant": variant, "rss_loaded_mb": rss_mb()}
 
     def smalls(n=20):
         times = []
         for _ in range(n):
             t = time.perf_counter()
-            session.run(None, small, run)
+            session.run(None, small, runs(8 * 128))
             times.append(time.perf_counter() - t)
         return statistics.median(times) * 1000
     out["small_ms_before"] = smalls()
     out["rss_small_mb"] = rss_mb()
+    session.run(None, kept, runs(SHRINK_ABOVE_TOKENS))
+    out["rss_threshold_mb"] = rss_mb()
     t = time.perf_counter()
-    session.run(None, large, run)
+    session.run(None, large, runs(rows * length))
     out["large_ms"] = (time.perf_counter() - t) * 1000
     out["rss_after_large_mb"] = rss_mb()
     out["small_ms_after"] = smalls()
@@ -145,18 +153,21 @@ def main(argv: list[str] | None = None) -> int:
                                   capture_output=True, text=True, check=True)
             runs[v].append(json.loads(proc.stdout.strip().splitlines()[-1]))
             print(f"repeat {rep + 1}/{args.repeats} {v}: {runs[v][-1]}", file=sys.stderr, flush=True)
-    keys = ["rss_loaded_mb", "rss_small_mb", "rss_after_large_mb", "rss_end_mb", "small_ms_before",
+    keys = ["rss_loaded_mb", "rss_small_mb", "rss_threshold_mb", "rss_after_large_mb", "rss_end_mb", "small_ms_before",
             "small_ms_after", "large_ms"]
     table = {v: {k: statistics.median(r[k] for r in rs) for k in keys} for v, rs in runs.items()}
     import platform
+    from engine.backends.onnxruntime import SHRINK_ABOVE_TOKENS
     lines = [f"# ONNX Runtime CPU memory after a large batch ({time.strftime('%Y-%m-%d %H:%M')})", "",
              f"Command: `python -m benchmarks.memory --model {args.model} --repeats {args.repeats} --large {args.large}`", "",
              f"Machine: {platform.processor() or platform.machine()}, {__import__('os').cpu_count()} CPUs; "
              f"onnxruntime {__import__('onnxruntime').__version__}; medians of {args.repeats} processes each.", "",
-             f"| allocator | RSS loaded MB | after 8x128 batches | after a {args.large} batch | after 8x128 batches again "
-             f"| 8x128 batch ms before / after | {args.large} batch ms |", "|---|---|---|---|---|---|---|"]
+             f"| allocator | RSS loaded MB | after 8x128 batches | after a {SHRINK_ABOVE_TOKENS // 512}x512 batch "
+             f"| after a {args.large} batch | after 8x128 batches again "
+             f"| 8x128 batch ms before / after | {args.large} batch ms |", "|---|---|---|---|---|---|---|---|"]
     for v, r in table.items():
-        lines.append(f"| {v} | {r['rss_loaded_mb']:.0f} | {r['rss_small_mb']:.0f} | {r['rss_after_large_mb']:.0f} "
+        lines.append(f"| {v} | {r['rss_loaded_mb']:.0f} | {r['rss_small_mb']:.0f} | {r['rss_threshold_mb']:.0f} "
+                     f"| {r['rss_after_large_mb']:.0f} "
                      f"| {r['rss_end_mb']:.0f} | {r['small_ms_before']:.1f} / {r['small_ms_after']:.1f} "
                      f"| {r['large_ms']:.0f} |")
     text = "\n".join(lines) + "\n"

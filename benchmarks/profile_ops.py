@@ -21,8 +21,10 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 WIDE = {"hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 16, "intermediate_size": 4096}
@@ -30,8 +32,9 @@ QUANTIZED = ("MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul", 
 FLOAT_PRODUCTS = ("MatMul", "FusedMatMul", "Gemm", "Attention")
 
 
-def profile(folder: Path, batches, threads: int | None) -> dict:
-    """Sum of node time per operator type over one profiled pass of `batches`."""
+def profile(folder: Path, batches, threads: int | None, timed_passes: int = 0) -> dict:
+    """Sum of node time per operator type over one profiled pass of `batches`; with
+    `timed_passes`, also the median wall time of that many plain passes (`wall_s`)."""
     import onnxruntime as ort
     manifest = json.loads((folder / "manifest.json").read_text())
     opts = ort.SessionOptions()
@@ -45,6 +48,12 @@ def profile(folder: Path, batches, threads: int | None) -> dict:
         feeds = [{n: getattr(b, n) for n in names} for b in batches]
         for f in feeds:                      # warm-up (without profiling)
             plain.run(None, f)
+        walls = []
+        for _ in range(timed_passes):
+            t = time.perf_counter()
+            for f in feeds:
+                plain.run(None, f)
+            walls.append(time.perf_counter() - t)
         opts.enable_profiling = True
         opts.profile_file_prefix = str(Path(tmp) / "prof")
         sess = ort.InferenceSession(str(folder / manifest["graph"]), sess_options=opts,
@@ -57,7 +66,23 @@ def profile(folder: Path, batches, threads: int | None) -> dict:
         if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
             by_op[e["args"]["op_name"]] += e["dur"]
     total = sum(by_op.values())
-    return {"total_node_ms": total / 1000, "ops": {k: v / total for k, v in by_op.most_common()}}
+    out = {"total_node_ms": total / 1000, "ops": {k: v / total for k, v in by_op.most_common()}}
+    if walls:
+        out["wall_s"] = statistics.median(walls)
+    return out
+
+
+def limit_share(folder: Path, batches, wall_s: float, gemm: dict) -> dict:
+    """The dense arithmetic of `batches` (engine.tools.limits) over the plain pass's time,
+    as a share of this machine's matching GEMM rate."""
+    from engine.tools.limits import graph_work, workload_flops
+    manifest = json.loads((folder / "manifest.json").read_text())
+    work = graph_work(folder / manifest["graph"])
+    flops = workload_flops([b.input_ids.shape for b in batches], work, int(manifest["source"]["hidden_size"]))
+    int8 = manifest.get("precision") == "int8"
+    achieved = flops / wall_s / 1e9
+    return {"achieved_gflops": achieved, "limit_share": achieved / gemm["int8_gops" if int8 else "fp32_gflops"],
+            "limit": "int8" if int8 else "fp32"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queries", type=int, default=10)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--top", type=int, default=8)
+    ap.add_argument("--timed-passes", type=int, default=3,
+                    help="plain (unprofiled) passes timed for each model's share of the machine's limit (0: none)")
     args = ap.parse_args(argv)
     from engine.default_model import ensure_default_model
     from engine.pruner import Pruner
@@ -89,12 +116,17 @@ def main(argv: list[str] | None = None) -> int:
                                            *(argv if argv is not None else sys.argv[1:])]),
                     "machine": f"{platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}",
                     "queries": len(rag), "models": {}}
+    if args.timed_passes:
+        from engine.tools.limits import gemm_rates
+        report["gemm"] = gemm_rates(args.threads)
     for name, folder in models.items():
         pruner = Pruner.load(folder, threads=1)
         batches = [b for q in rag for b in pruner.batches(pruner.encode(q.question, q.passages,
                                                                          [split_sentences(p) for p in q.passages]))]
         print(f"profiling {name}: {len(batches)} batches ...", file=sys.stderr, flush=True)
-        prof = profile(Path(folder), batches, args.threads)
+        prof = profile(Path(folder), batches, args.threads, args.timed_passes)
+        if args.timed_passes:
+            prof.update(limit_share(Path(folder), batches, prof["wall_s"], report["gemm"]))
         prof["batches"] = len(batches)
         prof["tokens_padded"] = int(sum(b.input_ids.size for b in batches))
         prof["quantized_products_share"] = sum(v for k, v in prof["ops"].items() if k in QUANTIZED)
@@ -104,12 +136,20 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [f"`{report['command']}`", "", f"{report['machine']}; the engine's padded batches of {len(rag)} RAG "
-             "calls, one warm-up pass, one profiled pass; share of node time by operator type.", "",
-             "| model | node ms | float products | quantized products (incl. activation quantization) | top operators |",
-             "|---|---|---|---|---|"]
+             "calls, one warm-up pass, one profiled pass; share of node time by operator type.", ""]
+    if "gemm" in report:
+        g = report["gemm"]
+        lines += [f"Share of the limit: the graph's dense arithmetic over the median of {args.timed_passes} plain "
+                  f"passes, against this run's GEMM rates (fp32 MatMul {g['fp32_gflops']:.0f} GFLOP/s, int8 "
+                  f"MatMulInteger {g['int8_gops']:.0f} GOP/s; engine/tools/limits.py).", ""]
+    lines += ["| model | node ms | plain pass s | share of the limit | float products | quantized products "
+              "(incl. activation quantization) | top operators |", "|---|---|---|---|---|---|---|"]
     for name, p in report["models"].items():
         top = ", ".join(f"{k} {100 * v:.0f}%" for k, v in list(p["ops"].items())[:args.top])
-        lines.append(f"| {name} | {p['total_node_ms']:.0f} | {100 * p['float_products_share']:.0f}% | "
+        share = (f"{100 * p['limit_share']:.0f}% of {p['limit']} ({p['achieved_gflops']:.0f} G/s)"
+                 if "limit_share" in p else "-")
+        wall = f"{p['wall_s']:.2f}" if "wall_s" in p else "-"
+        lines.append(f"| {name} | {p['total_node_ms']:.0f} | {wall} | {share} | {100 * p['float_products_share']:.0f}% | "
                      f"{100 * p['quantized_products_share']:.0f}% | {top} |")
     (out / "profile.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.backends.onnxruntime import SHRINK_ABOVE_TOKENS
 from engine.errors import ExportError
 from engine.spec import read_manifest
 from triton_models import CORE, TEXT, template
@@ -127,7 +128,8 @@ def render_config(name: str, manifest: dict[str, Any], opts: RepositoryOptions, 
         head = 'platform: "tensorrt_plan"'
         kind = "KIND_GPU"
     params = {"pad_id": str(manifest["tokenizer"]["pad_id"]), "prune_manifest": json.dumps(manifest),
-              "intra_op_threads": str(opts.intra_op_threads), "ort_arena": opts.ort_arena}
+              "intra_op_threads": str(opts.intra_op_threads), "ort_arena": opts.ort_arena,
+              "ort_shrink_above_tokens": str(SHRINK_ABOVE_TOKENS)}
     if opts.target == "cpu":
         params["join_requests"] = "true" if joins_requests(manifest, opts) else "false"
     if text_model:

@@ -228,26 +228,45 @@ def test_the_graph_bounds_sentences_by_the_length(exported, pruners, family):
     assert probs.shape[1] <= good["input_ids"].shape[1]
 
 
+def _shrinks(run_options) -> bool:
+    try:
+        return run_options.get_run_config_entry("memory.enable_memory_arena_shrinkage") == "cpu:0"
+    except Exception:                  # no such entry: the arena keeps its peak
+        return False
+
+
 def test_onnxruntime_gives_memory_back_by_default(exported, monkeypatch, tmp_path):
-    """The arena is shrunk after every run unless told otherwise (PRUNE_ORT_ARENA; the
-    server's core model: the ort_arena parameter); a wrong value is a clear error.
-    benchmarks/memory.py measures what it buys: 1,268 -> 148 MB after a 32 x 512 batch."""
-    from engine.backends.onnxruntime import OnnxRuntimeBackend
+    """The arena is shrunk after every run larger than SHRINK_ABOVE_TOKENS padded tokens
+    unless told otherwise (PRUNE_ORT_ARENA; the server's core model: the ort_arena and
+    ort_shrink_above_tokens parameters); a wrong value is a clear error.
+    benchmarks/memory.py measures what it buys: 1,354 -> 158 MB after a 32 x 512 batch."""
+    from engine.backends.onnxruntime import SHRINK_ABOVE_TOKENS, OnnxRuntimeBackend
     from export.triton import RepositoryOptions, build_repository
     graph = exported["opensearch"] / "model.onnx"
     monkeypatch.delenv("PRUNE_ORT_ARENA", raising=False)
     default = OnnxRuntimeBackend(graph)
     assert default.arena == "shrink"
-    assert default.run_options.get_run_config_entry("memory.enable_memory_arena_shrinkage") == "cpu:0"
+    assert _shrinks(default.runs(SHRINK_ABOVE_TOKENS + 1)) and not _shrinks(default.runs(SHRINK_ABOVE_TOKENS))
+    seen = []
+    real_run = default.session.run
+    default.session = type("Recording", (), {"run": lambda self, out, feed, opts: seen.append(_shrinks(opts))
+                                             or real_run(out, feed, opts)})()
+    from engine.batching import ModelBatch
+    for rows, length in [(2, 16), (SHRINK_ABOVE_TOKENS // 64 + 1, 64)]:
+        ones = np.ones((rows, length), dtype=np.int64)
+        default.infer(ModelBatch(input_ids=ones * 5, attention_mask=ones, sentence_ids=ones * 0,
+                                 token_type_ids=ones * 0, blocks=list(range(rows))))
+    assert seen == [False, True]       # the small batch keeps the arena, the large one shrinks it
     monkeypatch.setenv("PRUNE_ORT_ARENA", "keep")
     kept = OnnxRuntimeBackend(graph)
-    with pytest.raises(Exception):     # no such entry: the arena keeps its peak
-        kept.run_options.get_run_config_entry("memory.enable_memory_arena_shrinkage")
+    assert not _shrinks(kept.runs(10 ** 6))
     monkeypatch.setenv("PRUNE_ORT_ARENA", "bogus")
     with pytest.raises(SettingError, match="PRUNE_ORT_ARENA must be one of"):
         OnnxRuntimeBackend(graph)
     build_repository(exported["opensearch"], tmp_path, RepositoryOptions(name="m"), log=lambda m: None)
-    assert 'key: "ort_arena"\n  value: { string_value: "shrink" }' in (tmp_path / "m" / "config.pbtxt").read_text()
+    config = (tmp_path / "m" / "config.pbtxt").read_text()
+    assert 'key: "ort_arena"\n  value: { string_value: "shrink" }' in config
+    assert f'key: "ort_shrink_above_tokens"\n  value: {{ string_value: "{SHRINK_ABOVE_TOKENS}" }}' in config
 
 
 def test_a_call_at_the_character_limit_stays_under_its_memory_bound(exported):

@@ -202,3 +202,14 @@ def test_graph_work_counts_a_bert_layer_by_hand(exported, checkpoints):
     work = graph_work(exported["embedding"] / "model.onnx")
     assert work["linear_flops_per_token"] == layers * 2 * (4 * h * h + 2 * h * i)
     assert work["activation_products"] >= 2 * layers
+
+
+def test_graph_work_is_the_same_for_a_graph_and_its_int8_export(exported, exported_int8):
+    """XLM-R's fused Attention becomes QAttention in the INT8 export: the same weights, so
+    the same work per token (an INT8 path's share of the limit counts them too)."""
+    import onnx
+    from engine.tools.limits import graph_work
+    ops = {n.op_type for n in onnx.load(str(exported_int8 / "model.onnx"), load_external_data=False).graph.node}
+    assert "QAttention" in ops
+    fp32, int8 = graph_work(exported["xprovence"] / "model.onnx"), graph_work(exported_int8 / "model.onnx")
+    assert int8 == fp32 and fp32["linear_flops_per_token"] > 0

@@ -13,11 +13,16 @@ from engine.settings import setting
 
 
 #: What ONNX Runtime's CPU arena does after a run (env PRUNE_ORT_ARENA): "shrink" (default:
-#: memory a large batch took goes back to the system after it; 1,268 -> 148 MB RSS after a
-#: 32 x 512 batch of the default INT8 model, +3% time on that batch), "keep" (ORT's default:
-#: the arena keeps its peak), "off" (no arena: memory returns too, but a 32 x 512 batch
-#: takes twice as long). benchmarks/results/memory/ has the measurement.
+#: memory a large batch took goes back to the system after it; 1,354 -> 158 MB RSS after a
+#: 32 x 512 batch of the default INT8 model), "keep" (ORT's default: the arena keeps its
+#: peak), "off" (no arena: memory returns too, but a 32 x 512 batch takes 2.7 times as
+#: long). benchmarks/results/memory/ has the measurement.
 ARENA_MODES = ("shrink", "keep", "off")
+#: "shrink" shrinks the arena after a batch of more than this many padded tokens only:
+#: smaller batches keep the arena they grew (401 MB after an 8 x 512 batch of the default
+#: INT8 model), for shrinking after each of them cost a fifth of the RAG workload's speed
+#: (docs/limits.md, docs/performance.md).
+SHRINK_ABOVE_TOKENS = 4096
 
 
 def arena_mode(value: str | None = None) -> str:
@@ -92,9 +97,26 @@ def require_cuda() -> None:
                              f"this onnxruntime {ort.__version__} has {available}")
 
 
+class ArenaRuns:
+    """The RunOptions of one run, by its size: with the arena mode "shrink", a run of more
+    than SHRINK_ABOVE_TOKENS padded tokens gives back the memory it took; other runs (and
+    every run in the modes "keep" and "off") use plain RunOptions."""
+
+    def __init__(self, ort: Any, mode: str, shrink_above: int = SHRINK_ABOVE_TOKENS):
+        self.plain = ort.RunOptions()
+        self.shrink = None
+        self.shrink_above = shrink_above
+        if mode == "shrink":
+            self.shrink = ort.RunOptions()
+            self.shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+
+    def __call__(self, tokens: int) -> Any:
+        return self.shrink if self.shrink is not None and tokens > self.shrink_above else self.plain
+
+
 def session_options(ort: Any, intra_op_threads: int | None = None, inter_op_threads: int | None = None,
-                    arena: str | None = None) -> tuple[Any, Any]:
-    """(SessionOptions, RunOptions) as every engine session uses them: all graph
+                    arena: str | None = None) -> tuple[Any, ArenaRuns]:
+    """(SessionOptions, ArenaRuns) as every engine session uses them: all graph
     optimizations, threads (`PRUNE_INTRA_OP_THREADS` when not given), the arena mode."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -108,10 +130,7 @@ def session_options(ort: Any, intra_op_threads: int | None = None, inter_op_thre
     mode = arena_mode(arena)
     if mode == "off":
         opts.enable_cpu_mem_arena = False
-    run_options = ort.RunOptions()
-    if mode == "shrink":
-        run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-    return opts, run_options
+    return opts, ArenaRuns(ort, mode)
 
 
 def tensorrt_options(input_names: list[str], buckets: list[int], max_batch: int,
@@ -147,7 +166,7 @@ class OnnxRuntimeBackend(Backend):
         graph = Path(graph)
         if not graph.is_file():
             raise ModelLoadError(f"{graph}: no ONNX graph")
-        opts, self.run_options = session_options(ort, intra_op_threads, inter_op_threads, arena)
+        opts, self.runs = session_options(ort, intra_op_threads, inter_op_threads, arena)
         self.arena = arena_mode(arena)
         if device not in DEVICES:
             raise ModelLoadError(f"device must be one of {DEVICES}, got {device!r}")
@@ -206,11 +225,11 @@ class OnnxRuntimeBackend(Backend):
                     binding.bind_cpu_input(name, np.ascontiguousarray(array))
                 for name in ("rerank_score", "sentence_probs"):
                     binding.bind_output(name, "cpu")      # small: B and B x S floats
-                self.session.run_with_iobinding(binding, self.run_options)
+                self.session.run_with_iobinding(binding, self.runs(batch.input_ids.size))
                 rerank, probs = binding.copy_outputs_to_cpu()[:2]
             else:
                 rerank, probs = self.session.run(["rerank_score", "sentence_probs"],
-                                                 batch.inputs(self.input_names), self.run_options)
+                                                 batch.inputs(self.input_names), self.runs(batch.input_ids.size))
         except Exception as exc:
             raise BackendError(f"ONNX Runtime failed on a batch of shape {batch.shape}: {exc}") from exc
         return rerank, probs

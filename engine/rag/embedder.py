@@ -46,9 +46,9 @@ def ensure_default_encoder(log: Callable[[str], None] | None = None) -> Path:
 class Embedder:
     """L2-normalised embeddings of texts; `encode(texts)` -> float32 [n, dim]."""
 
-    def __init__(self, folder: Path, manifest: dict, session, tokenizer, run_options=None):
+    def __init__(self, folder: Path, manifest: dict, session, tokenizer, runs=None):
         self.folder, self.manifest = folder, manifest
-        self.session, self.tokenizer, self.run_options = session, tokenizer, run_options
+        self.session, self.tokenizer, self.runs = session, tokenizer, runs
         self.dim = int(manifest["dim"])
         self.max_length = int(manifest["max_length"])
         self.pad_id = int(manifest["pad_id"])
@@ -72,13 +72,13 @@ class Embedder:
             raise ModelLoadError("onnxruntime is not installed: pip install 'prune-engine[cpu]'") from exc
         from tokenizers import Tokenizer
         from engine.backends.onnxruntime import session_options
-        opts, run_options = session_options(ort, threads)
+        opts, runs = session_options(ort, threads)
         session = ort.InferenceSession(str(folder / manifest["graph"]), sess_options=opts,
                                        providers=["CPUExecutionProvider"])
         tokenizer = Tokenizer.from_file(str(folder / manifest["tokenizer"]))
         tokenizer.no_padding()
         tokenizer.no_truncation()
-        return cls(folder, manifest, session, tokenizer, run_options)
+        return cls(folder, manifest, session, tokenizer, runs)
 
     def token_counts(self, texts: Sequence[str]) -> list[int]:
         """Tokens of each text without the special tokens."""
@@ -110,5 +110,5 @@ class Embedder:
                 ids[r, :n] = encodings[i].ids
                 mask[r, :n] = 1
             out[rows] = self.session.run(None, {"input_ids": ids, "attention_mask": mask},
-                                         self.run_options)[0]
+                                         self.runs(ids.size) if self.runs else None)[0]
         return out

@@ -7,8 +7,8 @@ reported as a share of what the hardware allows.
   by default: a batch of tokens through a feed-forward layer of the default model), timed
   with the bench's threads after warm-up; the median of several runs.
 - Work per token, read from the graph itself: every matrix product with a weight
-  (MatMul, MatMulInteger, Gemm, FusedMatMul, DynamicQuantizeMatMul, Attention's input
-  projection) counts 2 x K x N per token; every product of two activations (attention's
+  (MatMul, MatMulInteger, Gemm, FusedMatMul, DynamicQuantizeMatMul, the input
+  projection of Attention and QAttention) counts 2 x K x N per token; every product of two activations (attention's
   QK^T and AV, DeBERTa's position terms, in-graph pooling) counts 2 x L x hidden per
   token at the padded length L of its batch. The count is an estimate of the dense
   arithmetic (it leaves out softmax, layer norm, GELU and the like).
@@ -25,6 +25,8 @@ import numpy as np
 
 WEIGHT_OPS = {"MatMul", "MatMulInteger", "Gemm", "FusedMatMul", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
               "QLinearMatMul"}
+#: fused attention (fp32, and the INT8 export's): the input projection is the weight (input 1)
+ATTENTION_OPS = {"Attention", "QAttention"}
 
 
 def cpu_session(model, threads: int | None):
@@ -86,14 +88,14 @@ def graph_work(graph: str | Path) -> dict[str, float]:
 
     linear, products = 0.0, 0
     for node in model.graph.node:
-        if node.op_type in WEIGHT_OPS or node.op_type == "Attention":
+        if node.op_type in WEIGHT_OPS or node.op_type in ATTENTION_OPS:
             weight = next((w for w in (matrix(i) for i in list(node.input)[1:3]) if w), None)
             if weight is not None:
                 kk, nn = weight
                 if node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute):
                     kk, nn = nn, kk
                 linear += 2.0 * kk * nn
-                if node.op_type == "Attention":
+                if node.op_type in ATTENTION_OPS:
                     products += 2                      # its QK^T and AV
             elif node.op_type in ("MatMul", "FusedMatMul"):
                 products += 1

@@ -39,9 +39,14 @@ class TritonPythonModel:
         arena = params.get("ort_arena", "shrink")
         if arena == "off":
             opts.enable_cpu_mem_arena = False
-        self.run_options = ort.RunOptions()
+        # ... after a run of more than ort_shrink_above_tokens padded tokens only: smaller
+        # runs keep the arena they grew (shrinking after each of them costs speed)
+        self.plain_run = ort.RunOptions()
+        self.shrink_run = None
+        self.shrink_above = int(params.get("ort_shrink_above_tokens", "0") or 0)
         if arena == "shrink":
-            self.run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+            self.shrink_run = ort.RunOptions()
+            self.shrink_run.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         self.session = ort.InferenceSession(os.path.join(folder, "model.onnx"), opts,
                                             providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]
@@ -126,7 +131,8 @@ class TritonPythonModel:
                 batch[n][pos:pos + b, :l] = arrays[n]
             spans.append((i, pos, b, int(arrays["sentence_ids"].max(initial=-1)) + 1))
             pos += b
-        rerank, probs = self.session.run(["rerank_score", "sentence_probs"], batch, self.run_options)
+        run = self.shrink_run if self.shrink_run is not None and rows * length > self.shrink_above else self.plain_run
+        rerank, probs = self.session.run(["rerank_score", "sentence_probs"], batch, run)
         out = []
         for i, start, b, n_sent in spans:
             tensors = [pb_utils.Tensor("rerank_score",
