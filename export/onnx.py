@@ -33,6 +33,7 @@ from engine.encode import Encoder
 from engine.errors import ExportError
 from engine.pytorch.loading import embedding_rows, load_torch_model
 from engine.spec import GRAPH_OUTPUTS, MANIFEST, MANIFEST_FORMAT, ModelSpec
+from export import deberta
 from export.optimize import convert_fp16, encoder_dims, optimize_graph, quantize_int8
 
 DEFAULT_OPSET = 17
@@ -225,7 +226,8 @@ def export_model(checkpoint: str | Path, out: str | Path, *, family: str | None 
         raw_graph.parent.mkdir()
         log(f"exporting ONNX (opset {opset}) ...")
         try:
-            with torch.inference_mode(), warnings.catch_warnings(), traced_helpers(log):
+            with torch.inference_mode(), warnings.catch_warnings(), traced_helpers(log), \
+                    deberta.shared_position_indices(model, log):
                 # TracerWarnings about Python branches on shapes are expected; the parity
                 # check below is what proves the graph generalises across shapes.
                 warnings.simplefilter("ignore")

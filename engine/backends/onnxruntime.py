@@ -225,11 +225,11 @@ class OnnxRuntimeBackend(Backend):
                     binding.bind_cpu_input(name, np.ascontiguousarray(array))
                 for name in ("rerank_score", "sentence_probs"):
                     binding.bind_output(name, "cpu")      # small: B and B x S floats
-                self.session.run_with_iobinding(binding, self.runs(batch.input_ids.size))
+                self.session.run_with_iobinding(binding, self.runs(int(np.prod(batch.shape))))
                 rerank, probs = binding.copy_outputs_to_cpu()[:2]
             else:
                 rerank, probs = self.session.run(["rerank_score", "sentence_probs"],
-                                                 batch.inputs(self.input_names), self.runs(batch.input_ids.size))
+                                                 batch.inputs(self.input_names), self.runs(int(np.prod(batch.shape))))
         except Exception as exc:
             raise BackendError(f"ONNX Runtime failed on a batch of shape {batch.shape}: {exc}") from exc
         return rerank, probs
