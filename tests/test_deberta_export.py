@@ -25,15 +25,15 @@ def test_provence_graph_builds_its_position_indices_once(exported, checkpoints):
     assert ops["Expand"] <= 2                         # their indices: once for all layers
 
 
-def test_shared_indices_change_no_output_bit(checkpoints, tmp_path, monkeypatch):
+def test_shared_indices_change_no_output_bit(exported, checkpoints, tmp_path, monkeypatch):
     """The same checkpoint exported with transformers' own method: more Expand nodes, the
     same outputs bit for bit on the engine's batches (fp32 and INT8)."""
     from engine.pruner import Pruner
-    for precision in ("fp32", "int8"):
-        export_model(checkpoints["provence"], tmp_path / f"shared-{precision}", precision=precision, log=lambda m: None)
+    shared_dirs = {"fp32": exported["provence"], "int8": tmp_path / "shared-int8"}
+    export_model(checkpoints["provence"], shared_dirs["int8"], precision="int8", log=lambda m: None)
     monkeypatch.setattr(deberta, "shared_position_indices", lambda model, log=None: contextlib.nullcontext())
     for precision in ("fp32", "int8"):
-        plain, shared = tmp_path / f"plain-{precision}", tmp_path / f"shared-{precision}"
+        plain, shared = tmp_path / f"plain-{precision}", shared_dirs[precision]
         export_model(checkpoints["provence"], plain, precision=precision, log=lambda m: None)
         assert _ops(plain)["Expand"] > _ops(shared)["Expand"]
         pruner = Pruner.load(plain, threads=1)
