@@ -7,10 +7,10 @@ reported as a share of what the hardware allows.
   by default: a batch of tokens through a feed-forward layer of the default model), timed
   with the bench's threads after warm-up; the median of several runs.
 - Work per token, read from the graph itself: every matrix product with a weight
-  (MatMul, MatMulInteger, Gemm, FusedMatMul, DynamicQuantizeMatMul, the input
-  projection of Attention and QAttention) counts 2 x K x N per token; every product of two activations (attention's
-  QK^T and AV, DeBERTa's position terms, in-graph pooling) counts 2 x L x hidden per
-  token at the padded length L of its batch. The count is an estimate of the dense
+  (MatMul, MatMulInteger, Gemm, FusedMatMul, DynamicQuantizeMatMul, the input projection
+  of Attention and QAttention) counts 2 x K x N per token; every product of two
+  activations (attention's QK^T and AV, DeBERTa's position terms, in-graph pooling)
+  counts 2 x L x hidden per token at the padded length L of its batch. The count is an estimate of the dense
   arithmetic (it leaves out softmax, layer norm, GELU and the like).
 - A path's achieved rate: the work of the padded batches it sent over its median time.
 """
