@@ -108,9 +108,29 @@ def _read_contexts(args) -> list[str]:
         if not path.is_file():
             raise PruneError(f"--context-file {f}: no such file")
         contexts.append(path.read_text(encoding="utf-8"))
+    for f in args.passages_file or []:
+        contexts.extend(_read_passages_file(f))
     if not contexts:
-        raise PruneError("give at least one --context or --context-file")
+        raise PruneError("give at least one --context, --context-file or --passages-file")
     return contexts
+
+
+def _read_passages_file(name: str) -> list[str]:
+    """The passages of a JSONL file: one a line, a JSON string or an object with `text`
+    (what a retriever returns; `prune index --data` reads the same)."""
+    from engine.tools.quality import _read_jsonl
+    out = []
+    try:
+        for n, row in enumerate(_read_jsonl(name), 1):
+            text = row.get("text") if isinstance(row, dict) else row
+            if not isinstance(text, str):
+                raise ValueError(f"{name}: record {n}: expected a JSON string or an object with a text string")
+            out.append(text)
+    except (FileNotFoundError, ValueError) as exc:
+        raise PruneError(f"--passages-file: {exc}") from None
+    if not out:
+        raise PruneError(f"--passages-file {name}: no passages")
+    return out
 
 
 def _model_path(args) -> str:
@@ -125,14 +145,14 @@ def cmd_run(args) -> int:
     from engine.pruner import Pruner
     # bad input is reported before any model loads
     if args.input:
-        if args.question or args.context or args.context_file:
+        if args.question or args.context or args.context_file or args.passages_file:
             raise PruneError("--input takes the questions and passages from the file: "
-                             "drop --question/--context/--context-file")
+                             "drop --question/--context/--context-file/--passages-file")
         if args.input != "-" and not Path(args.input).is_file():
             raise PruneError(f"--input {args.input}: no such file")
     else:
         if args.question is None:
-            raise PruneError("give --question (with --context/--context-file), or --input FILE.jsonl")
+            raise PruneError("give --question (with --context/--context-file/--passages-file), or --input FILE.jsonl")
         contexts = _read_contexts(args)
         if not args.question.strip():
             raise PruneError("question is empty")
@@ -160,6 +180,8 @@ def cmd_run(args) -> int:
         kwargs["windows"] = args.windows
     if args.lexical_weight is not None:
         kwargs["lexical_weight"] = args.lexical_weight
+    if args.passage_margin is not None:
+        kwargs["passage_margin"] = args.passage_margin
     results = pruner.prune(args.question, contexts, threshold=args.threshold, title=args.title,
                            reorder=args.reorder, top_k=args.top_k, **kwargs)
     t_run = time.perf_counter() - t1
@@ -178,6 +200,8 @@ def cmd_run(args) -> int:
               + (f" ({r.windows} windows)" if r.windows != "sentences" else ""))
         if args.highlight:
             print(r.highlight(args.pre, args.post))
+        elif r.sentences and not kept and not args.verbose:
+            print("  (nothing kept; -v lists its sentences)")
         else:
             for s in r.sentences:
                 print(f"  [{'x' if s.kept else ' '}] {s.probability:.3f}  {s.text[:100]}")
@@ -243,7 +267,7 @@ def cmd_ask(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from engine.tools.quality import evaluate, rerank_table, table, write_report
+    from engine.tools.quality import domain_table, evaluate, rag_table, rerank_table, table, write_report
     from engine.default_model import ensure_default_model
     from engine.pruner import Pruner
     models = {}
@@ -258,6 +282,12 @@ def cmd_eval(args) -> int:
     rows = report.get("_rows")
     if rows:
         print(table(rows))
+    if (report.get("pruning") or {}).get("by_domain"):
+        print()
+        print(domain_table(report["pruning"]["by_domain"]))
+    if report.get("rag"):
+        print()
+        print(rag_table(report["rag"]["metrics"]))
     if report.get("reranking"):
         print()
         print(rerank_table(report["reranking"]["metrics"]))
@@ -584,6 +614,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--question", help="the question the passages are pruned for")
     r.add_argument("--context", action="append", help="a passage (repeatable)")
     r.add_argument("--context-file", action="append", help="a file holding one passage; - for stdin (repeatable)")
+    r.add_argument("--passages-file", action="append",
+                   help="a JSONL file of passages, one a line: a JSON string or an object with text (repeatable)")
     r.add_argument("--threshold", type=float, help="keep threshold (default: the family's, which for the "
                    "embedding family is 0.83 with the lexical fusion on and 0.87 with --lexical-weight 0)")
     r.add_argument("--title", choices=list(TITLE_RULES), help="title rule (default: the family's)")
@@ -592,12 +624,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="weight in [0, 1] of the in-passage lexical score fused with the model's sentence and "
                         "reranking scores (engine.lexical; default: the model's manifest, 0.5 for the embedding "
                         "family and the default model, 0 for the trained families; 0 turns it off)")
+    r.add_argument("--passage-margin", type=float,
+                   help="the passage gate: a passage whose reranking score is below the call's best minus this "
+                        "margin keeps nothing (default: the model's manifest, 0.1 for the embedding family and "
+                        "the default model, no gate for the trained families; negative: no gate)")
     r.add_argument("--reorder", action="store_true", help="sort passages by reranking score")
     r.add_argument("--top-k", type=int, help="keep the k best passages by reranking score")
     r.add_argument("--json", action="store_true", help="print results as JSON")
     r.add_argument("--highlight", action="store_true", help="print passages with kept sentences tagged")
     r.add_argument("--input", help="a JSONL file of queries (question, passages or context, optional id, "
-                   "threshold, title, alpha, top_k, windows), - for stdin; one result line per input line")
+                   "threshold, title, alpha, top_k, windows, lexical_weight, passage_margin), - for stdin; one result line per input line")
     r.add_argument("--output", help="where the JSONL results go with --input (default: stdout)")
     r.add_argument("--group", type=int, default=64,
                    help="queries read, batched together and written at a time with --input (bounds memory)")
@@ -610,7 +646,8 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("eval", help="sentence-level P/R/F1 (grid search) and reranking MRR, with baselines")
     v.add_argument("--model", action="append", help="exported model folder (repeatable; default: the default model)")
     v.add_argument("--data", help="JSONL with question, context, sentences, labels")
-    v.add_argument("--rag-data", help="JSONL with question, passages, gold")
+    v.add_argument("--rag-data", help="JSONL with question, passages, gold (an index or a list of them): what "
+                   "each model keeps of a RAG call's passages at its defaults, and reranking MRR")
     v.add_argument("--limit", type=int, help="first N documents of --data")
     v.add_argument("--rag-limit", type=int, help="first N queries of --rag-data")
     v.add_argument("--out", help="folder for eval.json, eval.md and pr_curve.png")

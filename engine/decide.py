@@ -8,10 +8,20 @@ Rules, in order, for one passage with sentence probabilities p:
 3. title rule "first_sentence": the first sentence is the passage's title; it is kept
    when it passes rule 1 itself or when some other sentence is kept. As in the
    families' own code, the rule only ever forces the title in, never out.
+
+And one rule for the whole call (`gate_passages`), when the call has a passage margin m
+(the embedding family's default; off for the trained families unless a call sets it):
+4. passage gate: a passage whose reranking score is below the call's best minus m keeps
+   nothing (empty pruned text), whatever its sentences scored.
+
+The gate only ever empties passages, and a passage it empties within part of a call it
+also empties within the whole call (the whole call's best is at least the part's). So a
+call cut into requests and gated again once whole (the text model's client does) gives
+exactly the whole call's results.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -108,6 +118,28 @@ def build_result(index: int, context: str, spans: list[tuple[int, int]], probs: 
                        windows=windows, lexical_weight=float(lexical_weight))
 
 
+
+
+def gate_passages(results: list[PruneResult], margin: float | None) -> list[PruneResult]:
+    """Rule 4 (module docstring): empty every passage whose reranking score is below the
+    call's best minus `margin` (None: no gate). Scores are compared as float32, the
+    precision the Triton text model sends them in, so every surface decides alike."""
+    if margin is None:
+        return results
+    scores = [np.float32(r.reranking_score) for r in results if r.reranking_score is not None]
+    if not scores:
+        return results
+    floor = np.float32(max(scores)) - np.float32(margin)
+    return [r if r.reranking_score is None or np.float32(r.reranking_score) >= floor else emptied(r)
+            for r in results]
+
+
+def emptied(result: PruneResult) -> PruneResult:
+    """The result with nothing kept: no sentence marked, an empty pruned text."""
+    if not any(s.kept for s in result.sentences):
+        return result
+    return replace(result, sentences=[replace(s, kept=False) for s in result.sentences], pruned_context="",
+                   compression_rate=1.0 if result.context else 0.0)
 
 
 def order_results(results: list[PruneResult], reorder: bool, top_k: int | None) -> list[PruneResult]:

@@ -58,6 +58,18 @@ class Family:
     # The default threshold when the fusion is on (weight > 0): the fused score is another
     # score than the model's, with a threshold of its own; None: `threshold` either way.
     lexical_threshold: float | None = None
+    # The passage gate (engine.decide.gate_passages): a passage keeps sentences only when its
+    # reranking score is at least the call's best minus this margin (in the reranking
+    # score's own units); None: no gate. A call may set another margin, or a negative one
+    # for none.
+    passage_margin: float | None = None
+
+    def gate_margin(self, passage_margin: float | None) -> float | None:
+        """The gate's margin a call runs with: the family's when it passes None, none
+        (None) when it passes a negative number."""
+        if passage_margin is None:
+            return self.passage_margin
+        return None if passage_margin < 0 else float(passage_margin)
 
     def default_threshold(self, lexical_weight: float | None) -> float:
         """The keep threshold a call gets when it passes none, at `lexical_weight`."""
@@ -114,11 +126,13 @@ FAMILIES: dict[str, Family] = {
         # threshold 0.87 (cosine 0.74 with the default mapping) and keep-the-best backoff:
         # chosen on the first half of squad-dev-prune, F1 73.3 on the other half (docs/families.md).
         # Fused half and half with the in-passage lexical score (engine.lexical), kept above
-        # 0.83: chosen on squad-dev-prune alone, F1 79.9 there against 71.3 for the model
-        # and 74.9 for BM25's best threshold (docs/quality.md); lexical_weight=0 turns it off.
+        # 0.83: chosen on squad-dev-prune and kept on coqa-dev's seven domains
+        # (docs/quality.md); lexical_weight=0 turns it off. The passage gate's margin 0.1:
+        # chosen on squad-dev-rag and a RAG-shaped coqa-dev (docs/quality.md), so that the
+        # passages of a call that do not answer come back empty.
         has_rerank_head=True, uses_token_type_ids=False, seps_between=1,
         threshold=0.87, keep_rule="gt", title="none", backoff_alpha=0.0,
-        lexical_weight=0.5, lexical_threshold=0.83,
+        lexical_weight=0.5, lexical_threshold=0.83, passage_margin=0.1,
         description="any sentence-embedding encoder (e.g. all-MiniLM-L6-v2): cosine of "
                     "question and sentence embeddings, mapped to a probability",
         sentence_specials=True, rerank_merge="max",

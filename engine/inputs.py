@@ -13,8 +13,8 @@ The rules:
   (None) and an empty pruned text: a retriever's empty chunk does not fail the call;
 - at most `Limits.max_passages` passages and `Limits.max_chars` characters (code points
   of the question and every passage together) in one call;
-- options: threshold and alpha in [0, 1], title and windows from their lists, top_k a
-  positive integer.
+- options: threshold, alpha and lexical_weight in [0, 1], title and windows from their
+  lists, top_k a positive integer, passage_margin a finite number (negative: no gate).
 """
 from __future__ import annotations
 
@@ -126,9 +126,19 @@ def check_lexical_weight(weight: Any) -> float | None:
     return None if weight is None else check_threshold(weight, "lexical_weight")
 
 
+def check_passage_margin(margin: Any) -> float | None:
+    """None (the family's default) passes; a finite number: the passage gate's margin, a
+    negative one turning the gate off (engine.decide.gate_passages)."""
+    if margin is None:
+        return None
+    if isinstance(margin, bool) or not isinstance(margin, numbers.Real) or not math.isfinite(margin):
+        raise InputError(f"passage_margin must be a finite number (negative: no passage gate), got {margin!r}")
+    return float(margin)
+
+
 def check_options(*, threshold: Any = None, title: Any = None, alpha: Any = ..., top_k: Any = None,
                   windows: Any = None, sentences: Any = None, n_passages: int = 0,
-                  lexical_weight: Any = None) -> dict[str, Any]:
+                  lexical_weight: Any = None, passage_margin: Any = None) -> dict[str, Any]:
     """The call's options, checked; None / `...` stay (the family's defaults)."""
     if sentences is not None:
         if not isinstance(sentences, Sequence) or len(sentences) != n_passages:
@@ -139,4 +149,5 @@ def check_options(*, threshold: Any = None, title: Any = None, alpha: Any = ...,
                                  f"got {type(sent).__name__}")
     return {"threshold": None if threshold is None else check_threshold(threshold),
             "title": check_title(title), "alpha": check_alpha(alpha), "top_k": check_top_k(top_k),
-            "windows": check_windows(windows), "lexical_weight": check_lexical_weight(lexical_weight)}
+            "windows": check_windows(windows), "lexical_weight": check_lexical_weight(lexical_weight),
+            "passage_margin": check_passage_margin(passage_margin)}

@@ -14,8 +14,9 @@ pruner and the Triton text model (which runs the same Pruner) give the same resu
 - Fusion: (1 - w) * model + w * lexical, for the sentence probabilities and the reranking
   score alike; w = 0 leaves the model's scores untouched.
 
-Words: Unicode word characters (`\\w+`), case-folded. The settings were chosen on
-squad-dev (docs/quality.md)."""
+Words (`words`): Unicode word characters (`\\w+`), case-folded; Chinese, Japanese and
+Korean runs as overlapping character bigrams. The settings were chosen on squad-dev and
+coqa-dev (docs/quality.md)."""
 from __future__ import annotations
 
 import math
@@ -26,11 +27,37 @@ from collections.abc import Sequence
 import numpy as np
 
 _WORD = re.compile(r"\w+")
+#: Scripts written without spaces between words: Han (CJK ideographs and their
+#: extensions and compatibility forms), Hiragana, Katakana (with its phonetic extensions
+#: and half-width forms) and Hangul (syllables, jamo, compatibility jamo).
+_CJK = ("\u1100-\u11ff\u2e80-\u2fdf\u3005-\u3007\u3021-\u3029\u3031-\u3035\u3038-\u303c"
+        "\u3040-\u309f\u30a0-\u30ff\u3130-\u318f\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
+        "\ua960-\ua97f\uac00-\ud7af\ud7b0-\ud7ff\uf900-\ufaff\uff66-\uff9f\uffa0-\uffdc"
+        "\U00020000-\U0003134f")
+_CJK_RUN = re.compile(f"[{_CJK}]+|[^{_CJK}]+")
+_IS_CJK = re.compile(f"[{_CJK}]")
 K1, B = 1.5, 0.75
 
 
 def words(text: str) -> list[str]:
-    return [w.casefold() for w in _WORD.findall(text)]
+    """The words of `text`, case-folded: runs of Unicode word characters (`\\w+`); within
+    them, a run of Chinese, Japanese or Korean characters becomes its overlapping character
+    bigrams (a lone character stays a unigram), as Lucene's CJK analyzer indexes text that
+    has no spaces between words ("東京タワー" -> 東京, 京タ, タワ, ワー)."""
+    out: list[str] = []
+    for token in _WORD.findall(text):
+        token = token.casefold()
+        if not _IS_CJK.search(token):
+            out.append(token)
+            continue
+        for run in _CJK_RUN.findall(token):
+            if not _IS_CJK.match(run):
+                out.append(run)
+            elif len(run) == 1:
+                out.append(run)
+            else:
+                out.extend(run[i:i + 2] for i in range(len(run) - 1))
+    return out
 
 
 def sentence_scores(question: str, sentences: Sequence[str], k1: float = K1, b: float = B) -> np.ndarray:

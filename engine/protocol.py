@@ -29,7 +29,7 @@ class PrunerProtocol(Protocol):
     def prune(self, question: str, passages: str | Sequence[str], *, threshold: float | None = None,
               title: str | None = None, alpha: Any = ..., reorder: bool = False, top_k: int | None = None,
               sentences: Any = None, windows: str | None = None,
-              lexical_weight: float | None = None) -> list[PruneResult]:
+              lexical_weight: float | None = None, passage_margin: float | None = None) -> list[PruneResult]:
         """One PruneResult per passage, in input order (or best first with reorder/top_k)."""
         ...
 

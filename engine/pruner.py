@@ -21,7 +21,7 @@ from engine import lexical
 from engine import text as textmod
 from engine.backends.base import Backend
 from engine.batching import BatchingConfig, ModelBatch, collate, plan
-from engine.decide import PruneResult, build_result, keep_mask, order_results
+from engine.decide import PruneResult, build_result, gate_passages, keep_mask, order_results
 from engine.encode import Block, Encoder, load_tokenizer, manifest_tokenizer
 from engine.errors import BackendError, InputError, ModelLoadError, PruneError
 from engine.inputs import Limits, check_call, check_options, check_windows, default_limits
@@ -54,6 +54,7 @@ class Call:
     windows: str = "sentences"
     question: str = ""
     lexical_weight: float = 0.0
+    passage_margin: float | None = None   # the passage gate's margin (None: no gate)
 
 
 @dataclass
@@ -211,7 +212,8 @@ class Pruner:
               title: str | None = None, alpha: Any = ..., reorder: bool = False,
               top_k: int | None = None,
               sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None,
-              windows: str | None = None, lexical_weight: float | None = None) -> list[PruneResult]:
+              windows: str | None = None, lexical_weight: float | None = None,
+              passage_margin: float | None = None) -> list[PruneResult]:
         """Prune each passage for `question`; one PruneResult per passage, in input order
         (or by reranking score with `reorder` / `top_k`).
 
@@ -225,17 +227,23 @@ class Pruner:
                windows with a decision per window; for OpenProvence, long sentences cut into
                fragments averaged without weights) or "sentences" (sentence-aligned blocks, one
                decision per passage, token-weighted pieces); the family's default if None.
+        lexical_weight: the in-passage lexical score's share in the scores (engine.lexical;
+               family default if None, 0: the model alone).
+        passage_margin: the passage gate: a passage whose reranking score is below the
+               call's best minus this margin keeps nothing (family default if None: 0.1
+               for the embedding family, no gate for the others; negative: no gate).
         """
         call = self.prepare(question, passages, threshold=threshold, title=title, alpha=alpha,
                             reorder=reorder, top_k=top_k, sentences=sentences, windows=windows,
-                            lexical_weight=lexical_weight)
+                            lexical_weight=lexical_weight, passage_margin=passage_margin)
         return self.finish(call, self.backend.infer_many(call.batches) if call.batches else [])
 
     def prepare(self, question: str, passages: str | Sequence[str], *, threshold: float | None = None,
                 title: str | None = None, alpha: Any = ..., reorder: bool = False,
                 top_k: int | None = None,
                 sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None,
-                windows: str | None = None, lexical_weight: float | None = None) -> "Call":
+                windows: str | None = None, lexical_weight: float | None = None,
+                passage_margin: float | None = None) -> "Call":
         """Everything before the model: checks, sentences, blocks and padded batches.
 
         `prune` is `finish(prepare(...), backend.infer_many(call.batches))`; a caller that
@@ -243,7 +251,8 @@ class Pruner:
         fam = self.spec.family
         question, passages = check_call(question, passages, self.limits)
         opts = check_options(threshold=threshold, title=title, alpha=alpha, top_k=top_k, windows=windows,
-                             sentences=sentences, n_passages=len(passages), lexical_weight=lexical_weight)
+                             sentences=sentences, n_passages=len(passages), lexical_weight=lexical_weight,
+                             passage_margin=passage_margin)
         threshold, weight = fam.call_settings(opts["threshold"], opts["lexical_weight"])
         title = fam.title if opts["title"] is None else opts["title"]
         alpha = fam.backoff_alpha if opts["alpha"] is ... else opts["alpha"]
@@ -256,7 +265,8 @@ class Pruner:
                              "token window as the family's own code does (pass windows='sentences')")
         return Call(passages=passages, spans=spans, blocks=blocks, batches=self.batches(blocks),
                     threshold=threshold, title=title, alpha=alpha, reorder=reorder, top_k=top_k,
-                    windows=windows, question=question, lexical_weight=weight)
+                    windows=windows, question=question, lexical_weight=weight,
+                    passage_margin=fam.gate_margin(opts["passage_margin"]))
 
     def windows_mode(self, windows: str | None) -> str:
         """The windowing a call runs: the family's default, or `windows` when valid."""
@@ -292,7 +302,7 @@ class Pruner:
             rerank = 0.0 if fam.zero_rerank_when_empty and sc.rerank is not None and not kept.any() else sc.rerank
             results.append(build_result(i, p, sp, sc.probs, kept, rerank, call.threshold, sc.blocks,
                                         windows=call.windows, lexical_weight=call.lexical_weight))
-        return order_results(results, call.reorder, call.top_k)
+        return order_results(gate_passages(results, call.passage_margin), call.reorder, call.top_k)
 
     def _window_decisions(self, spans: Sequence[Sequence[tuple[int, int]]], blocks: Sequence[Block],
                           per_block: Sequence[tuple[float, np.ndarray]], threshold: float,

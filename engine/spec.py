@@ -86,6 +86,9 @@ def spec_from_manifest(manifest: dict[str, Any], name: str = "model") -> ModelSp
             family = replace(family, lexical_weight=float(defaults["lexical_weight"]))
         if defaults.get("lexical_threshold") is not None:
             family = replace(family, lexical_threshold=float(defaults["lexical_threshold"]))
+        if "passage_margin" in defaults:      # null: no passage gate; absent: the family's
+            margin = defaults["passage_margin"]
+            family = replace(family, passage_margin=None if margin is None or margin < 0 else float(margin))
         if "seps_between" in tok and int(tok["seps_between"]) != family.seps_between:
             family = replace(family, seps_between=int(tok["seps_between"]))   # e.g. OpenProvence on ModernBERT
         spec = ModelSpec(family=family, max_length=int(manifest["max_length"]),

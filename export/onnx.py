@@ -317,7 +317,7 @@ def export_model(checkpoint: str | Path, out: str | Path, *, family: str | None 
             "family": fam.name,
             "defaults": {"threshold": fam.threshold, "keep_rule": fam.keep_rule, "title": fam.title,
                          "backoff_alpha": fam.backoff_alpha, "lexical_weight": fam.lexical_weight,
-                         "lexical_threshold": fam.lexical_threshold},
+                         "lexical_threshold": fam.lexical_threshold, "passage_margin": fam.passage_margin},
             "max_length": spec.max_length,
             "buckets": list(BatchingConfig().buckets_for(spec.max_length)),
             "graph": "model.onnx",

@@ -264,3 +264,22 @@ def test_bench_measures_the_peers(exported, checkpoints, tiny_data, tmp_path, ca
     assert set(Path(tempfile.gettempdir()).glob("prune-bench-peers-*")) == before
     assert "peer" in (next(tmp_path.glob("bench-*/bench.md")).read_text())
     capsys.readouterr()
+
+
+def test_run_reads_a_passages_file_and_names_what_is_wrong_with_one(exported, tmp_path, capsys):
+    """`prune run --passages-file`: one passage a JSONL line (a string or an object with
+    text), the same results as the passages given one by one; a bad file is named."""
+    model = str(exported["embedding"])
+    q = "When was the stadium built?"
+    docs = ["The stadium was built in 1923. It holds 80,000 people.", "Paris is the capital of France."]
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"id": "a", "text": docs[0]}) + "\n\n" + json.dumps(docs[1]) + "\n")
+    assert main(["run", "--model", model, "--question", q, "--passages-file", str(f), "--json"]) == 0
+    from_file = json.loads(capsys.readouterr().out)
+    assert main(["run", "--model", model, "--question", q, "--context", docs[0], "--context", docs[1], "--json"]) == 0
+    assert from_file == json.loads(capsys.readouterr().out) and len(from_file) == 2
+    for content, message in (('{"title": "no text"}\n', "record 1: expected a JSON string"), ("not json\n", "not JSON"),
+                             ("\n", "no passages")):
+        f.write_text(content)
+        assert main(["run", "--model", model, "--question", q, "--passages-file", str(f)]) != 0
+        assert message in capsys.readouterr().err

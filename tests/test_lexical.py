@@ -46,6 +46,30 @@ def test_awkward_questions_are_handled(question):
         assert got[3] == 1.0
 
 
+def test_cjk_text_is_counted_in_character_bigrams():
+    """Chinese, Japanese and Korean have no spaces between words: a run of their characters
+    is one `\\w+` match, so without bigrams a sentence is one "word" that never matches."""
+    assert lexical.words("東京タワー") == ["東京", "京タ", "タワ", "ワー"]
+    assert lexical.words("北京是首都") == ["北京", "京是", "是首", "首都"]
+    assert lexical.words("서울은 수도") == ["서울", "울은", "수도"]
+    assert lexical.words("iPhone15を買った 中 Ünï") == ["iphone15", "を買", "買っ", "った", "中", "ünï"]
+    assert lexical.words("The cat sat.") == ["the", "cat", "sat"]        # other scripts as before
+
+
+@pytest.mark.parametrize("question, sentences, answer", [
+    ("中国的首都是哪里？", ["上海是一个大城市。", "北京是中国的首都。", "长城很长。"], 1),
+    ("東京タワーの高さは何メートルですか？", ["富士山は日本一高い山です。", "東京タワーの高さは333メートルです。",
+                                "京都には寺が多い。"], 1),
+    ("한국의 수도는 어디입니까?", ["부산은 항구 도시입니다.", "김치는 맛있습니다.", "서울은 한국의 수도입니다."], 2),
+])
+def test_cjk_questions_find_their_sentence(question, sentences, answer):
+    got = lexical.sentence_scores(question, sentences)
+    assert int(np.argmax(got)) == answer and got[answer] == 1.0
+    assert sorted(got)[-2] < 0.5                                   # the others share little with the question
+    others = "".join(s for i, s in enumerate(sentences) if i != answer)
+    assert lexical.passage_score(question, sentences[answer]) > lexical.passage_score(question, others)
+
+
 def test_fusion_is_monotone_in_each_part_and_weight_zero_is_the_model():
     rng = np.random.default_rng(0)
     model, lex = rng.random(50), rng.random(50)
@@ -116,10 +140,13 @@ def test_the_default_family_fuses_by_default_and_weight_zero_is_the_model_at_its
         lex = lexical.sentence_scores(q, [s.text for s in m.sentences])
         np.testing.assert_allclose([s.probability for s in r.sentences],
                                    0.5 * np.array([s.probability for s in m.sentences]) + 0.5 * lex, atol=1e-6)
-        for res, t in ((m, 0.87), (r, 0.83)):
-            probs = np.array([s.probability for s in res.sentences])
+    for res, t in ((alone, 0.87), (default, 0.83)):
+        best = max(x.reranking_score for x in res)
+        for x in res:
+            probs = np.array([s.probability for s in x.sentences])
             want = probs > t if (probs > t).any() else probs == probs.max()     # backoff (alpha 0) keeps the best
-            assert [s.kept for s in res.sentences] == want.tolist()
+            want &= bool(np.float32(x.reranking_score) >= np.float32(best) - np.float32(0.1))   # the passage gate
+            assert [s.kept for s in x.sentences] == want.tolist()
     # the other families stay off by default
     assert all(r.lexical_weight == 0.0 for r in pruners["xprovence"][0].prune(q, docs))
 

@@ -128,14 +128,19 @@ def test_ask_reranks_by_the_pruners_score_and_prunes_as_prune_does(rag, squad, p
         assert scores == sorted(scores, reverse=True)
         # the five returned are the five best of the candidates by the pruner's own score
         cands = pipe.search(q, mode="hybrid", limit=20)
-        alone = pruner.prune(q, [h["entity"]["text"] for h in cands])
-        best = sorted((r.reranking_score for r in alone), reverse=True)[:5]
+        together = pruner.prune(q, [h["entity"]["text"] for h in cands])     # one call, as ask() makes
+        best = sorted((r.reranking_score for r in together), reverse=True)[:5]
         np.testing.assert_allclose(scores, best, atol=1e-5)
+        by_text = {r.context: r for r in together}
         for r in answer.results:
-            one = pruner.prune(q, [r.text])[0]
+            one = by_text[r.text]
             assert r.pruned_context == one.pruned_context
             assert r.highlighted == one.highlight("<em>", "</em>")
             assert r.reranking_score == pytest.approx(one.reranking_score, abs=1e-5)
+        # the passage gate emptied what scores more than its margin below the best
+        floor = max(scores) - pruner.family.passage_margin
+        assert all(bool(r.pruned_context) == (r.reranking_score >= floor) for r in answer.results
+                   if abs(r.reranking_score - floor) > 1e-5)
         top1 += answer.results[0].id == gold
         assert set(answer.timings_ms) >= {"embed", "retrieve", "rerank_prune", "total"}
     assert top1 >= len(questions) // 2

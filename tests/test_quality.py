@@ -53,6 +53,63 @@ def test_baselines_and_rerank_metrics():
     assert m["hit@1"] == pytest.approx(1 / 3)
 
 
+def test_mrr_with_several_gold_passages_counts_the_best_ranked_one():
+    # gold {1, 2}: passage 2 ranks first -> 1; gold {0, 1}: both behind passage 2 -> rank 2;
+    # a tie with a non-gold passage ranks the gold passage last
+    m = reranking_metrics([[0.1, 0.5, 0.9], [0.3, 0.2, 0.9], [0.5, 0.5]], golds=[[1, 2], [0, 1], [0]])
+    assert m["mrr@10"] == pytest.approx((1 + 0.5 + 0.5) / 3) and m["hit@1"] == pytest.approx(1 / 3)
+
+
+def test_rag_pruning_metrics_by_hand():
+    from engine.decide import PruneResult, Sentence
+    from engine.tools.quality import RagSample, rag_pruning_metrics
+
+    def res(i, score, kept):          # sentences of 10 characters each
+        sents = [Sentence("x" * 10, 10 * k, 10 * k + 10, 0.5, bool(x)) for k, x in enumerate(kept)]
+        return PruneResult(i, "x" * (10 * len(kept)), "", score, sents, 0.0, 0.5)
+    samples = [RagSample("a", "q", ["p0", "p1", "p2"], [0]), RagSample("b", "q", ["p0", "p1"], [1])]
+    calls = [[res(0, 0.9, [1, 0]), res(1, 0.5, [0, 0, 0]), res(2, 0.8, [1, 1])],
+             [res(0, 0.7, [0]), res(1, 0.6, [0, 0])]]
+    m = rag_pruning_metrics(calls, samples)
+    # non-gold: (call a) p1 emptied, p2 kept 20/20 chars; (call b) p0 emptied: 2 of 3 emptied, 20 of 60 chars
+    assert m["non_gold_emptied"] == pytest.approx(2 / 3) and m["non_gold_chars_kept"] == pytest.approx(20 / 60)
+    # gold: a's p0 keeps 10 of 20 chars, b's p1 nothing: 1 of 2, 10 of 40 chars
+    assert m["gold_with_something_kept"] == 0.5 and m["gold_chars_kept"] == pytest.approx(10 / 40)
+    # ranks: a's gold first, b's gold second
+    assert m["mrr@10"] == pytest.approx(0.75) and (m["non_gold_passages"], m["gold_passages"]) == (3, 2)
+
+
+def test_rag_files_take_one_gold_or_several_and_refuse_one_outside(tmp_path):
+    from engine.tools.quality import load_rag_data
+    f = tmp_path / "rag.jsonl"
+    f.write_text(json.dumps({"question": "q", "passages": ["a", "b"], "gold": 1}) + "\n"
+                 + json.dumps({"question": "q", "passages": ["a", "b", "c"], "gold": [0, 2], "source": "x"}) + "\n")
+    a, b = load_rag_data(f)
+    assert a.gold == [1] and b.gold == [0, 2] and b.source == "x"
+    f.write_text(json.dumps({"question": "q", "passages": ["a"], "gold": 3}) + "\n")
+    with pytest.raises(ValueError, match="outside its 1 passages"):
+        load_rag_data(f)
+
+
+def test_rag_from_prune_cuts_documents_into_passages_at_sentence_ends(tmp_path):
+    from benchmarks.rag_from_prune import main as rag_from_prune
+    from engine.tools.quality import load_rag_data
+    out = tmp_path / "rag.jsonl"
+    assert rag_from_prune(["--data", str(DATA / "coqa-dev-prune.jsonl"), "--out", str(out), "--chars", "400"]) == 0
+    rows = [json.loads(line) for line in (DATA / "coqa-dev-prune.jsonl").read_text().splitlines()]
+    rag = load_rag_data(out)
+    assert len(rag) == len(rows) and {r.source for r in rag} == {r["source"] for r in rows}
+    for r, s in zip(rows, rag):
+        assert all(p in r["context"] for p in s.passages)
+        whole = {r["context"][a:b] for a, b in r["sentences"]}
+        assert all(len(p) <= 400 or p in whole for p in s.passages)     # longer only when one sentence is
+        assert "".join(s.passages).replace(" ", "").replace("\n", "") == \
+               "".join(r["context"][a:b] for a, b in r["sentences"]).replace(" ", "").replace("\n", "")
+        labelled = [r["context"][a:b] for (a, b), y in zip(r["sentences"], r["labels"]) if y]
+        assert all(any(t in s.passages[g] for g in s.gold) for t in labelled)   # the gold holds the answer
+        assert all(not any(t in p for t in labelled) for k, p in enumerate(s.passages) if k not in s.gold)
+
+
 def test_bm25_prefers_matching_words():
     corpus = [words("the stadium was built in 1923"), words("paris is in france"), words("the cat sat")]
     bm = BM25(corpus)
@@ -174,6 +231,33 @@ def test_default_is_accepted_wherever_a_model_is(default_pruner, monkeypatch, ca
     torch_ref = Pruner.load("default", backend="torch").prune(q, [passage])[0]
     assert [s.probability for s in torch_ref.sentences] == pytest.approx(
         [s.probability for s in expected.sentences], abs=1e-5)
+
+
+def test_eval_reports_domains_and_rag_calls_as_the_engine_decides(default_pruner, tmp_path):
+    """prune eval's figures at the defaults are what `Pruner.prune` returns: the per-domain
+    predictions (from the model's own scores, fused as the family fuses) equal the kept
+    flags of real calls, and the RAG rows' gated calls equal real gated calls."""
+    from engine.tools.quality import (default_predictions, evaluate, load_prune_data, load_rag_data,
+                                      model_sentence_scores, rag_calls, rag_pruning_metrics, write_report)
+    samples = load_prune_data(DATA / "coqa-dev-prune.jsonl")
+    scores = model_sentence_scores(default_pruner, samples, progress=False)
+    preds = default_predictions(default_pruner, samples, scores, [None] * len(samples), True, "sentences")
+    for s, p in zip(samples, preds):
+        got = default_pruner.prune(s.question, [s.context], sentences=[s.spans])[0]
+        assert [x.kept for x in got.sentences] == p.tolist()
+    rag = load_rag_data(DATA / "squad-dev-rag.jsonl", 8)
+    report = evaluate({"m": default_pruner}, DATA / "coqa-dev-prune.jsonl", DATA / "squad-dev-rag.jsonl",
+                      rag_limit=8, progress=False, log=lambda m: None)
+    assert report["rag"]["metrics"]["m at its defaults"] == rag_pruning_metrics(
+        rag_calls(default_pruner, rag, progress=False), rag)
+    off = report["rag"]["metrics"]["m without the passage gate (passage_margin -1)"]
+    assert off["non_gold_emptied"] == 0.0 < report["rag"]["metrics"]["m at its defaults"]["non_gold_emptied"]
+    by = report["pruning"]["by_domain"]
+    assert len(by["domains"]) == 7 and all(d["documents"] == 3 for d in by["domains"].values())
+    worst = by["worst"]["m"]
+    assert worst["over_bm25"] == min(d["models"]["m"]["over_bm25"] for d in by["domains"].values())
+    md = write_report(report, tmp_path, "t", "prune eval ...")["markdown"].read_text()
+    assert "### By domain" in md and "| coqa/reddit | 3 |" in md and "## RAG calls" in md
 
 
 def test_eval_and_fidelity_record_the_windows(pruners):

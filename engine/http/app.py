@@ -162,6 +162,9 @@ class PruneRequest(_Request):
     windows: Literal["reference", "sentences"] | None = None
     lexical_weight: float | None = Field(None, ge=0.0, le=1.0, description="weight of the in-passage lexical "
                                          "score fused with the model's (the model's default when absent; 0: off)")
+    passage_margin: float | None = Field(None, allow_inf_nan=False, description="the passage gate: a passage "
+                                         "whose reranking score is below the call's best minus this margin keeps "
+                                         "nothing (the model's default when absent; negative: no gate)")
     pre: str | None = Field(None, description="with post: each result's passage with its kept sentences tagged")
     post: str | None = None
 
@@ -351,7 +354,8 @@ def create_app(pruner: PrunerProtocol, config: ApiConfig = ApiConfig()) -> Any:
               summary="Prune passages: the engine's full result")
     async def prune_endpoint(req: PruneRequest):
         options: dict[str, Any] = {"threshold": req.threshold, "top_k": req.top_k, "reorder": req.reorder,
-                                   "title": req.title, "windows": req.windows, "lexical_weight": req.lexical_weight}
+                                   "title": req.title, "windows": req.windows, "lexical_weight": req.lexical_weight,
+                                   "passage_margin": req.passage_margin}
         if req.alpha is not None:
             options["alpha"] = None if req.alpha < 0 else req.alpha
         results = await run(prune, req.question, req.passages, **options)
@@ -378,7 +382,7 @@ def create_app(pruner: PrunerProtocol, config: ApiConfig = ApiConfig()) -> Any:
         fam = pruner.family
         defaults = {"threshold": fam.default_threshold(fam.lexical_weight), "lexical_weight": fam.lexical_weight,
                     "threshold_without_lexical": fam.threshold, "title": fam.title, "alpha": fam.backoff_alpha,
-                    "windows": fam.windows}
+                    "windows": fam.windows, "passage_margin": fam.passage_margin}
         return {"model": config.model_name, "family": family, "defaults": defaults, "engine": pruner.describe(),
                 "max_length": pruner.spec.max_length, "limits": pruner.limits.to_dict(),
                 "max_body_bytes": config.max_body_bytes, "max_concurrent": config.max_concurrent,

@@ -76,7 +76,8 @@ class HttpPruner:
         if not d:
             return fam
         return replace(fam, threshold=d["threshold_without_lexical"], lexical_weight=d["lexical_weight"],
-                       lexical_threshold=d["threshold"], title=d["title"], backoff_alpha=d["alpha"])
+                       lexical_threshold=d["threshold"], title=d["title"], backoff_alpha=d["alpha"],
+                       passage_margin=d.get("passage_margin"))
 
     @property
     def limits(self) -> Limits:
@@ -85,14 +86,14 @@ class HttpPruner:
     def prune(self, question: str, passages: str | Sequence[str], *, threshold: float | None = None,
               title: str | None = None, alpha: Any = ..., reorder: bool = False, top_k: int | None = None,
               sentences: Any = None, windows: str | None = None,
-              lexical_weight: float | None = None) -> list[PruneResult]:
+              lexical_weight: float | None = None, passage_margin: float | None = None) -> list[PruneResult]:
         if sentences is not None:
             raise InputError("sentences: given sentence lists are an in-process option; /v1/prune splits itself")
         question, texts = check_call(question, passages, self.limits)
         opts = check_options(threshold=threshold, title=title, alpha=alpha, top_k=top_k, windows=windows,
-                             lexical_weight=lexical_weight)
+                             lexical_weight=lexical_weight, passage_margin=passage_margin)
         body: dict[str, Any] = {"question": question, "passages": texts, "reorder": reorder}
-        for key in ("threshold", "top_k", "title", "windows", "lexical_weight"):
+        for key in ("threshold", "top_k", "title", "windows", "lexical_weight", "passage_margin"):
             if opts[key] is not None:
                 body[key] = opts[key]
         if opts["alpha"] is not ...:

@@ -34,6 +34,7 @@ class PruneOptions:
     alpha: Any = ...
     windows: str | None = None
     lexical_weight: float | None = None
+    passage_margin: float | None = None
     pre: str = "<em>"
     post: str = "</em>"
     metadata_key: str = "pruning"
@@ -43,6 +44,8 @@ class PruneOptions:
                               "reorder": self.reorder, "top_k": self.top_k}
         if self.lexical_weight is not None:
             kw["lexical_weight"] = self.lexical_weight
+        if self.passage_margin is not None:
+            kw["passage_margin"] = self.passage_margin
         if self.alpha is not ...:
             kw["alpha"] = self.alpha
         return kw

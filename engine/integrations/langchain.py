@@ -43,6 +43,7 @@ class PruneCompressor(BaseDocumentCompressor):
     title: str | None = None
     windows: str | None = None
     lexical_weight: float | None = None
+    passage_margin: float | None = None
     pre: str = "<em>"
     post: str = "</em>"
     metadata_key: str = "pruning"

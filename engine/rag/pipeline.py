@@ -475,7 +475,8 @@ def semantic_highlight(results: Sequence[Sequence[dict]], pruner: Any, highlight
       input_fields: the text fields to highlight (they must be in the hits' output fields);
       pre_tags / post_tags: put around each highlighted sentence, rotating (default <em>, </em>);
       threshold: a sentence is highlighted when its probability passes it (the pruner's
-        keep rule, without backoff or title rule; the model's default threshold if None);
+        keep rule, without backoff, title rule or passage gate: each hit is highlighted on
+        its own, as Milvus's highlighter does; the model's default threshold if None);
       highlight_only (default True): fragments are the highlighted sentences, each with its
         probability as score; False: one fragment, the whole text with the tags inserted,
         scored by its best sentence. A text with nothing highlighted gets no fragments.
@@ -506,7 +507,8 @@ def semantic_highlight(results: Sequence[Sequence[dict]], pruner: Any, highlight
                     raise InputError(f"field {f!r} is not in the search results: add it to output_fields")
                 texts.append(entity[f])
             idx = [i for i, t in enumerate(texts) if isinstance(t, str) and t.strip()]
-            done = pruner.prune(q, [texts[i] for i in idx], threshold=threshold, alpha=None, title="none") \
+            done = pruner.prune(q, [texts[i] for i in idx], threshold=threshold, alpha=None, title="none",
+                                passage_margin=-1.0) \
                 if idx else []
             res: list[PruneResult | None] = [None] * len(texts)
             for i, r in zip(idx, done):

@@ -2,7 +2,7 @@
 
 One JSON object per input line: `question`, `passages` (a list of strings; or `context`,
 one string), and optionally `id`, `threshold`, `title`, `alpha`, `top_k`, `reorder`,
-`windows`, `lexical_weight`.
+`windows`, `lexical_weight`, `passage_margin`.
 One output line per input line, in the same order: `{"id", "results": [...]}` (each
 result as `PruneResult.to_dict()`, without the passage text the input already holds),
 or `{"id", "line", "error"}` for a line that could not be processed: the other lines
@@ -27,7 +27,7 @@ from typing import IO, Any
 from engine.errors import InputError
 from engine.protocol import PrunerProtocol
 
-OPTIONS = ("threshold", "title", "alpha", "top_k", "reorder", "windows", "lexical_weight")
+OPTIONS = ("threshold", "title", "alpha", "top_k", "reorder", "windows", "lexical_weight", "passage_margin")
 
 
 class LineError(InputError):

@@ -7,8 +7,15 @@ over the threshold (and the backoff alpha) reports the best F1 and its setting, 
 seed study did; baselines (keep everything, keep the first k, BM25 of each sentence
 against the question) go through the same code.
 
-Passage level (reranking): MRR@10 and hit@1 of the gold passage by reranking score on a
-JSONL file with `question`, `passages`, `gold`; BM25 of each passage is the baseline.
+Per domain: where the samples carry a `source` (coqa-dev's seven domains), F1 of every
+model at its defaults beside BM25 at its best threshold on that domain, and the worst
+domain.
+
+Passage level (RAG calls): on a JSONL file with `question`, `passages`, `gold` (the index
+of the passage that holds the answer, or a list of them), each model at its defaults: the
+share of non-gold passages emptied, of non-gold and gold characters kept, of gold passages
+with something kept; and MRR@10 and hit@1 of the gold passage by reranking score, with
+BM25 of each passage as the baseline.
 
 The data are for evaluation only: the grid search picks a setting to report, as in the
 seed study; it is not training.
@@ -17,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,11 +32,11 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from engine import lexical
+from engine.decide import gate_passages
 from engine.families import FAMILIES
 
 THRESHOLDS = tuple(round(x, 3) for x in np.linspace(0.0, 1.0, 101))
 ALPHAS = (None, 0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
-_WORD = re.compile(r"\w+", re.UNICODE)
 
 
 # --------------------------------------------------------------------------- data
@@ -42,6 +48,7 @@ class PruneSample:
     context: str
     spans: list[tuple[int, int]]
     labels: np.ndarray
+    source: str = ""
 
 
 @dataclass
@@ -49,7 +56,8 @@ class RagSample:
     id: str
     question: str
     passages: list[str]
-    gold: int
+    gold: list[int]              # the passages that hold the answer
+    source: str = ""
 
 
 def _read_jsonl(path: str | Path) -> Iterable[dict[str, Any]]:
@@ -96,7 +104,8 @@ def load_prune_data(path: str | Path, limit: int | None = None) -> list[PruneSam
         labels = np.asarray(row["labels"], dtype=bool)
         if len(spans) != len(labels):
             raise ValueError(f"{path}: sample {row.get('id', i)} has {len(spans)} sentences and {len(labels)} labels")
-        out.append(PruneSample(str(row.get("id", i)), row["question"], row["context"], spans, labels))
+        out.append(PruneSample(str(row.get("id", i)), row["question"], row["context"], spans, labels,
+                               str(row.get("source") or "")))
     return out
 
 
@@ -106,7 +115,12 @@ def load_rag_data(path: str | Path, limit: int | None = None) -> list[RagSample]
         if limit is not None and i >= limit:
             break
         check_fields(row, RAG_FIELDS, path, i + 1)
-        out.append(RagSample(str(row.get("id", i)), row["question"], list(row["passages"]), int(row["gold"])))
+        passages = list(row["passages"])
+        gold = row["gold"]
+        gold = [int(g) for g in gold] if isinstance(gold, list) else [int(gold)]
+        if not gold or any(not 0 <= g < len(passages) for g in gold):
+            raise ValueError(f"{path}: record {i + 1} has gold {row['gold']!r} outside its {len(passages)} passages")
+        out.append(RagSample(str(row.get("id", i)), row["question"], passages, gold, str(row.get("source") or "")))
     return out
 
 
@@ -195,8 +209,8 @@ def keep_all_baseline(labels: Sequence[np.ndarray]) -> GridResult:
 
 # --------------------------------------------------------------------------- BM25
 
-def words(text: str) -> list[str]:
-    return [w.lower() for w in _WORD.findall(text)]
+#: the words BM25 counts: engine.lexical's (case-folded; CJK as character bigrams)
+words = lexical.words
 
 
 class BM25:
@@ -299,25 +313,64 @@ def model_sentence_scores(pruner, samples: Sequence[PruneSample], progress: bool
     return out
 
 
-def reranking_metrics(rankings: Sequence[Sequence[float]], golds: Sequence[int], k: int = 10) -> dict[str, float]:
-    """MRR@k and hit@1 of the gold passage; ties rank the gold passage last (pessimistic)."""
+def reranking_metrics(rankings: Sequence[Sequence[float]], golds: Sequence[int | Sequence[int]],
+                      k: int = 10) -> dict[str, float]:
+    """MRR@k and hit@1 of the best-ranked gold passage (a query's gold: one index or a list);
+    ties with other passages rank the gold passage last (pessimistic)."""
     rr, hits = [], []
     for scores, gold in zip(rankings, golds):
         scores = np.asarray(scores, dtype=np.float64)
-        rank = 1 + int((scores > scores[gold]).sum()) + int((scores[np.arange(len(scores)) != gold] == scores[gold]).sum())
+        gold = [gold] if isinstance(gold, (int, np.integer)) else list(gold)
+        other = np.ones(len(scores), dtype=bool)
+        other[gold] = False
+        rank = min(1 + int((scores[other] >= scores[g]).sum()) for g in gold)
         rr.append(1.0 / rank if rank <= k else 0.0)
         hits.append(1.0 if rank == 1 else 0.0)
     n = max(len(rr), 1)
     return {"mrr@%d" % k: sum(rr) / n, "hit@1": sum(hits) / n, "queries": len(rr)}
 
 
-def model_rankings(pruner, samples: Sequence[RagSample], progress: bool = True,
-                   windows: str | None = None, lexical_weight: float | None = None) -> list[list[float]]:
-    out = []
-    for s in _progress(samples, len(samples), "reranking", progress):
-        results = pruner.prune(s.question, s.passages, windows=windows, lexical_weight=lexical_weight)
-        out.append([r.reranking_score if r.reranking_score is not None else -math.inf for r in results])
-    return out
+def rag_calls(pruner, samples: Sequence[RagSample], progress: bool = True, desc: str = "RAG calls",
+              **options: Any) -> list[list]:
+    """Each query's results (`pruner.prune` of its passages, one call, with `options`)."""
+    return [pruner.prune(s.question, s.passages, **options)
+            for s in _progress(samples, len(samples), desc, progress)]
+
+
+def rankings_of(calls: Sequence[Sequence[Any]]) -> list[list[float]]:
+    """Each call's reranking scores in input order (-inf for a passage without one)."""
+    return [[r.reranking_score if r.reranking_score is not None else -math.inf
+             for r in sorted(results, key=lambda r: r.index)] for results in calls]
+
+
+def rag_pruning_metrics(calls: Sequence[Sequence[Any]], samples: Sequence[RagSample]) -> dict[str, float]:
+    """What a RAG call's pruning keeps: the share of non-gold passages emptied (nothing
+    kept), of non-gold and of gold characters kept, of gold passages with something kept,
+    and MRR@10 / hit@1 of the gold passage by reranking score."""
+    emptied = nongold = gold_kept = golds = 0
+    chars = {"gold": [0, 0], "non-gold": [0, 0]}      # kept, in all
+    for results, s in zip(calls, samples):
+        for r in results:
+            kept = sum(x.end - x.start for x in r.sentences if x.kept)
+            total = sum(x.end - x.start for x in r.sentences)
+            some = any(x.kept for x in r.sentences)
+            is_gold = r.index in s.gold
+            key = "gold" if is_gold else "non-gold"
+            chars[key][0] += kept
+            chars[key][1] += total
+            if is_gold:
+                golds += 1
+                gold_kept += some
+            else:
+                nongold += 1
+                emptied += not some
+    rank = reranking_metrics(rankings_of(calls), [s.gold for s in samples])
+    return {"non_gold_emptied": emptied / max(nongold, 1),
+            "non_gold_chars_kept": chars["non-gold"][0] / max(chars["non-gold"][1], 1),
+            "gold_with_something_kept": gold_kept / max(golds, 1),
+            "gold_chars_kept": chars["gold"][0] / max(chars["gold"][1], 1),
+            "mrr@10": rank["mrr@10"], "hit@1": rank["hit@1"], "queries": len(samples),
+            "non_gold_passages": nongold, "gold_passages": golds}
 
 
 def bm25_rankings(samples: Sequence[RagSample]) -> list[list[float]]:
@@ -378,12 +431,48 @@ def plot_pr(rows: Sequence[GridResult], path: str | Path) -> Path | None:
     return Path(path)
 
 
+def default_predictions(pruner, samples: Sequence[PruneSample], scores: Sequence[np.ndarray],
+                        kept: Sequence[np.ndarray | None], strict: bool, windows: str) -> list[np.ndarray]:
+    """What `pruner` keeps of each single-passage sample at its defaults, from the model's
+    own scores (`lexical_weight` 0): the family's fusion, threshold and backoff (no title
+    rule: these are plain passages); the windows' own decisions where token windows
+    decided. A one-passage call always passes the passage gate."""
+    fam = pruner.family
+    if any(k is not None for k in kept):
+        return list(kept)
+    w = fam.lexical_weight if windows == "sentences" else 0.0
+    if w:
+        scores = [lexical.fuse(s, lx, w) for s, lx in zip(scores, passage_lexical_scores(samples))]
+    return [sweep_keep(s, fam.default_threshold(w), fam.backoff_alpha, strict) for s in scores]
+
+
+def domain_rows(samples: Sequence[PruneSample], defaults: dict[str, list[np.ndarray]]) -> dict[str, Any]:
+    """Per `source` domain: BM25 at its best threshold on that domain's documents (IDF over
+    them) and each model's F1 at its defaults; the worst domain by the difference."""
+    out: dict[str, Any] = {"domains": {}, "worst": {}}
+    for d in sorted({s.source for s in samples}):
+        idx = [i for i, s in enumerate(samples) if s.source == d]
+        sub = [samples[i] for i in idx]
+        labels = [s.labels for s in sub]
+        bm = grid_search("BM25", bm25_sentence_scores(sub), labels)
+        row = {"documents": len(sub), "bm25_best_f1": bm.best["micro"]["f1"], "bm25_setting": bm.setting,
+               "models": {}}
+        for name, preds in defaults.items():
+            f1 = sentence_metrics([preds[i] for i in idx], labels)["micro"]["f1"]
+            row["models"][name] = {"f1": f1, "over_bm25": f1 - bm.best["micro"]["f1"]}
+        out["domains"][d] = row
+    for name in defaults:
+        worst = min(out["domains"], key=lambda d: out["domains"][d]["models"][name]["over_bm25"])
+        out["worst"][name] = {"domain": worst, **out["domains"][worst]["models"][name]}
+    return out
+
+
 def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: str | Path | None,
              limit: int | None = None, rag_limit: int | None = None, progress: bool = True,
              log: Callable[[str], None] = print, windows: str | None = None) -> dict[str, Any]:
     """Run every model and the baselines; returns the report as a dict. `windows` (None:
     each family's default) is recorded per model in `report["windows"]`."""
-    report: dict[str, Any] = {"pruning": None, "reranking": None,
+    report: dict[str, Any] = {"pruning": None, "reranking": None, "rag": None,
                               "windows": {name: p.windows_mode(windows) for name, p in models.items()}}
     if prune_data:
         samples = load_prune_data(prune_data, limit)
@@ -393,11 +482,13 @@ def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: st
                 grid_search("BM25 over the passage's own sentences (engine.lexical)",
                             passage_lexical_scores(samples), labels)]
         half = len(samples) // 2
+        defaults: dict[str, list[np.ndarray]] = {}
         for name, pruner in models.items():
             log(f"scoring {len(samples)} documents with {name} (windows {report['windows'][name]}) ...")
             strict = pruner.family.keep_rule == "gt"
             kept: list = []
             scores = model_sentence_scores(pruner, samples, progress, windows=windows, kept=kept)
+            defaults[name] = default_predictions(pruner, samples, scores, kept, strict, report["windows"][name])
             rows.append(grid_search(name, scores, labels, strict=strict))
             fam = pruner.family
             # the model's own scores at its own threshold: its defaults unless it fuses by default
@@ -419,20 +510,60 @@ def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: st
                              "sentences": int(sum(len(y) for y in labels)),
                              "positive_share": float(sum(y.sum() for y in labels) / sum(len(y) for y in labels)),
                              "rows": [asdict(r) for r in rows]}
+        if len({s.source for s in samples}) > 1:
+            report["pruning"]["by_domain"] = domain_rows(samples, defaults)
         report["_rows"] = rows
     if rag_data:
         rag = load_rag_data(rag_data, rag_limit)
         golds = [s.gold for s in rag]
         rr = {"BM25 (passage vs question)": reranking_metrics(bm25_rankings(rag), golds)}
+        pruning: dict[str, dict[str, float]] = {}
         for name, pruner in models.items():
-            log(f"reranking {len(rag)} queries with {name} ...")
-            rr[name] = reranking_metrics(model_rankings(pruner, rag, progress, windows, lexical_weight=0.0), golds)
+            fam = pruner.family
+            log(f"running {len(rag)} RAG calls with {name} ...")
+            # one pass without the gate; the family's gate (engine.decide) then gives the defaults
+            ungated = rag_calls(pruner, rag, progress, f"{name}: RAG calls", windows=windows, passage_margin=-1.0)
+            margin = fam.gate_margin(None)
+            at_defaults = [gate_passages(results, margin) for results in ungated]
+            pruning[f"{name} at its defaults"] = rag_pruning_metrics(at_defaults, rag)
+            if margin is not None:
+                pruning[f"{name} without the passage gate (passage_margin -1)"] = rag_pruning_metrics(ungated, rag)
             if report["windows"][name] == "sentences":
-                w = hybrid_setting(pruner.family)["lexical_weight"]
-                rr[f"{name} + lexical (weight {w})"] = reranking_metrics(
-                    model_rankings(pruner, rag, progress, windows, lexical_weight=w), golds)
+                w = hybrid_setting(fam)["lexical_weight"]
+                alone = rag_calls(pruner, rag, progress, f"{name}: reranking, lexical_weight 0", windows=windows,
+                                  lexical_weight=0.0)
+                rr[name] = reranking_metrics(rankings_of(alone), golds)
+                fused = ungated if fam.lexical_weight == w else rag_calls(
+                    pruner, rag, progress, f"{name}: reranking, lexical_weight {w}", windows=windows, lexical_weight=w)
+                rr[f"{name} + lexical (weight {w})"] = reranking_metrics(rankings_of(fused), golds)
+            else:
+                rr[name] = reranking_metrics(rankings_of(ungated), golds)
         report["reranking"] = {"data": str(rag_data), "metrics": rr}
+        report["rag"] = {"data": str(rag_data), "queries": len(rag),
+                         "passages": sum(len(s.passages) for s in rag), "metrics": pruning}
     return report
+
+
+def domain_table(by_domain: dict[str, Any]) -> str:
+    names = list(by_domain["worst"])
+    lines = ["| domain | documents | BM25 best F1 | " + " | ".join(f"{n} at its defaults (vs BM25)" for n in names) + " |",
+             "|---|---|---|" + "---|" * len(names)]
+    for d, row in by_domain["domains"].items():
+        cells = [f"{100 * row['models'][n]['f1']:.2f} ({100 * row['models'][n]['over_bm25']:+.2f})" for n in names]
+        lines.append(f"| {d} | {row['documents']} | {100 * row['bm25_best_f1']:.2f} | " + " | ".join(cells) + " |")
+    worst = [f"{by_domain['worst'][n]['domain']} ({100 * by_domain['worst'][n]['over_bm25']:+.2f})" for n in names]
+    lines.append("| worst domain | | | " + " | ".join(worst) + " |")
+    return "\n".join(lines)
+
+
+def rag_table(metrics: dict[str, dict[str, float]]) -> str:
+    lines = ["| method | non-gold passages emptied | their characters kept | gold passages with something kept | "
+             "their characters kept | MRR@10 | hit@1 |", "|---|---|---|---|---|---|---|"]
+    for name, m in metrics.items():
+        lines.append(f"| {name} | {100 * m['non_gold_emptied']:.1f}% | {100 * m['non_gold_chars_kept']:.1f}% | "
+                     f"{100 * m['gold_with_something_kept']:.1f}% | {100 * m['gold_chars_kept']:.1f}% | "
+                     f"{m['mrr@10']:.4f} | {m['hit@1']:.4f} |")
+    return "\n".join(lines)
 
 
 def write_report(report: dict[str, Any], out_dir: str | Path, title: str, command: str) -> dict[str, Path]:
@@ -454,6 +585,13 @@ def write_report(report: dict[str, Any], out_dir: str | Path, title: str, comman
         if rows and plot_pr(rows, out_dir / "pr_curve.png"):
             paths["plot"] = out_dir / "pr_curve.png"
             md += ["![precision-recall](pr_curve.png)", ""]
+        if pr.get("by_domain"):
+            md += ["### By domain", "", "F1 at each model's defaults against BM25 at its best threshold on the "
+                   "domain's documents (IDF over them).", "", domain_table(pr["by_domain"]), ""]
+    if report.get("rag"):
+        rg = report["rag"]
+        md += [f"## RAG calls: {rg['data']}", "", f"{rg['queries']} calls, {rg['passages']} passages; each model at "
+               "its defaults, one call per question with all its passages.", "", rag_table(rg["metrics"]), ""]
     if report.get("reranking"):
         md += [f"## Reranking: {report['reranking']['data']}", "", rerank_table(report["reranking"]["metrics"]), ""]
     paths["markdown"].write_text("\n".join(md))

@@ -7,8 +7,9 @@ sentence splitter, no model on the client; text goes to the server, results come
 `Pruner.connect` returns this class when the model takes `question` and `passages`
 (see `engine.triton.wire` for the contract). A call larger than the text model's per-request
 limits (passages, characters) is sent as several requests, concurrently, and the
-results are put back in input order; `reorder` and `top_k` are applied here, over the
-whole call.
+results are put back in input order; the passage gate (engine.decide.gate_passages),
+`reorder` and `top_k` are applied here again, over the whole call, so a cut call answers
+exactly as a whole one.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.decide import PruneResult, order_results
+from engine.decide import PruneResult, gate_passages, order_results
 from engine.errors import BackendError, InputError, PruneError
 from engine.inputs import Limits, check_call, check_options, default_limits
 from engine.spec import ModelSpec, spec_from_manifest
@@ -65,7 +66,7 @@ class TritonTextPruner:
         tc = self.transport.tc
         values = {"question": np.array([question.encode("utf-8")], dtype=np.object_),
                   "passages": np.array([p.encode("utf-8") for p in passages], dtype=np.object_)}
-        for name in ("threshold", "lexical_weight"):
+        for name in ("threshold", "lexical_weight", "passage_margin"):
             if options.get(name) is not None:
                 values[name] = np.array([options[name]], dtype=np.float32)
         for name in ("title", "windows"):
@@ -105,18 +106,18 @@ class TritonTextPruner:
     def prune(self, question: str, passages: str | Sequence[str], *, threshold: float | None = None,
               title: str | None = None, alpha: Any = ..., reorder: bool = False,
               top_k: int | None = None, sentences: Any = None, windows: str | None = None,
-              lexical_weight: float | None = None) -> list[PruneResult]:
+              lexical_weight: float | None = None, passage_margin: float | None = None) -> list[PruneResult]:
         """`Pruner.prune` on the server (see there). `sentences=` needs the client-side
         splitter: connect to the core model for it."""
         question, passages = check_call(question, passages, self.limits)
         opts = check_options(threshold=threshold, title=title, alpha=alpha, top_k=top_k, windows=windows,
-                             lexical_weight=lexical_weight)
+                             lexical_weight=lexical_weight, passage_margin=passage_margin)
         if sentences is not None:
             raise InputError("sentences= is not supported through a text model (the server splits); "
                              "connect to the core model to pass your own sentences")
         if not passages:
             return []
-        options = {k: opts[k] for k in ("threshold", "title", "alpha", "windows", "lexical_weight")}
+        options = {k: opts[k] for k in ("threshold", "title", "alpha", "windows", "lexical_weight", "passage_margin")}
         fam = self.spec.family
         used, weight = fam.call_settings(opts["threshold"], opts["lexical_weight"])
         ran = fam.windows if opts["windows"] is None else opts["windows"]
@@ -128,7 +129,7 @@ class TritonTextPruner:
             results += tensors_to_results(passages[s:e], out, used, offset=s, windows=ran, lexical_weight=weight)
         if len(results) != len(passages):
             raise BackendError(f"the text model returned {len(results)} results for {len(passages)} passages")
-        return order_results(results, reorder, top_k)
+        return order_results(gate_passages(results, fam.gate_margin(opts["passage_margin"])), reorder, top_k)
 
     def prune_many(self, queries: Sequence[dict[str, Any]]) -> list[list[PruneResult] | Exception]:
         """Several calls at once (`Pruner.prune_many`): each query is sent as its own call,

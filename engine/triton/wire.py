@@ -12,6 +12,8 @@ One request is one question and its passages, as UTF-8 BYTES tensors:
                                           default otherwise; see Pruner.prune)
              lexical_weight FP32 [1]      optional: the in-passage lexical score's weight in
                                           [0, 1] (engine.lexical; the family's default otherwise)
+             passage_margin FP32 [1]      optional: the passage gate's margin (engine.decide;
+                                          the family's default otherwise); negative: no gate
     outputs  passage_index    INT32 [R]        which input passage each row is (input order,
                                                or best first with top_k)
              reranking_score  FP32  [R]        NaN where a passage produced no tokens
@@ -46,8 +48,8 @@ import numpy as np
 
 from engine.decide import PruneResult, Sentence
 from engine.errors import InputError
-from engine.inputs import (Limits, check_call, check_lexical_weight, check_threshold, check_title, check_top_k,
-                           check_windows)
+from engine.inputs import (Limits, check_call, check_lexical_weight, check_passage_margin, check_threshold,
+                           check_title, check_top_k, check_windows)
 from engine.settings import DEFAULTS
 
 #: name -> (Triton datatype, dims) of the text model's inputs; all optional in the config
@@ -61,6 +63,7 @@ TEXT_INPUTS: dict[str, tuple[str, list[int]]] = {
     "alpha": ("FP32", [1]),
     "windows": ("BYTES", [1]),
     "lexical_weight": ("FP32", [1]),
+    "passage_margin": ("FP32", [1]),
 }
 TEXT_OUTPUTS: dict[str, tuple[str, list[int]]] = {
     "passage_index": ("INT32", [-1]),
@@ -102,10 +105,12 @@ class TextRequest:
     alpha: Any = ...                        # ... = the family's default; None = disabled
     windows: str | None = None              # None = the family's default
     lexical_weight: float | None = None     # None = the family's default (engine.lexical)
+    passage_margin: float | None = None     # None = the family's default; negative = no gate
 
     def options(self) -> dict[str, Any]:
         return {"threshold": self.threshold, "top_k": self.top_k, "title": self.title, "alpha": self.alpha,
-                "windows": self.windows, "lexical_weight": self.lexical_weight}
+                "windows": self.windows, "lexical_weight": self.lexical_weight,
+                "passage_margin": self.passage_margin}
 
 
 # ---------------------------------------------------------------------- offsets
@@ -160,7 +165,8 @@ def read_request(get: Callable[[str], np.ndarray | None], limits: Limits) -> Tex
     Returns None for a describe request; raises InputError for anything invalid, with the
     message every entry point gives (`engine.inputs`) or one that names the tensor."""
     q, p = get("question"), get("passages")
-    others = {n: get(n) for n in ("threshold", "top_k", "title", "alpha", "windows", "lexical_weight")}
+    others = {n: get(n) for n in ("threshold", "top_k", "title", "alpha", "windows", "lexical_weight",
+                                  "passage_margin")}
     if q is None and p is None:
         if any(v is not None for v in others.values()):
             raise InputError("question and passages are required")
@@ -189,6 +195,8 @@ def read_request(get: Callable[[str], np.ndarray | None], limits: Limits) -> Tex
         req.windows = check_windows(_decode(_one(others["windows"], "windows"), "windows"))
     if others["lexical_weight"] is not None:
         req.lexical_weight = check_lexical_weight(float(_one(others["lexical_weight"], "lexical_weight")))
+    if others["passage_margin"] is not None:
+        req.passage_margin = check_passage_margin(float(_one(others["passage_margin"], "passage_margin")))
     return req
 
 
