@@ -18,7 +18,7 @@ from pathlib import Path
 
 from engine.errors import PruneError
 from engine.families import FAMILIES
-from engine.inputs import TITLE_RULES, WINDOWS
+from engine.inputs import OPTION_NAMES, WINDOWS, CallOptions, option_choices, option_help, option_type
 from engine.settings import SETTINGS, help_text, setting
 
 
@@ -46,6 +46,24 @@ def _add_windows(p: argparse.ArgumentParser) -> None:
                         "the window averaged without weights) or sentence-aligned blocks with one decision per "
                         "passage and token-weighted pieces (default: the family's own: " +
                         ", ".join(f"{f.name} {f.windows}" for f in FAMILIES.values()) + ")")
+
+
+def _add_call_options(p: argparse.ArgumentParser) -> None:
+    """One flag per option of a call (engine.inputs.CallOptions), with its own meaning;
+    unset: the model's default."""
+    for name in OPTION_NAMES:
+        flag, kind, choices = "--" + name.replace("_", "-"), option_type(name), option_choices(name)
+        if kind is bool:
+            p.add_argument(flag, action="store_true", help=option_help(name))
+        else:
+            p.add_argument(flag, type=kind, choices=choices, help=option_help(name) + " (default: the model's)")
+
+
+def _call_options(args) -> "CallOptions":
+    """The CallOptions of `prune run`'s flags (checked: a bad value is an error before any
+    model loads)."""
+    return CallOptions.of(**{name: getattr(args, name) for name in OPTION_NAMES
+                             if getattr(args, name) not in (None, False)})
 
 
 def _batching(args):
@@ -144,6 +162,7 @@ def _model_path(args) -> str:
 def cmd_run(args) -> int:
     from engine.pruner import Pruner
     # bad input is reported before any model loads
+    options = _call_options(args)
     if args.input:
         if args.question or args.context or args.context_file or args.passages_file:
             raise PruneError("--input takes the questions and passages from the file: "
@@ -171,19 +190,9 @@ def cmd_run(args) -> int:
                              log=args.log, dtype=args.dtype, attn=args.attn)
     t_load = time.perf_counter() - t0
     if args.input:
-        return _run_file(pruner, args)
+        return _run_file(pruner, args, options)
     t1 = time.perf_counter()
-    kwargs = {}
-    if args.alpha is not None:
-        kwargs["alpha"] = None if args.alpha < 0 else args.alpha
-    if args.windows:
-        kwargs["windows"] = args.windows
-    if args.lexical_weight is not None:
-        kwargs["lexical_weight"] = args.lexical_weight
-    if args.passage_margin is not None:
-        kwargs["passage_margin"] = args.passage_margin
-    results = pruner.prune(args.question, contexts, threshold=args.threshold, title=args.title,
-                           reorder=args.reorder, top_k=args.top_k, **kwargs)
+    results = pruner.prune(args.question, contexts, options)
     t_run = time.perf_counter() - t1
     if args.json:
         print(json.dumps([r.to_dict() for r in results], ensure_ascii=False, indent=2))
@@ -340,12 +349,12 @@ def cmd_repository(args) -> int:
     return 0
 
 
-def _run_file(pruner, args) -> int:
+def _run_file(pruner, args, options: CallOptions) -> int:
     from engine.tools.batchfile import run_file
     source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
     sink = sys.stdout if args.output in (None, "-") else open(args.output, "w", encoding="utf-8")
     try:
-        stats = run_file(pruner, source, sink, group=args.group, progress=not args.quiet)
+        stats = run_file(pruner, source, sink, group=args.group, progress=not args.quiet, options=options)
     finally:
         if source is not sys.stdin:
             source.close()
@@ -616,20 +625,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--context-file", action="append", help="a file holding one passage; - for stdin (repeatable)")
     r.add_argument("--passages-file", action="append",
                    help="a JSONL file of passages, one a line: a JSON string or an object with text (repeatable)")
-    r.add_argument("--threshold", type=float, help="keep threshold (default: the family's, which for the "
-                   "embedding family is 0.83 with the lexical fusion on and 0.87 with --lexical-weight 0)")
-    r.add_argument("--title", choices=list(TITLE_RULES), help="title rule (default: the family's)")
-    r.add_argument("--alpha", type=float, help="backoff alpha; negative disables (default: the family's)")
-    r.add_argument("--lexical-weight", type=float,
-                   help="weight in [0, 1] of the in-passage lexical score fused with the model's sentence and "
-                        "reranking scores (engine.lexical; default: the model's manifest, 0.5 for the embedding "
-                        "family and the default model, 0 for the trained families; 0 turns it off)")
-    r.add_argument("--passage-margin", type=float,
-                   help="the passage gate: a passage whose reranking score is below the call's best minus this "
-                        "margin keeps nothing (default: the model's manifest, 0.1 for the embedding family and "
-                        "the default model, no gate for the trained families; negative: no gate)")
-    r.add_argument("--reorder", action="store_true", help="sort passages by reranking score")
-    r.add_argument("--top-k", type=int, help="keep the k best passages by reranking score")
+    _add_call_options(r)
     r.add_argument("--json", action="store_true", help="print results as JSON")
     r.add_argument("--highlight", action="store_true", help="print passages with kept sentences tagged")
     r.add_argument("--input", help="a JSONL file of queries (question, passages or context, optional id, "
@@ -639,7 +635,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="queries read, batched together and written at a time with --input (bounds memory)")
     r.add_argument("--pre", default="<em>", help="tag before a kept sentence (--highlight)")
     r.add_argument("--post", default="</em>", help="tag after a kept sentence (--highlight)")
-    _add_windows(r)
     _add_batching(r)
     r.set_defaults(func=cmd_run)
 

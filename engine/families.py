@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ModelLoadError
-from engine.inputs import WINDOWS  # noqa: F401  (re-exported)
+from engine.inputs import WINDOWS, CallOptions  # noqa: F401  (WINDOWS re-exported)
 
 
 
@@ -64,6 +64,14 @@ class Family:
     # for none.
     passage_margin: float | None = None
 
+    def rules(self, options: CallOptions) -> "Rules":
+        """The decision rules a call with `options` runs with (its options over the defaults)."""
+        threshold, weight = self.call_settings(options.threshold, options.lexical_weight)
+        alpha = self.backoff_alpha if options.alpha is None else (None if options.alpha < 0 else options.alpha)
+        return Rules(threshold=threshold, title=options.title or self.title, alpha=alpha,
+                     windows=options.windows or self.windows, lexical_weight=weight,
+                     passage_margin=self.gate_margin(options.passage_margin))
+
     def gate_margin(self, passage_margin: float | None) -> float | None:
         """The gate's margin a call runs with: the family's when it passes None, none
         (None) when it passes a negative number."""
@@ -84,6 +92,17 @@ class Family:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The decision rules one call runs with: its CallOptions resolved against the family."""
+    threshold: float
+    title: str
+    alpha: float | None              # None: no backoff
+    windows: str
+    lexical_weight: float
+    passage_margin: float | None     # None: no passage gate
 
 
 FAMILIES: dict[str, Family] = {

@@ -21,8 +21,10 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal
+
+import numpy as np
 
 from engine.errors import InputError
 from engine.settings import DEFAULTS, setting
@@ -116,9 +118,22 @@ def check_windows(windows: Any) -> str | None:
     return windows
 
 
-def check_alpha(alpha: Any) -> Any:
-    """`...` (the family's default) and None (backoff off) pass; a number must be in [0, 1]."""
-    return alpha if alpha is ... or alpha is None else check_threshold(alpha, "alpha")
+def check_alpha(alpha: Any) -> float | None:
+    """None (the family's default) passes; a number in [0, 1] is the backoff alpha; a
+    negative number turns the backoff off (-1.0). `...`, the old spelling of the default,
+    is taken as None."""
+    if alpha is None or alpha is ...:
+        return None
+    if _off(alpha, "alpha", "no backoff"):
+        return -1.0
+    return check_threshold(alpha, "alpha")
+
+
+def _off(value: Any, name: str, what: str) -> bool:
+    """Whether a finite number is negative (the option's "off"); InputError for a non-number."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise InputError(f"{name} must be a finite number (negative: {what}), got {value!r}")
+    return value < 0
 
 
 def check_lexical_weight(weight: Any) -> float | None:
@@ -128,26 +143,104 @@ def check_lexical_weight(weight: Any) -> float | None:
 
 def check_passage_margin(margin: Any) -> float | None:
     """None (the family's default) passes; a finite number: the passage gate's margin, a
-    negative one turning the gate off (engine.decide.gate_passages)."""
+    negative one (-1.0) turning the gate off (engine.decide.gate_passages)."""
     if margin is None:
         return None
-    if isinstance(margin, bool) or not isinstance(margin, numbers.Real) or not math.isfinite(margin):
-        raise InputError(f"passage_margin must be a finite number (negative: no passage gate), got {margin!r}")
-    return float(margin)
+    return -1.0 if _off(margin, "passage_margin", "no passage gate") else float(margin)
 
 
-def check_options(*, threshold: Any = None, title: Any = None, alpha: Any = ..., top_k: Any = None,
-                  windows: Any = None, sentences: Any = None, n_passages: int = 0,
-                  lexical_weight: Any = None, passage_margin: Any = None) -> dict[str, Any]:
-    """The call's options, checked; None / `...` stay (the family's defaults)."""
-    if sentences is not None:
-        if not isinstance(sentences, Sequence) or len(sentences) != n_passages:
-            raise InputError("sentences must hold one list of sentences per passage")
-        for i, sent in enumerate(sentences):
-            if isinstance(sent, str) or not isinstance(sent, Sequence):
-                raise InputError(f"sentences[{i}] must be a list of sentences (str or (start, end)), "
-                                 f"got {type(sent).__name__}")
-    return {"threshold": None if threshold is None else check_threshold(threshold),
-            "title": check_title(title), "alpha": check_alpha(alpha), "top_k": check_top_k(top_k),
-            "windows": check_windows(windows), "lexical_weight": check_lexical_weight(lexical_weight),
-            "passage_margin": check_passage_margin(passage_margin)}
+def check_reorder(reorder: Any) -> bool:
+    if not isinstance(reorder, (bool, np.bool_)):
+        raise InputError(f"reorder must be true or false, got {reorder!r}")
+    return bool(reorder)
+
+
+def _option(default: Any, check: Any, help: str) -> Any:
+    return field(default=default, metadata={"check": check, "help": help})
+
+
+def _threshold_or_none(value: Any) -> float | None:
+    return None if value is None else check_threshold(value)
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """The options of one `prune` call, the one definition every surface uses: the Python
+    API's keywords, `prune run`'s flags, `/v1/prune`'s fields, the text model's inputs,
+    batch-file fields and the adapters' fields are these names with these meanings.
+
+    None is the model's default for each (its family's, or its manifest's); for `alpha` and
+    `passage_margin` a negative number turns the rule off. Values are checked when the
+    object is made (InputError, naming the option)."""
+
+    threshold: float | None = _option(None, _threshold_or_none,
+                                      "keep a sentence whose probability passes this, in [0, 1]")
+    title: Literal["first_sentence", "none"] | None = _option(
+        None, check_title, "first_sentence: the first sentence is a title, kept when it passes the threshold "
+                           "itself or when another sentence is kept; none: no title rule")
+    alpha: float | None = _option(
+        None, check_alpha, "backoff: when no sentence passes, keep the best one if its probability is at least "
+                           "alpha, in [0, 1]; negative: no backoff")
+    top_k: int | None = _option(None, check_top_k, "keep only the k best passages by reranking score, best first")
+    reorder: bool = _option(False, check_reorder, "return the passages by reranking score, best first")
+    windows: Literal["reference", "sentences"] | None = _option(
+        None, check_windows, "how a long passage is cut: reference, as the family's own code (OpenSearch's "
+                             "510-token windows with a decision per window, OpenProvence's fragments); sentences, "
+                             "blocks of whole sentences with one decision per passage")
+    lexical_weight: float | None = _option(
+        None, check_lexical_weight, "the in-passage lexical score's share in the sentence and reranking scores, "
+                                    "in [0, 1]; 0: the model alone")
+    passage_margin: float | None = _option(
+        None, check_passage_margin, "the passage gate: a passage whose reranking score is below the call's best "
+                                    "minus this margin keeps nothing; negative: no gate")
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            object.__setattr__(self, f.name, f.metadata["check"](getattr(self, f.name)))
+
+    @classmethod
+    def of(cls, options: "CallOptions | None" = None, **changes: Any) -> "CallOptions":
+        """`options` (or the defaults) with `changes` (option names), checked; an unknown
+        name is an InputError that lists the known ones."""
+        unknown = sorted(set(changes) - set(OPTION_NAMES))
+        if unknown:
+            raise InputError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                             f"the options are {', '.join(OPTION_NAMES)}")
+        return replace(options or cls(), **changes) if changes else (options or cls())
+
+    def given(self) -> dict[str, Any]:
+        """The options set to something other than their default, by name (what a request
+        carries: an absent option is the model's default)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+
+
+#: the option names, in CallOptions' order
+OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in fields(CallOptions))
+
+
+def option_help(name: str) -> str:
+    """What option `name` means (the one text the CLI, the HTTP schema and the docs use)."""
+    return next(f.metadata["help"] for f in fields(CallOptions) if f.name == name)
+
+
+def option_type(name: str) -> type:
+    """The Python type an option takes when set: float, int, bool or str."""
+    f = next(f for f in fields(CallOptions) if f.name == name)
+    return {"reorder": bool, "top_k": int, "title": str, "windows": str}.get(f.name, float)
+
+
+def option_choices(name: str) -> tuple[str, ...] | None:
+    """The values a text option takes (title, windows), None for the others."""
+    return {"title": TITLE_RULES, "windows": WINDOWS}.get(name)
+
+
+def check_sentences(sentences: Any, n_passages: int) -> None:
+    """The caller's own sentences: one list (of str or (start, end)) per passage."""
+    if sentences is None:
+        return
+    if not isinstance(sentences, Sequence) or len(sentences) != n_passages:
+        raise InputError("sentences must hold one list of sentences per passage")
+    for i, sent in enumerate(sentences):
+        if isinstance(sent, str) or not isinstance(sent, Sequence):
+            raise InputError(f"sentences[{i}] must be a list of sentences (str or (start, end)), "
+                             f"got {type(sent).__name__}")

@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from engine.decide import PruneResult
 from engine.families import Family
-from engine.inputs import Limits
+from engine.inputs import CallOptions, Limits
 from engine.spec import ModelSpec
 
 
@@ -26,14 +26,13 @@ class PrunerProtocol(Protocol):
     @property
     def family(self) -> Family: ...
 
-    def prune(self, question: str, passages: str | Sequence[str], *, threshold: float | None = None,
-              title: str | None = None, alpha: Any = ..., reorder: bool = False, top_k: int | None = None,
-              sentences: Any = None, windows: str | None = None,
-              lexical_weight: float | None = None, passage_margin: float | None = None) -> list[PruneResult]:
+    def prune(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None, *,
+              sentences: Any = None, **changes: Any) -> list[PruneResult]:
         """One PruneResult per passage, in input order (or best first with reorder/top_k)."""
         ...
 
-    async def aprune(self, question: str, passages: str | Sequence[str], **kwargs: Any) -> list[PruneResult]:
+    async def aprune(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None,
+                     **kwargs: Any) -> list[PruneResult]:
         """`prune` for asyncio code; the event loop stays free."""
         ...
 

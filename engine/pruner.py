@@ -24,7 +24,8 @@ from engine.batching import BatchingConfig, ModelBatch, collate, plan
 from engine.decide import PruneResult, build_result, gate_passages, keep_mask, order_results
 from engine.encode import Block, Encoder, load_tokenizer, manifest_tokenizer
 from engine.errors import BackendError, InputError, ModelLoadError, PruneError
-from engine.inputs import Limits, check_call, check_options, check_windows, default_limits
+from engine.families import Rules
+from engine.inputs import CallOptions, Limits, check_call, check_sentences, check_windows, default_limits
 from engine.settings import DEFAULTS
 from engine.protocol import PrunerProtocol
 from engine.spec import ModelSpec, read_manifest, spec_from_manifest
@@ -40,21 +41,15 @@ MAX_CALL_CHARS = DEFAULTS.max_call_chars
 
 @dataclass
 class Call:
-    """One prepared `prune` call: the checked inputs and options, the sentence spans of
-    every passage, its blocks and the padded batches the core must run."""
+    """One prepared `prune` call: the checked inputs, its options and the rules they give,
+    the sentence spans of every passage, its blocks and the padded batches the core must run."""
     passages: list[str]
     spans: list[list[tuple[int, int]]]
     blocks: list[Block]
     batches: list[ModelBatch]
-    threshold: float
-    title: str
-    alpha: float | None
-    reorder: bool
-    top_k: int | None
-    windows: str = "sentences"
+    options: CallOptions
+    rules: Rules
     question: str = ""
-    lexical_weight: float = 0.0
-    passage_margin: float | None = None   # the passage gate's margin (None: no gate)
 
 
 @dataclass
@@ -197,76 +192,51 @@ class Pruner:
     def describe(self) -> str:
         return self.backend.describe()
 
-    async def aprune(self, question: str, passages: str | Sequence[str], **kwargs) -> list[PruneResult]:
+    async def aprune(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None,
+                     **kwargs: Any) -> list[PruneResult]:
         """`prune` for asyncio code: runs in a worker thread (tokenization is CPU work and
         remote calls block), so the event loop stays free."""
         import asyncio
-        return await asyncio.to_thread(self.prune, question, passages, **kwargs)
+        return await asyncio.to_thread(self.prune, question, passages, options, **kwargs)
 
     @property
     def family(self):
         return self.spec.family
 
     # ------------------------------------------------------------------ prune
-    def prune(self, question: str, passages: str | Sequence[str], *, threshold: float | None = None,
-              title: str | None = None, alpha: Any = ..., reorder: bool = False,
-              top_k: int | None = None,
+    def prune(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None, *,
               sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None,
-              windows: str | None = None, lexical_weight: float | None = None,
-              passage_margin: float | None = None) -> list[PruneResult]:
+              **changes: Any) -> list[PruneResult]:
         """Prune each passage for `question`; one PruneResult per passage, in input order
         (or by reranking score with `reorder` / `top_k`).
 
-        threshold: keep a sentence whose probability passes it (family default if None).
-        title: "first_sentence" or "none" (family default if None).
-        alpha: backoff: if nothing passes, keep the best sentence when its probability >= alpha
-               (family default if not given; None disables).
+        The call's options are `options` and the keywords of `engine.inputs.CallOptions`
+        (threshold, title, alpha, top_k, reorder, windows, lexical_weight, passage_margin;
+        None is the model's default, a negative alpha or passage_margin turns that rule off).
         sentences: per passage, the caller's own sentences (strings found in order in the
-               passage, or (start, end) spans) instead of the built-in splitter.
-        windows: "reference" (the family's own code: for the OpenSearch highlighter, token
-               windows with a decision per window; for OpenProvence, long sentences cut into
-               fragments averaged without weights) or "sentences" (sentence-aligned blocks, one
-               decision per passage, token-weighted pieces); the family's default if None.
-        lexical_weight: the in-passage lexical score's share in the scores (engine.lexical;
-               family default if None, 0: the model alone).
-        passage_margin: the passage gate: a passage whose reranking score is below the
-               call's best minus this margin keeps nothing (family default if None: 0.1
-               for the embedding family, no gate for the others; negative: no gate).
+        passage, or (start, end) spans) instead of the built-in splitter.
         """
-        call = self.prepare(question, passages, threshold=threshold, title=title, alpha=alpha,
-                            reorder=reorder, top_k=top_k, sentences=sentences, windows=windows,
-                            lexical_weight=lexical_weight, passage_margin=passage_margin)
+        call = self.prepare(question, passages, options, sentences=sentences, **changes)
         return self.finish(call, self.backend.infer_many(call.batches) if call.batches else [])
 
-    def prepare(self, question: str, passages: str | Sequence[str], *, threshold: float | None = None,
-                title: str | None = None, alpha: Any = ..., reorder: bool = False,
-                top_k: int | None = None,
-                sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None,
-                windows: str | None = None, lexical_weight: float | None = None,
-                passage_margin: float | None = None) -> "Call":
+    def prepare(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None, *,
+                sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None, **changes: Any) -> "Call":
         """Everything before the model: checks, sentences, blocks and padded batches.
 
         `prune` is `finish(prepare(...), backend.infer_many(call.batches))`; a caller that
         runs the core itself (the Triton text model, over BLS) uses the two halves."""
-        fam = self.spec.family
         question, passages = check_call(question, passages, self.limits)
-        opts = check_options(threshold=threshold, title=title, alpha=alpha, top_k=top_k, windows=windows,
-                             sentences=sentences, n_passages=len(passages), lexical_weight=lexical_weight,
-                             passage_margin=passage_margin)
-        threshold, weight = fam.call_settings(opts["threshold"], opts["lexical_weight"])
-        title = fam.title if opts["title"] is None else opts["title"]
-        alpha = fam.backoff_alpha if opts["alpha"] is ... else opts["alpha"]
-        windows = self.windows_mode(windows)
+        options = CallOptions.of(options, **changes)
+        check_sentences(sentences, len(passages))
+        rules = self.spec.family.rules(options)
         spans = [textmod.spans_from_sentences(p, sentences[i]) if sentences is not None
                  else textmod.split_sentences(p) for i, p in enumerate(passages)]
-        blocks = self.encode(question, passages, spans, windows) if passages else []
-        if weight and self._token_windows(windows):
+        if rules.lexical_weight and self._token_windows(rules.windows):
             raise InputError("lexical_weight applies to sentence windows; windows='reference' decides per "
                              "token window as the family's own code does (pass windows='sentences')")
+        blocks = self.encode(question, passages, spans, rules.windows) if passages else []
         return Call(passages=passages, spans=spans, blocks=blocks, batches=self.batches(blocks),
-                    threshold=threshold, title=title, alpha=alpha, reorder=reorder, top_k=top_k,
-                    windows=windows, question=question, lexical_weight=weight,
-                    passage_margin=fam.gate_margin(opts["passage_margin"]))
+                    options=options, rules=rules, question=question)
 
     def windows_mode(self, windows: str | None) -> str:
         """The windowing a call runs: the family's default, or `windows` when valid."""
@@ -282,13 +252,13 @@ class Pruner:
 
     def finish_blocks(self, call: "Call", per_block: Sequence[tuple[float, np.ndarray]]) -> list[PruneResult]:
         """`finish` from the outputs of each block of the call (rerank score, slot probabilities)."""
-        fam = self.spec.family
+        fam, rules = self.spec.family, call.rules
         scored = self.merge(call.passages, call.spans, call.blocks, per_block,
-                            unweighted=self._fragment_tokens(call.windows) is not None)
-        per_window = (self._window_decisions(call.spans, call.blocks, per_block, call.threshold, call.alpha)
-                      if self._token_windows(call.windows) else None)
-        if call.lexical_weight:      # the in-passage lexical score fused with the model's (engine.lexical)
-            w = call.lexical_weight
+                            unweighted=self._fragment_tokens(rules.windows) is not None)
+        per_window = (self._window_decisions(call.spans, call.blocks, per_block, rules.threshold, rules.alpha)
+                      if self._token_windows(rules.windows) else None)
+        if rules.lexical_weight:      # the in-passage lexical score fused with the model's (engine.lexical)
+            w = rules.lexical_weight
             for p, sp, sc in zip(call.passages, call.spans, scored):
                 sc.probs = lexical.fuse(sc.probs, lexical.sentence_scores(call.question, [p[a:b] for a, b in sp]), w)
                 if sc.rerank is not None:
@@ -298,11 +268,11 @@ class Pruner:
             if per_window is not None:
                 sc.probs, kept = per_window[i]
             else:
-                kept = keep_mask(sc.probs, fam, call.threshold, call.title, call.alpha)
+                kept = keep_mask(sc.probs, fam, rules.threshold, rules.title, rules.alpha)
             rerank = 0.0 if fam.zero_rerank_when_empty and sc.rerank is not None and not kept.any() else sc.rerank
-            results.append(build_result(i, p, sp, sc.probs, kept, rerank, call.threshold, sc.blocks,
-                                        windows=call.windows, lexical_weight=call.lexical_weight))
-        return order_results(gate_passages(results, call.passage_margin), call.reorder, call.top_k)
+            results.append(build_result(i, p, sp, sc.probs, kept, rerank, rules.threshold, sc.blocks,
+                                        windows=rules.windows, lexical_weight=rules.lexical_weight))
+        return order_results(gate_passages(results, rules.passage_margin), call.options.reorder, call.options.top_k)
 
     def _window_decisions(self, spans: Sequence[Sequence[tuple[int, int]]], blocks: Sequence[Block],
                           per_block: Sequence[tuple[float, np.ndarray]], threshold: float,

@@ -203,7 +203,7 @@ def test_a_bad_pruner_or_option_is_a_clear_error():
         def prune(self, *a, **k):
             raise AssertionError("not called")
     with pytest.raises(InputError, match="top_k"):
-        prune_contents(Never(), Q, TEXTS, PruneOptions(top_k=0))
+        prune_contents(Never(), Q, TEXTS, PruneOptions.of(top_k=0))
 
 
 def test_the_http_client_checks_input_as_in_process_and_names_server_errors(pruners):

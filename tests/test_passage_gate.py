@@ -276,3 +276,21 @@ def test_the_adapters_drop_the_emptied_documents_and_take_the_margin(pruners):
     li = PrunePostprocessor(pruner=local, passage_margin=0.0).postprocess_nodes(
         [NodeWithScore(node=TextNode(text=d)) for d in docs], QueryBundle(q))
     assert len(li) == 1
+
+
+def test_prune_runs_flags_apply_to_every_line_and_a_lines_own_options_win(pruners):
+    import io
+
+    from engine.inputs import CallOptions
+    from engine.tools.batchfile import run_file
+    local = pruners["embedding"][0]
+    q, docs = _call()
+    lines = [{"id": "flags", "question": q, "passages": docs},
+             {"id": "own", "question": q, "passages": docs, "passage_margin": 0.0}]
+    out = io.StringIO()
+    run_file(local, io.StringIO("\n".join(json.dumps(x) for x in lines) + "\n"), out, progress=False,
+             options=CallOptions(passage_margin=-1))
+    got = [json.loads(line) for line in out.getvalue().splitlines()]
+    for rec, margin in zip(got, (-1, 0.0)):
+        assert [r["pruned_context"] for r in rec["results"]] == \
+               [r.pruned_context for r in local.prune(q, docs, passage_margin=margin)]

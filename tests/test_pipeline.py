@@ -161,7 +161,7 @@ def test_milvus_shaped_highlights(rag, squad, pruner):
     for q, hits in zip(qs, results):
         for hit in hits:
             h = hit["highlight"]["text"]
-            ref = pruner.prune(q, [hit["entity"]["text"]], threshold=0.5, alpha=None, title="none")[0]
+            ref = pruner.prune(q, [hit["entity"]["text"]], threshold=0.5, alpha=-1, title="none", passage_margin=-1)[0]
             kept = [s for s in ref.sentences if s.kept]
             assert h["scores"] == pytest.approx([s.probability for s in kept], abs=1e-5)
             assert all(score > 0.5 for score in h["scores"])

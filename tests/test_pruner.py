@@ -164,7 +164,9 @@ def test_reorder_and_top_k(pruners):
     (dict(threshold=1.5), r"threshold must be in \[0, 1\]"),
     (dict(threshold=float("nan")), "finite"),
     (dict(threshold="0.3"), "finite number"),
-    (dict(alpha=-0.1), r"alpha must be in \[0, 1\]"),
+    (dict(alpha=1.5), r"alpha must be in \[0, 1\]"),
+    (dict(alpha=float("inf")), "alpha must be a finite number"),
+    (dict(colour="red"), "unknown option .colour."),
     (dict(title="middle"), "title must be one of"),
     (dict(sentences=[["One."], ["Two."]]), "one list of sentences per passage"),
     (dict(sentences=[["Three."]]), "not found in its passage"),
@@ -249,7 +251,7 @@ def test_pruned_context_of_the_engine_with_a_middle_sentence_dropped(pruners):
     # a threshold just above the lowest middle sentence drops it and keeps the higher ones
     mid = 1 + int(np.argmin(probs[1:-1]))
     t = probs[mid] + 1e-9
-    r = ort_p.prune(Q, [doc], threshold=t, title="none", alpha=None)[0]
+    r = ort_p.prune(Q, [doc], threshold=t, title="none", alpha=-1)[0]
     kept = [s.text for s in r.sentences if s.kept]
     assert base.sentences[mid].text not in kept and len(kept) >= 2
     assert kept == [s.text for s in base.sentences if s.probability > t]

@@ -72,8 +72,8 @@ def test_text_model_equals_in_process(server, pruners, name, protocol):
     kept = local.prune(QUESTION, passages, threshold=t)
     assert 0 < sum(s.kept for r in kept for s in r.sentences) < sum(len(r.sentences) for r in kept)
     same(remote.prune(QUESTION, passages, threshold=t), kept)
-    same(remote.prune(QUESTION, passages, threshold=t, title="first_sentence", alpha=None, top_k=3),
-         local.prune(QUESTION, passages, threshold=t, title="first_sentence", alpha=None, top_k=3))
+    same(remote.prune(QUESTION, passages, threshold=t, title="first_sentence", alpha=-1, top_k=3),
+         local.prune(QUESTION, passages, threshold=t, title="first_sentence", alpha=-1, top_k=3))
 
 
 def test_text_call_larger_than_limits_and_core_batch(server, pruners):

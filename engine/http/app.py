@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from engine.decide import PruneResult
 from engine.errors import InputError, PruneError
+from engine.inputs import OPTION_NAMES, CallOptions, option_choices, option_help, option_type
 from engine.protocol import PrunerProtocol
 from engine.settings import DEFAULTS
 
@@ -37,7 +38,7 @@ try:
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse
-    from pydantic import BaseModel, ConfigDict, Field
+    from pydantic import BaseModel, ConfigDict, Field, create_model
     from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError as exc:  # pragma: no cover - the message is the point
     raise ImportError("the HTTP API needs FastAPI and uvicorn: pip install 'prune-engine[api]'") from exc
@@ -150,23 +151,24 @@ class CohereRerankResponse(BaseModel):
     meta: dict[str, Any]
 
 
-class PruneRequest(_Request):
-    question: str = Field(min_length=1)
-    passages: list[str]
-    threshold: float | None = None
-    top_k: int | None = None
-    reorder: bool = False
-    title: Literal["first_sentence", "none"] | None = None
-    alpha: float | None = Field(None, description="backoff alpha (the family's default when absent); a "
-                                                  "negative value turns backoff off")
-    windows: Literal["reference", "sentences"] | None = None
-    lexical_weight: float | None = Field(None, ge=0.0, le=1.0, description="weight of the in-passage lexical "
-                                         "score fused with the model's (the model's default when absent; 0: off)")
-    passage_margin: float | None = Field(None, allow_inf_nan=False, description="the passage gate: a passage "
-                                         "whose reranking score is below the call's best minus this margin keeps "
-                                         "nothing (the model's default when absent; negative: no gate)")
-    pre: str | None = Field(None, description="with post: each result's passage with its kept sentences tagged")
-    post: str | None = None
+def _option_field(name: str) -> tuple[Any, Any]:
+    """A request model's field for a CallOptions option: its type, None (or false) the
+    model's default, its description the option's own (engine.inputs)."""
+    choices = option_choices(name)
+    kind = Literal[choices] if choices else option_type(name)     # type: ignore[valid-type]
+    if name == "reorder":
+        return bool, Field(False, description=option_help(name))
+    return kind | None, Field(None, description=option_help(name))
+
+
+#: `/v1/prune`'s body: the question, the passages, every CallOptions option, and the tags
+PruneRequest = create_model(
+    "PruneRequest", __base__=_Request,
+    question=(str, Field(min_length=1, description="the question the passages are pruned for")),
+    passages=(list[str], Field(description="the passages, one call")),
+    **{name: _option_field(name) for name in OPTION_NAMES},
+    pre=(str | None, Field(None, description="with post: each result's passage with its kept sentences tagged")),
+    post=(str | None, Field(None, description="the tag after each kept sentence (with pre)")))
 
 
 class PruneResponse(BaseModel):
@@ -319,8 +321,8 @@ def create_app(pruner: PrunerProtocol, config: ApiConfig = ApiConfig()) -> Any:
     async def _failed(request: Request, exc: PruneError):
         return _error(503, str(exc), "Backend")
 
-    def prune(question: str, texts: list[str], **options: Any) -> list[PruneResult]:
-        results = pruner.prune(question, texts, **options)
+    def prune(question: str, texts: list[str], options: CallOptions | None = None) -> list[PruneResult]:
+        results = pruner.prune(question, texts, options)
         passages.inc(len(texts))
         return results
 
@@ -353,12 +355,8 @@ def create_app(pruner: PrunerProtocol, config: ApiConfig = ApiConfig()) -> Any:
     @app.post("/v1/prune", response_model=PruneResponse, responses=ERRORS,
               summary="Prune passages: the engine's full result")
     async def prune_endpoint(req: PruneRequest):
-        options: dict[str, Any] = {"threshold": req.threshold, "top_k": req.top_k, "reorder": req.reorder,
-                                   "title": req.title, "windows": req.windows, "lexical_weight": req.lexical_weight,
-                                   "passage_margin": req.passage_margin}
-        if req.alpha is not None:
-            options["alpha"] = None if req.alpha < 0 else req.alpha
-        results = await run(prune, req.question, req.passages, **options)
+        options = CallOptions.of(**{name: getattr(req, name) for name in OPTION_NAMES})
+        results = await run(prune, req.question, req.passages, options)
         out = []
         for r in results:
             d = r.to_dict()

@@ -22,7 +22,7 @@ from typing import Any
 from engine.decide import PruneResult, Sentence
 from engine.errors import BackendError, InputError
 from engine.families import Family, get_family
-from engine.inputs import Limits, check_call, check_options
+from engine.inputs import CallOptions, Limits, check_call
 
 
 def result_from_dict(d: dict[str, Any]) -> PruneResult:
@@ -83,25 +83,19 @@ class HttpPruner:
     def limits(self) -> Limits:
         return Limits(**self.info["limits"])
 
-    def prune(self, question: str, passages: str | Sequence[str], *, threshold: float | None = None,
-              title: str | None = None, alpha: Any = ..., reorder: bool = False, top_k: int | None = None,
-              sentences: Any = None, windows: str | None = None,
-              lexical_weight: float | None = None, passage_margin: float | None = None) -> list[PruneResult]:
+    def prune(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None, *,
+              sentences: Any = None, **changes: Any) -> list[PruneResult]:
+        """`Pruner.prune` through the server's `/v1/prune` (one request: one call)."""
         if sentences is not None:
             raise InputError("sentences: given sentence lists are an in-process option; /v1/prune splits itself")
         question, texts = check_call(question, passages, self.limits)
-        opts = check_options(threshold=threshold, title=title, alpha=alpha, top_k=top_k, windows=windows,
-                             lexical_weight=lexical_weight, passage_margin=passage_margin)
-        body: dict[str, Any] = {"question": question, "passages": texts, "reorder": reorder}
-        for key in ("threshold", "top_k", "title", "windows", "lexical_weight", "passage_margin"):
-            if opts[key] is not None:
-                body[key] = opts[key]
-        if opts["alpha"] is not ...:
-            body["alpha"] = -1.0 if opts["alpha"] is None else opts["alpha"]   # None: backoff off, as in-process
+        options = CallOptions.of(options, **changes)
+        body: dict[str, Any] = {"question": question, "passages": texts, **options.given()}
         return [result_from_dict(d) for d in self._request("/v1/prune", body)["results"]]
 
-    async def aprune(self, question: str, passages: str | Sequence[str], **kwargs: Any) -> list[PruneResult]:
-        return await asyncio.to_thread(self.prune, question, passages, **kwargs)
+    async def aprune(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None,
+                     **kwargs: Any) -> list[PruneResult]:
+        return await asyncio.to_thread(self.prune, question, passages, options, **kwargs)
 
     def prune_many(self, queries: Sequence[dict[str, Any]]) -> list[list[PruneResult] | Exception]:
         out: list[list[PruneResult] | Exception] = []

@@ -15,46 +15,43 @@ Rules (docs/integrations.md):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from engine.decide import PruneResult
-from engine.inputs import check_top_k
+from engine.inputs import OPTION_NAMES, CallOptions
 
 
-@dataclass
+#: an adapter's own fields, beside the call's options (engine.inputs.CallOptions)
+ADAPTER_FIELDS = ("keep_empty", "pre", "post", "metadata_key")
+
+
+@dataclass(frozen=True)
 class PruneOptions:
-    """The engine's options, as an adapter takes them (None: the family's default)."""
-    threshold: float | None = None
-    top_k: int | None = None
-    reorder: bool = False
+    """What an adapter holds: the call's options (every CallOptions option, by its name)
+    and its own fields."""
+    call: CallOptions = field(default_factory=CallOptions)
     keep_empty: bool = False
-    title: str | None = None
-    alpha: Any = ...
-    windows: str | None = None
-    lexical_weight: float | None = None
-    passage_margin: float | None = None
     pre: str = "<em>"
     post: str = "</em>"
     metadata_key: str = "pruning"
 
-    def call_kwargs(self) -> dict[str, Any]:
-        kw: dict[str, Any] = {"threshold": self.threshold, "title": self.title, "windows": self.windows,
-                              "reorder": self.reorder, "top_k": self.top_k}
-        if self.lexical_weight is not None:
-            kw["lexical_weight"] = self.lexical_weight
-        if self.passage_margin is not None:
-            kw["passage_margin"] = self.passage_margin
-        if self.alpha is not ...:
-            kw["alpha"] = self.alpha
-        return kw
+    @classmethod
+    def of(cls, **values: Any) -> "PruneOptions":
+        """From option and adapter-field names (None for an option: the model's default)."""
+        own = {k: values.pop(k) for k in ADAPTER_FIELDS if k in values}
+        return cls(CallOptions.of(**values), **own)
+
+    def with_top_k(self, top_k: int | None) -> "PruneOptions":
+        return self if top_k is None else replace(self, call=replace(self.call, top_k=top_k))
 
 
 def options_of(adapter: Any) -> PruneOptions:
     """The PruneOptions an adapter holds as attributes of the same names (its framework's
     own fields: a pydantic model for LangChain and LlamaIndex)."""
-    return PruneOptions(**{f.name: getattr(adapter, f.name) for f in fields(PruneOptions) if hasattr(adapter, f.name)})
+    return PruneOptions.of(**{n: getattr(adapter, n) for n in (*OPTION_NAMES, *ADAPTER_FIELDS)
+                              if hasattr(adapter, n)})
 
 
 def resolve_pruner(pruner: Any) -> Any:
@@ -114,7 +111,7 @@ def _plan(contents: list[Any]) -> tuple[list[int], list[str], list[Outcome]]:
 
 
 def _finish(run: list[int], results: list[PruneResult], passed: list[Outcome], opts: PruneOptions) -> list[Outcome]:
-    ranked = bool(opts.reorder or opts.top_k is not None)
+    ranked = bool(opts.call.reorder or opts.call.top_k is not None)
     done = [Outcome(run[r.index], r) for r in results]       # r.index: position in the call; ranked already
     if not opts.keep_empty:
         done = [o for o in done if o.result and o.result.pruned_context.strip()]
@@ -125,14 +122,12 @@ def _finish(run: list[int], results: list[PruneResult], passed: list[Outcome], o
 
 def prune_contents(pruner: Any, query: str, contents: list[Any], opts: PruneOptions) -> list[Outcome]:
     """The documents' fates for one query, in the order the framework gets them back."""
-    check_top_k(opts.top_k)
     run, texts, passed = _plan(contents)
-    results = pruner.prune(query, texts, **opts.call_kwargs()) if texts else []
+    results = pruner.prune(query, texts, opts.call) if texts else []
     return _finish(run, results, passed, opts)
 
 
 async def aprune_contents(pruner: Any, query: str, contents: list[Any], opts: PruneOptions) -> list[Outcome]:
-    check_top_k(opts.top_k)
     run, texts, passed = _plan(contents)
-    results = await pruner.aprune(query, texts, **opts.call_kwargs()) if texts else []
+    results = await pruner.aprune(query, texts, opts.call) if texts else []
     return _finish(run, results, passed, opts)

@@ -31,16 +31,16 @@ class PruneRanker:
 
     def __init__(self, pruner: Any, *, threshold: float | None = None, top_k: int | None = None,
                  reorder: bool = False, keep_empty: bool = False, title: str | None = None,
-                 windows: str | None = None, lexical_weight: float | None = None,
+                 alpha: float | None = None, windows: str | None = None, lexical_weight: float | None = None,
                  passage_margin: float | None = None, pre: str = "<em>", post: str = "</em>",
                  metadata_key: str = "pruning"):
         self.pruner = resolve_pruner(pruner)
-        self.options = PruneOptions(threshold=threshold, top_k=top_k, reorder=reorder, keep_empty=keep_empty,
-                                    title=title, windows=windows, lexical_weight=lexical_weight,
-                                    passage_margin=passage_margin, pre=pre, post=post, metadata_key=metadata_key)
+        self.options = PruneOptions.of(threshold=threshold, top_k=top_k, reorder=reorder, keep_empty=keep_empty,
+                                       title=title, alpha=alpha, windows=windows, lexical_weight=lexical_weight,
+                                       passage_margin=passage_margin, pre=pre, post=post, metadata_key=metadata_key)
 
     def _opts(self, top_k: int | None) -> PruneOptions:
-        return self.options if top_k is None else dataclasses.replace(self.options, top_k=top_k)
+        return self.options.with_top_k(top_k)
 
     @staticmethod
     def _shape(documents: list[Document], outcomes: list[Outcome], opts: PruneOptions) -> dict[str, list[Document]]:

@@ -41,6 +41,7 @@ class PruneCompressor(BaseDocumentCompressor):
     reorder: bool = False
     keep_empty: bool = False
     title: str | None = None
+    alpha: float | None = None
     windows: str | None = None
     lexical_weight: float | None = None
     passage_margin: float | None = None

@@ -36,6 +36,7 @@ class PrunePostprocessor(BaseNodePostprocessor):
     reorder: bool = False
     keep_empty: bool = False
     title: str | None = None
+    alpha: float | None = None
     windows: str | None = None
     lexical_weight: float | None = None
     passage_margin: float | None = None

@@ -507,7 +507,7 @@ def semantic_highlight(results: Sequence[Sequence[dict]], pruner: Any, highlight
                     raise InputError(f"field {f!r} is not in the search results: add it to output_fields")
                 texts.append(entity[f])
             idx = [i for i, t in enumerate(texts) if isinstance(t, str) and t.strip()]
-            done = pruner.prune(q, [texts[i] for i in idx], threshold=threshold, alpha=None, title="none",
+            done = pruner.prune(q, [texts[i] for i in idx], threshold=threshold, alpha=-1.0, title="none",
                                 passage_margin=-1.0) \
                 if idx else []
             res: list[PruneResult | None] = [None] * len(texts)

@@ -1,8 +1,8 @@
 """Batch files: `prune run --input queries.jsonl --output results.jsonl`.
 
 One JSON object per input line: `question`, `passages` (a list of strings; or `context`,
-one string), and optionally `id`, `threshold`, `title`, `alpha`, `top_k`, `reorder`,
-`windows`, `lexical_weight`, `passage_margin`.
+one string), and optionally `id` and any option of `engine.inputs.CallOptions` (`threshold`,
+`title`, `alpha`, `top_k`, `reorder`, `windows`, `lexical_weight`, `passage_margin`).
 One output line per input line, in the same order: `{"id", "results": [...]}` (each
 result as `PruneResult.to_dict()`, without the passage text the input already holds),
 or `{"id", "line", "error"}` for a line that could not be processed: the other lines
@@ -25,9 +25,11 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from engine.errors import InputError
+from engine.inputs import OPTION_NAMES, CallOptions
 from engine.protocol import PrunerProtocol
 
-OPTIONS = ("threshold", "title", "alpha", "top_k", "reorder", "windows", "lexical_weight", "passage_margin")
+#: the fields of a line that are the call's options (engine.inputs.CallOptions)
+OPTIONS = OPTION_NAMES
 
 
 class LineError(InputError):
@@ -38,8 +40,9 @@ class LineError(InputError):
         self.ident = ident
 
 
-def parse_line(text: str, number: int) -> tuple[Any, dict[str, Any]]:
-    """(id, prune keyword arguments) of one input line; LineError if it is not usable."""
+def parse_line(text: str, number: int, options: CallOptions | None = None) -> tuple[Any, dict[str, Any]]:
+    """(id, prune keyword arguments) of one input line, its options over `options`;
+    LineError if it is not usable."""
     try:
         row = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -48,12 +51,12 @@ def parse_line(text: str, number: int) -> tuple[Any, dict[str, Any]]:
         raise LineError(f"expected a JSON object, got a JSON {type(row).__name__}", number)
     ident = row.get("id", number)
     try:
-        return ident, _query(row)
+        return ident, _query(row, options)
     except InputError as exc:
         raise LineError(str(exc), ident) from None
 
 
-def _query(row: dict[str, Any]) -> dict[str, Any]:
+def _query(row: dict[str, Any], options: CallOptions | None = None) -> dict[str, Any]:
     if "passages" in row:
         passages = row["passages"]
         if not isinstance(passages, list):
@@ -64,9 +67,8 @@ def _query(row: dict[str, Any]) -> dict[str, Any]:
         raise InputError("the line has neither passages nor context")
     if "question" not in row:
         raise InputError("the line has no question")
-    query = {"question": row["question"], "passages": passages}
-    query.update({k: row[k] for k in OPTIONS if k in row})
-    return query
+    return {"question": row["question"], "passages": passages,
+            "options": CallOptions.of(options, **{k: row[k] for k in OPTIONS if k in row})}
 
 
 def _n(count: int, noun: str) -> str:
@@ -86,8 +88,9 @@ def _lines(stream: IO[str]) -> Iterator[tuple[int, str]]:
 
 
 def run_file(pruner: PrunerProtocol, source: IO[str], sink: IO[str], *, group: int = 64,
-             progress: bool = True) -> dict[str, Any]:
-    """Process every line of `source` into `sink`; returns counts and throughput."""
+             progress: bool = True, options: CallOptions | None = None) -> dict[str, Any]:
+    """Process every line of `source` into `sink` (a line's options over `options`, the
+    command line's); returns counts and throughput."""
     t0 = time.perf_counter()
     counts = {"lines": 0, "errors": 0, "passages": 0}
     last_report = t0
@@ -110,7 +113,7 @@ def run_file(pruner: PrunerProtocol, source: IO[str], sink: IO[str], *, group: i
     items: list[tuple[int, Any, dict[str, Any] | Exception]] = []
     for number, text in _lines(source):
         try:
-            ident, query = parse_line(text, number)
+            ident, query = parse_line(text, number, options)
             items.append((number, ident, query))
         except LineError as exc:
             items.append((number, exc.ident, exc))

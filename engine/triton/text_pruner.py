@@ -14,6 +14,7 @@ exactly as a whole one.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -21,11 +22,11 @@ import numpy as np
 
 from engine.decide import PruneResult, gate_passages, order_results
 from engine.errors import BackendError, InputError, PruneError
-from engine.inputs import Limits, check_call, check_options, default_limits
+from engine.inputs import CallOptions, Limits, check_call, default_limits
 from engine.spec import ModelSpec, spec_from_manifest
 from engine.triton.client import Transport
 from engine.triton.wire import (DEFAULT_MAX_CHARS, DEFAULT_MAX_PASSAGES, TEXT_INPUTS, TEXT_OUTPUTS, input_error,
-                               tensors_to_results)
+                               options_to_tensors, tensors_to_results)
 
 
 class TritonTextPruner:
@@ -62,19 +63,11 @@ class TritonTextPruner:
         chunks.append((start, len(passages)))
         return chunks
 
-    def _inputs(self, question: str, passages: list[str], options: dict[str, Any]):
+    def _inputs(self, question: str, passages: list[str], options: CallOptions):
         tc = self.transport.tc
         values = {"question": np.array([question.encode("utf-8")], dtype=np.object_),
-                  "passages": np.array([p.encode("utf-8") for p in passages], dtype=np.object_)}
-        for name in ("threshold", "lexical_weight", "passage_margin"):
-            if options.get(name) is not None:
-                values[name] = np.array([options[name]], dtype=np.float32)
-        for name in ("title", "windows"):
-            if options.get(name) is not None:
-                values[name] = np.array([options[name].encode("utf-8")], dtype=np.object_)
-        if options.get("alpha", ...) is not ...:
-            a = options["alpha"]
-            values["alpha"] = np.array([-1.0 if a is None else a], dtype=np.float32)
+                  "passages": np.array([p.encode("utf-8") for p in passages], dtype=np.object_),
+                  **options_to_tensors(options)}
         inputs = []
         for name, arr in values.items():
             inp = tc.InferInput(name, list(arr.shape), TEXT_INPUTS[name][0])
@@ -82,7 +75,7 @@ class TritonTextPruner:
             inputs.append(inp)
         return inputs, [tc.InferRequestedOutput(n) for n in TEXT_OUTPUTS]
 
-    def _send_all(self, question: str, parts: list[list[str]], options: dict[str, Any],
+    def _send_all(self, question: str, parts: list[list[str]], options: CallOptions,
                   deadline: float) -> list[dict[str, np.ndarray]]:
         """One request per part (a range of the call's passages), sent concurrently."""
         c = self.transport
@@ -103,33 +96,30 @@ class TritonTextPruner:
         return outs
 
     # ------------------------------------------------------------------ API
-    def prune(self, question: str, passages: str | Sequence[str], *, threshold: float | None = None,
-              title: str | None = None, alpha: Any = ..., reorder: bool = False,
-              top_k: int | None = None, sentences: Any = None, windows: str | None = None,
-              lexical_weight: float | None = None, passage_margin: float | None = None) -> list[PruneResult]:
+    def prune(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None, *,
+              sentences: Any = None, **changes: Any) -> list[PruneResult]:
         """`Pruner.prune` on the server (see there). `sentences=` needs the client-side
         splitter: connect to the core model for it."""
         question, passages = check_call(question, passages, self.limits)
-        opts = check_options(threshold=threshold, title=title, alpha=alpha, top_k=top_k, windows=windows,
-                             lexical_weight=lexical_weight, passage_margin=passage_margin)
+        options = CallOptions.of(options, **changes)
         if sentences is not None:
             raise InputError("sentences= is not supported through a text model (the server splits); "
                              "connect to the core model to pass your own sentences")
         if not passages:
             return []
-        options = {k: opts[k] for k in ("threshold", "title", "alpha", "windows", "lexical_weight", "passage_margin")}
-        fam = self.spec.family
-        used, weight = fam.call_settings(opts["threshold"], opts["lexical_weight"])
-        ran = fam.windows if opts["windows"] is None else opts["windows"]
+        rules = self.spec.family.rules(options)
+        # the server orders nothing: order and top_k apply over the whole call, here
+        sent = replace(options, reorder=False, top_k=None)
         chunks = self._chunks(question, passages)
         deadline = self.transport.deadline()      # one deadline for the whole call
-        outs = self._send_all(question, [passages[s:e] for s, e in chunks], options, deadline)
+        outs = self._send_all(question, [passages[s:e] for s, e in chunks], sent, deadline)
         results: list[PruneResult] = []
         for (s, e), out in zip(chunks, outs):
-            results += tensors_to_results(passages[s:e], out, used, offset=s, windows=ran, lexical_weight=weight)
+            results += tensors_to_results(passages[s:e], out, rules.threshold, offset=s, windows=rules.windows,
+                                          lexical_weight=rules.lexical_weight)
         if len(results) != len(passages):
             raise BackendError(f"the text model returned {len(results)} results for {len(passages)} passages")
-        return order_results(gate_passages(results, fam.gate_margin(opts["passage_margin"])), reorder, top_k)
+        return order_results(gate_passages(results, rules.passage_margin), options.reorder, options.top_k)
 
     def prune_many(self, queries: Sequence[dict[str, Any]]) -> list[list[PruneResult] | Exception]:
         """Several calls at once (`Pruner.prune_many`): each query is sent as its own call,
@@ -149,9 +139,10 @@ class TritonTextPruner:
             self._many = ThreadPoolExecutor(max_workers=self.transport.concurrency, thread_name_prefix="prune-many")
         return list(self._many.map(one, queries))
 
-    async def aprune(self, question: str, passages: str | Sequence[str], **kwargs) -> list[PruneResult]:
+    async def aprune(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None,
+                     **kwargs: Any) -> list[PruneResult]:
         import asyncio
-        return await asyncio.to_thread(self.prune, question, passages, **kwargs)
+        return await asyncio.to_thread(self.prune, question, passages, options, **kwargs)
 
     def close(self) -> None:
         if self._many is not None:

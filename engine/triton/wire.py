@@ -4,16 +4,10 @@ One request is one question and its passages, as UTF-8 BYTES tensors:
 
     inputs   question  BYTES [1]          required
              passages  BYTES [P]          required (P may be 0)
-             threshold FP32  [1]          optional: the family's default otherwise
-             top_k     INT32 [1]          optional: the k best passages by reranking score
-             title     BYTES [1]          optional: "first_sentence" or "none"
-             alpha     FP32  [1]          optional: backoff alpha; negative disables it
-             windows   BYTES [1]          optional: "reference" or "sentences" (the family's
-                                          default otherwise; see Pruner.prune)
-             lexical_weight FP32 [1]      optional: the in-passage lexical score's weight in
-                                          [0, 1] (engine.lexical; the family's default otherwise)
-             passage_margin FP32 [1]      optional: the passage gate's margin (engine.decide;
-                                          the family's default otherwise); negative: no gate
+             and one optional tensor [1] per option of engine.inputs.CallOptions, of its
+             type (FP32 threshold, alpha, lexical_weight, passage_margin; INT32 top_k;
+             BOOL reorder; BYTES title, windows): absent is the model's default, a
+             negative alpha or passage_margin turns that rule off, as everywhere
     outputs  passage_index    INT32 [R]        which input passage each row is (input order,
                                                or best first with top_k)
              reranking_score  FP32  [R]        NaN where a passage produced no tokens
@@ -41,29 +35,25 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from engine.decide import PruneResult, Sentence
 from engine.errors import InputError
-from engine.inputs import (Limits, check_call, check_lexical_weight, check_passage_margin, check_threshold,
-                           check_title, check_top_k, check_windows)
+from engine.inputs import OPTION_NAMES, CallOptions, Limits, check_call, option_type
 from engine.settings import DEFAULTS
 
+#: the Triton datatype of each option type (engine.inputs.option_type)
+OPTION_DATATYPES = {float: "FP32", int: "INT32", bool: "BOOL", str: "BYTES"}
 #: name -> (Triton datatype, dims) of the text model's inputs; all optional in the config
-#: (a describe request has none); `question` and `passages` are checked by `read_request`.
+#: (a describe request has none); `question` and `passages` are checked by `read_request`;
+#: the options are CallOptions', one element each.
 TEXT_INPUTS: dict[str, tuple[str, list[int]]] = {
     "question": ("BYTES", [1]),
     "passages": ("BYTES", [-1]),
-    "threshold": ("FP32", [1]),
-    "top_k": ("INT32", [1]),
-    "title": ("BYTES", [1]),
-    "alpha": ("FP32", [1]),
-    "windows": ("BYTES", [1]),
-    "lexical_weight": ("FP32", [1]),
-    "passage_margin": ("FP32", [1]),
+    **{name: (OPTION_DATATYPES[option_type(name)], [1]) for name in OPTION_NAMES},
 }
 TEXT_OUTPUTS: dict[str, tuple[str, list[int]]] = {
     "passage_index": ("INT32", [-1]),
@@ -97,20 +87,10 @@ def input_error(message: str) -> InputError | None:
 
 @dataclass
 class TextRequest:
+    """One text-model request: a question, its passages and the call's options."""
     question: str
     passages: list[str]
-    threshold: float | None = None
-    top_k: int | None = None
-    title: str | None = None
-    alpha: Any = ...                        # ... = the family's default; None = disabled
-    windows: str | None = None              # None = the family's default
-    lexical_weight: float | None = None     # None = the family's default (engine.lexical)
-    passage_margin: float | None = None     # None = the family's default; negative = no gate
-
-    def options(self) -> dict[str, Any]:
-        return {"threshold": self.threshold, "top_k": self.top_k, "title": self.title, "alpha": self.alpha,
-                "windows": self.windows, "lexical_weight": self.lexical_weight,
-                "passage_margin": self.passage_margin}
+    options: CallOptions = field(default_factory=CallOptions)
 
 
 # ---------------------------------------------------------------------- offsets
@@ -165,8 +145,7 @@ def read_request(get: Callable[[str], np.ndarray | None], limits: Limits) -> Tex
     Returns None for a describe request; raises InputError for anything invalid, with the
     message every entry point gives (`engine.inputs`) or one that names the tensor."""
     q, p = get("question"), get("passages")
-    others = {n: get(n) for n in ("threshold", "top_k", "title", "alpha", "windows", "lexical_weight",
-                                  "passage_margin")}
+    others = {n: get(n) for n in OPTION_NAMES}
     if q is None and p is None:
         if any(v is not None for v in others.values()):
             raise InputError("question and passages are required")
@@ -181,23 +160,23 @@ def read_request(get: Callable[[str], np.ndarray | None], limits: Limits) -> Tex
     if p.shape[0] > limits.max_passages:     # before decoding any of them
         raise InputError(f"{p.shape[0]} passages in one call; the limit is {limits.max_passages}")
     question, passages = check_call(question, [_decode(raw, f"passage {i}") for i, raw in enumerate(p)], limits)
-    req = TextRequest(question, passages)
-    if others["threshold"] is not None:
-        req.threshold = check_threshold(float(_one(others["threshold"], "threshold")))
-    if others["top_k"] is not None:
-        req.top_k = check_top_k(int(_one(others["top_k"], "top_k")))
-    if others["title"] is not None:
-        req.title = check_title(_decode(_one(others["title"], "title"), "title"))
-    if others["alpha"] is not None:
-        a = float(_one(others["alpha"], "alpha"))
-        req.alpha = None if a < 0 else check_threshold(a, "alpha")
-    if others["windows"] is not None:
-        req.windows = check_windows(_decode(_one(others["windows"], "windows"), "windows"))
-    if others["lexical_weight"] is not None:
-        req.lexical_weight = check_lexical_weight(float(_one(others["lexical_weight"], "lexical_weight")))
-    if others["passage_margin"] is not None:
-        req.passage_margin = check_passage_margin(float(_one(others["passage_margin"], "passage_margin")))
-    return req
+    values = {}
+    for name, arr in others.items():
+        if arr is not None:
+            kind, one = option_type(name), _one(arr, name)
+            values[name] = _decode(one, name) if kind is str else kind(one)
+    return TextRequest(question, passages, CallOptions.of(**values))
+
+
+def options_to_tensors(options: CallOptions) -> dict[str, np.ndarray]:
+    """The tensors [1] of the options a call sets (the others stay absent: the model's
+    default), as `read_request` reads them back."""
+    out = {}
+    for name, value in options.given().items():
+        kind = option_type(name)
+        out[name] = (np.array([value.encode("utf-8")], dtype=np.object_) if kind is str else
+                     np.array([value], dtype={float: np.float32, int: np.int32, bool: np.bool_}[kind]))
+    return out
 
 
 def results_to_tensors(results: Sequence[PruneResult]) -> dict[str, np.ndarray]:
