@@ -18,16 +18,24 @@ The gate only ever empties passages, and a passage it empties within part of a c
 also empties within the whole call (the whole call's best is at least the part's). So a
 call cut into requests and gated again once whole (the text model's client does) gives
 exactly the whole call's results.
+
+Before the rules, the model's per-block outputs become per-passage scores here too
+(`merge_blocks`: a long passage's blocks merged; `window_decisions`: token windows decide
+per window, as the OpenSearch pipeline does; `fuse_lexical`: the lexical score fused in),
+and `decide_passages` applies the rules to a whole call. `engine.pruner` only orders the
+steps.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from engine.families import Family
-from engine.inputs import TITLE_RULES, check_threshold, check_top_k  # noqa: F401  (re-exported)
+from engine import lexical
+from engine.families import Family, Rules
+from engine.inputs import TITLE_RULES, CallOptions, check_threshold, check_top_k  # noqa: F401  (re-exported)
 
 
 
@@ -150,3 +158,94 @@ def order_results(results: list[PruneResult], reorder: bool, top_k: int | None) 
     ranked = sorted(results, key=lambda r: (r.reranking_score is None,
                                             -(r.reranking_score or 0.0), r.index))
     return ranked[:top_k] if top_k is not None else ranked
+
+
+# --------------------------------------------------------------------------- scores
+
+@dataclass
+class Scored:
+    """One passage's model scores after its blocks are merged."""
+    probs: np.ndarray                 # per sentence
+    rerank: float | None              # None: an empty passage, not run
+    blocks: int
+    kept: np.ndarray | None = None    # token windows: the union of the windows' own decisions
+
+
+def merge_blocks(family: Family, n_passages: int, spans: Sequence[Sequence[tuple[int, int]]],
+                 blocks: Sequence[Any], outputs: Sequence[tuple[float, np.ndarray]],
+                 unweighted: bool = False) -> list[Scored]:
+    """Per passage: sentence probabilities (a sentence's pieces over several blocks merged
+    weighted by their tokens, or as a plain mean with `unweighted`, OpenProvence's
+    fragments) and the reranking score (the first block's, or the best block's where the
+    family merges by "max"; its sigmoid where the family reports that). `blocks` are
+    `engine.encode.Block`s, `outputs` (rerank score, slot probabilities) per block."""
+    weighted = [np.zeros(len(sp)) for sp in spans]
+    tokens = [np.zeros(len(sp)) for sp in spans]
+    rerank: list[float | None] = [None] * n_passages
+    n_blocks = [0] * n_passages
+    use_max = family.rerank_merge == "max"
+    sigmoid = family.rerank_transform == "sigmoid"
+    for block, (score, probs) in zip(blocks, outputs):
+        i = block.passage
+        n_blocks[i] += 1
+        if sigmoid:
+            score = float(1.0 / (1.0 + np.exp(-score)))
+        if block.first and not use_max:
+            rerank[i] = score
+        elif use_max:
+            rerank[i] = score if rerank[i] is None else max(rerank[i], score)
+        for (sent, n_tok), p in zip(block.units, probs):
+            w = 1 if unweighted else n_tok
+            weighted[i][sent] += p * w
+            tokens[i][sent] += w
+    return [Scored(probs=np.divide(weighted[i], tokens[i], out=np.zeros_like(weighted[i]), where=tokens[i] > 0),
+                   rerank=rerank[i], blocks=n_blocks[i]) for i in range(n_passages)]
+
+
+def window_decisions(family: Family, scored: list[Scored], blocks: Sequence[Any],
+                     outputs: Sequence[tuple[float, np.ndarray]], threshold: float,
+                     alpha: float | None) -> list[Scored]:
+    """`scored` decided the way token windows decide: each window keeps its own sentences
+    (threshold, then backoff within the window); a sentence is kept when any window keeps
+    it, and its probability is its best over the windows."""
+    probs = [np.zeros(len(sc.probs)) for sc in scored]
+    kept = [np.zeros(len(sc.probs), dtype=bool) for sc in scored]
+    for block, (_, p) in zip(blocks, outputs):
+        mine = keep_mask(p, family, threshold, "none", alpha)
+        i = block.passage
+        for k, (sent, _) in enumerate(block.units):
+            probs[i][sent] = max(probs[i][sent], p[k])
+            kept[i][sent] |= bool(mine[k])
+    for sc, pr, kp in zip(scored, probs, kept):
+        sc.probs, sc.kept = pr, kp
+    return scored
+
+
+def fuse_lexical(scored: list[Scored], question: str, passages: Sequence[str],
+                 spans: Sequence[Sequence[tuple[int, int]]], weight: float) -> list[Scored]:
+    """The in-passage lexical score fused with the model's at `weight` (engine.lexical):
+    each sentence's probability, and each passage's reranking score."""
+    if not weight:
+        return scored
+    for p, sp, sc in zip(passages, spans, scored):
+        sc.probs = lexical.fuse(sc.probs, lexical.sentence_scores(question, [p[a:b] for a, b in sp]), weight)
+        if sc.rerank is not None:
+            sc.rerank = float(lexical.fuse(sc.rerank, lexical.passage_score(question, p), weight))
+    return scored
+
+
+def decide_passages(family: Family, rules: Rules, options: CallOptions, question: str, passages: Sequence[str],
+                    spans: Sequence[Sequence[tuple[int, int]]], scored: list[Scored]) -> list[PruneResult]:
+    """A call's results from its passages' scores: the lexical fusion, then per passage
+    the sentence rules (or the token windows' own decisions) and the family's zero-rerank
+    rule, then the passage gate over the call, then the order."""
+    scored = fuse_lexical(scored, question, passages, spans, rules.lexical_weight)
+    results = []
+    for i, (p, sp, sc) in enumerate(zip(passages, spans, scored)):
+        kept = sc.kept if sc.kept is not None else keep_mask(sc.probs, family, rules.threshold, rules.title,
+                                                             rules.alpha)
+        # OpenProvence's process(): a passage with nothing kept scores 0.0
+        rerank = 0.0 if family.zero_rerank_when_empty and sc.rerank is not None and not kept.any() else sc.rerank
+        results.append(build_result(i, p, sp, sc.probs, kept, rerank, rules.threshold, sc.blocks,
+                                    windows=rules.windows, lexical_weight=rules.lexical_weight))
+    return order_results(gate_passages(results, rules.passage_margin), options.reorder, options.top_k)

@@ -17,18 +17,17 @@ from typing import Any
 
 import numpy as np
 
-from engine import lexical
 from engine import text as textmod
 from engine.backends.base import Backend
 from engine.batching import BatchingConfig, ModelBatch, collate, plan
-from engine.decide import PruneResult, build_result, gate_passages, keep_mask, order_results
-from engine.encode import Block, Encoder, load_tokenizer, manifest_tokenizer
-from engine.errors import BackendError, InputError, ModelLoadError, PruneError
+from engine.decide import PruneResult, Scored, decide_passages, merge_blocks, window_decisions
+from engine.encode import Block, Encoder
+from engine.errors import BackendError, InputError, PruneError
 from engine.families import Rules
 from engine.inputs import CallOptions, Limits, check_call, check_sentences, check_windows, default_limits
 from engine.settings import DEFAULTS
 from engine.protocol import PrunerProtocol
-from engine.spec import ModelSpec, read_manifest, spec_from_manifest
+from engine.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +51,6 @@ class Call:
     question: str = ""
 
 
-@dataclass
-class Scored:
-    """Per-passage model outputs after merging blocks."""
-    probs: np.ndarray
-    rerank: float | None
-    blocks: int
-    kept: np.ndarray | None = None    # token windows: the union of the windows' own decisions
-
-
 class Pruner:
     def __init__(self, backend: Backend, tokenizer: Any, spec: ModelSpec,
                  batching: BatchingConfig | None = None, min_context_tokens: int = 64,
@@ -76,118 +66,33 @@ class Pruner:
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def load(cls, path: str | Path, backend: str = "onnxruntime", *, family: str | None = None,
-             threads: int | None = None, providers: list[str] | None = None,
-             batching: BatchingConfig | None = None, graph: str | None = None,
-             device: str = "cpu", options: dict[str, Any] | None = None,
-             tensorrt: bool | str | Path = False, log: Any = None, dtype: str = "float32",
-             attn: str = "eager") -> "Pruner":
+    def load(cls, path: str | Path, backend: str = "onnxruntime", *, batching: BatchingConfig | None = None,
+             **kwargs: Any) -> "Pruner":
         """Load an exported model folder (ONNX Runtime), or a checkpoint (backend="torch").
 
-        `device="cuda"`: ONNX Runtime's CUDA provider with IO binding (onnxruntime-gpu), or
-        torch on the GPU; `tensorrt` (cuda, ONNX Runtime): its TensorRT provider first, fp16,
-        engines cached in the model folder's `trt-cache/` (or the folder given), falling
-        back to CUDA with a message (`log`) where the provider is absent. For torch, `dtype`
-        (float32, float16, bfloat16) and `attn` (eager, sdpa: the checkpoint's backbone must
-        offer it; DeBERTa-v2/v3 does not) give the GPU reference most users run today.
-
-        `threads` sets ONNX Runtime's intra-op threads (or torch's threads). `"default"`
-        is the default model (all-MiniLM-L6-v2): its export (made on first use) for ONNX
-        Runtime, its checkpoint for torch.
+        Keywords (engine.loading.open_model): `threads` (ONNX Runtime's intra-op threads, or
+        torch's), `device="cuda"` (ONNX Runtime's CUDA provider with IO binding, from
+        onnxruntime-gpu, or torch on the GPU), `tensorrt` (cuda, ONNX Runtime: its TensorRT
+        provider first, fp16, engines cached in the model folder's `trt-cache/` or the folder
+        given, falling back to CUDA with a message to `log` where the provider is absent),
+        `providers`, `graph` (another graph of the folder), and for torch `family`, `options`,
+        `dtype` (float32, float16, bfloat16) and `attn` (eager, sdpa: the checkpoint's
+        backbone must offer it; DeBERTa-v2/v3 does not). `"default"` is the default model
+        (all-MiniLM-L6-v2): its export (made on first use) for ONNX Runtime, its checkpoint
+        for torch.
         """
-        if str(path) == "default" and not Path("default").exists():
-            from engine.default_model import default_checkpoint, ensure_default_model
-            path = default_checkpoint() if backend == "torch" else ensure_default_model()
-        path = Path(path)
-        if backend == "onnxruntime":
-            from engine.backends.onnxruntime import OnnxRuntimeBackend
-            manifest = read_manifest(path)
-            spec = spec_from_manifest(manifest, name=path.name)
-            tokenizer = manifest_tokenizer(path, manifest, spec.family)
-            trt = None
-            if tensorrt:
-                from engine.backends.onnxruntime import tensorrt_options
-                trt = tensorrt_options(list(spec.input_names), list(manifest.get("buckets") or [spec.max_length]),
-                                       (batching or BatchingConfig()).max_batch_size,
-                                       Path(tensorrt) if isinstance(tensorrt, (str, Path)) else path / "trt-cache")
-            core = OnnxRuntimeBackend(path / (graph or manifest["graph"]), intra_op_threads=threads,
-                                      providers=providers, device=device, tensorrt=trt, log=log)
-            missing = set(spec.input_names) - set(core.input_names)
-            if missing:
-                raise ModelLoadError(f"{path}: graph lacks inputs {sorted(missing)}")
-            return cls(core, tokenizer, spec, batching)
-        if backend == "torch":
-            from engine.backends.torch import TorchBackend
-            if dtype not in ("float32", "float16", "bfloat16"):
-                raise InputError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
-            if attn not in ("eager", "sdpa"):
-                raise InputError(f"attn must be eager or sdpa, got {attn!r}")
-            core, tokenizer, spec = TorchBackend.from_checkpoint(path, family=family, options=options, attn=attn,
-                                                                 threads=threads, device=device, dtype=dtype)
-            return cls(core, tokenizer, spec, batching)
-        raise InputError(f"unknown backend {backend!r}: onnxruntime or torch "
-                         "(Triton: Pruner.connect)")
+        from engine.loading import open_model
+        core, tokenizer, spec = open_model(path, backend, batching=batching, **kwargs)
+        return cls(core, tokenizer, spec, batching)
 
     @classmethod
-    def connect(cls, url: str | Sequence[str], model: str, *, protocol: str = "grpc",
-                tokenizer: str | Path | None = None, batching: BatchingConfig | None = None,
-                timeout: float = DEFAULTS.timeout, retries: int = 3, backoff: float = 0.5, concurrency: int = 8,
-                ready_timeout: float = 10.0, replica_options: dict[str, Any] | None = None) -> PrunerProtocol:
-        """The same API on a model of a Triton server (see `prune repository`).
-
-        `url` is one server (`host:port`) or several replicas of it: a list of endpoints, a
-        comma-separated string, or `dns:///name:port` (every address the name resolves to,
-        re-resolved as it changes: a headless Kubernetes Service). Requests then go to the
-        least busy ready replica and fail over to another on connection errors and
-        timeouts (`engine.triton.replicas`; `replica_options`: try_timeout, health_interval,
-        resolve_interval, log). Several replicas need gRPC.
-
-        A text model (`<name>_text`) takes the question and passages as text and does
-        everything on the server: the client needs no tokenizer (returns a
-        `TritonTextPruner`). A core model takes token ids: the client splits and
-        tokenizes, with the manifest from the model's config and the tokenizer from the
-        text model beside it (or `tokenizer`: an export folder or a tokenizer.json).
-
-        `timeout` is the deadline of one `prune()` call: every request carries what is
-        left of it, and retries of connection errors (`retries`, exponential `backoff`)
-        stop when it is spent, so a call ends in at most `timeout` seconds.
-        """
-        from engine.backends.triton import TritonBackend
-        from engine.triton.client import Transport, TritonClient
-        from engine.triton.replicas import ReplicaSet, is_replicated
-        transport: Transport
-        if is_replicated(url):
-            transport = ReplicaSet(url, model, protocol=protocol, timeout=timeout, retries=retries, backoff=backoff,
-                                   concurrency=concurrency, ready_timeout=ready_timeout, **(replica_options or {}))
-        else:   # a single host:port (is_replicated takes every list)
-            transport = TritonClient(str(url), model, protocol=protocol, timeout=timeout, retries=retries,
-                                     backoff=backoff, concurrency=concurrency, ready_timeout=ready_timeout)
-        if transport.is_text_model:
-            from engine.triton.text_pruner import TritonTextPruner
-            return TritonTextPruner(transport)
-        try:
-            core = TritonBackend(transport)
-        except Exception:
-            transport.close()
-            raise
-        manifest = core.manifest()
-        spec = spec_from_manifest(manifest, name=model)
-        if tokenizer is not None:
-            path = Path(tokenizer)
-            tok = load_tokenizer(path / "tokenizer.json" if path.is_dir() else path)
-        else:
-            text = core.tokenizer_json()
-            if text is None:
-                raise ModelLoadError(f"model {model!r} has no text model to fetch its tokenizer from: pass "
-                                     "tokenizer= (the export folder)")
-            from tokenizers import Tokenizer
-            tok = Tokenizer.from_str(text)
-            tok.no_padding()
-            tok.no_truncation()
-        missing = set(spec.input_names) - set(core.input_names)
-        if missing:
-            raise ModelLoadError(f"model {model!r} lacks inputs {sorted(missing)}")
-        return cls(core, tok, spec, batching)
+    def connect(cls, url: str | Sequence[str], model: str, **kwargs: Any) -> PrunerProtocol:
+        """The same API on a model of a Triton server: `engine.triton.connect.connect` (see
+        there for the keywords: protocol, tokenizer, batching, timeout, retries, backoff,
+        concurrency, ready_timeout, replica_options). A text model gives a
+        `TritonTextPruner`, a core model a `Pruner` that tokenizes here."""
+        from engine.triton.connect import connect     # the public door's one import upward (test_layout)
+        return connect(url, model, **kwargs)
 
     def describe(self) -> str:
         return self.backend.describe()
@@ -252,45 +157,18 @@ class Pruner:
 
     def finish_blocks(self, call: "Call", per_block: Sequence[tuple[float, np.ndarray]]) -> list[PruneResult]:
         """`finish` from the outputs of each block of the call (rerank score, slot probabilities)."""
-        fam, rules = self.spec.family, call.rules
-        scored = self.merge(call.passages, call.spans, call.blocks, per_block,
-                            unweighted=self._fragment_tokens(rules.windows) is not None)
-        per_window = (self._window_decisions(call.spans, call.blocks, per_block, rules.threshold, rules.alpha)
-                      if self._token_windows(rules.windows) else None)
-        if rules.lexical_weight:      # the in-passage lexical score fused with the model's (engine.lexical)
-            w = rules.lexical_weight
-            for p, sp, sc in zip(call.passages, call.spans, scored):
-                sc.probs = lexical.fuse(sc.probs, lexical.sentence_scores(call.question, [p[a:b] for a, b in sp]), w)
-                if sc.rerank is not None:
-                    sc.rerank = float(lexical.fuse(sc.rerank, lexical.passage_score(call.question, p), w))
-        results = []
-        for i, (p, sp, sc) in enumerate(zip(call.passages, call.spans, scored)):
-            if per_window is not None:
-                sc.probs, kept = per_window[i]
-            else:
-                kept = keep_mask(sc.probs, fam, rules.threshold, rules.title, rules.alpha)
-            rerank = 0.0 if fam.zero_rerank_when_empty and sc.rerank is not None and not kept.any() else sc.rerank
-            results.append(build_result(i, p, sp, sc.probs, kept, rerank, rules.threshold, sc.blocks,
-                                        windows=rules.windows, lexical_weight=rules.lexical_weight))
-        return order_results(gate_passages(results, rules.passage_margin), call.options.reorder, call.options.top_k)
+        return decide_passages(self.spec.family, call.rules, call.options, call.question, call.passages, call.spans,
+                               self.scores(call, per_block))
 
-    def _window_decisions(self, spans: Sequence[Sequence[tuple[int, int]]], blocks: Sequence[Block],
-                          per_block: Sequence[tuple[float, np.ndarray]], threshold: float,
-                          alpha: float | None) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per passage (probabilities, kept) the way token windows decide: each window keeps
-        its own sentences (threshold, then backoff within the window); a sentence is kept
-        when any window keeps it, and its probability is its best over the windows."""
-        fam = self.spec.family
-        probs = [np.zeros(len(sp)) for sp in spans]
-        kept = [np.zeros(len(sp), dtype=bool) for sp in spans]
-        for block, (_, p) in zip(blocks, per_block):
-            sents = [u[0] for u in block.units]
-            mine = keep_mask(p, fam, threshold, "none", alpha)
-            i = block.passage
-            for k, sent in enumerate(sents):
-                probs[i][sent] = max(probs[i][sent], p[k])
-                kept[i][sent] |= bool(mine[k])
-        return list(zip(probs, kept))
+    def scores(self, call: "Call", per_block: Sequence[tuple[float, np.ndarray]]) -> list[Scored]:
+        """The call's per-passage model scores (engine.decide: blocks merged; with token
+        windows, each window's own decisions at the call's threshold and backoff)."""
+        fam, rules = self.spec.family, call.rules
+        scored = merge_blocks(fam, len(call.passages), call.spans, call.blocks, per_block,
+                              unweighted=self._fragment_tokens(rules.windows) is not None)
+        if self._token_windows(rules.windows):
+            scored = window_decisions(fam, scored, call.blocks, per_block, rules.threshold, rules.alpha)
+        return scored
 
     def prune_many(self, queries: Sequence[dict[str, Any]]) -> list[list[PruneResult] | Exception]:
         """Several calls at once: `queries` holds `prune` keyword arguments (`question`,
@@ -374,54 +252,14 @@ class Pruner:
         batches = self.batches(blocks)
         return self.block_outputs(blocks, batches, self.backend.infer_many(batches))
 
-    def merge(self, passages: Sequence[str], spans: Sequence[Sequence[tuple[int, int]]],
-              blocks: Sequence[Block], outputs: Sequence[tuple[float, np.ndarray]],
-              unweighted: bool = False) -> list[Scored]:
-        """Per passage: sentence probabilities (pieces merged token-weighted, or as a plain
-        mean of the pieces with `unweighted`, OpenProvence's fragments) and the reranking
-        score (first block, or the best block for the embedding family)."""
-        weighted = [np.zeros(len(sp)) for sp in spans]
-        tokens = [np.zeros(len(sp)) for sp in spans]
-        rerank: list[float | None] = [None] * len(passages)
-        n_blocks = [0] * len(passages)
-        use_max = self.spec.family.rerank_merge == "max"
-        sigmoid = self.spec.family.rerank_transform == "sigmoid"
-        for block, (score, probs) in zip(blocks, outputs):
-            i = block.passage
-            n_blocks[i] += 1
-            if sigmoid:
-                score = float(1.0 / (1.0 + np.exp(-score)))
-            if block.first and not use_max:
-                rerank[i] = score
-            elif use_max:
-                rerank[i] = score if rerank[i] is None else max(rerank[i], score)
-            for (sent, n_tok), p in zip(block.units, probs):
-                w = 1 if unweighted else n_tok
-                weighted[i][sent] += p * w
-                tokens[i][sent] += w
-        scored = []
-        for i in range(len(passages)):
-            probs = np.divide(weighted[i], tokens[i], out=np.zeros_like(weighted[i]),
-                              where=tokens[i] > 0)
-            scored.append(Scored(probs=probs, rerank=rerank[i], blocks=n_blocks[i]))
-        return scored
-
     def score(self, question: str, passages: Sequence[str],
               spans: Sequence[Sequence[tuple[int, int]]], windows: str | None = None) -> list[Scored]:
-        """Sentence probabilities and reranking score per passage, blocks merged. With
-        token windows (`windows="reference"` where the family has them) the probability of
-        a sentence is its best over the windows, and `kept` the windows' own decisions at
-        the family's defaults."""
-        windows = self.windows_mode(windows)
-        blocks = self.encode(question, passages, spans, windows)
-        outputs = self.run_blocks(blocks)
-        scored = self.merge(passages, spans, blocks, outputs, unweighted=self._fragment_tokens(windows) is not None)
-        if self._token_windows(windows):
-            fam = self.spec.family
-            decided = self._window_decisions(spans, blocks, outputs, fam.threshold, fam.backoff_alpha)
-            for sc, (probs, kept) in zip(scored, decided):
-                sc.probs, sc.kept = probs, kept
-        return scored
+        """The model's own scores per passage on the given sentence spans (no lexical
+        fusion, no decision but the token windows' own at the family's defaults): what
+        `prune eval` and `prune fidelity` measure. `prepare` and the model, then
+        `scores`: the same route as `prune`."""
+        call = self.prepare(question, passages, sentences=spans, windows=windows, lexical_weight=0.0)
+        return self.scores(call, self.block_outputs(call.blocks, call.batches, self.backend.infer_many(call.batches)))
 
     def close(self) -> None:
         self.backend.close()

@@ -53,7 +53,13 @@ class _EncoderModule(torch.nn.Module):
         return torch.nn.functional.normalize(pooled, dim=-1)
 
 
-def _window(folder: Path, model_window: int) -> int:
+#: the files fastembed reads from a model folder besides the graph (plain_backbone)
+PLAIN_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json")
+
+
+def model_window(folder: Path, model_window: int) -> int:
+    """The window sentence-transformers encodes with: its config's max_seq_length, within
+    the model's own."""
     cfg = folder / "sentence_bert_config.json"
     if cfg.is_file():
         value = json.loads(cfg.read_text()).get("max_seq_length")
@@ -86,7 +92,7 @@ def export_encoder(checkpoint: str | Path, out: str | Path, *, overwrite: bool =
     t0 = time.perf_counter()
     tm = load_torch_model(checkpoint, family="embedding")
     model, tok, spec, ck = tm.module, tm.tokenizer, tm.spec, tm.checkpoint
-    window = _window(Path(ck.folder), spec.max_length)
+    window = model_window(Path(ck.folder), spec.max_length)
     module = _EncoderModule(model.encoder, model.pooling).eval()
     pad_id = int(spec.pad_id)
     example = _feeds(tok, SAMPLE_TEXTS[:2], pad_id, window)
@@ -137,3 +143,59 @@ def export_encoder(checkpoint: str | Path, out: str | Path, *, overwrite: bool =
     log(f"exported the {manifest['dim']}-dim encoder ({model.pooling} pooling, window {window}) "
         f"to {out} in {time.perf_counter() - t0:.1f} s; max |diff| vs PyTorch {worst:.2e}")
     return manifest
+
+
+def plain_backbone(checkpoint: str | Path, folder: Path, opset: int = 17) -> Path:
+    """The checkpoint's backbone exported plainly into `folder` (model.onnx: input_ids,
+    attention_mask, token_type_ids -> last_hidden_state; the tokenizer files beside it), as
+    the bench's peers (fastembed) load a model. Weights are read from safetensors only.
+    Returns the folder."""
+    import torch
+    from transformers import AutoModel
+    src = Path(checkpoint)
+    folder.mkdir(parents=True, exist_ok=True)
+    backbone = AutoModel.from_pretrained(checkpoint, use_safetensors=True, attn_implementation="eager").eval()
+
+    class Plain(torch.nn.Module):          # keyword arguments: the backbone's positional order varies
+        def __init__(self):
+            super().__init__()
+            self.backbone = backbone
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            return self.backbone(input_ids=input_ids, attention_mask=attention_mask,
+                                 token_type_ids=token_type_ids).last_hidden_state
+
+    model = Plain()
+    ids = torch.ones(2, 8, dtype=torch.long)
+    graph = folder / "model.onnx"
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")        # the tracer's notes on transformers' mask code
+        torch.onnx.export(model, (ids, torch.ones_like(ids), torch.zeros_like(ids)), str(graph),
+                          input_names=["input_ids", "attention_mask", "token_type_ids"],
+                          output_names=["last_hidden_state"],
+                          dynamic_axes={n: {0: "batch", 1: "sequence"} for n in
+                                        ("input_ids", "attention_mask", "token_type_ids", "last_hidden_state")},
+                          opset_version=opset, do_constant_folding=True, dynamo=False)
+    for name in PLAIN_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, folder / name)
+    # fastembed truncates at tokenizer_config's model_max_length and refuses a folder
+    # without one: where it is missing, the window sentence-transformers encodes with
+    tok_config = folder / "tokenizer_config.json"
+    conf = json.loads(tok_config.read_text()) if tok_config.is_file() else {}
+    if not isinstance(conf.get("model_max_length"), int) or conf["model_max_length"] > 10**6:
+        conf["model_max_length"] = model_window(src, int(backbone.config.max_position_embeddings))
+        tok_config.write_text(json.dumps(conf, indent=2) + "\n")
+    return folder
+
+
+def plain_backbone_int8(plain: Path, folder: Path) -> Path:
+    """A `plain_backbone` folder's graph through ONNX Runtime's dynamic quantization at its
+    defaults (int8 weights per tensor) into `folder`, the tokenizer files copied. Returns it."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    folder.mkdir(parents=True, exist_ok=True)
+    quantize_dynamic(str(plain / "model.onnx"), str(folder / "model.onnx"), weight_type=QuantType.QInt8)
+    for name in PLAIN_FILES:
+        if (plain / name).is_file():
+            shutil.copyfile(plain / name, folder / name)
+    return folder

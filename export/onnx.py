@@ -34,7 +34,8 @@ from engine.errors import ExportError
 from engine.pytorch.loading import embedding_rows, load_torch_model
 from engine.spec import GRAPH_OUTPUTS, MANIFEST, MANIFEST_FORMAT, ModelSpec
 from export import deberta
-from export.optimize import convert_fp16, encoder_dims, optimize_graph, quantize_int8
+from export.optimize import convert_fp16, encoder_dims, fix_graph, optimize_graph, quantize_int8
+from export.samples import sample_batches
 
 DEFAULT_OPSET = 17
 EXTERNAL_DATA_BYTES = 1_800_000_000   # protobuf's hard limit is 2 GiB for the whole file
@@ -45,16 +46,6 @@ PARITY_TOLERANCE = 1e-4               # fp32 graph vs fp32 PyTorch, on probabili
 INT8_TOLERANCE = 0.15
 FP16_TOLERANCE = 0.02
 PRECISIONS = ("fp32", "int8", "fp16")
-
-SAMPLE_QUESTION = "What goes on the bottom of the pie, and who wrote about it first?"
-SAMPLE_PASSAGES = [
-    "Shepherd's pie. In early cookery books, the dish was a means of using leftover roasted meat. "
-    "The pie dish was lined on the sides and bottom with mashed potato.",
-    "Paris is the capital of France.",
-    " ".join(f"Sentence number {i} talks about the weather in 2020 and the price of 3.50 dollars."
-             for i in range(60)),
-    "北京是中国的首都。上海是一个大城市。The museum opened a new exhibition about ancient Egypt.",
-]
 
 
 #: transformers modules whose helpers some releases compile with `torch.jit.script`
@@ -105,24 +96,6 @@ class _ContractModule(torch.nn.Module):
         else:
             (sentence_ids,), token_type_ids = rest, None
         return self.model(input_ids, attention_mask, sentence_ids, token_type_ids)
-
-
-def sample_batches(encoder: Encoder, batch_sizes=(1, 3)) -> list[dict[str, np.ndarray]]:
-    """Realistic inputs from the engine's own encoder: short, long (multi-block), CJK."""
-    from engine.batching import collate, plan
-    from engine.text import split_sentences
-    q = encoder.question_ids(SAMPLE_QUESTION)
-    blocks = []
-    for i, p in enumerate(SAMPLE_PASSAGES):
-        spans = split_sentences(p)
-        blocks += encoder.blocks(q, i, encoder.tokenize([p[s:e] for s, e in spans]))
-    out = []
-    for size in batch_sizes:
-        cfg = BatchingConfig(max_batch_tokens=10**9, max_batch_size=size)
-        for length, idx in plan([len(b) for b in blocks], cfg, encoder.spec.max_length):
-            batch = collate(blocks, idx, length, encoder.spec.pad_id)
-            out.append(batch.inputs(encoder.spec.input_names))
-    return out
 
 
 def compare(reference: Callable[[dict], tuple], candidate: Callable[[dict], tuple],
@@ -305,7 +278,6 @@ def export_model(checkpoint: str | Path, out: str | Path, *, family: str | None 
             shutil.copy2(item, stage / item.name)
         if tensorrt_graph:
             # TensorRT parses the plain fp32 graph (not ONNX Runtime's fused contrib ops).
-            from export.tensorrt import fix_graph
             trt_proto = onnx.load(str(fp32))
             details["tensorrt_graph_fixes"] = fix_graph(trt_proto)
             onnx.save_model(trt_proto, str(stage / "model.trt.onnx"), save_as_external_data=use_external,

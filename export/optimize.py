@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+from onnx import TensorProto
 
 # The nodes of the backbone carry these in their exported names; the heads and the
 # sentence pooling do not (they are "/model/MatMul", "/model/token_classifier/MatMul"...).
@@ -211,3 +212,33 @@ def unique_node_names(graph) -> int:
         node.name = new
         renamed += 1
     return renamed
+
+
+# --------------------------------------------------------------------------- graph fixes
+
+def fix_graph(model: onnx.ModelProto) -> dict[str, int]:
+    """Graph changes TensorRT needs, in place; returns what was changed.
+
+    - Cast to UINT8 (DeBERTa's older exports cast masks to uint8): TensorRT rejects uint8
+      tensors in most layers; a mask only needs BOOL, so the cast becomes BOOL when every
+      consumer is a logical op or Where, and INT32 otherwise.
+    - Cast to DOUBLE: TensorRT has no float64; FLOAT keeps the value range these graphs use.
+    """
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    changed = {"uint8_casts": 0, "double_casts": 0}
+    logical = {"Not", "And", "Or", "Xor", "Where", "Equal"}
+    for n in model.graph.node:
+        if n.op_type != "Cast":
+            continue
+        to = next(a for a in n.attribute if a.name == "to")
+        if to.i == TensorProto.UINT8:
+            uses = consumers.get(n.output[0], [])
+            to.i = TensorProto.BOOL if uses and all(u.op_type in logical for u in uses) else TensorProto.INT32
+            changed["uint8_casts"] += 1
+        elif to.i == TensorProto.DOUBLE:
+            to.i = TensorProto.FLOAT
+            changed["double_casts"] += 1
+    return changed

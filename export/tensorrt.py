@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
-from onnx import TensorProto
 
 from engine.errors import ExportError
+from export.optimize import fix_graph  # noqa: F401  (re-exported: TensorRT's graph fixes)
 
 Shape = tuple[int, int]
 Profile = dict[str, tuple[Shape, Shape, Shape]]
@@ -83,36 +82,6 @@ def write_build_script(folder: Path, input_names: Sequence[str], buckets: Sequen
                       "set -euo pipefail\ncd \"$(dirname \"$0\")\"\n" + " ".join(shlex.quote(c) for c in cmd) + "\n")
     script.chmod(0o755)
     return script
-
-
-# --------------------------------------------------------------------------- graph fixes
-
-def fix_graph(model: onnx.ModelProto) -> dict[str, int]:
-    """Graph changes TensorRT needs, in place; returns what was changed.
-
-    - Cast to UINT8 (DeBERTa's older exports cast masks to uint8): TensorRT rejects uint8
-      tensors in most layers; a mask only needs BOOL, so the cast becomes BOOL when every
-      consumer is a logical op or Where, and INT32 otherwise.
-    - Cast to DOUBLE: TensorRT has no float64; FLOAT keeps the value range these graphs use.
-    """
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for n in model.graph.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
-    changed = {"uint8_casts": 0, "double_casts": 0}
-    logical = {"Not", "And", "Or", "Xor", "Where", "Equal"}
-    for n in model.graph.node:
-        if n.op_type != "Cast":
-            continue
-        to = next(a for a in n.attribute if a.name == "to")
-        if to.i == TensorProto.UINT8:
-            uses = consumers.get(n.output[0], [])
-            to.i = TensorProto.BOOL if uses and all(u.op_type in logical for u in uses) else TensorProto.INT32
-            changed["uint8_casts"] += 1
-        elif to.i == TensorProto.DOUBLE:
-            to.i = TensorProto.FLOAT
-            changed["double_casts"] += 1
-    return changed
 
 
 # --------------------------------------------------------------------------- build / check
@@ -210,8 +179,10 @@ def export_tensorrt(folder: Path, precision: str = "fp16", max_batch_size: int =
     """Add a TensorRT plan to an exported folder: fixed graph, build script, and (where
     TensorRT exists) the plan, checked against ONNX Runtime. Updates the manifest."""
     import json
-    from engine.pruner import Pruner
-    from export.onnx import sample_batches
+
+    from engine.encode import Encoder, manifest_tokenizer
+    from engine.spec import read_manifest, spec_from_manifest
+    from export.samples import sample_batches
     if precision not in ("fp32", "fp16"):
         raise ExportError("TensorRT INT8/FP8 need a graph with calibrated Q/DQ nodes (e.g. from NVIDIA "
                           "ModelOpt), which this exporter does not make: use --precision fp16 with "
@@ -239,8 +210,9 @@ def export_tensorrt(folder: Path, precision: str = "fp16", max_batch_size: int =
             "to build model.plan")
         return manifest["tensorrt"]
     plan = build_engine(folder / "model.trt.onnx", folder / "model.plan", profile_list, precision)
-    pruner = Pruner.load(folder)
-    report = check_engine(plan, trt_graph, sample_batches(pruner.encoder), tolerance=0.02)
+    spec = spec_from_manifest(read_manifest(folder), name=folder.name)
+    encoder = Encoder(manifest_tokenizer(folder, read_manifest(folder), spec.family), spec)
+    report = check_engine(plan, trt_graph, sample_batches(encoder), tolerance=0.02)
     manifest["tensorrt"].update(plan=plan.name, check=report)
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
     log(f"built {plan}: max |diff| vs ONNX Runtime {report['max_abs_diff_vs_onnxruntime']:.2e}")

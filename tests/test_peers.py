@@ -5,7 +5,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from engine.tools.peers import (call_texts, embedding_peers, fastembed_peer, plain_export, plain_int8,
+from export.embedder import plain_backbone as plain_export, plain_backbone_int8 as plain_int8
+from engine.tools.peers import (call_texts, embedding_peers, fastembed_peer,
                                 sentence_transformers_peer)
 from tests.test_parity import PASSAGES, QUESTION
 

@@ -18,16 +18,12 @@ sentence-transformers' own ONNX backend needs optimum-onnx, which pins transform
 from __future__ import annotations
 
 import json
-import shutil
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-#: the files fastembed reads from a model folder besides the graph
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json")
 #: texts per batch, for every peer (sentence-transformers' `encode` default is 32; the
 #: engine's batches are larger, so the peers get 64 too)
 BATCH = 64
@@ -76,65 +72,9 @@ def sentence_transformers_peer(checkpoint: str, device: str = "cpu", graph: Path
                                                  convert_to_numpy=True, show_progress_bar=False), shapes, graph)
 
 
-def plain_export(checkpoint: str, folder: Path, opset: int = 17) -> Path:
-    """The checkpoint's backbone exported plainly into `folder` (model.onnx: input_ids,
-    attention_mask, token_type_ids -> last_hidden_state; the tokenizer files beside it).
-    Weights are read from safetensors only. Returns the folder."""
-    import torch
-    from transformers import AutoModel
-    src = Path(checkpoint)
-    folder.mkdir(parents=True, exist_ok=True)
-    backbone = AutoModel.from_pretrained(checkpoint, use_safetensors=True, attn_implementation="eager").eval()
-
-    class Plain(torch.nn.Module):          # keyword arguments: the backbone's positional order varies
-        def __init__(self):
-            super().__init__()
-            self.backbone = backbone
-
-        def forward(self, input_ids, attention_mask, token_type_ids):
-            return self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                                 token_type_ids=token_type_ids).last_hidden_state
-
-    model = Plain()
-    ids = torch.ones(2, 8, dtype=torch.long)
-    graph = folder / "model.onnx"
-    with torch.inference_mode(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")        # the tracer's notes on transformers' mask code
-        torch.onnx.export(model, (ids, torch.ones_like(ids), torch.zeros_like(ids)), str(graph),
-                          input_names=["input_ids", "attention_mask", "token_type_ids"],
-                          output_names=["last_hidden_state"],
-                          dynamic_axes={n: {0: "batch", 1: "sequence"} for n in
-                                        ("input_ids", "attention_mask", "token_type_ids", "last_hidden_state")},
-                          opset_version=opset, do_constant_folding=True, dynamo=False)
-    for name in TOKENIZER_FILES:
-        if (src / name).is_file():
-            shutil.copyfile(src / name, folder / name)
-    # fastembed truncates at tokenizer_config's model_max_length and refuses a folder
-    # without one: where it is missing, the window sentence-transformers encodes with
-    tok_config = folder / "tokenizer_config.json"
-    conf = json.loads(tok_config.read_text()) if tok_config.is_file() else {}
-    if not isinstance(conf.get("model_max_length"), int) or conf["model_max_length"] > 10**6:
-        from export.embedder import _window
-        conf["model_max_length"] = _window(src, int(backbone.config.max_position_embeddings))
-        tok_config.write_text(json.dumps(conf, indent=2) + "\n")
-    return folder
-
-
-def plain_int8(plain: Path, folder: Path) -> Path:
-    """A `plain_export` folder's graph through ONNX Runtime's dynamic quantization at its
-    defaults (int8 weights per tensor) into `folder`, the tokenizer files copied. Returns it."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-    folder.mkdir(parents=True, exist_ok=True)
-    quantize_dynamic(str(plain / "model.onnx"), str(folder / "model.onnx"), weight_type=QuantType.QInt8)
-    for name in TOKENIZER_FILES:
-        if (plain / name).is_file():
-            shutil.copyfile(plain / name, folder / name)
-    return folder
-
-
 def fastembed_peer(folder: Path, pooling: str = "mean", threads: int | None = None,
                    precision: str = "fp32") -> CosinePeer | None:
-    """fastembed's TextEmbedding on a `plain_export` folder (read from disk, never
+    """fastembed's TextEmbedding on a `export.embedder.plain_backbone` folder (read from disk, never
     downloaded), CPU provider, `threads` intra-op threads (None: ONNX Runtime's default),
     batches of 64 in input order. None when fastembed is not installed."""
     try:
@@ -174,8 +114,9 @@ def embedding_peers(checkpoint: str, folder: Path, device: str = "cpu", threads:
         log("peer fastembed: not installed (pip install 'prune-engine[bench]'): not measured")
     if fastembed_ok:
         log("peers: exporting the checkpoint plainly (fp32, dynamic int8) for fastembed ...")
-        plain_export(checkpoint, plain)
-        plain_int8(plain, folder / "int8")
+        from export.embedder import plain_backbone, plain_backbone_int8
+        plain_backbone(checkpoint, plain)
+        plain_backbone_int8(plain, folder / "int8")
         pooling = _pooling(Path(checkpoint)) if Path(checkpoint).is_dir() else "mean"
         peers["peer: fastembed (ONNX Runtime fp32, plain export; embed + cosine, no decisions)"] = \
             fastembed_peer(plain, pooling, threads)

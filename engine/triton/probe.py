@@ -20,9 +20,9 @@ QUESTION, PASSAGES = "Is the engine up?", ["The engine is up."]
 
 def probe(url: str, model: str, timeout: float) -> str | None:
     """None when the model answered, else why not."""
-    from engine.pruner import Pruner
+    from engine.triton.connect import connect
     try:
-        pruner = Pruner.connect(url, model, timeout=timeout, retries=0, ready_timeout=timeout)
+        pruner = connect(url, model, timeout=timeout, retries=0, ready_timeout=timeout)
         try:
             pruner.prune(QUESTION, PASSAGES)
         finally:

@@ -1,0 +1,57 @@
+"""Opening a model for the in-process pruner: an exported folder for ONNX Runtime, or a
+checkpoint for PyTorch. `Pruner.load` is the door; this module does the work and returns
+the pieces a `Pruner` is made of (its core, tokenizer and spec). The Triton half of
+loading, `Pruner.connect`, is `engine.triton.connect`."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from engine.backends.base import Backend
+from engine.batching import BatchingConfig
+from engine.encode import manifest_tokenizer
+from engine.errors import InputError, ModelLoadError
+from engine.spec import ModelSpec, read_manifest, spec_from_manifest
+
+BACKENDS = ("onnxruntime", "torch")
+DTYPES = ("float32", "float16", "bfloat16")
+ATTENTIONS = ("eager", "sdpa")
+
+
+def open_model(path: str | Path, backend: str = "onnxruntime", *, family: str | None = None,
+               threads: int | None = None, providers: list[str] | None = None,
+               batching: BatchingConfig | None = None, graph: str | None = None, device: str = "cpu",
+               options: dict[str, Any] | None = None, tensorrt: bool | str | Path = False, log: Any = None,
+               dtype: str = "float32", attn: str = "eager") -> tuple[Backend, Any, ModelSpec]:
+    """(core, tokenizer, spec) of an exported model folder (ONNX Runtime) or a checkpoint
+    (backend="torch"); the arguments are `Pruner.load`'s."""
+    if backend not in BACKENDS:
+        raise InputError(f"unknown backend {backend!r}: onnxruntime or torch (Triton: Pruner.connect)")
+    if str(path) == "default" and not Path("default").exists():
+        from engine.default_model import default_checkpoint, ensure_default_model
+        path = default_checkpoint() if backend == "torch" else ensure_default_model()
+    path = Path(path)
+    if backend == "torch":
+        from engine.backends.torch import TorchBackend
+        if dtype not in DTYPES:
+            raise InputError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
+        if attn not in ATTENTIONS:
+            raise InputError(f"attn must be eager or sdpa, got {attn!r}")
+        return TorchBackend.from_checkpoint(path, family=family, options=options, attn=attn, threads=threads,
+                                            device=device, dtype=dtype)
+    from engine.backends.onnxruntime import OnnxRuntimeBackend
+    manifest = read_manifest(path)
+    spec = spec_from_manifest(manifest, name=path.name)
+    tokenizer = manifest_tokenizer(path, manifest, spec.family)
+    trt = None
+    if tensorrt:
+        from engine.backends.onnxruntime import tensorrt_options
+        trt = tensorrt_options(list(spec.input_names), list(manifest.get("buckets") or [spec.max_length]),
+                               (batching or BatchingConfig()).max_batch_size,
+                               Path(tensorrt) if isinstance(tensorrt, (str, Path)) else path / "trt-cache")
+    core = OnnxRuntimeBackend(path / (graph or manifest["graph"]), intra_op_threads=threads,
+                              providers=providers, device=device, tensorrt=trt, log=log)
+    missing = set(spec.input_names) - set(core.input_names)
+    if missing:
+        raise ModelLoadError(f"{path}: graph lacks inputs {sorted(missing)}")
+    return core, tokenizer, spec
