@@ -32,6 +32,7 @@ import threading
 import time
 import urllib.request
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from engine.errors import BackendError
@@ -261,6 +262,34 @@ class TritonServer:
         if alive < stubs:
             return f"{stubs - alive} python-backend stub(s) died"
         return None
+
+    def supervise(self, *, ready_timeout: float = 120.0, restart: bool = True, max_restarts: int = 5,
+                  alive: Callable[[], bool] = lambda: True, log: Callable[[str], None] = print,
+                  interval: float = 0.5) -> str:
+        """Keep the started server serving until it cannot be: a server that died (one
+        malformed request can abort tritonserver 2.51) or lost a stub (its model then fails
+        every request while "ready") is restarted, at most `max_restarts` times in a minute
+        (never with `restart=False`). Returns why it stopped: that problem, or that `alive()`
+        (what runs in front of the server, such as the HTTP API) turned false. Signals and
+        KeyboardInterrupt propagate to the caller, who stops the server."""
+        stubs = len(self.stub_pids())
+        restarts: list[float] = []
+        while True:
+            time.sleep(interval)
+            if not alive():
+                return "the HTTP API stopped"
+            problem = self.health_problem(stubs)
+            if problem is None:
+                continue
+            now = time.monotonic()
+            restarts = [t for t in restarts if now - t < 60] + [now]
+            if not restart or len(restarts) > max_restarts:
+                return problem + ("" if not restart else f"; more than {max_restarts} restarts in a minute: giving up")
+            log(f"prune serve: {problem}: restarting tritonserver")
+            self.stop(timeout=5)
+            self.start(timeout=ready_timeout)
+            stubs = len(self.stub_pids())
+            log(f"prune serve: tritonserver ready again (restart {len(restarts)} in the last minute)")
 
     def kill(self) -> None:
         """Kill the server and its stubs abruptly (fault tests)."""

@@ -1,0 +1,98 @@
+"""`prune`: one command line with subcommands.
+
+    prune export  --model CHECKPOINT --out build/provence
+    prune run     --model build/provence --question "..." --context-file doc.txt
+    prune index   --db rag.db --data docs.jsonl
+    prune ask     --db rag.db --question "..."
+    prune test-checkpoint --family all --out build/test-checkpoints
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from engine.cli import (api, ask, bench, eval, export, fidelity, index, repository, run, serve,
+                        test_checkpoint)
+from engine.errors import PruneError
+
+#: the subcommands, in `prune --help`'s order: one module each, the command's flags beside
+#: its handler (`add(new)` makes its parser, `run(args)` runs it)
+COMMANDS = (export, run, eval, fidelity, repository, api, serve, bench, index, ask, test_checkpoint)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import engine
+    p = argparse.ArgumentParser(prog="prune", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"prune-engine {engine.__version__}")
+    # also before the subcommand (`prune -q run ...`); own names, or the subcommand's defaults win
+    top = p.add_mutually_exclusive_group()
+    top.add_argument("-q", "--quiet", dest="top_quiet", action="store_true", help="as the subcommands' --quiet")
+    top.add_argument("-v", "--verbose", dest="top_verbose", action="store_true", help="as the subcommands' --verbose")
+    sub = p.add_subparsers(dest="command", required=True)
+    output = argparse.ArgumentParser(add_help=False)
+    loud = output.add_argument_group("output").add_mutually_exclusive_group()
+    loud.add_argument("-q", "--quiet", action="store_true",
+                      help="nothing on stderr but errors: no progress, notes or server logs")
+    loud.add_argument("-v", "--verbose", action="store_true",
+                      help="more on stderr: Python logging at DEBUG and a traceback with every error")
+
+    def new(name: str, **kwargs) -> argparse.ArgumentParser:
+        """A subcommand's parser: its help shows the defaults once, and -q / -v."""
+        return sub.add_parser(name, formatter_class=_HelpFormatter, parents=[output], **kwargs)
+    for command in COMMANDS:
+        command.add(new)
+    return p
+
+
+def _logger(args):
+    if args.quiet:
+        return lambda m: None
+    return lambda m: print(m, file=sys.stderr, flush=True)
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Adds "(default: X)" to a flag's help only where the help does not say its default
+    already and there is one worth saying (not None, not a switch's True/False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or default is None or isinstance(default, bool) or default is argparse.SUPPRESS
+                or not action.option_strings):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        parser = build_parser()
+    except PruneError as exc:   # a PRUNE_* variable that does not parse
+        print(f"prune: error: {exc}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
+    args.quiet = args.quiet or args.top_quiet
+    args.verbose = args.verbose or args.top_verbose
+    if args.quiet and args.verbose:
+        print(f"prune {args.command}: error: --quiet and --verbose exclude each other", file=sys.stderr)
+        return 2
+    args.log = _logger(args)
+    if args.verbose:
+        import logging
+        logging.basicConfig(level=logging.DEBUG, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return args.func(args)
+    except BrokenPipeError:
+        # the reader went away (`prune run --json | head`): end quietly, as Unix tools do
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
+    except (PruneError, ValueError) as exc:   # ValueError: invalid batching settings and the like
+        if args.verbose:
+            import traceback
+            traceback.print_exc()
+        print(f"prune {args.command}: error: {exc}", file=sys.stderr)
+        return 2

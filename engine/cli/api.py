@@ -1,0 +1,55 @@
+"""`prune api`: the HTTP API in front of an in-process model or a Triton text model."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.cli.common import add_batching, add_setting, api_imports, batching, model_path
+
+
+def add(new) -> None:
+    h = new("api", help="the HTTP API: TEI and Cohere rerank, /v1/prune (in-process or a Triton text model)")
+    h.add_argument("--model", help="exported folder, or 'default' (all-MiniLM-L6-v2, exported on first use); "
+                                   "default: 'default'")
+    h.add_argument("--server", help="a Triton server's gRPC address, host:port (several replicas: comma-separated "
+                                    "or dns:///name:port), instead of an in-process model")
+    add_setting(h, "text_model")
+    add_setting(h, "host")
+    add_setting(h, "port")
+    add_setting(h, "api_key")
+    add_setting(h, "workers")
+    add_setting(h, "max_concurrent")
+    add_setting(h, "request_timeout")
+    add_setting(h, "max_body_bytes")
+    add_batching(h)
+    h.set_defaults(func=run, backend="onnxruntime")
+
+
+def run(args) -> int:
+    uvicorn, _, _ = api_imports()
+    from engine.pruner import Pruner
+    if args.server:
+        name = args.text_model or "default_text"
+        args.log(f"connecting to the text model {name!r} on {args.server} (gRPC) ...")
+        pruner = Pruner.connect(args.server, name, timeout=args.request_timeout)
+        label = f"{name}@{args.server}"
+    else:
+        model = model_path(args)
+        pruner = Pruner.load(model, threads=args.threads, batching=batching(args))
+        label = Path(model).name if args.model and args.model != "default" else "default"
+    app = api_app(args, pruner, label, remote=bool(args.server))
+    args.log(f"prune api: {label} ({pruner.family.name}, {pruner.describe()}) on http://{args.host}:{args.port}"
+             + ("" if args.api_key else "; no API key"))
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info",
+                    timeout_graceful_shutdown=int(args.request_timeout))
+    finally:
+        pruner.close()
+    return 0
+
+
+def api_app(args, pruner, label: str, remote: bool):
+    _, ApiConfig, create_app = api_imports()
+    workers = args.workers or (16 if remote else 1)
+    config = ApiConfig(api_key=args.api_key, workers=workers, max_concurrent=args.max_concurrent,
+                       request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes, model_name=label)
+    return create_app(pruner, config)

@@ -1,0 +1,63 @@
+"""`prune bench`: the speed of every path side by side on a RAG workload."""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+
+def add(new) -> None:
+    b = new("bench", help="speed of every path side by side on the RAG workload")
+    b.add_argument("--data", required=True, help="RAG JSONL (question, passages)")
+    b.add_argument("--model", help="exported fp32 folder (default: the default model)")
+    b.add_argument("--int8", help="exported int8 folder (default: the default model's, exported on first use)")
+    b.add_argument("--fp16", help="exported fp16 folder (default with --device cuda: the default model's, "
+                   "exported on first use)")
+    b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: PyTorch fp32/fp16 and ONNX Runtime's CUDA provider (fp32, fp16) on the GPU "
+                        "(pip install 'prune-engine[gpu]')")
+    b.add_argument("--checkpoint", help="the checkpoint, for the PyTorch reference paths")
+    b.add_argument("--queries", type=int, default=30, help="queries per path and repeat")
+    b.add_argument("--repeats", type=int, default=3, help="interleaved repeats (medians are reported)")
+    b.add_argument("--threads", type=int, help="intra-op threads (default: all cores)")
+    b.add_argument("--triton", action="store_true", help="also serve the model with tritonserver and "
+                   "measure gRPC/HTTP at concurrency 1/4/16 and perf_analyzer")
+    b.add_argument("--paths", help="only the paths whose names match this regular expression "
+                   "(e.g. 'c16' for a focused comparison with more repeats)")
+    b.add_argument("--text-instances", type=int, default=4, help="instances of the served text model (default 4)")
+    b.add_argument("--no-perf-analyzer", action="store_true", help="skip perf_analyzer (with --triton)")
+    b.add_argument("--replicas", type=int, default=1,
+                   help="with --triton: start this many servers and also measure one client over all of them")
+    b.add_argument("--out", default="benchmarks/results", help="folder for the bench-DATE results")
+    b.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from engine.tools.bench import bench, markdown, plot
+    from engine.default_model import default_checkpoint, ensure_default_model
+    log = args.log
+    if args.device == "cuda":   # the CUDA provider is checked before any export or measurement
+        from engine.backends.onnxruntime import require_cuda
+        require_cuda()
+    models = {"fp32": Path(args.model) if args.model else ensure_default_model(log)}
+    if args.device == "cpu" and (args.int8 or not args.model):
+        models["int8"] = Path(args.int8) if args.int8 else ensure_default_model(log, precision="int8")
+    if args.fp16 or (args.device == "cuda" and not args.model):
+        models["fp16"] = Path(args.fp16) if args.fp16 else ensure_default_model(log, precision="fp16")
+    checkpoint = args.checkpoint or (None if args.model else default_checkpoint())
+    out_dir = Path(args.out) / time.strftime("bench-%Y%m%d-%H%M%S")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = bench(models, checkpoint, Path(args.data), args.queries, args.repeats, args.threads,
+                   args.triton, log=log, out_dir=out_dir, only=args.paths, text_instances=args.text_instances,
+                   perf=not args.no_perf_analyzer, replicas=args.replicas, device=args.device)
+    command = shlex.join(["prune", *sys.argv[1:]])
+    report["command"] = command
+    (out_dir / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    text = markdown(report, command)
+    (out_dir / "bench.md").write_text(text)
+    plot(report, out_dir / "bench.png")
+    print(text)
+    print(f"wrote {out_dir}/bench.json, bench.md, bench.png")
+    return 0

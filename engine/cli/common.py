@@ -1,0 +1,125 @@
+"""What several commands share: flags from engine.settings, the batching and call-option
+flags, the embedding family's export options, the default model, the RAG database."""
+from __future__ import annotations
+
+import argparse
+import os
+
+from engine.errors import PruneError
+from engine.families import FAMILIES
+from engine.inputs import OPTION_NAMES, WINDOWS, CallOptions, option_choices, option_help, option_type
+from engine.settings import SETTINGS, help_text, setting
+
+
+def add_setting(p, name: str, extra: str = "", **kwargs) -> None:
+    """A flag from engine.settings: its default is the PRUNE_* variable when set, else the
+    setting's default; its help says what it does, its variable and its default, once."""
+    s = SETTINGS[name]
+    if s.type is not str:
+        kwargs.setdefault("type", s.type)
+    if s.choices:
+        kwargs.setdefault("choices", s.choices)
+    p.add_argument(s.flag, default=setting(name), help=help_text(name, extra), **kwargs)
+
+
+def add_batching(p: argparse.ArgumentParser) -> None:
+    add_setting(p, "max_batch_tokens")
+    add_setting(p, "max_batch_size")
+    add_setting(p, "threads")
+
+
+def add_windows(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--windows", choices=list(WINDOWS),
+                   help="how a long passage is cut: as the family's own code (reference: OpenSearch's 510-token "
+                        "windows with stride 128 and a decision per window; OpenProvence's fragments of half "
+                        "the window averaged without weights) or sentence-aligned blocks with one decision per "
+                        "passage and token-weighted pieces (default: the family's own: " +
+                        ", ".join(f"{f.name} {f.windows}" for f in FAMILIES.values()) + ")")
+
+
+def add_call_options(p: argparse.ArgumentParser) -> None:
+    """One flag per option of a call (engine.inputs.CallOptions), with its own meaning;
+    unset: the model's default."""
+    for name in OPTION_NAMES:
+        flag, kind, choices = "--" + name.replace("_", "-"), option_type(name), option_choices(name)
+        if kind is bool:
+            p.add_argument(flag, action="store_true", help=option_help(name))
+        else:
+            p.add_argument(flag, type=kind, choices=choices, help=option_help(name) + " (default: the model's)")
+
+
+def call_options(args) -> "CallOptions":
+    """The CallOptions of `prune run`'s flags (checked: a bad value is an error before any
+    model loads)."""
+    return CallOptions.of(**{name: getattr(args, name) for name in OPTION_NAMES
+                             if getattr(args, name) not in (None, False)})
+
+
+def batching(args):
+    from engine.batching import BatchingConfig
+    return BatchingConfig(max_batch_tokens=args.max_batch_tokens, max_batch_size=args.max_batch_size)
+
+
+def add_embedding_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("embedding family (sentence-embedding encoders)")
+    g.add_argument("--embedding-mode", choices=["isolated", "passage", "full"],
+                   help="what a sentence's tokens attend to (default isolated: each sentence alone)")
+    g.add_argument("--similarity-scale", type=float, help="p = sigmoid(scale * (cos - shift)); default 8")
+    g.add_argument("--similarity-shift", type=float, help="cosine that maps to p = 0.5; default 0.5")
+    g.add_argument("--embedding-rerank", choices=["max", "mean"],
+                   help="passage score: best sentence cosine (max) or cosine with the passage mean")
+
+
+def embedding_options(args) -> dict:
+    return {k: v for k, v in {"mode": getattr(args, "embedding_mode", None),
+                              "scale": getattr(args, "similarity_scale", None),
+                              "shift": getattr(args, "similarity_shift", None),
+                              "rerank": getattr(args, "embedding_rerank", None)}.items() if v is not None}
+
+
+def model_path(args) -> str:
+    """--model, or the default model: exported (onnxruntime) or its checkpoint (torch)."""
+    if args.model and args.model != "default":
+        return args.model
+    from engine.default_model import default_checkpoint, ensure_default_model
+    return default_checkpoint() if args.backend == "torch" else str(ensure_default_model(args.log))
+
+
+def api_imports():
+    try:
+        import uvicorn
+        from engine.http.app import ApiConfig, create_app
+    except ImportError as exc:
+        raise PruneError(f"the HTTP API needs FastAPI and uvicorn (missing here: {exc.name}): "
+                         "pip install 'prune-engine[api]'") from exc
+    return uvicorn, ApiConfig, create_app
+
+
+def pipeline(args):
+    from engine.rag.pipeline import Pipeline
+    return Pipeline(args.db, collection=args.collection, token=args.token or os.environ.get("MILVUS_TOKEN"),
+                    log=args.log)
+
+
+def load_models(args, pipe, with_pruner: bool) -> None:
+    from engine.rag.embedder import Embedder
+    if getattr(args, "mode", "hybrid") != "bm25":
+        pipe.embedder = Embedder.load(args.encoder, threads=args.threads, log=args.log)
+    if with_pruner:
+        from engine.pruner import Pruner
+        if args.server:
+            pipe.pruner = Pruner.connect(args.server, args.server_model or "default_text", protocol=args.protocol,
+                                         timeout=args.timeout)
+        else:
+            args.backend = "onnxruntime"
+            pipe.pruner = Pruner.load(model_path(args), threads=args.threads, log=args.log)
+
+
+def add_db(x: argparse.ArgumentParser) -> None:
+    x.add_argument("--db", required=True, help="a Milvus Lite file (created by prune index), or a Milvus "
+                   "server's URI (http://host:19530)")
+    x.add_argument("--collection", default="passages", help="the collection's name")
+    x.add_argument("--token", help="a Milvus server's token, user:password (env MILVUS_TOKEN)")
+    x.add_argument("--encoder", default="default", help="exported encoder folder (prune export --encoder), "
+                   "or 'default' (all-MiniLM-L6-v2's, exported on first use)")
+    x.add_argument("--threads", type=int, help="intra-op threads of ONNX Runtime")

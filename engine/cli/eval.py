@@ -1,0 +1,55 @@
+"""`prune eval`: sentence-level P/R/F1, per domain, on RAG calls, and reranking MRR, with baselines."""
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from engine.cli.common import add_batching, add_windows, batching
+from engine.errors import PruneError
+
+
+def add(new) -> None:
+    v = new("eval", help="sentence-level P/R/F1 (grid search) and reranking MRR, with baselines")
+    v.add_argument("--model", action="append", help="exported model folder (repeatable; default: the default model)")
+    v.add_argument("--data", help="JSONL with question, context, sentences, labels")
+    v.add_argument("--rag-data", help="JSONL with question, passages, gold (an index or a list of them): what "
+                   "each model keeps of a RAG call's passages at its defaults, and reranking MRR")
+    v.add_argument("--limit", type=int, help="first N documents of --data")
+    v.add_argument("--rag-limit", type=int, help="first N queries of --rag-data")
+    v.add_argument("--out", help="folder for eval.json, eval.md and pr_curve.png")
+    v.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_windows(v)
+    add_batching(v)
+    v.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from engine.tools.quality import domain_table, evaluate, rag_table, rerank_table, table, write_report
+    from engine.default_model import ensure_default_model
+    from engine.pruner import Pruner
+    models = {}
+    for m in args.model or [None]:
+        path = m or str(ensure_default_model(args.log))
+        name = Path(path).name if m else "all-MiniLM-L6-v2 (default)"
+        models[name] = Pruner.load(path, threads=args.threads, batching=batching(args))
+    if not args.data and not args.rag_data:
+        raise PruneError("give --data (sentence labels) and/or --rag-data (reranking)")
+    report = evaluate(models, args.data, args.rag_data, limit=args.limit, rag_limit=args.rag_limit,
+                      progress=not (args.no_progress or args.quiet), log=args.log, windows=args.windows)
+    rows = report.get("_rows")
+    if rows:
+        print(table(rows))
+    if (report.get("pruning") or {}).get("by_domain"):
+        print()
+        print(domain_table(report["pruning"]["by_domain"]))
+    if report.get("rag"):
+        print()
+        print(rag_table(report["rag"]["metrics"]))
+    if report.get("reranking"):
+        print()
+        print(rerank_table(report["reranking"]["metrics"]))
+    if args.out:
+        paths = write_report(report, args.out, "Quality evaluation", shlex.join(["prune", *sys.argv[1:]]))
+        print("\n" + "\n".join(f"wrote {p}" for p in paths.values()))
+    return 0

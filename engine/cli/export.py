@@ -1,0 +1,67 @@
+"""`prune export`: a checkpoint exported to ONNX (and its reduced precisions, TensorRT's inputs)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.cli.common import add_embedding_options, embedding_options
+from engine.errors import PruneError
+from engine.families import FAMILIES
+
+
+def add(new) -> None:
+    e = new("export", help="checkpoint -> ONNX graph + tokenizer + manifest, checked against PyTorch")
+    e.add_argument("--model", required=True, help="checkpoint folder, hub id, or 'default' (all-MiniLM-L6-v2)")
+    e.add_argument("--out", required=True, help="output folder")
+    e.add_argument("--family", help=f"override the detected family: {', '.join(FAMILIES)} (zilliz: open_provence)")
+    e.add_argument("--tokenizer", help="tokenizer folder or hub id, if the checkpoint has none")
+    e.add_argument("--max-length", type=int, help="model window in tokens (default: 512, or the checkpoint's if "
+                   "shorter; at most what its position embeddings allow, e.g. 8192 for BGE-M3-based models)")
+    e.add_argument("--opset", type=int, default=17, help="ONNX opset of the exported graph")
+    e.add_argument("--external-data", choices=["auto", "always", "never"], default="auto",
+                   help="store weights beside the graph (auto: when over 2 GB)")
+    e.add_argument("--no-verify", action="store_true", help="skip the parity check against PyTorch")
+    e.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+    e.add_argument("--precision", choices=["fp32", "int8", "fp16"], default="fp32",
+                   help="int8: dynamic quantization for CPUs; fp16: for GPUs (float32 I/O, softmax, pooling)")
+    e.add_argument("--no-optimize", action="store_true", help="skip ONNX Runtime's transformer optimizer")
+    e.add_argument("--int8-weight-type", choices=["QInt8", "QUInt8"], default="QInt8",
+                   help="weight type of the INT8 graph (default chosen by measured fidelity, docs/precisions.md)")
+    e.add_argument("--int8-per-tensor", dest="int8_per_channel", action="store_false",
+                   help="one scale per weight tensor instead of per output channel")
+    e.add_argument("--tensorrt", action="store_true",
+                   help="also build a TensorRT plan (needs TensorRT: NVIDIA's TensorRT or Triton container); "
+                        "writes build_tensorrt.sh either way")
+    e.add_argument("--max-batch-size", type=int, default=64, help="largest batch of the TensorRT profiles")
+    e.add_argument("--encoder", action="store_true",
+                   help="export a sentence-embedding checkpoint's text encoder for retrieval (prune index "
+                        "--encoder) instead of a pruning model")
+    add_embedding_options(e)
+    e.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if args.model == "default":
+        from engine.default_model import default_checkpoint
+        args.model = default_checkpoint()
+    try:
+        from export.embedder import export_encoder
+        from export.onnx import export_model
+    except ImportError as exc:
+        raise PruneError(f"prune export needs PyTorch, transformers and onnx (missing here: {exc.name}): "
+                         "pip install 'prune-engine[export]'") from exc
+    if args.encoder:
+        export_encoder(args.model, args.out, overwrite=args.overwrite, opset=args.opset, log=args.log)
+        return 0
+    export_model(args.model, args.out, family=args.family, tokenizer=args.tokenizer,
+                 max_length=args.max_length, opset=args.opset, external_data=args.external_data,
+                 verify=not args.no_verify, overwrite=args.overwrite, options=embedding_options(args),
+                 precision=args.precision, optimize=not args.no_optimize,
+                 int8_weight_type=args.int8_weight_type, int8_per_channel=args.int8_per_channel,
+                 tensorrt_graph=args.tensorrt,
+                 log=args.log)
+    if args.tensorrt:
+        from export.tensorrt import export_tensorrt
+        export_tensorrt(Path(args.out), precision="fp16" if args.precision == "fp32" else args.precision,
+                        max_batch_size=args.max_batch_size,
+                        log=args.log)
+    return 0

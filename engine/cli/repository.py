@@ -1,0 +1,51 @@
+"""`prune repository`: an exported model into a Triton model repository."""
+from __future__ import annotations
+
+from engine.cli.common import add_setting
+
+
+def add(new) -> None:
+    g = new("repository", help="exported model -> Triton model repository")
+    g.add_argument("--model", help="exported model folder (default: the default model)")
+    g.add_argument("--out", required=True, help="the model repository folder")
+    g.add_argument("--target", choices=["cpu", "gpu-onnx", "gpu-tensorrt"], default="cpu",
+                   help="cpu: python backend running ONNX Runtime; gpu-onnx / gpu-tensorrt: NVIDIA's container")
+    g.add_argument("--name", help="model name in the repository (default: the folder's name)")
+    add_setting(g, "max_batch_size", "; here the largest batch the core model accepts")
+    add_setting(g, "max_batch_tokens", "; here the budget the preferred batch sizes are derived from")
+    g.add_argument("--max-queue-delay-us", type=int, default=2000,
+                   help="how long the dynamic batcher waits to fill a batch")
+    g.add_argument("--preferred-batch-sizes", type=int, nargs="+",
+                   help="dynamic batcher's preferred sizes (default: derived from --max-batch-tokens)")
+    g.add_argument("--instances", type=int, default=1, help="model instances")
+    g.add_argument("--intra-op-threads", type=int, help="ONNX Runtime threads per instance (cpu target)")
+    add_setting(g, "ort_arena", "; cpu target")
+    add_setting(g, "join_requests")
+    g.add_argument("--trt-accelerator", action="store_true",
+                   help="gpu-onnx: ONNX Runtime's TensorRT execution accelerator, fp16")
+    g.add_argument("--overwrite", action="store_true", help="replace models of the same name in --out")
+    t = g.add_argument_group("text model <name>_text (text in, pruned text out; python backend on CPU)")
+    t.add_argument("--no-text-model", action="store_true", help="write only the core model")
+    t.add_argument("--text-instances", type=int, default=4,
+                   help="text-model instances: text requests served at once (default 4)")
+    add_setting(t, "text_max_passages")
+    add_setting(t, "text_max_chars")
+    g.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from export.triton import RepositoryOptions, build_repository
+    from engine.default_model import ensure_default_model
+    is_default = args.model in (None, "default")
+    model = str(ensure_default_model(args.log)) if is_default else args.model
+    opts = RepositoryOptions(target=args.target, name=args.name or ("default" if is_default else None),
+                             max_batch_size=args.max_batch_size, max_batch_tokens=args.max_batch_tokens,
+                             max_queue_delay_us=args.max_queue_delay_us,
+                             preferred_batch_sizes=args.preferred_batch_sizes, instances=args.instances,
+                             intra_op_threads=args.intra_op_threads or 0, trt_accelerator=args.trt_accelerator,
+                             text_model=not args.no_text_model, text_instances=args.text_instances,
+                             text_max_passages=args.text_max_passages, text_max_chars=args.text_max_chars,
+                             overwrite=args.overwrite, ort_arena=args.ort_arena,
+                             join_requests=args.join_requests)
+    build_repository(model, args.out, opts, log=args.log)
+    return 0

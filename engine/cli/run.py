@@ -1,0 +1,161 @@
+"""`prune run`: prune passages for a question, or a JSONL file of calls."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from engine.cli.common import add_batching, add_call_options, add_setting, batching, call_options, model_path
+from engine.errors import PruneError
+from engine.inputs import CallOptions
+
+
+def add(new) -> None:
+    r = new("run", help="prune passages for a question")
+    r.add_argument("--model", help="exported folder (onnxruntime) or checkpoint (--backend torch), or 'default' "
+                                    "(all-MiniLM-L6-v2, exported on first use); default: 'default'")
+    r.add_argument("--backend", choices=["onnxruntime", "torch"], default="onnxruntime",
+                   help="onnxruntime: an exported folder; torch: a checkpoint (the fp32 reference)")
+    r.add_argument("--server", help="a Triton server, host:port (gRPC 8001 or HTTP 8000) instead of in-process; "
+                   "several replicas (gRPC): host1:8001,host2:8001 or dns:///name:8001")
+    r.add_argument("--server-model", help="the model's name in the server's repository (default: 'default_text', "
+                   "the default model's text model; a core model name makes this client tokenize)")
+    r.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="how to reach --server")
+    add_setting(r, "timeout")
+    r.add_argument("--family", help="family override for --backend torch")
+    r.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: ONNX Runtime's CUDA provider with IO binding (pip install 'prune-engine[gpu]'), "
+                        "or torch on the GPU")
+    r.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
+                   help="--backend torch: the weights' and activations' type (float16/bfloat16 on a GPU)")
+    r.add_argument("--attn", choices=["eager", "sdpa"], default="eager",
+                   help="--backend torch: attention implementation (sdpa: XLM-R and BERT backbones)")
+    r.add_argument("--trt-provider", action="store_true",
+                   help="with --device cuda: ONNX Runtime's TensorRT provider first (fp16; engines cached in "
+                        "the model folder's trt-cache/), the CUDA provider where it is absent")
+    r.add_argument("--question", help="the question the passages are pruned for")
+    r.add_argument("--context", action="append", help="a passage (repeatable)")
+    r.add_argument("--context-file", action="append", help="a file holding one passage; - for stdin (repeatable)")
+    r.add_argument("--passages-file", action="append",
+                   help="a JSONL file of passages, one a line: a JSON string or an object with text (repeatable)")
+    add_call_options(r)
+    r.add_argument("--json", action="store_true", help="print results as JSON")
+    r.add_argument("--highlight", action="store_true", help="print passages with kept sentences tagged")
+    r.add_argument("--input", help="a JSONL file of queries (question, passages or context, optional id, "
+                   "threshold, title, alpha, top_k, windows, lexical_weight, passage_margin), - for stdin; one result line per input line")
+    r.add_argument("--output", help="where the JSONL results go with --input (default: stdout)")
+    r.add_argument("--group", type=int, default=64,
+                   help="queries read, batched together and written at a time with --input (bounds memory)")
+    r.add_argument("--pre", default="<em>", help="tag before a kept sentence (--highlight)")
+    r.add_argument("--post", default="</em>", help="tag after a kept sentence (--highlight)")
+    add_batching(r)
+    r.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from engine.pruner import Pruner
+    # bad input is reported before any model loads
+    options = call_options(args)
+    if args.input:
+        if args.question or args.context or args.context_file or args.passages_file:
+            raise PruneError("--input takes the questions and passages from the file: "
+                             "drop --question/--context/--context-file/--passages-file")
+        if args.input != "-" and not Path(args.input).is_file():
+            raise PruneError(f"--input {args.input}: no such file")
+    else:
+        if args.question is None:
+            raise PruneError("give --question (with --context/--context-file/--passages-file), or --input FILE.jsonl")
+        contexts = _read_contexts(args)
+        if not args.question.strip():
+            raise PruneError("question is empty")
+    t0 = time.perf_counter()
+    if args.server:
+        name = args.server_model or "default_text"
+        args.log(f"connecting to model {name!r} on the Triton server at {args.server} ({args.protocol}; "
+                 "waiting up to 10 s for it to be ready) ...")
+        pruner = Pruner.connect(args.server, name, protocol=args.protocol, tokenizer=args.model,
+                                batching=batching(args), timeout=args.timeout)
+        args.model = f"{args.protocol}://{args.server}/{name}"
+    else:
+        args.model = model_path(args)
+        pruner = Pruner.load(args.model, backend=args.backend, family=args.family, threads=args.threads,
+                             batching=batching(args), device=args.device, tensorrt=args.trt_provider,
+                             log=args.log, dtype=args.dtype, attn=args.attn)
+    t_load = time.perf_counter() - t0
+    if args.input:
+        return _run_file(pruner, args, options)
+    t1 = time.perf_counter()
+    results = pruner.prune(args.question, contexts, options)
+    t_run = time.perf_counter() - t1
+    if args.json:
+        print(json.dumps([r.to_dict() for r in results], ensure_ascii=False, indent=2))
+        return 0
+    fam = pruner.family
+    print(f"# model {args.model} ({fam.name}, {pruner.describe()}); loaded in {t_load:.2f} s, "
+          f"pruned {len(results)} passage(s) in {t_run * 1000:.0f} ms")
+    for r in results:
+        score = "n/a" if r.reranking_score is None else f"{r.reranking_score:.4f}"
+        kept = sum(s.kept for s in r.sentences)
+        print(f"\n## passage {r.index}: reranking_score {score}, kept {kept}/{len(r.sentences)} sentences, "
+              f"compression {r.compression_rate:.0%}, threshold {r.threshold}"
+              + (f", lexical_weight {r.lexical_weight}" if r.lexical_weight else "") + f", blocks {r.blocks}"
+              + (f" ({r.windows} windows)" if r.windows != "sentences" else ""))
+        if args.highlight:
+            print(r.highlight(args.pre, args.post))
+        elif r.sentences and not kept and not args.verbose:
+            print("  (nothing kept; -v lists its sentences)")
+        else:
+            for s in r.sentences:
+                print(f"  [{'x' if s.kept else ' '}] {s.probability:.3f}  {s.text[:100]}")
+            print("\npruned_context:\n" + r.pruned_context)
+    return 0
+
+
+def _read_contexts(args) -> list[str]:
+    contexts = list(args.context or [])
+    for f in args.context_file or []:
+        path = Path(f)
+        if str(f) == "-":
+            contexts.append(sys.stdin.read())
+            continue
+        if not path.is_file():
+            raise PruneError(f"--context-file {f}: no such file")
+        contexts.append(path.read_text(encoding="utf-8"))
+    for f in args.passages_file or []:
+        contexts.extend(_read_passages_file(f))
+    if not contexts:
+        raise PruneError("give at least one --context, --context-file or --passages-file")
+    return contexts
+
+
+def _read_passages_file(name: str) -> list[str]:
+    """The passages of a JSONL file: one a line, a JSON string or an object with `text`
+    (what a retriever returns; `prune index --data` reads the same)."""
+    from engine.tools.quality import _read_jsonl
+    out = []
+    try:
+        for n, row in enumerate(_read_jsonl(name), 1):
+            text = row.get("text") if isinstance(row, dict) else row
+            if not isinstance(text, str):
+                raise ValueError(f"{name}: record {n}: expected a JSON string or an object with a text string")
+            out.append(text)
+    except (FileNotFoundError, ValueError) as exc:
+        raise PruneError(f"--passages-file: {exc}") from None
+    if not out:
+        raise PruneError(f"--passages-file {name}: no passages")
+    return out
+
+
+def _run_file(pruner, args, options: CallOptions) -> int:
+    from engine.tools.batchfile import run_file
+    source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
+    sink = sys.stdout if args.output in (None, "-") else open(args.output, "w", encoding="utf-8")
+    try:
+        stats = run_file(pruner, source, sink, group=args.group, progress=not args.quiet, options=options)
+    finally:
+        if source is not sys.stdin:
+            source.close()
+        if sink is not sys.stdout:
+            sink.close()
+    return 0 if stats["errors"] == 0 else 3

@@ -1,0 +1,29 @@
+"""`prune test-checkpoint`: tiny random-weight checkpoints with the real layouts."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.errors import PruneError
+
+
+def add(new) -> None:
+    t = new("test-checkpoint", help="write tiny random-weight checkpoints with the real layouts")
+    t.add_argument("--family", default="all", help="a family name, or all")
+    t.add_argument("--out", required=True, help="output folder (one subfolder per family with --family all)")
+    t.add_argument("--seed", type=int, default=0, help="random seed of the weights")
+    t.add_argument("--backbone", choices=["modernbert"],
+                   help="with --family open_provence: a ModernBERT backbone instead of XLM-RoBERTa")
+    t.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from engine.families import FAMILIES
+    from export.checkpoints import make_test_checkpoint
+    names = list(FAMILIES) if args.family == "all" else [args.family]
+    if args.backbone and names != ["open_provence"]:
+        raise PruneError("--backbone modernbert is for --family open_provence")
+    for name in names:
+        out = Path(args.out) / name if args.family == "all" else Path(args.out)
+        make_test_checkpoint(name, out, seed=args.seed, backbone=args.backbone)
+        print(f"wrote {out} (random weights: outputs are meaningless)")
+    return 0
