@@ -8,6 +8,7 @@ rule and its defaults. See docs/families.md for the sources.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,31 @@ class Family:
     # score's own units); None: no gate. A call may set another margin, or a negative one
     # for none.
     passage_margin: float | None = None
+    # What the reranking score is, which fixes what the HTTP API's `score` and
+    # `relevance_score` mean (rank_score): "logit", the rerank head's logit; "probability",
+    # already its sigmoid; "cosine", a cosine in [-1, 1]; "none", no rerank head (0.0).
+    score_kind: str = "logit"
+
+    def rank_score(self, reranking_score: float | None, raw: bool = False) -> float:
+        """The passage's ranking score as the HTTP API reports it: in [0, 1] (`raw=False`:
+        a logit's sigmoid, a probability as it is, a cosine mapped as (1 + c) / 2) or on the
+        model's own scale (`raw=True`: the logit, a probability's logit, the cosine).
+        Sorting by it gives the engine's reranking order. A passage that was not run (None:
+        no text) ranks last: 0.0, or a very low logit on a logit scale."""
+        kind = self.score_kind
+        if reranking_score is None:
+            return -1e9 if raw and kind in ("logit", "probability") else 0.0
+        s = float(reranking_score)
+        if kind == "logit":
+            return s if raw else 1.0 / (1.0 + math.exp(-s))
+        if kind == "probability":
+            if not raw:
+                return s
+            p = min(max(s, 1e-12), 1 - 1e-12)
+            return math.log(p / (1 - p))
+        if kind == "cosine":
+            return s if raw else (1.0 + s) / 2.0
+        return s
 
     def rules(self, options: CallOptions) -> "Rules":
         """The decision rules a call with `options` runs with (its options over the defaults)."""
@@ -91,6 +117,7 @@ class Family:
         return (self.default_threshold(weight) if threshold is None else threshold), weight
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field, as JSON-ready values."""
         return asdict(self)
 
 
@@ -128,7 +155,7 @@ FAMILIES: dict[str, Family] = {
         # and 0.0 when no sentence is kept
         threshold=0.1, keep_rule="gt", title="none", backoff_alpha=None,
         description="zilliz/semantic-highlight-bilingual-v1 and OpenProvence checkpoints",
-        rerank_merge="max", rerank_transform="sigmoid", zero_rerank_when_empty=True,
+        rerank_merge="max", rerank_transform="sigmoid", zero_rerank_when_empty=True, score_kind="probability",
         windows="reference", fragment_divisor=2,
         usual_tokenizer="the base model's (BAAI/bge-m3 for zilliz/semantic-highlight-bilingual-v1)",
     ),
@@ -137,7 +164,7 @@ FAMILIES: dict[str, Family] = {
         has_rerank_head=False, uses_token_type_ids=True, seps_between=1,
         threshold=0.5, keep_rule="ge", title="none", backoff_alpha=0.05,
         description="opensearch-project/opensearch-semantic-highlighter-v1: BERT sentence tagger",
-        windows="reference", window_tokens=510, window_stride=128,
+        windows="reference", window_tokens=510, window_stride=128, score_kind="none",
         usual_tokenizer="bert-base-uncased",
     ),
     "embedding": Family(
@@ -154,7 +181,7 @@ FAMILIES: dict[str, Family] = {
         lexical_weight=0.5, lexical_threshold=0.83, passage_margin=0.1,
         description="any sentence-embedding encoder (e.g. all-MiniLM-L6-v2): cosine of "
                     "question and sentence embeddings, mapped to a probability",
-        sentence_specials=True, rerank_merge="max",
+        sentence_specials=True, rerank_merge="max", score_kind="cosine",
         usual_tokenizer="the encoder's own (e.g. sentence-transformers/all-MiniLM-L6-v2)",
     ),
 }

@@ -234,6 +234,22 @@ def option_choices(name: str) -> tuple[str, ...] | None:
     return {"title": TITLE_RULES, "windows": WINDOWS}.get(name)
 
 
+def option_fields(rename: dict[str, str] | None = None) -> dict[str, tuple[Any, Any]]:
+    """Every option as a pydantic field definition (`create_model`'s `(type, Field)`): its
+    type (a Literal of its choices), None (reorder: false) the default, its help the
+    description. `rename` gives an option a framework's own name (`{"top_k": "top_n"}`).
+    The HTTP request model and the LangChain and LlamaIndex adapters are made of these."""
+    from pydantic import Field
+    out: dict[str, tuple[Any, Any]] = {}
+    for name in OPTION_NAMES:
+        choices = option_choices(name)
+        kind = Literal[choices] if choices else option_type(name)       # type: ignore[valid-type]
+        spec = ((bool, Field(False, description=option_help(name))) if name == "reorder"
+                else (kind | None, Field(None, description=option_help(name))))
+        out[(rename or {}).get(name, name)] = spec
+    return out
+
+
 def check_sentences(sentences: Any, n_passages: int) -> None:
     """The caller's own sentences: one list (of str or (start, end)) per passage."""
     if sentences is None:

@@ -106,9 +106,10 @@ _ALL = [
     Setting("tritonserver", None, "the tritonserver binary (default: the one nvidia-pytriton ships)",
             flag_too=False),
     # ---- prune api (the HTTP API)
-    Setting("text_model", None, "the Triton text model the HTTP API serves, and python -m engine.triton.probe "
-            "checks (default: prune serve: the repository's only *_text model; else default_text, what "
-            "prune repository writes with no --name)"),
+    Setting("text_model", None, "the Triton text model a --server call goes to (prune run, ask, api), the "
+            "one prune serve's HTTP API serves, and the one python -m engine.triton.probe checks (default: "
+            "prune serve: the repository's only *_text model; else default_text, what prune repository writes "
+            "with no --name)"),
     Setting("port", 8080, "the HTTP API's port (prune api)", int),
     Setting("api_key", None, "the HTTP API answers only requests with 'Authorization: Bearer KEY' "
             "(/health and /metrics excepted; default: no key)", secret=True),

@@ -19,4 +19,4 @@ prompt = PromptTemplate.from_template("Answer from the context.\nContext:\n{cont
 print(prompt.format(context="\n".join(d.page_content for d in docs), question=question))
 for d in docs:
     print(f"-- {d.id}: {d.metadata['pruning']['compression_rate']:.0%} removed, "
-          f"score {d.metadata['pruning']['reranking_score']:.3f}")
+          f"score {d.metadata['relevance_score']:.3f}")

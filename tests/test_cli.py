@@ -90,7 +90,7 @@ def test_bench_without_server(exported, tiny_data, tmp_path, capsys):
 @pytest.mark.parametrize("model", ["opensearch_text", "opensearch"])
 def test_run_against_the_server(server, pruners, model, capsys):
     doc = "The stadium was built in 1923. It holds 80,000 people.\n\n北京是中国的首都。"
-    assert main(["run", "--server", server.grpc_url, "--server-model", model, "--question", "When?",
+    assert main(["run", "--server", server.grpc_url, "--text-model", model, "--question", "When?",
                  "--context", doc, "--json", "--threshold", "0.4"]) == 0
     got = json.loads(capsys.readouterr().out)[0]
     exp = pruners["opensearch"][0].prune("When?", [doc], threshold=0.4)[0]
@@ -283,3 +283,13 @@ def test_run_reads_a_passages_file_and_names_what_is_wrong_with_one(exported, tm
         f.write_text(content)
         assert main(["run", "--model", model, "--question", q, "--passages-file", str(f)]) != 0
         assert message in capsys.readouterr().err
+
+
+def test_the_old_flag_name_still_works_and_says_its_new_name(capsys):
+    """--server-model (prune run, ask) is --text-model's deprecated alias for one release."""
+    from engine.cli import build_parser
+    for command in (["run", "--question", "q", "--context", "c"], ["ask", "--question", "q", "--db", "x.db"]):
+        args = build_parser().parse_args([*command, "--server", "h:8001", "--server-model", "m_text"])
+        assert args.text_model == "m_text"
+        assert "--server-model is deprecated; use --text-model" in capsys.readouterr().err
+        assert build_parser().parse_args([*command, "--text-model", "n_text"]).text_model == "n_text"

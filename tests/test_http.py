@@ -8,6 +8,7 @@ import contextlib
 import json
 import socket
 import threading
+import math
 import time
 
 import pytest
@@ -15,10 +16,17 @@ import pytest
 pytest.importorskip("fastapi")
 import httpx  # noqa: E402
 
-from engine.http.app import ApiConfig, rank_score  # noqa: E402
+from engine.http.app import ApiConfig  # noqa: E402
 from tests.conftest import serve_api as serving  # noqa: E402
 
 pytestmark = pytest.mark.server
+
+
+def rank_score(r, family: str, raw: bool) -> float:
+    """What TEI's `score` must be for an xprovence result, computed here by hand: the
+    sigmoid of the rerank logit (0.0 for an empty text)."""
+    assert family == "xprovence" and not raw
+    return 0.0 if r.reranking_score is None else 1.0 / (1.0 + math.exp(-r.reranking_score))
 
 Q = "When was the stadium built?"
 TEXTS = ["The stadium was built in 1923. It holds 80,000 people.", "Paris is the capital of France.",
@@ -80,7 +88,13 @@ def test_native_prune_equals_the_pruner(api):
     assert len(body["results"]) == 2
     for got, r in zip(body["results"], expected):
         want = r.to_dict()
-        assert got["index"] == want["index"] and got["pruned_context"] == want["pruned_context"]
+        assert set(got) == set(want) | {"highlighted"}      # every field of the result, no more
+        for key in ("index", "context", "pruned_context", "blocks", "windows"):
+            assert got[key] == want[key], key
+        for key in ("reranking_score", "compression_rate", "threshold", "lexical_weight"):
+            assert got[key] == pytest.approx(want[key], abs=1e-5), key
+        assert [{k: v for k, v in s.items() if k != "probability"} for s in got["sentences"]] == [
+            {k: v for k, v in s.items() if k != "probability"} for s in want["sentences"]]
         assert [s["probability"] for s in got["sentences"]] == pytest.approx(
             [s["probability"] for s in want["sentences"]], abs=1e-5)
         assert got["highlighted"] == r.highlight("<b>", "</b>")
@@ -88,7 +102,7 @@ def test_native_prune_equals_the_pruner(api):
 
 def test_health_info_metrics_and_schema(api):
     url, local, family = api
-    assert httpx.get(f"{url}/health", timeout=30).json() == {"status": "ok"}
+    assert httpx.get(f"{url}/health", timeout=30).json()["status"] == "ok"
     info = httpx.get(f"{url}/info", timeout=30).json()
     assert info["family"] == family and info["limits"] == local.limits.to_dict()
     httpx.post(f"{url}/rerank", json={"query": Q, "texts": TEXTS[:1]}, timeout=30)
@@ -97,6 +111,12 @@ def test_health_info_metrics_and_schema(api):
     assert "prune_api_request_seconds_bucket" in metrics and "prune_api_in_flight" in metrics
     schema = httpx.get(f"{url}/openapi.json", timeout=30).json()
     assert {"/rerank", "/v1/rerank", "/v2/rerank", "/v1/prune", "/health", "/info"} <= set(schema["paths"])
+    # every field of /v1/prune's answer is in the schema, typed
+    passage = schema["components"]["schemas"]["PrunedPassage"]["properties"]
+    assert set(passage) == set(local.prune(Q, TEXTS[:1])[0].to_dict()) | {"highlighted"}
+    assert passage["sentences"]["items"] == {"$ref": "#/components/schemas/SentenceOut"}
+    assert schema["components"]["schemas"]["PruneResponse"]["properties"]["results"]["items"] == {
+        "$ref": "#/components/schemas/PrunedPassage"}
 
 
 def test_real_clients_work_unmodified(api):
@@ -266,6 +286,51 @@ def test_past_max_concurrent_the_answer_is_429_with_retry_after(pruners):
             t.join(30)
         assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
         assert [r.status_code for r in results] == [200, 200]
+
+
+def test_health_does_not_flap_under_load_and_turns_503_when_the_engine_fails(pruners):
+    """/health is not queued behind user requests: with one worker busy for ~9 s of queued
+    calls (past the old fixed 5 s limit), every health check answers 200 in time; once the
+    engine fails, it answers 503 until the engine answers again."""
+    from engine.errors import BackendError
+    base = pruners["opensearch"][0]
+    broken = threading.Event()
+
+    class Busy:
+        def __getattr__(self, name):
+            return getattr(base, name)
+
+        def prune(self, *args, **kwargs):
+            if broken.is_set():
+                raise BackendError("the backend is gone")
+            time.sleep(1.5)
+            return base.prune(*args, **kwargs)
+    with serving(Busy(), ApiConfig(max_concurrent=16, workers=1, request_timeout=60)) as url:
+        results = []
+
+        def call():
+            results.append(httpx.post(f"{url}/rerank", json={"query": Q, "texts": ["a."]}, timeout=60))
+        threads = [threading.Thread(target=call) for _ in range(6)]
+        for t in threads:
+            t.start()
+        checks = []
+        while any(t.is_alive() for t in threads):
+            t0 = time.monotonic()
+            r = httpx.get(f"{url}/health", timeout=60)
+            checks.append((r.status_code, r.json().get("checked"), time.monotonic() - t0))
+            time.sleep(0.3)
+        for t in threads:
+            t.join(60)
+        assert [r.status_code for r in results] == [200] * 6
+        assert len(checks) >= 10 and all(code == 200 for code, _, _ in checks), checks
+        assert max(took for _, _, took in checks) < 4.0, checks       # never waited for the queue
+        assert {"probe", "requests"} <= {how for _, how, _ in checks}, checks
+        broken.set()
+        assert httpx.post(f"{url}/rerank", json={"query": Q, "texts": ["a."]}, timeout=30).status_code == 503
+        sick = httpx.get(f"{url}/health", timeout=30)
+        assert sick.status_code == 503 and sick.json()["error_type"] == "Unhealthy", sick.text
+        broken.clear()
+        assert httpx.get(f"{url}/health", timeout=30).json() == {"status": "ok", "checked": "probe"}
 
 
 def test_a_request_past_its_deadline_is_504(pruners):

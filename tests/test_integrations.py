@@ -7,6 +7,7 @@ with no text are passed through as documented."""
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
@@ -39,6 +40,12 @@ def _expected(local, **kw):
     """(input index, pruned text, reranking score) per document the engine keeps, in its order."""
     return [(r.index, r.pruned_context, r.reranking_score)
             for r in local.prune(Q, TEXTS, threshold=THRESHOLD, **kw) if r.pruned_context.strip()]
+
+
+def _relevance(reranking_score):
+    """Where a framework's rerankers put their score, in [0, 1]: for xprovence the sigmoid
+    of the rerank logit, computed here by hand."""
+    return 1.0 / (1.0 + math.exp(-reranking_score))
 
 
 def _check_meta(meta, local, index):
@@ -83,9 +90,14 @@ def test_langchain_compressor_in_a_contextual_compression_retriever(engine):
     assert [d.page_content for d in docs] == TEXTS       # the input documents are not changed
     again = asyncio.run(retriever.ainvoke(Q))
     assert [(d.id, d.page_content) for d in again] == [(d.id, d.page_content) for d in got]
-    # top_k ranks by the reranking score, as Pruner.prune does
-    ranked = PruneCompressor(pruner=pruner, threshold=THRESHOLD, top_k=2, keep_empty=True).compress_documents(docs, Q)
+    # the score where LangChain's rerankers put it
+    assert [d.metadata["relevance_score"] for d in got] == pytest.approx([_relevance(s) for _, _, s in want], abs=1e-5)
+    # top_n ranks by the reranking score, as Pruner.prune's top_k does (LangChain's name)
+    ranked = PruneCompressor(pruner=pruner, threshold=THRESHOLD, top_n=2, keep_empty=True).compress_documents(docs, Q)
     assert [d.id for d in ranked] == [f"d{r.index}" for r in local.prune(Q, TEXTS, threshold=THRESHOLD, top_k=2)]
+    with pytest.warns(DeprecationWarning, match="top_n"):         # the old name still works, for one release
+        old = PruneCompressor(pruner=pruner, threshold=THRESHOLD, top_k=2, keep_empty=True)
+    assert [d.id for d in old.compress_documents(docs, Q)] == [d.id for d in ranked]
 
 
 def test_langchain_passes_documents_without_text_through(engine):
@@ -115,7 +127,10 @@ def test_llamaindex_postprocessor_in_a_query_engine(engine):
     want = _expected(local)
     got = response.source_nodes
     assert [(n.node.node_id, n.node.get_content()) for n in got] == [(f"n{i}", text) for i, text, _ in want]
-    assert [n.score for n in got] == pytest.approx([s for _, _, s in want], abs=1e-5)
+    assert [n.score for n in got] == pytest.approx([_relevance(s) for _, _, s in want], abs=1e-5)
+    top = PrunePostprocessor(pruner=pruner, threshold=THRESHOLD, top_n=1, keep_empty=True).postprocess_nodes(
+        [NodeWithScore(node=n) for n in nodes], query_bundle=QueryBundle(Q))
+    assert [n.node.node_id for n in top] == [f"n{r.index}" for r in local.prune(Q, TEXTS, threshold=THRESHOLD, top_k=1)]
     for n in got:
         i = int(n.node.node_id[1:])
         _check_meta(n.node.metadata["pruning"], local, i)
@@ -167,7 +182,7 @@ def test_haystack_ranker_in_a_pipeline(engine):
     want = [(order[r.index], r.pruned_context, r.reranking_score)
             for r in local.prune(Q, texts, threshold=THRESHOLD, reorder=True) if r.pruned_context.strip()]
     assert [(d.id, d.content) for d in out] == [(f"h{i}", text) for i, text, _ in want]
-    assert [d.score for d in out] == pytest.approx([s for _, _, s in want], abs=1e-5)
+    assert [d.score for d in out] == pytest.approx([_relevance(s) for _, _, s in want], abs=1e-5)
     for d in out:
         _check_meta(d.meta["pruning"], local, int(d.id[1:]))
         assert d.meta["source"] == f"doc{int(d.id[1:])}"
@@ -177,6 +192,28 @@ def test_haystack_ranker_in_a_pipeline(engine):
     assert [(d.id, d.content) for d in again] == [(d.id, d.content) for d in out]
     top1 = ranker.run(query=Q, documents=docs, top_k=1)["documents"]
     assert len(top1) <= 1
+
+
+def test_haystack_ranker_warms_up_and_a_pipeline_holding_it_saves_and_loads(exported, pruners):
+    from haystack import Document, Pipeline
+    from engine.integrations.haystack import PruneRanker
+    local = pruners["xprovence"][0]
+    ranker = PruneRanker(pruner=str(exported["xprovence"]), threshold=THRESHOLD, top_k=2, lexical_weight=0.5)
+    assert ranker._engine is None                          # nothing is loaded before warm_up
+    pipe = Pipeline()
+    pipe.add_component("pruner", ranker)
+    loaded = Pipeline.loads(pipe.dumps())
+    assert loaded.get_component("pruner").to_dict() == ranker.to_dict() == {
+        "type": "engine.integrations.haystack.PruneRanker",
+        "init_parameters": {"pruner": str(exported["xprovence"]), "threshold": THRESHOLD, "top_k": 2,
+                            "lexical_weight": 0.5}}
+    docs = [Document(content=t, id=f"h{i}") for i, t in enumerate(TEXTS)]
+    out = loaded.run({"pruner": {"query": Q, "documents": docs}})["pruner"]["documents"]
+    want = local.prune(Q, TEXTS, threshold=THRESHOLD, top_k=2, lexical_weight=0.5)
+    assert [(d.id, d.content) for d in out] == [(f"h{r.index}", r.pruned_context) for r in want
+                                               if r.pruned_context.strip()]
+    with pytest.raises(TypeError, match="to_dict needs the pruner given as"):
+        PruneRanker(pruner=local).to_dict()
 
 
 def test_haystack_passes_documents_without_text_through(engine):
@@ -204,6 +241,34 @@ def test_a_bad_pruner_or_option_is_a_clear_error():
             raise AssertionError("not called")
     with pytest.raises(InputError, match="top_k"):
         prune_contents(Never(), Q, TEXTS, PruneOptions.of(top_k=0))
+    with pytest.raises(InputError, match="unknown option 'topk'.*keep_empty"):
+        PruneRanker(pruner=Never(), topk=3)
+
+
+class Never:
+    """A pruner that must not be called."""
+    def prune(self, *a, **k):
+        raise AssertionError("not called")
+
+
+def test_every_call_option_is_a_field_of_every_adapter():
+    """One definition: the adapters' fields are CallOptions's (top_k named as each framework
+    says), so an option added to CallOptions reaches every adapter."""
+    from engine.inputs import OPTION_NAMES
+    from engine.integrations.common import ADAPTER_FIELDS, PruneOptions, options_of
+    from engine.integrations.langchain import PruneCompressor
+    from engine.integrations.llamaindex import PrunePostprocessor
+    named = {"top_k": "top_n"}
+    for adapter in (PruneCompressor, PrunePostprocessor):
+        assert {named.get(n, n) for n in (*OPTION_NAMES, *ADAPTER_FIELDS)} <= set(adapter.model_fields)
+    from engine.integrations.haystack import PruneRanker
+    every = {"threshold": 0.4, "title": "none", "alpha": 0.2, "top_k": 3, "reorder": True, "windows": "sentences",
+             "lexical_weight": 0.3, "passage_margin": 0.05}
+    assert set(every) == set(OPTION_NAMES)
+    for adapter in (PruneCompressor(pruner=Never(), **{named.get(k, k): v for k, v in every.items()}),
+                    PrunePostprocessor(pruner=Never(), **{named.get(k, k): v for k, v in every.items()})):
+        assert options_of(adapter, named) == PruneOptions.of(**every)
+    assert PruneRanker(pruner=Never(), **every).options == PruneOptions.of(**every)
 
 
 def test_the_http_client_checks_input_as_in_process_and_names_server_errors(pruners):

@@ -114,7 +114,7 @@ def test_wheel_in_a_fresh_venv_runs_the_whole_first_use_path(checkpoints, wheel,
                              cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         _wait_for_line(serve, "HTTP API ready", 180)
-        served = prune_cmd("run", "--server", f"127.0.0.1:{grpc}", "--server-model", "hl_text", "--json",
+        served = prune_cmd("run", "--server", f"127.0.0.1:{grpc}", "--text-model", "hl_text", "--json",
                            "--question", "what is at the bottom?", "--context", "Lamb is at the bottom. Potato is on top.")
         local = prune_cmd("run", "--model", "exported", "--json",
                           "--question", "what is at the bottom?", "--context", "Lamb is at the bottom. Potato is on top.")

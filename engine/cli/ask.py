@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from engine.cli.common import add_db, add_setting, load_models, pipeline
+from engine.cli.common import add_db, add_renamed, add_setting, load_models, pipeline
 from engine.errors import PruneError
 
 
@@ -17,7 +17,8 @@ def add(new) -> None:
                    help="retrieval: dense + BM25 fused by Milvus (RRF), or one of them")
     a.add_argument("--model", help="the pruning model: exported folder or 'default'; default: 'default'")
     a.add_argument("--server", help="a Triton server running the pruning model (host:port) instead of in-process")
-    a.add_argument("--server-model", help="the model's name on --server (default: 'default_text')")
+    add_setting(a, "text_model")
+    add_renamed(a, "--server-model", "--text-model")
     a.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="how to reach --server")
     add_setting(a, "timeout")
     a.add_argument("--threshold", type=float, help="keep threshold (default: the model's)")

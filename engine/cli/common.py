@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from engine.errors import PruneError
 from engine.families import FAMILIES
@@ -20,6 +21,19 @@ def add_setting(p, name: str, extra: str = "", **kwargs) -> None:
     if s.choices:
         kwargs.setdefault("choices", s.choices)
     p.add_argument(s.flag, default=setting(name), help=help_text(name, extra), **kwargs)
+
+
+class _Renamed(argparse.Action):
+    """An old flag's name, kept for one release: it sets the new one's value and says so."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"prune: {option_string} is deprecated; use {self.metavar}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_renamed(p: argparse.ArgumentParser, old: str, new: str) -> None:
+    """`old` as a deprecated, hidden alias of the flag `new` (same destination)."""
+    p.add_argument(old, dest=new.lstrip("-").replace("-", "_"), action=_Renamed, metavar=new, help=argparse.SUPPRESS)
 
 
 def add_batching(p: argparse.ArgumentParser) -> None:
@@ -108,7 +122,7 @@ def load_models(args, pipe, with_pruner: bool) -> None:
     if with_pruner:
         from engine.pruner import Pruner
         if args.server:
-            pipe.pruner = Pruner.connect(args.server, args.server_model or "default_text", protocol=args.protocol,
+            pipe.pruner = Pruner.connect(args.server, args.text_model or "default_text", protocol=args.protocol,
                                          timeout=args.timeout)
         else:
             args.backend = "onnxruntime"

@@ -6,7 +6,8 @@ import sys
 import time
 from pathlib import Path
 
-from engine.cli.common import add_batching, add_call_options, add_setting, batching, call_options, model_path
+from engine.cli.common import (add_batching, add_call_options, add_renamed, add_setting, batching, call_options,
+                               model_path)
 from engine.errors import PruneError
 from engine.inputs import CallOptions
 
@@ -19,8 +20,8 @@ def add(new) -> None:
                    help="onnxruntime: an exported folder; torch: a checkpoint (the fp32 reference)")
     r.add_argument("--server", help="a Triton server, host:port (gRPC 8001 or HTTP 8000) instead of in-process; "
                    "several replicas (gRPC): host1:8001,host2:8001 or dns:///name:8001")
-    r.add_argument("--server-model", help="the model's name in the server's repository (default: 'default_text', "
-                   "the default model's text model; a core model name makes this client tokenize)")
+    add_setting(r, "text_model", "; a core model's name makes this client tokenize")
+    add_renamed(r, "--server-model", "--text-model")
     r.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="how to reach --server")
     add_setting(r, "timeout")
     r.add_argument("--family", help="family override for --backend torch")
@@ -71,7 +72,7 @@ def run(args) -> int:
             raise PruneError("question is empty")
     t0 = time.perf_counter()
     if args.server:
-        name = args.server_model or "default_text"
+        name = args.text_model or "default_text"
         args.log(f"connecting to model {name!r} on the Triton server at {args.server} ({args.protocol}; "
                  "waiting up to 10 s for it to be ready) ...")
         pruner = Pruner.connect(args.server, name, protocol=args.protocol, tokenizer=args.model,

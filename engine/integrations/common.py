@@ -11,20 +11,36 @@ Rules (docs/integrations.md):
   is passed through unchanged with `pruning: {"skipped": why}`: never dropped, never
   sent; with reorder or top_k it follows the ranked ones and does not count toward k;
 - a document pruned to nothing (no sentence kept) is dropped unless `keep_empty`;
-- reorder or top_k rank by the reranking score, best first, as `Pruner.prune` does.
+- reorder or top_k (`top_n` in LangChain and LlamaIndex, as their rerankers say) rank by the
+  reranking score, best first, as `Pruner.prune` does;
+- the score goes where the framework's own rerankers put it: LangChain's
+  `metadata["relevance_score"]`, LlamaIndex's node score, Haystack's `Document.score`; it
+  is the reranking score in [0, 1], as the HTTP API's `relevance_score` (`relevance`).
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from engine.decide import PruneResult
-from engine.inputs import OPTION_NAMES, CallOptions
+from engine.errors import InputError
+from engine.inputs import OPTION_NAMES, CallOptions, option_fields
 
 
-#: an adapter's own fields, beside the call's options (engine.inputs.CallOptions)
-ADAPTER_FIELDS = ("keep_empty", "pre", "post", "metadata_key")
+#: an adapter's own fields, beside the call's options (engine.inputs.CallOptions): default, meaning
+ADAPTER_FIELD_HELP: dict[str, tuple[Any, str]] = {
+    "keep_empty": (False, "keep a document pruned to nothing (otherwise it is dropped)"),
+    "pre": ("<em>", "the tag before each kept sentence in the metadata's highlighted text"),
+    "post": ("</em>", "the tag after each kept sentence in the metadata's highlighted text"),
+    "metadata_key": ("pruning", "the metadata key the pruning details go under"),
+}
+ADAPTER_FIELDS = tuple(ADAPTER_FIELD_HELP)
+
+#: the option names LangChain's and LlamaIndex's rerankers use (CohereRerank,
+#: SentenceTransformerRerank, ...): `top_n`; Haystack's rankers say `top_k`
+TOP_N = {"top_k": "top_n"}
 
 
 @dataclass(frozen=True)
@@ -41,17 +57,64 @@ class PruneOptions:
     def of(cls, **values: Any) -> "PruneOptions":
         """From option and adapter-field names (None for an option: the model's default)."""
         own = {k: values.pop(k) for k in ADAPTER_FIELDS if k in values}
-        return cls(CallOptions.of(**values), **own)
+        try:
+            call = CallOptions.of(**values)
+        except InputError as exc:
+            if "unknown option" not in str(exc):
+                raise
+            raise InputError(f"{exc}; and the adapter's own: {', '.join(ADAPTER_FIELDS)}") from None
+        return cls(call, **own)
 
     def with_top_k(self, top_k: int | None) -> "PruneOptions":
+        """These options with `top_k` (None: unchanged)."""
         return self if top_k is None else replace(self, call=replace(self.call, top_k=top_k))
 
+    def given(self) -> dict[str, Any]:
+        """The options and adapter fields set to something other than their defaults."""
+        own = {k: getattr(self, k) for k, (default, _) in ADAPTER_FIELD_HELP.items() if getattr(self, k) != default}
+        return {**self.call.given(), **own}
 
-def options_of(adapter: Any) -> PruneOptions:
-    """The PruneOptions an adapter holds as attributes of the same names (its framework's
-    own fields: a pydantic model for LangChain and LlamaIndex)."""
-    return PruneOptions.of(**{n: getattr(adapter, n) for n in (*OPTION_NAMES, *ADAPTER_FIELDS)
-                              if hasattr(adapter, n)})
+
+def adapter_fields(rename: dict[str, str] | None = None) -> dict[str, tuple[Any, Any]]:
+    """pydantic field definitions of every CallOptions option (named as `rename` says) and
+    the adapter's own fields: what LangChain's and LlamaIndex's adapters are made of."""
+    from pydantic import Field
+    own = {k: (type(default), Field(default, description=what)) for k, (default, what) in ADAPTER_FIELD_HELP.items()}
+    return {**option_fields(rename), **own}
+
+
+def options_of(adapter: Any, rename: dict[str, str] | None = None) -> PruneOptions:
+    """The PruneOptions an adapter holds as attributes (its framework's own fields: a
+    pydantic model for LangChain and LlamaIndex), named as `rename` says."""
+    names = {(rename or {}).get(n, n): n for n in (*OPTION_NAMES, *ADAPTER_FIELDS)}
+    return PruneOptions.of(**{option: getattr(adapter, attr) for attr, option in names.items()
+                              if hasattr(adapter, attr)})
+
+
+def renamed(data: Any, rename: dict[str, str], owner: str) -> Any:
+    """A model's input with the engine's old option names (`top_k`) moved to the
+    framework's (`top_n`), with a DeprecationWarning: they go in the next release."""
+    if not isinstance(data, dict):
+        return data
+    for old, new in rename.items():
+        if old in data:
+            if new in data:
+                raise InputError(f"{owner}: pass {new} only ({old} is its deprecated name)")
+            warnings.warn(f"{owner}({old}=...) is deprecated; use {new}=", DeprecationWarning, stacklevel=4)
+            data = {**{k: v for k, v in data.items() if k != old}, new: data[old]}
+    return data
+
+
+def relevance(engine: Any, result: PruneResult) -> float:
+    """The score a framework's reranker reports: the passage's reranking score in [0, 1],
+    as the HTTP API's `relevance_score` (engine.families.Family.rank_score)."""
+    return engine.family.rank_score(result.reranking_score)
+
+
+def check_pruner(pruner: Any) -> None:
+    """TypeError unless `pruner` is something `resolve_pruner` takes."""
+    if not isinstance(pruner, (str, Path)) and not callable(getattr(pruner, "prune", None)):
+        raise TypeError(f"pruner must be a Pruner, a pruner's URL or an exported folder, got {type(pruner).__name__}")
 
 
 def resolve_pruner(pruner: Any) -> Any:
@@ -68,8 +131,7 @@ def resolve_pruner(pruner: Any) -> Any:
             from engine.default_model import ensure_default_model
             return Pruner.load(ensure_default_model())
         return Pruner.load(text)
-    if not callable(getattr(pruner, "prune", None)):
-        raise TypeError(f"pruner must be a Pruner, a pruner's URL or an exported folder, got {type(pruner).__name__}")
+    check_pruner(pruner)
     return pruner
 
 
@@ -83,6 +145,7 @@ def skip_reason(content: Any) -> str | None:
 
 
 def pruning_metadata(r: PruneResult, opts: PruneOptions) -> dict[str, Any]:
+    """What a document's metadata gets under `metadata_key` (the module docstring)."""
     return {"original_text": r.context, "reranking_score": r.reranking_score,
             "compression_rate": r.compression_rate, "threshold": r.threshold,
             "highlighted": r.highlight(opts.pre, opts.post),
@@ -128,6 +191,7 @@ def prune_contents(pruner: Any, query: str, contents: list[Any], opts: PruneOpti
 
 
 async def aprune_contents(pruner: Any, query: str, contents: list[Any], opts: PruneOptions) -> list[Outcome]:
+    """`prune_contents` for asyncio code."""
     run, texts, passed = _plan(contents)
     results = await pruner.aprune(query, texts, opts.call) if texts else []
     return _finish(run, results, passed, opts)

@@ -10,40 +10,67 @@
 
 Each document comes back as a copy whose content is its pruned text, `meta["pruning"]`
 (the original text, scores, spans, the highlighted text; engine.integrations.common) and
-the reranking score as its `score`. A document with no text content (a blob, an image)
+the reranking score in [0, 1] as its `score`, as Haystack's rankers give theirs. A document with no text content (a blob, an image)
 or empty text is passed through unchanged. The input documents are not changed."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 try:
-    from haystack import Document, component
+    from haystack import Document, component, default_from_dict, default_to_dict
 except ImportError as exc:  # pragma: no cover - the message is the point
     raise ImportError("engine.integrations.haystack needs haystack-ai 2.x: pip install 'prune-engine[haystack]'") from exc
 
-from engine.integrations.common import Outcome, PruneOptions, aprune_contents, prune_contents, pruning_metadata, resolve_pruner
+from engine.integrations.common import (Outcome, PruneOptions, aprune_contents, check_pruner, prune_contents,
+                                        pruning_metadata, relevance, resolve_pruner)
 
 
 @component
 class PruneRanker:
-    """Sentence-level pruning (and, with top_k or reorder, reranking) of documents."""
+    """Sentence-level pruning (and, with top_k or reorder, reranking) of documents.
 
-    def __init__(self, pruner: Any, *, threshold: float | None = None, top_k: int | None = None,
-                 reorder: bool = False, keep_empty: bool = False, title: str | None = None,
-                 alpha: float | None = None, windows: str | None = None, lexical_weight: float | None = None,
-                 passage_margin: float | None = None, pre: str = "<em>", post: str = "</em>",
-                 metadata_key: str = "pruning"):
-        self.pruner = resolve_pruner(pruner)
-        self.options = PruneOptions.of(threshold=threshold, top_k=top_k, reorder=reorder, keep_empty=keep_empty,
-                                       title=title, alpha=alpha, windows=windows, lexical_weight=lexical_weight,
-                                       passage_margin=passage_margin, pre=pre, post=post, metadata_key=metadata_key)
+    `pruner`: an exported folder, 'default', the HTTP API's URL, or a pruner object. The
+    options are engine.inputs.CallOptions's, by name (`top_k` as Haystack's rankers say),
+    and the adapter's own (`keep_empty`, `pre`, `post`, `metadata_key`); an unknown name
+    is an InputError naming the known ones. The model is opened in `warm_up()` (a
+    Pipeline calls it; `run` calls it when nobody has). `to_dict`/`from_dict` round-trip
+    the component, so a pipeline holding it saves and loads, when `pruner` was given as a
+    folder, 'default' or a URL."""
+
+    def __init__(self, pruner: Any, **options: Any):
+        check_pruner(pruner)
+        self.pruner = pruner
+        self.options = PruneOptions.of(**options)
+        self._engine: Any = None if isinstance(pruner, (str, Path)) else pruner
+
+    def warm_up(self) -> None:
+        """Open the model (once): a folder is loaded, a URL connected."""
+        if self._engine is None:
+            self._engine = resolve_pruner(self.pruner)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The component as Haystack serialises it (its init parameters)."""
+        if isinstance(self.pruner, (str, Path)):
+            source = str(self.pruner)
+        elif isinstance(getattr(self.pruner, "url", None), str) and hasattr(self.pruner, "info"):
+            source = self.pruner.url              # an HttpPruner
+        else:
+            raise TypeError("PruneRanker.to_dict needs the pruner given as an exported folder, 'default' or a URL "
+                            f"(it was given a {type(self.pruner).__name__} object)")
+        return default_to_dict(self, pruner=source, **self.options.given())
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PruneRanker:
+        """The component `to_dict` describes."""
+        return default_from_dict(cls, data)
 
     def _opts(self, top_k: int | None) -> PruneOptions:
+        self.warm_up()
         return self.options.with_top_k(top_k)
 
-    @staticmethod
-    def _shape(documents: list[Document], outcomes: list[Outcome], opts: PruneOptions) -> dict[str, list[Document]]:
+    def _shape(self, documents: list[Document], outcomes: list[Outcome], opts: PruneOptions) -> dict[str, list[Document]]:
         out = []
         for o in outcomes:
             doc = documents[o.index]
@@ -54,17 +81,19 @@ class PruneRanker:
             else:
                 meta[opts.metadata_key] = pruning_metadata(o.result, opts)
                 out.append(dataclasses.replace(doc, content=o.result.pruned_context, meta=meta,
-                                               score=o.result.reranking_score))
+                                               score=relevance(self._engine, o.result)))
         return {"documents": out}
 
     @component.output_types(documents=list[Document])
     def run(self, query: str, documents: list[Document], top_k: int | None = None) -> dict[str, list[Document]]:
+        """The documents pruned for `query` (ranked with top_k or reorder)."""
         opts = self._opts(top_k)
-        return self._shape(documents, prune_contents(self.pruner, query, [d.content for d in documents], opts), opts)
+        return self._shape(documents, prune_contents(self._engine, query, [d.content for d in documents], opts), opts)
 
     @component.output_types(documents=list[Document])
     async def run_async(self, query: str, documents: list[Document],
                         top_k: int | None = None) -> dict[str, list[Document]]:
+        """`run` for asyncio pipelines."""
         opts = self._opts(top_k)
-        outcomes = await aprune_contents(self.pruner, query, [d.content for d in documents], opts)
+        outcomes = await aprune_contents(self._engine, query, [d.content for d in documents], opts)
         return self._shape(documents, outcomes, opts)

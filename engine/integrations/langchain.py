@@ -7,9 +7,12 @@
                                                base_retriever=your_retriever)
     docs = retriever.invoke("What is socarrat?")   # pruned page_content, metadata["pruning"]
 
-Each document's `page_content` becomes its pruned text; `metadata["pruning"]` holds the
-original text, scores, spans and the highlighted text (engine.integrations.common). The
-input documents are not changed: the compressor returns new ones."""
+Each document's `page_content` becomes its pruned text; `metadata["relevance_score"]` its
+reranking score in [0, 1] (where LangChain's rerankers put theirs), and
+`metadata["pruning"]` the original text, scores, spans and the highlighted text
+(engine.integrations.common). `top_n` keeps the n best, as LangChain's rerankers do
+(`top_k`, its old name, is deprecated). The input documents are not changed: the
+compressor returns new ones."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -23,32 +26,26 @@ try:
     from langchain_core.embeddings import Embeddings
 except ImportError as exc:  # pragma: no cover - the message is the point
     raise ImportError("engine.integrations.langchain needs langchain-core: pip install 'prune-engine[langchain]'") from exc
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr, create_model, model_validator
 
-from engine.integrations.common import (Outcome, PruneOptions, aprune_contents, options_of, prune_contents,
-                                        pruning_metadata, resolve_pruner)
+from engine.integrations.common import (TOP_N, Outcome, PruneOptions, adapter_fields, aprune_contents, options_of,
+                                        prune_contents, pruning_metadata, relevance, renamed, resolve_pruner)
 
 
-class PruneCompressor(BaseDocumentCompressor):
-    """Sentence-level pruning of retrieved documents, in one call per query."""
+class _Compressor(BaseDocumentCompressor):
+    """PruneCompressor's methods; its fields (every CallOptions option, `top_k` named
+    `top_n` as LangChain's rerankers say, and the adapter's own) are added below."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     pruner: Any = Field(description="a Pruner (in-process or Pruner.connect), an HttpPruner, the HTTP API's "
                                     "URL, an exported folder, or 'default'")
-    threshold: float | None = None
-    top_k: int | None = None
-    reorder: bool = False
-    keep_empty: bool = False
-    title: str | None = None
-    alpha: float | None = None
-    windows: str | None = None
-    lexical_weight: float | None = None
-    passage_margin: float | None = None
-    pre: str = "<em>"
-    post: str = "</em>"
-    metadata_key: str = "pruning"
     _engine: Any = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        return renamed(data, TOP_N, "PruneCompressor")
 
     def model_post_init(self, __context: Any) -> None:
         self._engine = resolve_pruner(self.pruner)
@@ -63,20 +60,30 @@ class PruneCompressor(BaseDocumentCompressor):
                 out.append(Document(page_content=doc.page_content, metadata=meta, id=doc.id))
             else:
                 meta[opts.metadata_key] = pruning_metadata(o.result, opts)
+                meta["relevance_score"] = relevance(self._engine, o.result)
                 out.append(Document(page_content=o.result.pruned_context, metadata=meta, id=doc.id))
         return out
 
     def compress_documents(self, documents: Sequence[Document], query: str,
                            callbacks: Callbacks | None = None) -> Sequence[Document]:
-        opts = options_of(self)
+        """The documents pruned for `query` (ranked with top_n or reorder)."""
+        opts = options_of(self, TOP_N)
         return self._shape(documents, prune_contents(self._engine, query, [d.page_content for d in documents], opts),
                            opts)
 
     async def acompress_documents(self, documents: Sequence[Document], query: str,
                                   callbacks: Callbacks | None = None) -> Sequence[Document]:
-        opts = options_of(self)
+        """`compress_documents` for asyncio code."""
+        opts = options_of(self, TOP_N)
         outcomes = await aprune_contents(self._engine, query, [d.page_content for d in documents], opts)
         return self._shape(documents, outcomes, opts)
+
+
+PruneCompressor = create_model(
+    "PruneCompressor", __base__=_Compressor, __module__=__name__,
+    __doc__="Sentence-level pruning of retrieved documents, in one call per query: a LangChain document "
+            "compressor with every option of engine.inputs.CallOptions (`top_k` is `top_n`).",
+    **adapter_fields(TOP_N))
 
 
 class EngineEmbeddings(Embeddings):
@@ -89,7 +96,9 @@ class EngineEmbeddings(Embeddings):
         self.encoder = Embedder.load(encoder, threads=threads) if isinstance(encoder, (str, Path)) else encoder
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        """The texts' embeddings."""
         return self.encoder.encode(texts).tolist()
 
     def embed_query(self, text: str) -> list[float]:
+        """The query's embedding."""
         return self.encoder.encode([text], what="query")[0].tolist()

@@ -6,7 +6,8 @@
 
 Each node comes back as a copy whose text is its pruned text, with `metadata["pruning"]`
 (the original text, scores, spans, the highlighted text; engine.integrations.common) and
-the reranking score as the NodeWithScore's score. `pruning` is excluded from the text
+the reranking score in [0, 1] as the NodeWithScore's score, as LlamaIndex's rerankers give
+theirs. `top_n` keeps the n best, as they do (`top_k`, its old name, is deprecated). `pruning` is excluded from the text
 the LLM and the embedder see. The input nodes are not changed."""
 from __future__ import annotations
 
@@ -15,35 +16,29 @@ from typing import Any
 
 try:
     from llama_index.core.base.embeddings.base import BaseEmbedding
-    from llama_index.core.bridge.pydantic import Field, PrivateAttr
+    from llama_index.core.bridge.pydantic import Field, PrivateAttr, create_model, model_validator
     from llama_index.core.postprocessor.types import BaseNodePostprocessor
     from llama_index.core.schema import NodeWithScore, QueryBundle
 except ImportError as exc:  # pragma: no cover - the message is the point
     raise ImportError("engine.integrations.llamaindex needs llama-index-core: "
                       "pip install 'prune-engine[llamaindex]'") from exc
 
-from engine.integrations.common import (Outcome, PruneOptions, aprune_contents, options_of, prune_contents,
-                                        pruning_metadata, resolve_pruner)
+from engine.integrations.common import (TOP_N, Outcome, PruneOptions, adapter_fields, aprune_contents, options_of,
+                                        prune_contents, pruning_metadata, relevance, renamed, resolve_pruner)
 
 
-class PrunePostprocessor(BaseNodePostprocessor):
-    """Sentence-level pruning of retrieved nodes, in one call per query."""
+class _Postprocessor(BaseNodePostprocessor):
+    """PrunePostprocessor's methods; its fields (every CallOptions option, `top_k` named
+    `top_n` as LlamaIndex's rerankers say, and the adapter's own) are added below."""
 
     pruner: Any = Field(description="a Pruner (in-process or Pruner.connect), an HttpPruner, the HTTP API's "
                                     "URL, an exported folder, or 'default'")
-    threshold: float | None = None
-    top_k: int | None = None
-    reorder: bool = False
-    keep_empty: bool = False
-    title: str | None = None
-    alpha: float | None = None
-    windows: str | None = None
-    lexical_weight: float | None = None
-    passage_margin: float | None = None
-    pre: str = "<em>"
-    post: str = "</em>"
-    metadata_key: str = "pruning"
     _engine: Any = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        return renamed(data, TOP_N, "PrunePostprocessor")
 
     def model_post_init(self, __context: Any) -> None:
         self._engine = resolve_pruner(self.pruner)
@@ -74,7 +69,7 @@ class PrunePostprocessor(BaseNodePostprocessor):
             else:
                 node.metadata[key] = pruning_metadata(o.result, opts)
                 node.set_content(o.result.pruned_context)
-                score = o.result.reranking_score
+                score = relevance(self._engine, o.result)
             for excluded in (node.excluded_llm_metadata_keys, node.excluded_embed_metadata_keys):
                 if key not in excluded:
                     excluded.append(key)
@@ -83,15 +78,22 @@ class PrunePostprocessor(BaseNodePostprocessor):
 
     def _postprocess_nodes(self, nodes: list[NodeWithScore],
                            query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
-        opts = options_of(self)
+        opts = options_of(self, TOP_N)
         return self._shape(nodes, prune_contents(self._engine, self._query(query_bundle), self._contents(nodes), opts),
                            opts)
 
     async def _apostprocess_nodes(self, nodes: list[NodeWithScore],
                                   query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
-        opts = options_of(self)
+        opts = options_of(self, TOP_N)
         outcomes = await aprune_contents(self._engine, self._query(query_bundle), self._contents(nodes), opts)
         return self._shape(nodes, outcomes, opts)
+
+
+PrunePostprocessor = create_model(
+    "PrunePostprocessor", __base__=_Postprocessor, __module__=__name__,
+    __doc__="Sentence-level pruning of retrieved nodes, in one call per query: a LlamaIndex node postprocessor "
+            "with every option of engine.inputs.CallOptions (`top_k` is `top_n`).",
+    **adapter_fields(TOP_N))
 
 
 class EngineEmbedding(BaseEmbedding):

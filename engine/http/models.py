@@ -1,0 +1,244 @@
+"""The HTTP API's public types: every request and response body, and its one error enum.
+
+These models are the wire contract, kept apart from the engine's dataclasses
+(`engine.decide.PruneResult`): a field renamed inside the engine fails here, loudly,
+instead of changing what clients read. TEI's and Cohere's bodies keep their protocols'
+field names; `/v1/prune` is the engine's own (docs/http-api.md). OpenAPI (`/openapi.json`)
+shows every field of every body.
+"""
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from engine.decide import PruneResult
+from engine.inputs import option_fields
+
+# --------------------------------------------------------------------------- errors
+
+
+class ErrorBody(BaseModel):
+    """TEI's error body, with Cohere's `message` beside it."""
+    error: str
+    error_type: str
+    message: str
+
+
+class ApiError(Enum):
+    """Every error the API answers with: its status, TEI's `error_type`, and what it means.
+    One place decides both the status and the kind of each error."""
+    UNREADABLE = (400, "Validation", "the body cannot be read (not UTF-8, a bad Content-Length)")
+    UNAUTHORIZED = (401, "Unauthorized", "a missing or wrong API key")
+    NOT_FOUND = (404, "Validation", "no such route")
+    NOT_ALLOWED = (405, "Validation", "the route does not take this method")
+    BODY_TIMEOUT = (408, "Validation", "the body arrived too slowly")
+    TOO_LARGE = (413, "Validation", "the body is over --max-body-bytes")
+    INVALID = (422, "Validation", "invalid input, naming the field")
+    OVERLOADED = (429, "Overloaded", "too many requests in flight (Retry-After)")
+    SERVER = (500, "Server", "an unexpected server error")
+    BACKEND = (503, "Backend", "the engine failed")
+    UNHEALTHY = (503, "Unhealthy", "the engine did not answer")
+    TIMEOUT = (504, "Timeout", "no answer within --request-timeout")
+
+    def __init__(self, status: int, error_type: str, meaning: str):
+        self.status, self.error_type, self.meaning = status, error_type, meaning
+
+    def body(self, message: str) -> dict[str, str]:
+        """The JSON body of this error with `message`."""
+        return ErrorBody(error=message, error_type=self.error_type, message=message).model_dump()
+
+    @classmethod
+    def of_status(cls, status: int) -> ApiError:
+        """The error a framework-raised status (404, 405, ...) is answered as."""
+        for kind in cls:
+            if kind.status == status:
+                return kind
+        return cls.INVALID if status < 500 else cls.SERVER
+
+
+#: the errors every POST route may answer with, documented in the schema
+POST_ERRORS: dict[int | str, dict[str, Any]] = {
+    kind.status: {"model": ErrorBody, "description": kind.meaning}
+    for kind in (ApiError.UNREADABLE, ApiError.UNAUTHORIZED, ApiError.BODY_TIMEOUT, ApiError.TOO_LARGE,
+                 ApiError.INVALID, ApiError.OVERLOADED, ApiError.BACKEND, ApiError.TIMEOUT)}
+
+
+# --------------------------------------------------------------------------- shared parts
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")     # clients send fields of their own (Cohere's priority, ...)
+
+
+class SentenceOut(BaseModel):
+    """One sentence of a passage: its text, character span, keep probability and decision."""
+    text: str
+    start: int = Field(description="character offset of the sentence in its passage")
+    end: int = Field(description="character offset just past the sentence")
+    probability: float = Field(description="the sentence's keep probability")
+    kept: bool
+
+
+def sentences_out(result: PruneResult) -> list[SentenceOut]:
+    """A result's sentences as the API returns them."""
+    return [SentenceOut(text=s.text, start=s.start, end=s.end, probability=s.probability, kept=s.kept)
+            for s in result.sentences]
+
+
+# --------------------------------------------------------------------------- TEI
+
+class TeiRerankRequest(_Request):
+    """TEI's `/rerank` body (text-embeddings-inference's RerankRequest), plus `return_sentences`."""
+    query: str = Field(min_length=1, description="the question")
+    texts: list[str] = Field(description="the passages to rank and prune")
+    raw_scores: bool = Field(False, description="the model's own score instead of one in [0, 1]")
+    return_text: bool = Field(False, description="return each text")
+    truncate: bool = Field(False, description="accepted for TEI clients; nothing is truncated (long texts are "
+                                              "cut into windows)")
+    truncation_direction: Literal["Left", "Right", "left", "right"] = "Right"
+    return_sentences: bool = Field(False, description="engine extra: each text's sentences with spans, "
+                                                      "probabilities and kept flags")
+
+
+class TeiRank(BaseModel):
+    """One text of TEI's `/rerank` answer, best first; `pruned_text` is the engine's extra."""
+    index: int
+    score: float
+    text: str | None = None
+    pruned_text: str = Field(description="engine extra: the text's kept sentences")
+    sentences: list[SentenceOut] | None = None
+
+
+# --------------------------------------------------------------------------- Cohere
+
+class CohereDocument(BaseModel):
+    """A Cohere document given as an object (v1 allows `{"text": ...}` with fields of its own)."""
+    model_config = ConfigDict(extra="allow")
+    text: str
+
+
+class CohereRerankRequest(_Request):
+    """Cohere's rerank body (v1 and v2)."""
+    model: str | None = None
+    query: str = Field(min_length=1)
+    documents: list[str | CohereDocument]
+    top_n: int | None = Field(None, ge=1)
+    return_documents: bool = False
+
+
+class CohereDocumentOut(BaseModel):
+    """A returned document (`return_documents=true`)."""
+    text: str
+
+
+class CohereResult(BaseModel):
+    """One document of Cohere's answer, best first."""
+    index: int
+    relevance_score: float
+    document: CohereDocumentOut | None = None
+
+
+class CohereApiVersion(BaseModel):
+    """Cohere's `meta.api_version`."""
+    version: str
+
+
+class CohereBilledUnits(BaseModel):
+    """Cohere's `meta.billed_units`."""
+    search_units: int
+
+
+class CohereMeta(BaseModel):
+    """Cohere's `meta`."""
+    api_version: CohereApiVersion
+    billed_units: CohereBilledUnits
+
+
+class CohereRerankResponse(BaseModel):
+    """Cohere's rerank answer."""
+    id: str
+    results: list[CohereResult]
+    meta: CohereMeta
+
+
+# --------------------------------------------------------------------------- /v1/prune
+
+#: `/v1/prune`'s body: the question, the passages, every CallOptions option, and the tags
+PruneRequest = create_model(
+    "PruneRequest", __base__=_Request,
+    question=(str, Field(min_length=1, description="the question the passages are pruned for")),
+    passages=(list[str], Field(description="the passages, one call")),
+    **option_fields(),
+    pre=(str | None, Field(None, description="with post: each result's passage with its kept sentences tagged")),
+    post=(str | None, Field(None, description="the tag after each kept sentence (with pre)")))
+
+
+class PrunedPassage(BaseModel):
+    """One passage of `/v1/prune`'s answer, in the call's order (or reordered)."""
+    index: int = Field(description="the passage's position in the request")
+    context: str = Field(description="the passage, untouched")
+    pruned_context: str = Field(description="the kept sentences, with their original separators")
+    reranking_score: float | None = Field(description="the model's own passage score (null: an empty passage)")
+    sentences: list[SentenceOut]
+    compression_rate: float = Field(description="share of the passage's characters removed, 0..1")
+    threshold: float = Field(description="the keep threshold the call ran with")
+    blocks: int = Field(description="model windows the passage needed")
+    windows: str = Field(description="how a long passage was cut: 'sentences' or 'reference'")
+    lexical_weight: float = Field(description="the lexical score's share in the probabilities")
+    highlighted: str | None = Field(None, description="with pre and post: the passage with its kept sentences "
+                                                      "tagged")
+
+    @classmethod
+    def of(cls, r: PruneResult, highlighted: str | None = None) -> PrunedPassage:
+        """The wire form of one engine result."""
+        out = cls(index=r.index, context=r.context, pruned_context=r.pruned_context,
+                  reranking_score=r.reranking_score, sentences=sentences_out(r),
+                  compression_rate=r.compression_rate, threshold=r.threshold, blocks=r.blocks, windows=r.windows,
+                  lexical_weight=r.lexical_weight)
+        if highlighted is not None:
+            out.highlighted = highlighted
+        return out
+
+
+class PruneResponse(BaseModel):
+    """`/v1/prune`'s answer."""
+    model: str
+    results: list[PrunedPassage]
+
+
+# --------------------------------------------------------------------------- /health, /info
+
+class HealthResponse(BaseModel):
+    """`/health`'s answer when the engine is up; `checked` says how it was known."""
+    status: Literal["ok"]
+    checked: Literal["requests", "probe"] = Field(
+        description="'requests': a request succeeded within the last few seconds; 'probe': a health inference "
+                    "of its own answered")
+
+
+class Defaults(BaseModel):
+    """The decision settings a call gets when it passes none."""
+    threshold: float
+    lexical_weight: float
+    threshold_without_lexical: float
+    title: str
+    alpha: float | None
+    windows: str
+    passage_margin: float | None
+    keep_rule: Literal["gt", "ge"] = Field(description="'gt': probability > threshold; 'ge': >=")
+    score_kind: str = Field(description="what reranking_score is: logit, probability, cosine or none")
+
+
+class InfoResponse(BaseModel):
+    """`/info`'s answer: the model, its family and defaults, the engine, the limits."""
+    model: str
+    family: str
+    defaults: Defaults
+    engine: str
+    max_length: int
+    limits: dict[str, int]
+    max_body_bytes: int
+    max_concurrent: int
+    request_timeout: float
+    version: str
