@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from engine.spec import Manifest
+
 VARIANTS = ("arena", "arena+shrink", "no-arena", "arena+shrink-large")
 
 
@@ -63,8 +65,8 @@ def measure(model: Path, variant: str, threads: int, large_shape: str) -> dict:
     runs = ArenaRuns(ort, "shrink" if variant.startswith("arena+shrink") else "keep",
                      SHRINK_ABOVE_TOKENS if variant == "arena+shrink-large" else -1)
     session = ort.InferenceSession(str(model / "model.onnx"), opts, providers=["CPUExecutionProvider"])
-    manifest = json.loads((model / "manifest.json").read_text())
-    vocab = int(manifest.get("embedding_rows") or manifest["tokenizer"]["vocab_size"])
+    manifest = Manifest.read(model)
+    vocab = int(manifest.embedding_rows or manifest.data["tokenizer"]["vocab_size"])
     rows, length = (int(x) for x in large_shape.split("x"))
     small, large = feeds(session, 8, 128, vocab), feeds(session, rows, length, vocab)
     kept = feeds(session, SHRINK_ABOVE_TOKENS // 512, 512, vocab)

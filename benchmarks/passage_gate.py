@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"(F2 {100 * t[str(m)]['f2']:.1f})" for t in table.values()]
         md.append(f"| {m}{' (chosen)' if str(m) == chosen else ''} | " + " | ".join(cells)
                   + f" | {100 * mean_f2[str(m)]:.1f} |")
-    md += ["", f"Calls per domain: " + ", ".join(f"{d} {next(iter(t.values()))['calls']}" for d, t in table.items())
+    md += ["", "Calls per domain: " + ", ".join(f"{d} {next(iter(t.values()))['calls']}" for d, t in table.items())
            + f". {report['seconds']} s on {report['machine']}.", ""]
     (out / "passage-gate.md").write_text("\n".join(md))
     print("\n".join(md))

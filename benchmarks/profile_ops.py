@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from engine.spec import Manifest
+
 WIDE = {"hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 16, "intermediate_size": 4096}
 QUANTIZED = ("MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention")
 FLOAT_PRODUCTS = ("MatMul", "FusedMatMul", "Gemm", "Attention")
@@ -36,13 +38,13 @@ def profile(folder: Path, batches, threads: int | None, timed_passes: int = 0) -
     """Sum of node time per operator type over one profiled pass of `batches`; with
     `timed_passes`, also the median wall time of that many plain passes (`wall_s`)."""
     import onnxruntime as ort
-    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest = Manifest.read(folder)
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads:
         opts.intra_op_num_threads = threads
     with tempfile.TemporaryDirectory() as tmp:
-        plain = ort.InferenceSession(str(folder / manifest["graph"]), sess_options=opts,
+        plain = ort.InferenceSession(str(folder / manifest.graph), sess_options=opts,
                                      providers=["CPUExecutionProvider"])
         names = [i.name for i in plain.get_inputs()]
         feeds = [{n: getattr(b, n) for n in names} for b in batches]
@@ -56,7 +58,7 @@ def profile(folder: Path, batches, threads: int | None, timed_passes: int = 0) -
             walls.append(time.perf_counter() - t)
         opts.enable_profiling = True
         opts.profile_file_prefix = str(Path(tmp) / "prof")
-        sess = ort.InferenceSession(str(folder / manifest["graph"]), sess_options=opts,
+        sess = ort.InferenceSession(str(folder / manifest.graph), sess_options=opts,
                                     providers=["CPUExecutionProvider"])
         for f in feeds:
             sess.run(None, f)
@@ -76,10 +78,10 @@ def limit_share(folder: Path, batches, wall_s: float, gemm: dict) -> dict:
     """The dense arithmetic of `batches` (engine.tools.limits) over the plain pass's time,
     as a share of this machine's matching GEMM rate."""
     from engine.tools.limits import graph_work, workload_flops
-    manifest = json.loads((folder / "manifest.json").read_text())
-    work = graph_work(folder / manifest["graph"])
-    flops = workload_flops([b.input_ids.shape for b in batches], work, int(manifest["source"]["hidden_size"]))
-    int8 = manifest.get("precision") == "int8"
+    manifest = Manifest.read(folder)
+    work = graph_work(folder / manifest.graph)
+    flops = workload_flops([b.input_ids.shape for b in batches], work, int(manifest.source.hidden_size))
+    int8 = manifest.precision == "int8"
     achieved = flops / wall_s / 1e9
     return {"achieved_gflops": achieved, "limit_share": achieved / gemm["int8_gops" if int8 else "fp32_gflops"],
             "limit": "int8" if int8 else "fp32"}

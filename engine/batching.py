@@ -24,6 +24,7 @@ DEFAULT_BUCKETS = tuple(range(32, 513, 32))
 
 @dataclass(frozen=True)
 class BatchingConfig:
+    """How blocks become padded batches: buckets, the token budget, the batch size."""
     max_batch_tokens: int = DEFAULTS.max_batch_tokens
     max_batch_size: int = DEFAULTS.max_batch_size
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
@@ -62,14 +63,17 @@ class ModelBatch:
     blocks: list[int]
 
     def inputs(self, names: Sequence[str]) -> dict[str, np.ndarray]:
+        """The batch's arrays by graph input name."""
         return {n: getattr(self, n) for n in names}
 
     @property
     def shape(self) -> tuple[int, int]:
+        """(rows, padded length)."""
         return self.input_ids.shape  # type: ignore[return-value]
 
 
 def padded_length(n: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket that holds `n` tokens; ValueError past the largest."""
     i = bisect.bisect_left(buckets, n)
     if i == len(buckets):
         raise ValueError(f"block of {n} tokens exceeds the largest bucket {buckets[-1]}")
@@ -104,6 +108,7 @@ def plan(lengths: Sequence[int], cfg: BatchingConfig, max_length: int) -> list[t
 
 
 def collate(blocks: Sequence[Block], indices: Sequence[int], length: int, pad_id: int) -> ModelBatch:
+    """One padded batch of the blocks at `indices`, `length` tokens wide."""
     n = len(indices)
     input_ids = np.full((n, length), pad_id, dtype=np.int64)
     attention = np.zeros((n, length), dtype=np.int64)

@@ -41,6 +41,7 @@ from engine.inputs import TITLE_RULES, CallOptions, check_threshold, check_top_k
 
 @dataclass(frozen=True)
 class Sentence:
+    """One sentence of a passage: text, character span, keep probability, decision."""
     text: str
     start: int
     end: int
@@ -50,6 +51,7 @@ class Sentence:
 
 @dataclass
 class PruneResult:
+    """One passage's answer: its pruned text, sentences, reranking score and compression."""
     index: int                      # position of the passage in the call's input
     context: str                    # the passage, untouched
     pruned_context: str             # kept sentences in order, original text and separators
@@ -79,6 +81,7 @@ class PruneResult:
         return "".join(out)
 
     def to_dict(self) -> dict[str, Any]:
+        """The result as JSON-ready values (what `prune run --json` prints)."""
         return asdict(self)
 
 
@@ -104,6 +107,7 @@ def keep_mask(probs: np.ndarray, family: Family, threshold: float, title: str,
 def build_result(index: int, context: str, spans: list[tuple[int, int]], probs: np.ndarray,
                  kept: np.ndarray, reranking_score: float | None, threshold: float,
                  blocks: int, windows: str = "sentences", lexical_weight: float = 0.0) -> PruneResult:
+    """A PruneResult from a passage's sentence spans, probabilities and kept flags."""
     sentences = [Sentence(context[s:e], s, e, float(p), bool(k))
                  for (s, e), p, k in zip(spans, probs, kept)]
     parts: list[str] = []

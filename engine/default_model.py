@@ -24,6 +24,7 @@ HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
 
 def cache_root() -> Path:
+    """The folder the default model and encoder are exported into (PRUNE_CACHE)."""
     if setting("cache"):
         return Path(setting("cache"))
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -31,6 +32,7 @@ def cache_root() -> Path:
 
 
 def default_model_dir(precision: str = "fp32") -> Path:
+    """The cached export of the default model at `precision`."""
     suffix = "" if precision == "fp32" else f"-{precision}"
     return cache_root() / f"{DEFAULT_MODEL.lower()}-{engine.__version__}{suffix}"
 
@@ -59,6 +61,7 @@ def ensure_default_model(log: Callable[[str], None] | None = None, precision: st
 
 
 def stderr_log(message: str) -> None:
+    """Progress of a first-use export, on stderr."""
     print(message, file=sys.stderr, flush=True)
 
 

@@ -67,12 +67,11 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     return tok
 
 
-def manifest_tokenizer(folder: str | Path, manifest: dict[str, Any], family: Any) -> Tokenizer:
-    """An export folder's tokenizer, checked against its model (check_vocabulary)."""
-    path = Path(folder) / manifest["tokenizer"].get("file", "tokenizer.json")
-    tok = load_tokenizer(path)
-    rows = manifest.get("embedding_rows") or 0
-    check_vocabulary(tok, int(rows) if isinstance(rows, int) else 0, family, str(folder))
+def manifest_tokenizer(folder: str | Path, manifest: Any, family: Any) -> Tokenizer:
+    """An export folder's tokenizer (the file its `engine.spec.Manifest` names), checked
+    against its model (check_vocabulary)."""
+    tok = load_tokenizer(Path(folder) / manifest.tokenizer.file)
+    check_vocabulary(tok, manifest.embedding_rows, family, str(folder))
     return tok
 
 
@@ -85,6 +84,7 @@ class Unit:
 
 @dataclass
 class Block:
+    """A model window's worth of one passage: token ids, sentence ids, its sentences."""
     passage: int                   # index of the passage in the call
     first: bool                    # first block of its passage: source of the reranking score
     input_ids: np.ndarray          # int64 [n], the whole template, unpadded
@@ -116,11 +116,13 @@ class Encoder:
         return self.spec.max_length - self.n_special - self.min_context_tokens
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text, without special tokens."""
         if not texts:
             return []
         return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
 
     def question_ids(self, question: str) -> list[int]:
+        """The question's token ids; InputError when it has none."""
         ids = self.tokenize([question])[0]
         if not ids:
             raise InputError("the question has no tokens")

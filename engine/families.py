@@ -21,6 +21,7 @@ from engine.inputs import WINDOWS, CallOptions  # noqa: F401  (WINDOWS re-export
 
 @dataclass(frozen=True)
 class Family:
+    """A model family: input template, sentence scoring, decision rule and defaults."""
     name: str
     backbone: str                 # transformers model_type of the encoder
     sentence_pooling: str         # "token_probs": mean keep prob of tokens; "hidden": classifier on mean state
@@ -221,6 +222,7 @@ def checkpoint_family(fam: Family, config: dict[str, Any]) -> Family:
 
 
 def get_family(name: str) -> Family:
+    """The family called `name`; ModelLoadError naming the known ones."""
     key = name.strip().lower().replace("-", "_")
     if key in ("zilliz", "openprovence"):
         key = "open_provence"
@@ -230,6 +232,7 @@ def get_family(name: str) -> Family:
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:
+    """A checkpoint folder's config.json; ModelLoadError when it is missing or broken."""
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise ModelLoadError(f"{folder}: no config.json (is this a checkpoint folder?)")

@@ -41,6 +41,7 @@ class Limits:
     max_chars: int = DEFAULTS.max_call_chars
 
     def to_dict(self) -> dict[str, int]:
+        """The limits by name."""
         return {"max_passages": self.max_passages, "max_chars": self.max_chars}
 
 
@@ -59,6 +60,7 @@ def check_unicode(text: str, what: str) -> None:
 
 
 def check_question(question: Any) -> str:
+    """The question, checked: a non-empty str."""
     if not isinstance(question, str):
         raise InputError(f"question must be a str, got {type(question).__name__}")
     if not question.strip():
@@ -91,6 +93,7 @@ def check_call(question: Any, passages: Any, limits: Limits = Limits()) -> tuple
 
 def check_threshold(value: Any, name: str = "threshold") -> float:
     # numbers.Real: int, float and numpy's scalars (np.float32 included)
+    """A number in [0, 1]; InputError naming `name` otherwise."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise InputError(f"{name} must be a finite number in [0, 1], got {value!r}")
     if not 0.0 <= float(value) <= 1.0:
@@ -99,6 +102,7 @@ def check_threshold(value: Any, name: str = "threshold") -> float:
 
 
 def check_top_k(top_k: Any) -> int | None:
+    """None or a positive int."""
     if top_k is None:
         return None
     if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1:
@@ -107,12 +111,14 @@ def check_top_k(top_k: Any) -> int | None:
 
 
 def check_title(title: Any) -> str | None:
+    """None or one of TITLE_RULES."""
     if title is not None and title not in TITLE_RULES:
         raise InputError(f"title must be one of {TITLE_RULES}, got {title!r}")
     return title
 
 
 def check_windows(windows: Any) -> str | None:
+    """None or one of WINDOWS."""
     if windows is not None and windows not in WINDOWS:
         raise InputError(f"windows must be one of {WINDOWS}, got {windows!r}")
     return windows
@@ -150,6 +156,7 @@ def check_passage_margin(margin: Any) -> float | None:
 
 
 def check_reorder(reorder: Any) -> bool:
+    """A bool."""
     if not isinstance(reorder, (bool, np.bool_)):
         raise InputError(f"reorder must be true or false, got {reorder!r}")
     return bool(reorder)

@@ -11,7 +11,7 @@ from engine.backends.base import Backend
 from engine.batching import BatchingConfig
 from engine.encode import manifest_tokenizer
 from engine.errors import InputError, ModelLoadError
-from engine.spec import ModelSpec, read_manifest, spec_from_manifest
+from engine.spec import Manifest, ModelSpec
 
 BACKENDS = ("onnxruntime", "torch")
 DTYPES = ("float32", "float16", "bfloat16")
@@ -40,16 +40,16 @@ def open_model(path: str | Path, backend: str = "onnxruntime", *, family: str | 
         return TorchBackend.from_checkpoint(path, family=family, options=options, attn=attn, threads=threads,
                                             device=device, dtype=dtype)
     from engine.backends.onnxruntime import OnnxRuntimeBackend
-    manifest = read_manifest(path)
-    spec = spec_from_manifest(manifest, name=path.name)
+    manifest = Manifest.read(path)
+    spec = manifest.spec(name=path.name)
     tokenizer = manifest_tokenizer(path, manifest, spec.family)
     trt = None
     if tensorrt:
         from engine.backends.onnxruntime import tensorrt_options
-        trt = tensorrt_options(list(spec.input_names), list(manifest.get("buckets") or [spec.max_length]),
+        trt = tensorrt_options(list(spec.input_names), list(manifest.buckets or [spec.max_length]),
                                (batching or BatchingConfig()).max_batch_size,
                                Path(tensorrt) if isinstance(tensorrt, (str, Path)) else path / "trt-cache")
-    core = OnnxRuntimeBackend(path / (graph or manifest["graph"]), intra_op_threads=threads,
+    core = OnnxRuntimeBackend(path / (graph or manifest.graph), intra_op_threads=threads,
                               providers=providers, device=device, tensorrt=trt, log=log)
     missing = set(spec.input_names) - set(core.input_names)
     if missing:

@@ -20,11 +20,13 @@ from engine.spec import ModelSpec
 
 @runtime_checkable
 class PrunerProtocol(Protocol):
+    """What every pruner offers (in-process, Triton text model, HTTP): prune, aprune, family, limits."""
     spec: ModelSpec                 # family, window, special tokens
     limits: Limits                  # what one call may hold (engine.inputs)
 
     @property
-    def family(self) -> Family: ...
+    def family(self) -> Family:
+        """The model's family with the defaults it runs with."""
 
     def prune(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None, *,
               sentences: Any = None, **changes: Any) -> list[PruneResult]:
@@ -41,9 +43,11 @@ class PrunerProtocol(Protocol):
         the InputError its own input raised, in order."""
         ...
 
-    def describe(self) -> str: ...
+    def describe(self) -> str:
+        """What runs the model, in words."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release connections and sessions."""
 
     def __enter__(self) -> Any: ...
 

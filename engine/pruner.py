@@ -52,6 +52,9 @@ class Call:
 
 
 class Pruner:
+    """Context pruning in-process: tokenization, batching, a core (ONNX Runtime, PyTorch,
+    Triton) and the family's decisions."""
+
     def __init__(self, backend: Backend, tokenizer: Any, spec: ModelSpec,
                  batching: BatchingConfig | None = None, min_context_tokens: int = 64,
                  limits: Limits | None = None):
@@ -95,6 +98,7 @@ class Pruner:
         return connect(url, model, **kwargs)
 
     def describe(self) -> str:
+        """What runs the model, in words."""
         return self.backend.describe()
 
     async def aprune(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None,
@@ -106,6 +110,7 @@ class Pruner:
 
     @property
     def family(self):
+        """The model's family with the defaults it runs with."""
         return self.spec.family
 
     # ------------------------------------------------------------------ prune
@@ -221,6 +226,7 @@ class Pruner:
         return max(16, self.spec.max_length // div) if windows == "reference" and div else None
 
     def batches(self, blocks: Sequence[Block]) -> list[ModelBatch]:
+        """The padded batches the blocks are run in (lengths bucketed, within the token budget)."""
         lengths = [len(b) for b in blocks]
         return [collate(blocks, idx, length, self.spec.pad_id)
                 for length, idx in plan(lengths, self.batching, self.spec.max_length)]
@@ -262,6 +268,7 @@ class Pruner:
         return self.scores(call, self.block_outputs(call.blocks, call.batches, self.backend.infer_many(call.batches)))
 
     def close(self) -> None:
+        """Release the core's sessions or connections."""
         self.backend.close()
 
     def __enter__(self) -> "Pruner":

@@ -23,6 +23,7 @@ from engine.errors import SettingError
 
 @dataclass(frozen=True)
 class Setting:
+    """One setting: its name, default, help, type, and whether it has a flag."""
     name: str                       # python name; the flag is --name-with-dashes
     default: Any
     help: str
@@ -34,10 +35,12 @@ class Setting:
 
     @property
     def variable(self) -> str:
+        """Its PRUNE_* environment variable."""
         return self.env or "PRUNE_" + self.name.upper()
 
     @property
     def flag(self) -> str:
+        """Its command-line flag."""
         return "--" + self.name.replace("_", "-")
 
     def value(self, environ: dict[str, str] | None = None) -> Any:
@@ -56,6 +59,7 @@ class Setting:
 
 
 def positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
     value = int(text)
     if value < 1:
         raise ValueError(text)

@@ -1,12 +1,13 @@
 """What the client must know about a model: family, window, special tokens, inputs.
 
-An exported model folder carries it in `manifest.json`; a PyTorch checkpoint folder is
-described by reading its config and tokenizer. Torch-free.
+An exported model folder carries it in `manifest.json`, read and written only through
+`Manifest`; a PyTorch checkpoint folder is described by reading its config and tokenizer.
+Torch-free.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ GRAPH_OUTPUTS = ("rerank_score", "sentence_probs")
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """What the client needs of a model: its family (with the export's defaults), its
+    window, its special tokens."""
     family: Family
     max_length: int
     cls_id: int
@@ -30,10 +33,12 @@ class ModelSpec:
 
     @property
     def input_names(self) -> tuple[str, ...]:
+        """The graph's inputs for this family (token_type_ids only where it uses them)."""
         return tuple(n for n in GRAPH_INPUTS
                      if n != "token_type_ids" or self.family.uses_token_type_ids)
 
     def special_tokens(self) -> dict[str, int]:
+        """cls_id, sep_id, pad_id."""
         return {"cls_id": self.cls_id, "sep_id": self.sep_id, "pad_id": self.pad_id}
 
 
@@ -48,59 +53,185 @@ def special_ids(tokenizer: Any) -> dict[str, int]:
     return {"cls_id": int(cls_id), "sep_id": int(sep_id), "pad_id": int(pad_id)}
 
 
-def read_manifest(folder: str | Path) -> dict[str, Any]:
-    folder = Path(folder)
-    path = folder / MANIFEST
-    if not folder.exists():
-        raise ModelLoadError(f"{folder}: no such model folder")
-    if not path.is_file():
-        if (folder / "config.json").is_file():
-            raise ModelLoadError(f"{folder} is a checkpoint, not an exported model (it has no {MANIFEST}): export "
-                                 f"it first (prune export --model {folder} --out {folder.name}-onnx), or run it "
-                                 "with PyTorch (--backend torch)")
-        raise ModelLoadError(f"{folder}: no {MANIFEST}, so not an exported model; export a checkpoint into a "
-                             "folder of its own first (prune export --model CHECKPOINT --out FOLDER)")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelLoadError(f"{path}: corrupted manifest ({exc})") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        raise ModelLoadError(f"{path}: not a {MANIFEST_FORMAT} manifest")
-    for key in ("family", "max_length", "tokenizer", "graph"):
-        if key not in manifest:
-            raise ModelLoadError(f"{path}: manifest lacks {key!r}")
-    return manifest
-
-
 #: Bounds on a manifest's values (it may come from a server): a window past this, or a
 #: bucket outside it, is refused before the client pads anything to it.
 MAX_WINDOW = 32_768
 
+#: a manifest default left out: the family's own (for passage_margin, null means "none")
+FAMILYS = ...
 
-def spec_from_manifest(manifest: dict[str, Any], name: str = "model") -> ModelSpec:
-    try:
-        tok = manifest["tokenizer"]
-        defaults = manifest.get("defaults") or {}
-        family = with_threshold(get_family(manifest["family"]), defaults.get("threshold"))  # the checkpoint's own
-        if defaults.get("lexical_weight") is not None:
-            family = replace(family, lexical_weight=float(defaults["lexical_weight"]))
-        if defaults.get("lexical_threshold") is not None:
-            family = replace(family, lexical_threshold=float(defaults["lexical_threshold"]))
-        if "passage_margin" in defaults:      # null: no passage gate; absent: the family's
-            margin = defaults["passage_margin"]
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """The manifest's `tokenizer`: its file in the folder and the special token ids."""
+    cls_id: int
+    sep_id: int
+    pad_id: int
+    file: str = "tokenizer.json"
+    seps_between: int | None = None   # separators between question and context, when not the family's
+
+
+@dataclass(frozen=True)
+class ManifestDefaults:
+    """The decision defaults an export records (`defaults`): None (passage_margin: `...`)
+    when the manifest leaves one out, which means the family's."""
+    threshold: float | None = None
+    lexical_weight: float | None = None
+    lexical_threshold: float | None = None
+    passage_margin: Any = FAMILYS     # float, None (no gate) or FAMILYS
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where an export came from (`source`)."""
+    checkpoint: str
+    weights_sha256: str | None = None
+    num_attention_heads: int | None = None
+    hidden_size: int | None = None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """An exported model folder's `manifest.json`, typed: the one place it is read and
+    written (export writes it, every loader reads it, Triton ships it to clients). Keys the
+    engine does not read (opset, versions, verification, ...) are kept in `data` and written
+    back as they were. Manifests of earlier exports load: every key added since has a
+    default (tests/test_manifest.py)."""
+    family: str
+    max_length: int
+    tokenizer: TokenizerInfo
+    graph: str = "model.onnx"
+    external_data: str | None = None    # the graph's weights file, when they are kept apart
+    inputs: tuple[str, ...] = ()
+    buckets: tuple[int, ...] = ()
+    precision: str | None = None
+    defaults: ManifestDefaults = ManifestDefaults()
+    embedding_rows: int = 0             # input_ids must stay below this (0: unknown)
+    source: Source | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    tensorrt: dict[str, Any] | None = None
+    data: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    # ------------------------------------------------------------------ reading
+    @classmethod
+    def read(cls, folder: str | Path) -> Manifest:
+        """The manifest of an exported folder; ModelLoadError saying what the folder is
+        when it is not one, or what is wrong with its manifest."""
+        folder = Path(folder)
+        path = folder / MANIFEST
+        if not folder.exists():
+            raise ModelLoadError(f"{folder}: no such model folder")
+        if not path.is_file():
+            if (folder / "config.json").is_file():
+                raise ModelLoadError(f"{folder} is a checkpoint, not an exported model (it has no {MANIFEST}): "
+                                     f"export it first (prune export --model {folder} --out {folder.name}-onnx), "
+                                     "or run it with PyTorch (--backend torch)")
+            raise ModelLoadError(f"{folder}: no {MANIFEST}, so not an exported model; export a checkpoint into a "
+                                 "folder of its own first (prune export --model CHECKPOINT --out FOLDER)")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ModelLoadError(f"{path}: corrupted manifest ({exc})") from exc
+        return cls.from_dict(data, where=str(path))
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "manifest") -> Manifest:
+        """A manifest from its JSON (a file's, or what a Triton core model sends), checked."""
+        if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
+            raise ModelLoadError(f"{where}: not a {MANIFEST_FORMAT} manifest")
+        for key in ("family", "max_length", "tokenizer", "graph"):
+            if key not in data:
+                raise ModelLoadError(f"{where}: manifest lacks {key!r}")
+        try:
+            tok, d, src = data["tokenizer"], data.get("defaults") or {}, data.get("source")
+            rows = data.get("embedding_rows")
+            manifest = cls(
+                family=str(data["family"]), max_length=int(data["max_length"]),
+                tokenizer=TokenizerInfo(cls_id=int(tok["cls_id"]), sep_id=int(tok["sep_id"]), pad_id=int(tok["pad_id"]),
+                                        file=str(tok.get("file") or "tokenizer.json"),
+                                        seps_between=None if tok.get("seps_between") is None
+                                        else int(tok["seps_between"])),
+                graph=str(data["graph"]), external_data=data.get("external_data") or None,
+                inputs=tuple(str(n) for n in data.get("inputs") or ()),
+                buckets=tuple(int(b) for b in data.get("buckets") or ()), precision=data.get("precision"),
+                defaults=ManifestDefaults(
+                    threshold=_number(d.get("threshold")), lexical_weight=_number(d.get("lexical_weight")),
+                    lexical_threshold=_number(d.get("lexical_threshold")),
+                    passage_margin=_number(d["passage_margin"]) if "passage_margin" in d else FAMILYS),
+                embedding_rows=rows if isinstance(rows, int) and not isinstance(rows, bool) else 0,
+                source=None if not isinstance(src, dict) else Source(
+                    checkpoint=str(src.get("checkpoint", "")), weights_sha256=src.get("weights_sha256"),
+                    num_attention_heads=src.get("num_attention_heads"), hidden_size=src.get("hidden_size")),
+                options=dict(data.get("options") or {}), tensorrt=data.get("tensorrt"), data=dict(data))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ModelLoadError(f"{where}: manifest is incomplete: {exc}") from exc
+        manifest.spec()           # its values checked
+        return manifest
+
+    # ------------------------------------------------------------------ using
+    def spec(self, name: str = "model") -> ModelSpec:
+        """What the client needs: the family with this export's defaults, the window, the
+        special tokens; ModelLoadError when a value is out of bounds."""
+        d = self.defaults
+        family = with_threshold(get_family(self.family), d.threshold)        # the checkpoint's own
+        if d.lexical_weight is not None:
+            family = replace(family, lexical_weight=d.lexical_weight)
+        if d.lexical_threshold is not None:
+            family = replace(family, lexical_threshold=d.lexical_threshold)
+        if d.passage_margin is not FAMILYS:      # null: no passage gate; absent: the family's
+            margin = d.passage_margin
             family = replace(family, passage_margin=None if margin is None or margin < 0 else float(margin))
-        if "seps_between" in tok and int(tok["seps_between"]) != family.seps_between:
-            family = replace(family, seps_between=int(tok["seps_between"]))   # e.g. OpenProvence on ModernBERT
-        spec = ModelSpec(family=family, max_length=int(manifest["max_length"]),
-                         cls_id=int(tok["cls_id"]), sep_id=int(tok["sep_id"]), pad_id=int(tok["pad_id"]),
-                         name=name)
-        buckets = [int(b) for b in manifest.get("buckets", [])]
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ModelLoadError(f"manifest is incomplete: {exc}") from exc
-    if not 16 <= spec.max_length <= MAX_WINDOW:
-        raise ModelLoadError(f"manifest max_length {spec.max_length} is outside 16..{MAX_WINDOW}")
-    if min(spec.cls_id, spec.sep_id, spec.pad_id) < 0:
-        raise ModelLoadError("manifest special token ids must be >= 0")
-    if buckets and (buckets != sorted(set(buckets)) or buckets[0] < 1 or buckets[-1] > spec.max_length):
-        raise ModelLoadError(f"manifest buckets {buckets[:6]}... are not increasing lengths within the window")
-    return spec
+        seps = self.tokenizer.seps_between
+        if seps is not None and seps != family.seps_between:
+            family = replace(family, seps_between=seps)          # e.g. OpenProvence on ModernBERT
+        spec = ModelSpec(family=family, max_length=self.max_length, cls_id=self.tokenizer.cls_id,
+                         sep_id=self.tokenizer.sep_id, pad_id=self.tokenizer.pad_id, name=name)
+        if not 16 <= spec.max_length <= MAX_WINDOW:
+            raise ModelLoadError(f"manifest max_length {spec.max_length} is outside 16..{MAX_WINDOW}")
+        if min(spec.cls_id, spec.sep_id, spec.pad_id) < 0:
+            raise ModelLoadError("manifest special token ids must be >= 0")
+        b = list(self.buckets)
+        if b and (b != sorted(set(b)) or b[0] < 1 or b[-1] > spec.max_length):
+            raise ModelLoadError(f"manifest buckets {b[:6]}... are not increasing lengths within the window")
+        return spec
+
+    # ------------------------------------------------------------------ writing
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: `data` with the typed fields written over it."""
+        out = dict(self.data)
+        out.update(format=MANIFEST_FORMAT, family=self.family, max_length=self.max_length, graph=self.graph,
+                   external_data=self.external_data, inputs=list(self.inputs), buckets=list(self.buckets),
+                   precision=self.precision,
+                   embedding_rows=self.embedding_rows, options=self.options)
+        tok = dict(out.get("tokenizer") or {})
+        tok.update(cls_id=self.tokenizer.cls_id, sep_id=self.tokenizer.sep_id, pad_id=self.tokenizer.pad_id,
+                   file=self.tokenizer.file)
+        if self.tokenizer.seps_between is not None:
+            tok["seps_between"] = self.tokenizer.seps_between
+        out["tokenizer"] = tok
+        d = dict(out.get("defaults") or {})
+        d.update(threshold=self.defaults.threshold, lexical_weight=self.defaults.lexical_weight,
+                 lexical_threshold=self.defaults.lexical_threshold)
+        if self.defaults.passage_margin is not FAMILYS:
+            d["passage_margin"] = self.defaults.passage_margin
+        else:
+            d.pop("passage_margin", None)
+        out["defaults"] = d
+        if self.source is not None:
+            out["source"] = {**(out.get("source") or {}), **{k: v for k, v in asdict(self.source).items()
+                                                            if v is not None}}
+        if self.tensorrt is not None:
+            out["tensorrt"] = self.tensorrt
+        return out
+
+    def write(self, folder: str | Path) -> None:
+        """`manifest.json` in `folder`."""
+        (Path(folder) / MANIFEST).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    def with_changes(self, **changes: Any) -> Manifest:
+        """This manifest with fields changed (the rest of its data kept)."""
+        return replace(self, **changes)
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None else float(value)

@@ -43,7 +43,7 @@ def _blocks(text: str) -> list[Span]:
         cuts.add(m.start())
         # A list item ends with its line unless the next line is indented (a wrapped item).
         nl = text.find("\n", m.start())
-        if nl >= 0 and nl + 1 < len(text) and not text[nl + 1] in " \t":
+        if nl >= 0 and nl + 1 < len(text) and text[nl + 1] not in " \t":
             cuts.add(nl + 1)
     points = sorted(cuts)
     return [(a, b) for a, b in zip(points, points[1:]) if text[a:b].strip()]

@@ -210,5 +210,6 @@ def make_test_checkpoint(family_name: str, out: str | Path, seed: int = 0,
 
 
 def make_all(out_root: str | Path, seed: int = 0) -> dict[str, Path]:
+    """A tiny random-weight checkpoint of every family under `out_root`."""
     out_root = Path(out_root)
     return {name: make_test_checkpoint(name, out_root / name, seed) for name in FAMILIES}

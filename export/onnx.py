@@ -15,7 +15,6 @@ optimizer can fuse.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import shutil
 import contextlib
 import tempfile
@@ -32,7 +31,7 @@ from engine.batching import BatchingConfig
 from engine.encode import Encoder
 from engine.errors import ExportError
 from engine.pytorch.loading import embedding_rows, load_torch_model
-from engine.spec import GRAPH_OUTPUTS, MANIFEST, MANIFEST_FORMAT, ModelSpec
+from engine.spec import GRAPH_OUTPUTS, MANIFEST_FORMAT, Manifest, ModelSpec
 from export import deberta
 from export.optimize import convert_fp16, encoder_dims, fix_graph, optimize_graph, quantize_int8
 from export.samples import sample_batches
@@ -116,6 +115,7 @@ def compare(reference: Callable[[dict], tuple], candidate: Callable[[dict], tupl
 
 
 def torch_runner(model: torch.nn.Module, spec: ModelSpec) -> Callable[[dict], tuple]:
+    """A function running the PyTorch model on a feed, for the export's checks."""
     def run(feed: dict[str, np.ndarray]):
         t = {k: torch.from_numpy(v) for k, v in feed.items()}
         with torch.inference_mode():
@@ -125,6 +125,7 @@ def torch_runner(model: torch.nn.Module, spec: ModelSpec) -> Callable[[dict], tu
 
 
 def ort_runner(graph: Path) -> Callable[[dict], tuple]:
+    """A function running the ONNX graph in ONNX Runtime on a feed, for the export's checks."""
     import onnxruntime as ort
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
@@ -319,7 +320,7 @@ def export_model(checkpoint: str | Path, out: str | Path, *, family: str | None 
         if verify:
             manifest["verification"] = checks[-1]
             manifest["verification_steps"] = checks
-        (stage / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        Manifest.from_dict(manifest, where=f"the manifest of {out}").write(stage)   # written as it is read
         out.mkdir(parents=True, exist_ok=True)
         for item in stage.iterdir():
             target = out / item.name

@@ -115,6 +115,7 @@ def weight_matmuls(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
 
 def quantize_int8(src: Path, dst: Path, weight_type: str = "QInt8", per_channel: bool = True,
                   external_data: bool = False) -> dict[str, Any]:
+    """Dynamic INT8 quantization of `src` into `dst` (ONNX Runtime's quantizer)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
     model = onnx.load(str(src))
     nodes, kept_fp32 = weight_matmuls(model)
@@ -171,7 +172,8 @@ def drop_repeated_nodes(graph) -> int:
             first = earlier[0]
             same = (first.op_type == node.op_type and first.domain == node.domain
                     and list(first.input) == list(node.input) and list(first.output) == list(node.output)
-                    and [a.SerializeToString() for a in first.attribute] == [a.SerializeToString() for a in node.attribute])
+                    and [a.SerializeToString() for a in first.attribute]
+                    == [a.SerializeToString() for a in node.attribute])
             if not same:
                 raise ExportError(f"two different nodes ({first.name}, {node.name}) write the tensor {node.output[0]}")
             dropped += 1

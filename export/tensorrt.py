@@ -75,6 +75,7 @@ def trtexec_command(onnx_path: str | Path, plan_path: str | Path, profile: Profi
 
 def write_build_script(folder: Path, input_names: Sequence[str], buckets: Sequence[int],
                        max_batch_size: int, precision: str) -> Path:
+    """A trtexec script that builds the plan in `folder`, where TensorRT is."""
     whole = profiles(input_names, buckets, max_batch_size, groups=(max(buckets),))[0]
     cmd = trtexec_command("model.trt.onnx", "model.plan", whole, precision)
     script = folder / "build_tensorrt.sh"
@@ -87,6 +88,7 @@ def write_build_script(folder: Path, input_names: Sequence[str], buckets: Sequen
 # --------------------------------------------------------------------------- build / check
 
 def tensorrt_available() -> bool:
+    """Whether TensorRT's Python package imports here."""
     try:
         import tensorrt  # noqa: F401
     except Exception:
@@ -161,7 +163,8 @@ def run_engine(plan_path: Path, feeds: list[dict[str, np.ndarray]]) -> list[tupl
     return out
 
 
-def check_engine(plan_path: Path, onnx_path: Path, feeds: list[dict[str, np.ndarray]], tolerance: float) -> dict[str, float]:
+def check_engine(plan_path: Path, onnx_path: Path, feeds: list[dict[str, np.ndarray]],
+                 tolerance: float) -> dict[str, float]:
     """The engine against ONNX Runtime on the same inputs (as `polygraphy run --trt --onnxrt`)."""
     import onnxruntime as ort
     sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
@@ -178,42 +181,39 @@ def export_tensorrt(folder: Path, precision: str = "fp16", max_batch_size: int =
                     log=print) -> dict[str, Any]:
     """Add a TensorRT plan to an exported folder: fixed graph, build script, and (where
     TensorRT exists) the plan, checked against ONNX Runtime. Updates the manifest."""
-    import json
-
     from engine.encode import Encoder, manifest_tokenizer
-    from engine.spec import read_manifest, spec_from_manifest
+    from engine.spec import Manifest
     from export.samples import sample_batches
     if precision not in ("fp32", "fp16"):
         raise ExportError("TensorRT INT8/FP8 need a graph with calibrated Q/DQ nodes (e.g. from NVIDIA "
                           "ModelOpt), which this exporter does not make: use --precision fp16 with "
                           "--tensorrt; the trtexec command in export.tensorrt takes --int8/--fp8 for such graphs")
-    manifest_path = folder / "manifest.json"
-    manifest = json.loads(manifest_path.read_text())
+    manifest = Manifest.read(folder)
     trt_graph = folder / "model.trt.onnx"
     if not trt_graph.is_file():
         raise ExportError(f"{trt_graph} is missing: export with --tensorrt (TensorRT needs the plain "
                           "fp32 graph, without ONNX Runtime's fused contrib ops)")
-    changed = manifest.get("tensorrt_graph_fixes", {})
-    names = manifest["inputs"]
-    script = write_build_script(folder, names, manifest["buckets"], max_batch_size, precision)
-    profile_list = profiles(names, manifest["buckets"], max_batch_size)
-    manifest["tensorrt"] = {"onnx": "model.trt.onnx", "graph_fixes": changed, "precision": precision,
-                            "max_batch_size": max_batch_size, "build_script": script.name,
-                            "profiles": [{n: [list(s) for s in shapes] for n, shapes in p.items()}
-                                         for p in profile_list], "plan": None}
-    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    changed = manifest.data.get("tensorrt_graph_fixes", {})
+    names = list(manifest.inputs)
+    script = write_build_script(folder, names, list(manifest.buckets), max_batch_size, precision)
+    profile_list = profiles(names, list(manifest.buckets), max_batch_size)
+    built = {"onnx": "model.trt.onnx", "graph_fixes": changed, "precision": precision,
+             "max_batch_size": max_batch_size, "build_script": script.name,
+             "profiles": [{n: [list(s) for s in shapes] for n, shapes in p.items()} for p in profile_list],
+             "plan": None}
+    manifest.with_changes(tensorrt=built).write(folder)
     log(f"TensorRT input graph {trt_graph.name} (fixes: {changed}); trtexec script {script}")
     if not tensorrt_available():
         # the export is complete without the plan: a note, not a failure (`set -e` scripts go on)
         log(f"note: TensorRT is not installed in this Python environment, so no plan was built here; run "
             f"`sh {script.name}` in {folder} where TensorRT is (NVIDIA's TensorRT or Triton container) "
             "to build model.plan")
-        return manifest["tensorrt"]
+        return built
     plan = build_engine(folder / "model.trt.onnx", folder / "model.plan", profile_list, precision)
-    spec = spec_from_manifest(read_manifest(folder), name=folder.name)
-    encoder = Encoder(manifest_tokenizer(folder, read_manifest(folder), spec.family), spec)
+    spec = manifest.spec(name=folder.name)
+    encoder = Encoder(manifest_tokenizer(folder, manifest, spec.family), spec)
     report = check_engine(plan, trt_graph, sample_batches(encoder), tolerance=0.02)
-    manifest["tensorrt"].update(plan=plan.name, check=report)
-    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    built.update(plan=plan.name, check=report)
+    manifest.with_changes(tensorrt=built).write(folder)
     log(f"built {plan}: max |diff| vs ONNX Runtime {report['max_abs_diff_vs_onnxruntime']:.2e}")
-    return manifest["tensorrt"]
+    return built

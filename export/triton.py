@@ -25,11 +25,10 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from engine.backends.onnxruntime import SHRINK_ABOVE_TOKENS
 from engine.errors import ExportError
-from engine.spec import read_manifest
+from engine.spec import Manifest
 from triton_models import CORE, TEXT, template
 from engine.triton.wire import DEFAULT_MAX_CHARS, DEFAULT_MAX_PASSAGES, DESCRIBE_OUTPUTS, TEXT_INPUTS, TEXT_OUTPUTS
 
@@ -41,6 +40,7 @@ _TRITON_TYPES = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32", "INT32": "TYPE_INT
 
 @dataclass
 class RepositoryOptions:
+    """What `prune repository` writes: target, batching, instances, threads, the text model."""
     target: str = "cpu"
     name: str | None = None
     max_batch_size: int = 64
@@ -86,7 +86,7 @@ def _parameters(params: dict[str, str]) -> str:
                      for k, v in params.items())
 
 
-def render_text_config(name: str, core: str, manifest: dict[str, Any], opts: RepositoryOptions) -> str:
+def render_text_config(name: str, core: str, manifest: Manifest, opts: RepositoryOptions) -> str:
     """config.pbtxt of the text model `name` in front of the core model `core`."""
     inputs = ",\n".join(_tensor(n, _TRITON_TYPES[t], ", ".join(map(str, d)), optional=True)
                         for n, (t, d) in TEXT_INPUTS.items())
@@ -95,28 +95,29 @@ def render_text_config(name: str, core: str, manifest: dict[str, Any], opts: Rep
     params = {"core_model": core, "core_max_batch_size": str(opts.max_batch_size),
               "max_batch_tokens": str(opts.max_batch_tokens), "max_passages": str(opts.text_max_passages),
               "max_chars": str(opts.text_max_chars), "core_timeout_ms": str(opts.core_timeout_ms),
-              "prune_manifest": json.dumps(manifest)}
+              "prune_manifest": json.dumps(manifest.to_dict())}
     return (f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
             f"input [\n{inputs}\n]\noutput [\n{outputs}\n]\n"
             f"instance_group [ {{ count: {opts.text_instances} kind: KIND_CPU }} ]\n"
             f"version_policy: {{ latest: {{ num_versions: 1 }} }}\n" + _parameters(params) + "\n")
 
 
-def joins_requests(manifest: dict[str, Any], opts: RepositoryOptions) -> bool:
+def joins_requests(manifest: Manifest, opts: RepositoryOptions) -> bool:
     """Whether the cpu core runs the requests the dynamic batcher groups as one padded batch.
     An INT8 graph quantizes its activations with scales taken over the whole batch, so a
     joined run makes each answer depend on the requests beside it: "auto" runs them alone."""
     if opts.join_requests == "auto":
-        return manifest.get("precision") != "int8"
+        return manifest.precision != "int8"
     return opts.join_requests == "always"
 
 
-def render_config(name: str, manifest: dict[str, Any], opts: RepositoryOptions, text_model: str | None) -> str:
-    inputs = ",\n".join(_tensor(n, "TYPE_INT64", "-1") for n in manifest["inputs"])
+def render_config(name: str, manifest: Manifest, opts: RepositoryOptions, text_model: str | None) -> str:
+    """The core model's config.pbtxt."""
+    inputs = ",\n".join(_tensor(n, "TYPE_INT64", "-1") for n in manifest.inputs)
     # rerank_score is [B]: exposed as [B, 1] with the model's own shape [B] (reshape [])
     outputs = ",\n".join([_tensor("rerank_score", "TYPE_FP32", "1", "\n    reshape: { shape: [ ] }"),
                           _tensor("sentence_probs", "TYPE_FP32", "-1")])
-    preferred = opts.preferred_batch_sizes or preferred_sizes(manifest["buckets"], opts.max_batch_tokens,
+    preferred = opts.preferred_batch_sizes or preferred_sizes(list(manifest.buckets), opts.max_batch_tokens,
                                                               opts.max_batch_size)
     if opts.target == "cpu":
         head = 'backend: "python"'
@@ -127,7 +128,7 @@ def render_config(name: str, manifest: dict[str, Any], opts: RepositoryOptions, 
     else:
         head = 'platform: "tensorrt_plan"'
         kind = "KIND_GPU"
-    params = {"pad_id": str(manifest["tokenizer"]["pad_id"]), "prune_manifest": json.dumps(manifest),
+    params = {"pad_id": str(manifest.tokenizer.pad_id), "prune_manifest": json.dumps(manifest.to_dict()),
               "intra_op_threads": str(opts.intra_op_threads), "ort_arena": opts.ort_arena,
               "ort_shrink_above_tokens": str(SHRINK_ABOVE_TOKENS)}
     if opts.target == "cpu":
@@ -136,9 +137,9 @@ def render_config(name: str, manifest: dict[str, Any], opts: RepositoryOptions, 
         params["prune_text_model"] = text_model
     param_text = _parameters(params)
     warmups = []
-    for length in warmup_lengths(manifest["buckets"]):
+    for length in warmup_lengths(list(manifest.buckets)):
         parts = []
-        for n in manifest["inputs"]:
+        for n in manifest.inputs:
             data = f'input_data_file: "ones_{length}"' if n == "attention_mask" else "zero_data: true"
             parts.append(f'    inputs {{\n      key: "{n}"\n      value: {{ data_type: TYPE_INT64 '
                          f'dims: [ {length} ] {data} }}\n    }}')
@@ -163,7 +164,7 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
                      log=print) -> Path:
     """Write (or add to) a model repository; returns the model's folder."""
     model_folder = Path(model_folder)
-    manifest = read_manifest(model_folder)
+    manifest = Manifest.read(model_folder)
     if opts.target not in TARGETS:
         raise ExportError(f"target must be one of {TARGETS}, got {opts.target!r}")
     if opts.max_batch_size < 1:
@@ -175,7 +176,7 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
     if opts.join_requests == "never" and opts.target != "cpu":
         raise ExportError(f"join_requests never needs the cpu target: Triton's own backends ({opts.target}) "
                           "always run the requests the dynamic batcher groups as one batch")
-    if opts.target != "cpu" and manifest.get("precision") == "int8":
+    if opts.target != "cpu" and manifest.precision == "int8":
         log(f"note: {opts.target} joins the requests its dynamic batcher groups; with an INT8 graph an answer "
             "can move slightly with its batch company (the cpu target runs them alone)")
     name = opts.name or model_folder.name
@@ -208,14 +209,14 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
     return model_dir
 
 
-def _write_models(model_folder: Path, manifest: dict[str, Any], out: str | Path, name: str, model_dir: Path,
+def _write_models(model_folder: Path, manifest: Manifest, out: str | Path, name: str, model_dir: Path,
                   text_name: str | None, opts: RepositoryOptions, templates: dict[str, Path], log) -> None:
     version_dir = model_dir / str(opts.version)
     version_dir.mkdir(parents=True)
     if opts.target in ("cpu", "gpu-onnx"):
-        shutil.copy2(model_folder / manifest["graph"], version_dir / "model.onnx")
-        if manifest.get("external_data"):
-            shutil.copy2(model_folder / manifest["external_data"], version_dir / manifest["external_data"])
+        shutil.copy2(model_folder / manifest.graph, version_dir / "model.onnx")
+        if manifest.external_data:
+            shutil.copy2(model_folder / manifest.external_data, version_dir / manifest.external_data)
         if opts.target == "cpu":
             shutil.copy2(templates[CORE], version_dir / "model.py")
     else:
@@ -228,7 +229,7 @@ def _write_models(model_folder: Path, manifest: dict[str, Any], out: str | Path,
     # Warmup data: attention_mask of ones (zeros would be an all-padding row).
     import numpy as np
     (model_dir / "warmup").mkdir(exist_ok=True)
-    for length in warmup_lengths(manifest["buckets"]):
+    for length in warmup_lengths(list(manifest.buckets)):
         (model_dir / "warmup" / f"ones_{length}").write_bytes(np.ones(length, dtype=np.int64).tobytes())
     (model_dir / "config.pbtxt").write_text(render_config(name, manifest, opts, text_name))
     shutil.copy2(model_folder / "manifest.json", model_dir / "manifest.json")
@@ -239,13 +240,13 @@ def _write_models(model_folder: Path, manifest: dict[str, Any], out: str | Path,
             f"in front of {name})")
 
 
-def write_text_model(model_folder: Path, manifest: dict[str, Any], text_dir: Path, core: str,
+def write_text_model(model_folder: Path, manifest: Manifest, text_dir: Path, core: str,
                      opts: RepositoryOptions, model_py: Path) -> Path:
     """`<core>_text`: config, model.py, and the export's tokenizer and manifest as files."""
     version_dir = text_dir / str(opts.version)
     version_dir.mkdir(parents=True)
     shutil.copy2(model_py, version_dir / "model.py")
-    shutil.copy2(model_folder / manifest["tokenizer"]["file"], version_dir / manifest["tokenizer"]["file"])
+    shutil.copy2(model_folder / manifest.tokenizer.file, version_dir / manifest.tokenizer.file)
     shutil.copy2(model_folder / "manifest.json", version_dir / "manifest.json")
     (text_dir / "config.pbtxt").write_text(render_text_config(text_dir.name, core, manifest, opts))
     return text_dir

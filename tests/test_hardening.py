@@ -19,7 +19,7 @@ from tests.test_parity import PASSAGES, QUESTION
 
 def _status_mb(field: str, pid: int | str = "self") -> float:
     """A field of a process's /proc status (VmRSS, VmHWM) in MB."""
-    line = next(l for l in Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith(field + ":"))
+    line = next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith(field + ":"))
     return int(line.split()[1]) / 1024
 
 

@@ -114,7 +114,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("the pruner and its loading", ("engine.pruner", "engine.loading", "engine.default_model")),
     ("remote pruners", ("engine.triton.text_pruner", "engine.triton.connect", "engine.triton.probe",
                         "engine.http.client")),
-    ("the HTTP API", ("engine.http.app", "engine.http.server")),
+    ("the HTTP API", ("engine.http.models", "engine.http.app", "engine.http.server")),
     ("the applications and the exporter", ("engine.tools", "engine.rag", "engine.integrations", "export",
                                            "triton_models")),
     ("the command line", ("engine.cli", "engine.__main__")),

@@ -154,7 +154,10 @@ def test_the_default_family_fuses_by_default_and_weight_zero_is_the_model_at_its
 def test_a_manifest_sets_or_clears_the_default(exported):
     import json
 
-    from engine.spec import spec_from_manifest
+    from engine.spec import Manifest
+
+    def spec_from_manifest(d):
+        return Manifest.from_dict(d).spec()
     manifest = json.loads((exported["embedding"] / "manifest.json").read_text())
     manifest["defaults"].update(lexical_weight=0.0)
     assert spec_from_manifest(manifest).family.default_threshold(0.0) == 0.87

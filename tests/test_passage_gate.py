@@ -240,7 +240,10 @@ def test_batch_files_gate_each_line_as_in_process(pruners, tmp_path):
 
 
 def test_a_manifest_sets_or_clears_the_gate(exported):
-    from engine.spec import spec_from_manifest
+    from engine.spec import Manifest
+
+    def spec_from_manifest(d):
+        return Manifest.from_dict(d).spec()
     manifest = json.loads((exported["embedding"] / "manifest.json").read_text())
     assert manifest["defaults"]["passage_margin"] == 0.1              # written by the export
     assert spec_from_manifest(manifest).family.passage_margin == 0.1

@@ -60,7 +60,7 @@ def _wait_for_line(proc, needle: str, timeout: float) -> str:
     import queue
     import threading
     lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout], daemon=True).start()
+    threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout], daemon=True).start()
     seen, end = [], time.monotonic() + timeout
     while time.monotonic() < end:
         try:

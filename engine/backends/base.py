@@ -24,10 +24,13 @@ class Backend(ABC):
         return [self.infer(b) for b in batches]
 
     def health(self) -> bool:
+        """Whether the core answers (in-process cores always do)."""
         return True
 
     def close(self) -> None:
+        """Release the core's resources."""
         pass
 
     def describe(self) -> str:
+        """What runs the model, in words (for logs and /info)."""
         return self.name

@@ -26,6 +26,7 @@ SHRINK_ABOVE_TOKENS = 4096
 
 
 def arena_mode(value: str | None = None) -> str:
+    """The arena mode a session runs with: `value`, else the PRUNE_ORT_ARENA setting; checked."""
     mode = (value or setting("ort_arena")).strip().lower()
     if mode not in ARENA_MODES:
         raise ModelLoadError(f"PRUNE_ORT_ARENA must be one of {ARENA_MODES}, got {mode!r}")
@@ -111,6 +112,7 @@ class ArenaRuns:
             self.shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
 
     def __call__(self, tokens: int) -> Any:
+        """The run options for a batch of `tokens` tokens (the arena shrunk after a large one)."""
         return self.shrink if self.shrink is not None and tokens > self.shrink_above else self.plain
 
 
@@ -218,6 +220,7 @@ class OnnxRuntimeBackend(Backend):
         self.graph = graph
 
     def infer(self, batch: ModelBatch) -> tuple[np.ndarray, np.ndarray]:
+        """(rerank_score [B], sentence_probs [B, S]) of one padded batch."""
         try:
             if self.io_binding:
                 binding = self.session.io_binding()
@@ -235,5 +238,6 @@ class OnnxRuntimeBackend(Backend):
         return rerank, probs
 
     def describe(self) -> str:
+        """The execution provider and graph, in words."""
         return (f"onnxruntime {self.session.get_providers()[0]} ({self.graph.name}"
                 + (", IO binding)" if self.io_binding else ")"))

@@ -11,6 +11,7 @@ from engine.errors import BackendError
 
 
 class TorchBackend(Backend):
+    """The fp32 PyTorch reference: a checkpoint run as its family's own code computes it."""
     name = "torch"
 
     def __init__(self, model, *, device: str = "cpu", dtype: str = "float32", threads: int | None = None):
@@ -24,6 +25,7 @@ class TorchBackend(Backend):
         self.uses_token_type_ids = True
 
     def infer(self, batch: ModelBatch) -> tuple[np.ndarray, np.ndarray]:
+        """(rerank_score [B], sentence_probs [B, S]) of one padded batch, in PyTorch."""
         torch = self.torch
         t = {k: torch.from_numpy(getattr(batch, k)).to(self.device)
              for k in ("input_ids", "attention_mask", "sentence_ids", "token_type_ids")}
@@ -37,6 +39,7 @@ class TorchBackend(Backend):
                 probs.float().cpu().numpy().astype(np.float32, copy=False))
 
     def describe(self) -> str:
+        """The device, dtype and attention, in words."""
         return f"torch {self.torch.__version__} {self.device} {str(self.dtype).replace('torch.', '')}"
 
     @classmethod

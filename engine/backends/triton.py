@@ -35,6 +35,7 @@ class TritonBackend(Backend):
         self.input_names = list(inputs)
 
     def manifest(self) -> dict[str, Any]:
+        """The core model's manifest, as its config's prune_manifest parameter holds it."""
         return self.transport.manifest()
 
     def tokenizer_json(self) -> str | None:
@@ -72,6 +73,7 @@ class TritonBackend(Backend):
         return rerank.reshape(-1).astype(np.float32, copy=False), probs.astype(np.float32, copy=False)
 
     def infer(self, batch: ModelBatch) -> tuple[np.ndarray, np.ndarray]:
+        """(rerank_score [B], sentence_probs [B, S]) of one padded batch, from the Triton core model."""
         return self.infer_many([batch])[0]
 
     def infer_many(self, batches: Sequence[ModelBatch]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -99,10 +101,13 @@ class TritonBackend(Backend):
         return out
 
     def health(self) -> bool:
+        """Whether the core model is ready on its server."""
         return self.transport.health()
 
     def close(self) -> None:
+        """Close the client."""
         self.transport.close()
 
     def describe(self) -> str:
+        """The server and model, in words."""
         return self.transport.describe()

@@ -22,6 +22,7 @@ COMMANDS = (export, run, eval, fidelity, repository, api, serve, bench, index, a
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `prune` command's parser, every subcommand with its flags."""
     import engine
     p = argparse.ArgumentParser(prog="prune", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -66,6 +67,7 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run `prune` with `argv`; the exit status."""
     try:
         parser = build_parser()
     except PruneError as exc:   # a PRUNE_* variable that does not parse

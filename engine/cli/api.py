@@ -7,6 +7,7 @@ from engine.cli.common import add_batching, add_setting, api_imports, batching, 
 
 
 def add(new) -> None:
+    """`prune api`'s flags."""
     h = new("api", help="the HTTP API: TEI and Cohere rerank, /v1/prune (in-process or a Triton text model)")
     h.add_argument("--model", help="exported folder, or 'default' (all-MiniLM-L6-v2, exported on first use); "
                                    "default: 'default'")
@@ -25,6 +26,7 @@ def add(new) -> None:
 
 
 def run(args) -> int:
+    """Run `prune api`; the exit status."""
     uvicorn, _, _ = api_imports()
     from engine.pruner import Pruner
     if args.server:
@@ -48,6 +50,7 @@ def run(args) -> int:
 
 
 def api_app(args, pruner, label: str, remote: bool):
+    """The ASGI app of `prune api` for `pruner`, with the API's settings from `args`."""
     _, ApiConfig, create_app = api_imports()
     workers = args.workers or (16 if remote else 1)
     config = ApiConfig(api_key=args.api_key, workers=workers, max_concurrent=args.max_concurrent,

@@ -8,6 +8,7 @@ from engine.errors import PruneError
 
 
 def add(new) -> None:
+    """`prune ask`'s flags."""
     a = new("ask", help="retrieve (hybrid), rerank, prune and highlight for a question")
     add_db(a)
     a.add_argument("--question", required=True, help="the question")
@@ -31,6 +32,7 @@ def add(new) -> None:
 
 
 def run(args) -> int:
+    """Run `prune ask`; the exit status."""
     if not args.question or not args.question.strip():
         raise PruneError("--question is empty")
     with pipeline(args) as pipe:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 
 def add(new) -> None:
+    """`prune bench`'s flags."""
     b = new("bench", help="speed of every path side by side on the RAG workload")
     b.add_argument("--data", required=True, help="RAG JSONL (question, passages)")
     b.add_argument("--model", help="exported fp32 folder (default: the default model)")
@@ -35,6 +36,7 @@ def add(new) -> None:
 
 
 def run(args) -> int:
+    """Run `prune bench`; the exit status."""
     from engine.tools.bench import bench, markdown, plot
     from engine.default_model import default_checkpoint, ensure_default_model
     log = args.log

@@ -37,12 +37,14 @@ def add_renamed(p: argparse.ArgumentParser, old: str, new: str) -> None:
 
 
 def add_batching(p: argparse.ArgumentParser) -> None:
+    """--max-batch-tokens, --max-batch-size, --threads."""
     add_setting(p, "max_batch_tokens")
     add_setting(p, "max_batch_size")
     add_setting(p, "threads")
 
 
 def add_windows(p: argparse.ArgumentParser) -> None:
+    """--windows."""
     p.add_argument("--windows", choices=list(WINDOWS),
                    help="how a long passage is cut: as the family's own code (reference: OpenSearch's 510-token "
                         "windows with stride 128 and a decision per window; OpenProvence's fragments of half "
@@ -70,11 +72,13 @@ def call_options(args) -> "CallOptions":
 
 
 def batching(args):
+    """The BatchingConfig the flags ask for."""
     from engine.batching import BatchingConfig
     return BatchingConfig(max_batch_tokens=args.max_batch_tokens, max_batch_size=args.max_batch_size)
 
 
 def add_embedding_options(p: argparse.ArgumentParser) -> None:
+    """The embedding family's export options (--mode, --pooling, ...)."""
     g = p.add_argument_group("embedding family (sentence-embedding encoders)")
     g.add_argument("--embedding-mode", choices=["isolated", "passage", "full"],
                    help="what a sentence's tokens attend to (default isolated: each sentence alone)")
@@ -85,6 +89,7 @@ def add_embedding_options(p: argparse.ArgumentParser) -> None:
 
 
 def embedding_options(args) -> dict:
+    """The embedding export options the flags ask for."""
     return {k: v for k, v in {"mode": getattr(args, "embedding_mode", None),
                               "scale": getattr(args, "similarity_scale", None),
                               "shift": getattr(args, "similarity_shift", None),
@@ -100,6 +105,7 @@ def model_path(args) -> str:
 
 
 def api_imports():
+    """FastAPI and uvicorn, or a PruneError saying which extra installs them."""
     try:
         import uvicorn
         from engine.http.app import ApiConfig, create_app
@@ -110,12 +116,14 @@ def api_imports():
 
 
 def pipeline(args):
+    """The RAG pipeline the flags describe."""
     from engine.rag.pipeline import Pipeline
     return Pipeline(args.db, collection=args.collection, token=args.token or os.environ.get("MILVUS_TOKEN"),
                     log=args.log)
 
 
 def load_models(args, pipe, with_pruner: bool) -> None:
+    """Open the pipeline's encoder (and its pruner when `with_pruner`), logging progress."""
     from engine.rag.embedder import Embedder
     if getattr(args, "mode", "hybrid") != "bm25":
         pipe.embedder = Embedder.load(args.encoder, threads=args.threads, log=args.log)
@@ -130,6 +138,7 @@ def load_models(args, pipe, with_pruner: bool) -> None:
 
 
 def add_db(x: argparse.ArgumentParser) -> None:
+    """--db, --collection."""
     x.add_argument("--db", required=True, help="a Milvus Lite file (created by prune index), or a Milvus "
                    "server's URI (http://host:19530)")
     x.add_argument("--collection", default="passages", help="the collection's name")

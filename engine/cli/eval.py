@@ -10,6 +10,7 @@ from engine.errors import PruneError
 
 
 def add(new) -> None:
+    """`prune eval`'s flags."""
     v = new("eval", help="sentence-level P/R/F1 (grid search) and reranking MRR, with baselines")
     v.add_argument("--model", action="append", help="exported model folder (repeatable; default: the default model)")
     v.add_argument("--data", help="JSONL with question, context, sentences, labels")
@@ -25,6 +26,7 @@ def add(new) -> None:
 
 
 def run(args) -> int:
+    """Run `prune eval`; the exit status."""
     from engine.tools.quality import domain_table, evaluate, rag_table, rerank_table, table, write_report
     from engine.default_model import ensure_default_model
     from engine.pruner import Pruner

@@ -9,6 +9,7 @@ from engine.families import FAMILIES
 
 
 def add(new) -> None:
+    """`prune export`'s flags."""
     e = new("export", help="checkpoint -> ONNX graph + tokenizer + manifest, checked against PyTorch")
     e.add_argument("--model", required=True, help="checkpoint folder, hub id, or 'default' (all-MiniLM-L6-v2)")
     e.add_argument("--out", required=True, help="output folder")
@@ -40,6 +41,7 @@ def add(new) -> None:
 
 
 def run(args) -> int:
+    """Run `prune export`; the exit status."""
     if args.model == "default":
         from engine.default_model import default_checkpoint
         args.model = default_checkpoint()

@@ -1,14 +1,15 @@
 """`prune fidelity`: an exported precision against the fp32 PyTorch reference."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from engine.cli.common import add_batching, add_windows, batching
 from engine.errors import PruneError
+from engine.spec import Manifest
 
 
 def add(new) -> None:
+    """`prune fidelity`'s flags."""
     f = new("fidelity", help="compare an exported precision with the fp32 PyTorch reference")
     f.add_argument("--model", required=True, help="exported folder (any precision)")
     f.add_argument("--reference", help="the checkpoint (default: the manifest's source)")
@@ -22,24 +23,25 @@ def add(new) -> None:
 
 
 def run(args) -> int:
+    """Run `prune fidelity`; the exit status."""
     from engine.tools.fidelity import format_report, load_docs, measure, save
     from engine.pruner import Pruner
     candidate = Pruner.load(args.model, threads=args.threads, batching=batching(args))
-    manifest = json.loads((Path(args.model) / "manifest.json").read_text())
-    source = args.reference or manifest["source"]["checkpoint"]
+    manifest = Manifest.read(args.model)
+    source = args.reference or (manifest.source.checkpoint if manifest.source else "")
     if not args.reference and not Path(source).exists() and (Path(source).is_absolute() or source.startswith(".")
                                                             or len(Path(source).parts) != 2):
         raise PruneError(f"the reference checkpoint {source!r} (the export's source, from its manifest) is not "
                          "there; pass --reference CHECKPOINT (the checkpoint the model was exported from)")
     reference = Pruner.load(source, backend="torch",
-                            family=manifest["family"], threads=args.threads, batching=batching(args),
-                            options={k: v for k, v in manifest.get("options", {}).items()
+                            family=manifest.family, threads=args.threads, batching=batching(args),
+                            options={k: v for k, v in manifest.options.items()
                                      if k in ("mode", "scale", "shift", "rerank", "pooling")})
     docs = load_docs(args.data, args.limit)
     rep = measure(candidate, reference, docs, progress=not (args.no_progress or args.quiet),
                   log=args.log, windows=args.windows)
-    rep.update(model=args.model, precision=manifest.get("precision"), data=args.data)
-    print(format_report(f"{Path(args.model).name} ({manifest.get('precision')}, windows {rep['windows']})", rep))
+    rep.update(model=args.model, precision=manifest.precision, data=args.data)
+    print(format_report(f"{Path(args.model).name} ({manifest.precision}, windows {rep['windows']})", rep))
     if args.out:
         save(rep, args.out)
         print(f"wrote {args.out}")

@@ -5,6 +5,7 @@ from engine.cli.common import add_db, add_setting, load_models, pipeline
 
 
 def add(new) -> None:
+    """`prune index`'s flags."""
     ix = new("index", help="chunk, embed and store documents in Milvus (dense + BM25) for prune ask")
     add_db(ix)
     ix.add_argument("--data", required=True, help="JSONL documents: id and text, other fields kept as metadata")
@@ -14,6 +15,7 @@ def add(new) -> None:
 
 
 def run(args) -> int:
+    """Run `prune index`; the exit status."""
     from engine.rag.pipeline import read_documents
     docs = read_documents(args.data)      # bad input is reported before any model loads
     with pipeline(args) as pipe:

@@ -5,6 +5,7 @@ from engine.cli.common import add_setting
 
 
 def add(new) -> None:
+    """`prune repository`'s flags."""
     g = new("repository", help="exported model -> Triton model repository")
     g.add_argument("--model", help="exported model folder (default: the default model)")
     g.add_argument("--out", required=True, help="the model repository folder")
@@ -34,6 +35,7 @@ def add(new) -> None:
 
 
 def run(args) -> int:
+    """Run `prune repository`; the exit status."""
     from export.triton import RepositoryOptions, build_repository
     from engine.default_model import ensure_default_model
     is_default = args.model in (None, "default")

@@ -13,6 +13,7 @@ from engine.inputs import CallOptions
 
 
 def add(new) -> None:
+    """`prune run`'s flags."""
     r = new("run", help="prune passages for a question")
     r.add_argument("--model", help="exported folder (onnxruntime) or checkpoint (--backend torch), or 'default' "
                                     "(all-MiniLM-L6-v2, exported on first use); default: 'default'")
@@ -44,7 +45,8 @@ def add(new) -> None:
     r.add_argument("--json", action="store_true", help="print results as JSON")
     r.add_argument("--highlight", action="store_true", help="print passages with kept sentences tagged")
     r.add_argument("--input", help="a JSONL file of queries (question, passages or context, optional id, "
-                   "threshold, title, alpha, top_k, windows, lexical_weight, passage_margin), - for stdin; one result line per input line")
+                   "threshold, title, alpha, top_k, windows, lexical_weight, passage_margin), - for stdin; "
+                   "one result line per input line")
     r.add_argument("--output", help="where the JSONL results go with --input (default: stdout)")
     r.add_argument("--group", type=int, default=64,
                    help="queries read, batched together and written at a time with --input (bounds memory)")
@@ -55,6 +57,7 @@ def add(new) -> None:
 
 
 def run(args) -> int:
+    """Run `prune run`; the exit status."""
     from engine.pruner import Pruner
     # bad input is reported before any model loads
     options = call_options(args)

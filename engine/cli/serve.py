@@ -10,6 +10,7 @@ from engine.errors import PruneError
 
 
 def add(new) -> None:
+    """`prune serve`'s flags."""
     s = new("serve", help="start a local tritonserver on a model repository, with the HTTP API in front")
     s.add_argument("--model-repository", required=True, help="the folder `prune repository` wrote")
     add_setting(s, "host")
@@ -33,6 +34,7 @@ def add(new) -> None:
 
 
 def run(args) -> int:
+    """Run `prune serve`; the exit status."""
     import signal as _signal
     from engine.triton.server import TritonServer
 

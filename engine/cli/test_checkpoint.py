@@ -7,6 +7,7 @@ from engine.errors import PruneError
 
 
 def add(new) -> None:
+    """`prune test-checkpoint`'s flags."""
     t = new("test-checkpoint", help="write tiny random-weight checkpoints with the real layouts")
     t.add_argument("--family", default="all", help="a family name, or all")
     t.add_argument("--out", required=True, help="output folder (one subfolder per family with --family all)")
@@ -17,6 +18,7 @@ def add(new) -> None:
 
 
 def run(args) -> int:
+    """Run `prune test-checkpoint`; the exit status."""
     from engine.families import FAMILIES
     from export.checkpoints import make_test_checkpoint
     names = list(FAMILIES) if args.family == "all" else [args.family]

@@ -91,20 +91,23 @@ class _BodyLimit:
             except ValueError:
                 return await _error(ApiError.UNREADABLE, "Content-Length is not a number")(scope, receive, send)
             if size > self.limit:
-                return await _error(ApiError.TOO_LARGE, f"the body is {size} bytes; the limit is {self.limit}")(scope, receive, send)
+                refused = _error(ApiError.TOO_LARGE, f"the body is {size} bytes; the limit is {self.limit}")
+                return await refused(scope, receive, send)
         body, more = bytearray(), True
         while more:
             try:
                 message = await asyncio.wait_for(receive(), self.timeout)
             except asyncio.TimeoutError:
-                return await _error(ApiError.BODY_TIMEOUT,
-                                    f"the body did not arrive within {self.timeout:g} s of its last part")(scope, receive, send)
+                late = _error(ApiError.BODY_TIMEOUT,
+                              f"the body did not arrive within {self.timeout:g} s of its last part")
+                return await late(scope, receive, send)
             if message["type"] == "http.disconnect":
                 return None
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > self.limit:
-                return await _error(ApiError.TOO_LARGE, f"the body is over the limit of {self.limit} bytes")(scope, receive, send)
+                refused = _error(ApiError.TOO_LARGE, f"the body is over the limit of {self.limit} bytes")
+                return await refused(scope, receive, send)
         sent = False
 
         async def replay():
@@ -185,8 +188,8 @@ def create_app(pruner: PrunerProtocol, config: ApiConfig = ApiConfig()) -> Any:
     async def _invalid(request: Request, exc: RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
         if first.get("type") == "json_invalid":
-            return _error(ApiError.INVALID, f"the body is not valid JSON ({first.get('ctx', {}).get('error', 'invalid')}"
-                                             f" at character {first.get('loc', ('', '?'))[-1]})")
+            why, at = first.get("ctx", {}).get("error", "invalid"), first.get("loc", ("", "?"))[-1]
+            return _error(ApiError.INVALID, f"the body is not valid JSON ({why} at character {at})")
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
         return _error(ApiError.INVALID, f"{where}: {first.get('msg', 'invalid')}")
 

@@ -81,6 +81,7 @@ class HttpPruner:
 
     @property
     def limits(self) -> Limits:
+        """The server's input limits (from /info)."""
         return Limits(**self.info["limits"])
 
     def prune(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None, *,
@@ -95,9 +96,11 @@ class HttpPruner:
 
     async def aprune(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None,
                      **kwargs: Any) -> list[PruneResult]:
+        """`prune` for asyncio code (runs in a worker thread)."""
         return await asyncio.to_thread(self.prune, question, passages, options, **kwargs)
 
     def prune_many(self, queries: Sequence[dict[str, Any]]) -> list[list[PruneResult] | Exception]:
+        """Several calls, each {question, passages, options...}: results or the exception, per call."""
         out: list[list[PruneResult] | Exception] = []
         for q in queries:
             try:
@@ -107,9 +110,11 @@ class HttpPruner:
         return out
 
     def describe(self) -> str:
+        """The server's URL and model, in words."""
         return f"HTTP API {self.url} ({self.info.get('engine', '?')})"
 
     def close(self) -> None:
+        """Nothing to release (one connection per request)."""
         pass
 
     def __enter__(self) -> "HttpPruner":

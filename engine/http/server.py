@@ -26,10 +26,12 @@ class ApiThread:
 
     @property
     def url(self) -> str:
+        """The API's base URL."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
     def start(self, timeout: float = 20.0) -> "ApiThread":
+        """Start serving and wait until the port answers."""
         self._thread = threading.Thread(target=self._server.run, name="prune-api-server", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout
@@ -43,6 +45,7 @@ class ApiThread:
         return self
 
     def alive(self) -> bool:
+        """Whether the server thread still runs."""
         return bool(self._thread and self._thread.is_alive())
 
     def stop(self, timeout: float = 40.0) -> bool:

@@ -10,7 +10,8 @@
 
 Each document comes back as a copy whose content is its pruned text, `meta["pruning"]`
 (the original text, scores, spans, the highlighted text; engine.integrations.common) and
-the reranking score in [0, 1] as its `score`, as Haystack's rankers give theirs. A document with no text content (a blob, an image)
+the reranking score in [0, 1] as its `score`, as Haystack's rankers give theirs. A document
+with no text content (a blob, an image)
 or empty text is passed through unchanged. The input documents are not changed."""
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from typing import Any
 try:
     from haystack import Document, component, default_from_dict, default_to_dict
 except ImportError as exc:  # pragma: no cover - the message is the point
-    raise ImportError("engine.integrations.haystack needs haystack-ai 2.x: pip install 'prune-engine[haystack]'") from exc
+    raise ImportError("engine.integrations.haystack needs haystack-ai 2.x: "
+                      "pip install 'prune-engine[haystack]'") from exc
 
 from engine.integrations.common import (Outcome, PruneOptions, aprune_contents, check_pruner, prune_contents,
                                         pruning_metadata, relevance, resolve_pruner)
@@ -70,7 +72,8 @@ class PruneRanker:
         self.warm_up()
         return self.options.with_top_k(top_k)
 
-    def _shape(self, documents: list[Document], outcomes: list[Outcome], opts: PruneOptions) -> dict[str, list[Document]]:
+    def _shape(self, documents: list[Document], outcomes: list[Outcome],
+               opts: PruneOptions) -> dict[str, list[Document]]:
         out = []
         for o in outcomes:
             doc = documents[o.index]

@@ -25,7 +25,8 @@ try:
     from langchain_core.documents.compressor import BaseDocumentCompressor
     from langchain_core.embeddings import Embeddings
 except ImportError as exc:  # pragma: no cover - the message is the point
-    raise ImportError("engine.integrations.langchain needs langchain-core: pip install 'prune-engine[langchain]'") from exc
+    raise ImportError("engine.integrations.langchain needs langchain-core: "
+                      "pip install 'prune-engine[langchain]'") from exc
 from pydantic import ConfigDict, Field, PrivateAttr, create_model, model_validator
 
 from engine.integrations.common import (TOP_N, Outcome, PruneOptions, adapter_fields, aprune_contents, options_of,

@@ -109,6 +109,7 @@ class EngineEmbedding(BaseEmbedding):
 
     @classmethod
     def class_name(cls) -> str:
+        """LlamaIndex's name for this class."""
         return "EngineEmbedding"
 
     def _get_query_embedding(self, query: str) -> list[float]:

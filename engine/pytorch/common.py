@@ -50,6 +50,7 @@ def pool_hidden(hidden: torch.Tensor, sentence_ids: torch.Tensor) -> tuple[torch
 
 
 def backbone_config(kind: str, raw: dict[str, Any], attn: str):
+    """The transformers config of a family's backbone from a checkpoint's raw config."""
     from transformers import AutoConfig
     cfg = AutoConfig.for_model(kind, **{k: v for k, v in raw.items() if k not in CONFIG_ONLY_KEYS})
     cfg._attn_implementation = attn

@@ -53,6 +53,7 @@ class EmbeddingHighlighterModel(nn.Module):
         self.position_offset = (int(config.pad_token_id) + 1) if config.model_type in _ROBERTA_LIKE else 0
 
     def forward(self, input_ids, attention_mask, sentence_ids, token_type_ids=None):
+        """(rerank_score [B], sentence_probs [B, S]) as the family computes them."""
         bsz, length = input_ids.shape
         valid = attention_mask > 0
         ctx = sentence_ids >= 0
@@ -123,6 +124,7 @@ def _pooling(folder: Path | None) -> str:
 
 def build(raw: dict[str, Any], state_names: set[str], attn: str, options: dict[str, Any],
           folder: Path | None) -> nn.Module:
+    """The family's module from a checkpoint's config and weight names."""
     kind = raw.get("model_type")
     if not kind:
         raise ModelLoadError("config.json has no model_type for the embedding encoder")
@@ -145,5 +147,6 @@ def optional_keys(expected: set[str]) -> set[str]:
 
 
 def positions(raw: dict[str, Any]) -> int:
+    """The checkpoint's window (max position embeddings usable)."""
     n = int(raw.get("max_position_embeddings", 512))
     return n - 2 if raw.get("model_type") in _ROBERTA_LIKE else n

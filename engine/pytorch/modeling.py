@@ -38,6 +38,7 @@ FAMILY_MODULES: dict[str, ModuleType] = {"provence": provence, "xprovence": xpro
 
 
 def family_module(family: Family) -> ModuleType:
+    """The module that builds `family`'s models."""
     try:
         return FAMILY_MODULES[family.name]
     except KeyError:
@@ -48,6 +49,7 @@ def family_module(family: Family) -> ModuleType:
 
 @dataclass
 class LoadedCheckpoint:
+    """A checkpoint loaded for PyTorch: the module, its tokenizer, family and spec."""
     model: nn.Module
     family: Family
     folder: Path
@@ -86,6 +88,7 @@ def _weight_files(folder: Path) -> list[Path]:
 
 
 def weight_names(folder: Path) -> list[str]:
+    """The weight names of a checkpoint folder (safetensors, or a weights-only torch file)."""
     names: list[str] = []
     for f in _weight_files(folder):
         if f.suffix == ".safetensors":
@@ -125,6 +128,7 @@ def load_state_dict(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
 
 def build_model(family: Family, raw: dict[str, Any], state_names: set[str], attn: str = "eager",
                 options: dict[str, Any] | None = None, folder: Path | None = None) -> nn.Module:
+    """The family's module for a checkpoint, its weights not yet loaded."""
     return family_module(family).build(raw, state_names, attn, options or {}, folder)
 
 

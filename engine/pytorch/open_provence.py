@@ -56,6 +56,7 @@ class OpenProvenceModel(nn.Module):
                 lambda module, args: self._pre_norm.append(args[0]))
 
     def forward(self, input_ids, attention_mask, sentence_ids, token_type_ids=None):
+        """(rerank_score [B], sentence_probs [B, S]) as the family computes them."""
         if self.modernbert:
             self._pre_norm.clear()
             rerank = self.ranking_model(input_ids=input_ids, attention_mask=attention_mask).logits
@@ -69,6 +70,7 @@ class OpenProvenceModel(nn.Module):
 
 def build(raw: dict[str, Any], state_names: set[str], attn: str, options: dict[str, Any],
           folder: Path | None) -> nn.Module:
+    """The family's module from a checkpoint's config and weight names."""
     base = dict(raw.get("base_model_config") or {})
     if not base:
         raise ModelLoadError("open_provence config.json has no base_model_config")
@@ -94,6 +96,7 @@ def _offset(raw: dict[str, Any]) -> int:
 
 
 def positions(raw: dict[str, Any]) -> int:
+    """The checkpoint's window (max position embeddings usable)."""
     base = raw.get("base_model_config") or {}
     return int(base.get("max_position_embeddings", 514)) - _offset(raw)
 

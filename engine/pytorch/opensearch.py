@@ -22,6 +22,7 @@ class OpenSearchHighlighterModel(nn.Module):
         self.classifier = nn.Linear(config.hidden_size, getattr(config, "num_labels", 2))
 
     def forward(self, input_ids, attention_mask, sentence_ids, token_type_ids=None):
+        """(rerank_score [B], sentence_probs [B, S]) as the family computes them."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask,
@@ -36,5 +37,6 @@ class OpenSearchHighlighterModel(nn.Module):
 
 def build(raw: dict[str, Any], state_names: set[str], attn: str, options: dict[str, Any],
           folder: Path | None) -> nn.Module:
+    """The family's module from a checkpoint's config and weight names."""
     with_pooler = any(n.startswith("bert.pooler.") for n in state_names)
     return OpenSearchHighlighterModel(backbone_config("bert", raw, attn), with_pooler)

@@ -24,6 +24,7 @@ class ProvenceModel(nn.Module):
         self.token_classifier = nn.Linear(config.hidden_size, 2)
 
     def forward(self, input_ids, attention_mask, sentence_ids, token_type_ids=None):
+        """(rerank_score [B], sentence_probs [B, S]) as the family computes them."""
         hidden = self.deberta(input_ids=input_ids, attention_mask=attention_mask)[0]
         rerank = self.classifier(self.pooler(hidden))[:, 0].to(torch.float32)
         return rerank, pool_token_probs(self.token_classifier(hidden), sentence_ids)
@@ -32,4 +33,5 @@ class ProvenceModel(nn.Module):
 
 def build(raw: dict[str, Any], state_names: set[str], attn: str, options: dict[str, Any],
           folder: Path | None) -> nn.Module:
+    """The family's module from a checkpoint's config and weight names."""
     return ProvenceModel(backbone_config("deberta-v2", raw, attn))

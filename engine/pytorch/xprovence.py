@@ -23,6 +23,7 @@ class XProvenceModel(nn.Module):
         self.token_classifier = nn.Linear(config.hidden_size, 2)
 
     def forward(self, input_ids, attention_mask, sentence_ids, token_type_ids=None):
+        """(rerank_score [B], sentence_probs [B, S]) as the family computes them."""
         out = self.roberta(input_ids=input_ids, attention_mask=attention_mask)
         rerank = self.classifier(out.pooler_output)[:, 0].to(torch.float32)
         return rerank, pool_token_probs(self.token_classifier(out.last_hidden_state), sentence_ids)
@@ -31,6 +32,7 @@ class XProvenceModel(nn.Module):
 
 def build(raw: dict[str, Any], state_names: set[str], attn: str, options: dict[str, Any],
           folder: Path | None) -> nn.Module:
+    """The family's module from a checkpoint's config and weight names."""
     return XProvenceModel(backbone_config("xlm-roberta", raw, attn))
 
 

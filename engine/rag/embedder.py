@@ -24,6 +24,7 @@ BATCH_SIZE = 8            # measured: 41 texts/s at 8, 36 at 32 (MiniLM, 2 cores
 
 
 def default_encoder_dir() -> Path:
+    """The cached export of the default retrieval encoder."""
     from engine.default_model import default_model_dir
     base = default_model_dir()
     return base.with_name(base.name + "-encoder")
@@ -57,6 +58,7 @@ class Embedder:
     @classmethod
     def load(cls, path: str | Path = "default", *, threads: int | None = None,
              log: Callable[[str], None] | None = None) -> "Embedder":
+        """The encoder exported in `path` ('default': exported on first use)."""
         folder = ensure_default_encoder(log) if str(path) == "default" and not Path("default").exists() \
             else Path(path)
         manifest_path = folder / ENCODER_FILE
@@ -90,6 +92,7 @@ class Embedder:
 
     def encode(self, texts: Sequence[str], *, batch_size: int = BATCH_SIZE,
                what: str = "text") -> np.ndarray:
+        """L2-normalised embeddings of `texts`, [N, dim] float32."""
         texts = list(texts)
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)

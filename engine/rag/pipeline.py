@@ -54,6 +54,7 @@ def _milvus():
 
 
 def is_local(db: str) -> bool:
+    """Whether `db` is a Milvus Lite file (not a server URI)."""
     return "://" not in str(db)
 
 
@@ -85,6 +86,7 @@ def read_documents(path: str | Path) -> list[dict[str, Any]]:
 
 
 def check_document(doc: Any, where: str) -> dict[str, Any]:
+    """A document of an index file, checked: {id, text, ...}; InputError naming `where` otherwise."""
     if not isinstance(doc, dict):
         raise InputError(f"{where}: a document is a JSON object with id and text, got {type(doc).__name__}")
     if "id" not in doc or not isinstance(doc["id"], (str, int)) or isinstance(doc["id"], bool):
@@ -137,6 +139,7 @@ def chunk_spans(text: str, embedder: Any, max_tokens: int = CHUNK_TOKENS) -> lis
 
 @dataclass
 class AskResult:
+    """What `prune ask` retrieved and kept for one question."""
     id: str                         # the source document's id
     chunk: int                      # chunk number within the document
     start: int                      # character span of the chunk in the document
@@ -151,6 +154,7 @@ class AskResult:
     result: PruneResult = field(repr=False)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready values."""
         d = {k: v for k, v in asdict(self).items() if k != "result"}
         d["sentences"] = [asdict(s) for s in self.result.sentences]
         d["compression_rate"] = self.result.compression_rate
@@ -159,6 +163,7 @@ class AskResult:
 
 @dataclass
 class Answer:
+    """One retrieved passage: its id, score, text and what was kept."""
     question: str
     mode: str
     candidates: int
@@ -174,6 +179,7 @@ class Answer:
         return "\n\n".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready values."""
         return {"question": self.question, "mode": self.mode, "candidates": self.candidates,
                 "reranked": self.reranked,
                 "results": [r.to_dict() for r in self.results], "context": self.context(),
@@ -182,6 +188,7 @@ class Answer:
 
 @dataclass
 class IndexReport:
+    """What `prune index` wrote: documents, chunks, time."""
     documents: int
     chunks: int
     seconds: float
@@ -211,6 +218,7 @@ class Pipeline:
     # -- resources
     @property
     def client(self):
+        """The Milvus client (opened on first use)."""
         if self._client is None:
             self._client = self._connect(create=False)
         return self._client
@@ -242,6 +250,7 @@ class Pipeline:
 
     @property
     def pruner(self):
+        """The pruner (loaded on first use)."""
         if self._pruner is None:
             from engine.pruner import Pruner
             self._pruner = Pruner.load("default")
@@ -253,6 +262,7 @@ class Pipeline:
 
     @property
     def embedder(self):
+        """The retrieval encoder (loaded on first use)."""
         if self._embedder is None:
             from engine.rag.embedder import Embedder
             self._embedder = Embedder.load("default", log=self.log)

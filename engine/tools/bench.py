@@ -42,10 +42,12 @@ import numpy as np
 
 from engine.tools.peers import call_texts, embedding_peers
 from engine.tools.quality import load_rag_data
+from engine.spec import Manifest
 
 
 @dataclass
 class PathResult:
+    """One measured path: its passages/s over repeats, latency and what it ran."""
     name: str
     seconds: list[float] = field(default_factory=list)       # per repeat, whole workload
     latencies: list[float] = field(default_factory=list)     # per query, last repeat
@@ -54,6 +56,7 @@ class PathResult:
     extra: dict[str, Any] = field(default_factory=dict)      # per-path counters (last repeat)
 
     def summary(self, baseline: float | None) -> dict[str, Any]:
+        """The path's row: medians, spread and its speed against `baseline`."""
         t = statistics.median(self.seconds)
         lat = np.array(self.latencies) * 1000
         return {"path": self.name, "seconds_median": t, "seconds": self.seconds,
@@ -64,6 +67,7 @@ class PathResult:
 
 
 def machine_info(device: str = "cpu") -> dict[str, Any]:
+    """The machine, in a benchmark's words: CPU, cores, flags, memory, versions."""
     import onnxruntime
     info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "python": platform.python_version(),
@@ -216,7 +220,8 @@ def start_api(args: list[str], log=print, timeout: float = 300.0) -> tuple[subpr
     url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"prune api {' '.join(args)} exited: {proc.stderr.read()[-2000:] if proc.stderr else ''}")
+            err = proc.stderr.read()[-2000:] if proc.stderr else ""
+            raise RuntimeError(f"prune api {' '.join(args)} exited: {err}")
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
                 if r.status == 200:
@@ -249,6 +254,7 @@ def client_share(pruner, queries) -> dict[str, float]:
 
 
 def padding_share(batches) -> float:
+    """The share of padding tokens in `batches`."""
     real = sum(int(b.attention_mask.sum()) for b in batches)
     padded = sum(b.attention_mask.size for b in batches)
     return 1 - real / padded if padded else 0.0
@@ -526,9 +532,9 @@ def machine_limits(rows: list[dict[str, Any]], graphs: dict[str, Path], threads:
     for name, where in graphs.items():
         where = Path(where)
         if where.is_dir():
-            manifest = json.loads((where / "manifest.json").read_text())
-            work = graph_work(where / manifest["graph"])
-            work["hidden_size"] = int(manifest["source"]["hidden_size"])
+            manifest = Manifest.read(where)
+            work = graph_work(where / manifest.graph)
+            work["hidden_size"] = int(manifest.source.hidden_size)
         else:                      # a plain export: config.json beside it
             work = graph_work(where)
             work["hidden_size"] = int(json.loads((where.parent / "config.json").read_text())["hidden_size"])
@@ -547,6 +553,7 @@ def machine_limits(rows: list[dict[str, Any]], graphs: dict[str, Path], threads:
 
 
 def markdown(report: dict[str, Any], command: str) -> str:
+    """The benchmark's report as markdown, with the command that made it."""
     m, s = report["machine"], report["settings"]
     lines = [f"# Benchmark {report['date']}", "", "Command:", "", "```", command, "```", "",
              f"Machine: {m.get('cpu_model', m['processor'])}, {m['cpus']} CPUs; Python {m['python']}, "
@@ -591,7 +598,8 @@ def markdown(report: dict[str, Any], command: str) -> str:
         lines += ["", "The HTTP API in front of the text model, against the text model over gRPC: "
                   + "; ".join(api_vs) + "."]
     c = report["client"]
-    lines += ["", f"Client-side work (split, tokenize, encode, batch, decide): {c['client_passages_per_s_one_core']:.0f} "
+    lines += ["", "Client-side work (split, tokenize, encode, batch, decide): "
+              f"{c['client_passages_per_s_one_core']:.0f} "
               f"passages/s on one core" + (f"; {100 * c['share_of_int8_total']:.1f}% of the INT8 path's total time."
                                            if "share_of_int8_total" in c else "."),
               "", "Padding share of the tokens sent to the model: " + ", ".join(
@@ -617,6 +625,7 @@ def markdown(report: dict[str, Any], command: str) -> str:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
+    """A bar chart of passages/s per path, written to `path`."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -25,6 +25,7 @@ THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
 
 @dataclass
 class Doc:
+    """One evaluation document: a question and its passages."""
     question: str
     context: str
     spans: list[tuple[int, int]] | None
@@ -63,6 +64,7 @@ def rankdata(x: np.ndarray) -> np.ndarray:
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman's rank correlation of `a` and `b`."""
     ra, rb = rankdata(np.asarray(a, dtype=np.float64)), rankdata(np.asarray(b, dtype=np.float64))
     if ra.std() == 0 or rb.std() == 0:
         return float("nan")
@@ -97,6 +99,7 @@ def fidelity_report(ref_probs: Sequence[np.ndarray], got_probs: Sequence[np.ndar
 
 
 def run_model(pruner, docs: Sequence[Doc], progress: bool, desc: str, windows: str | None = None):
+    """`pruner`'s results on every document."""
     probs, rerank, pruned = [], [], []
     fam = pruner.family
     from engine import text as textmod
@@ -114,6 +117,7 @@ def run_model(pruner, docs: Sequence[Doc], progress: bool, desc: str, windows: s
 
 def measure(candidate, reference, docs: Sequence[Doc], progress: bool = True,
             log: Callable[[str], None] = print, windows: str | None = None) -> dict[str, Any]:
+    """How the candidate's decisions and scores agree with the reference's on `docs`."""
     windows = candidate.windows_mode(windows)
     log(f"scoring {len(docs)} documents with the candidate ({candidate.backend.describe()}; windows {windows}) ...")
     got = run_model(candidate, docs, progress, "candidate", windows)
@@ -127,6 +131,7 @@ def measure(candidate, reference, docs: Sequence[Doc], progress: bool = True,
 
 
 def format_report(name: str, rep: dict[str, Any]) -> str:
+    """The report as text."""
     agree = " | ".join(f"{100 * v:.2f}%" for v in rep["decision_agreement"].values())
     heads = " | ".join(f"agree@{t}" for t in rep["decision_agreement"])
     return "\n".join([
@@ -140,5 +145,6 @@ def format_report(name: str, rep: dict[str, Any]) -> str:
 
 
 def save(rep: dict[str, Any], path: str | Path) -> None:
+    """The report as JSON at `path`."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(rep, indent=2) + "\n")

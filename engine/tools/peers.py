@@ -48,6 +48,7 @@ class CosinePeer:
     precision: str = "fp32"
 
     def prune(self, question: str, passages: list[str]) -> list[np.ndarray]:   # run_sequential's call
+        """Each passage's sentence scores from the peer's embeddings."""
         texts, counts = call_texts(question, passages)
         emb = self.embed(texts)
         cos = emb[1:] @ emb[0]

@@ -43,6 +43,7 @@ ALPHAS = (None, 0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 
 @dataclass
 class PruneSample:
+    """A passage with its sentence labels (which sentences answer)."""
     id: str
     question: str
     context: str
@@ -53,6 +54,7 @@ class PruneSample:
 
 @dataclass
 class RagSample:
+    """A question, its passages and which one holds the answer (gold)."""
     id: str
     question: str
     passages: list[str]
@@ -95,6 +97,7 @@ def check_fields(row: Any, fields: tuple[str, ...], path: str | Path, number: in
 
 
 def load_prune_data(path: str | Path, limit: int | None = None) -> list[PruneSample]:
+    """The samples of a prune-shaped JSONL file."""
     out = []
     for i, row in enumerate(_read_jsonl(path)):
         if limit is not None and i >= limit:
@@ -110,6 +113,7 @@ def load_prune_data(path: str | Path, limit: int | None = None) -> list[PruneSam
 
 
 def load_rag_data(path: str | Path, limit: int | None = None) -> list[RagSample]:
+    """The samples of a RAG-shaped JSONL file (gold an index or a list)."""
     out = []
     for i, row in enumerate(_read_jsonl(path)):
         if limit is not None and i >= limit:
@@ -128,12 +132,14 @@ def load_rag_data(path: str | Path, limit: int | None = None) -> list[RagSample]
 
 @dataclass
 class PRF:
+    """Precision, recall and F1."""
     precision: float
     recall: float
     f1: float
 
 
 def prf(tp: int, fp: int, fn: int) -> PRF:
+    """PRF from true positives, false positives and false negatives."""
     p = tp / (tp + fp) if tp + fp else 0.0
     r = tp / (tp + fn) if tp + fn else 0.0
     f = 2 * p * r / (p + r) if p + r else 0.0
@@ -171,6 +177,7 @@ def sweep_keep(probs: np.ndarray, threshold: float, alpha: float | None, strict:
 
 @dataclass
 class GridResult:
+    """One setting's sentence P/R/F1 and compression on a data set."""
     name: str
     best: dict[str, Any]
     setting: dict[str, Any]
@@ -194,6 +201,7 @@ def grid_search(name: str, scores: Sequence[np.ndarray], labels: Sequence[np.nda
 
 
 def first_k_baseline(labels: Sequence[np.ndarray], ks: Sequence[int] = range(1, 11)) -> GridResult:
+    """Keep each passage's first k sentences, for k in `ks`."""
     best_f1, best, setting = -1.0, None, None
     for k in ks:
         preds = [np.arange(len(y)) < k for y in labels]
@@ -204,6 +212,7 @@ def first_k_baseline(labels: Sequence[np.ndarray], ks: Sequence[int] = range(1, 
 
 
 def keep_all_baseline(labels: Sequence[np.ndarray]) -> GridResult:
+    """Keep every sentence."""
     return GridResult("keep-all", sentence_metrics([np.ones(len(y), bool) for y in labels], labels), {})
 
 
@@ -224,6 +233,7 @@ class BM25:
         self.avgdl = sum(len(d) for d in corpus) / max(n, 1) or 1.0
 
     def score(self, query: Sequence[str], doc: Sequence[str]) -> float:
+        """BM25 score of `doc` for `query` (word lists)."""
         tf = Counter(doc)
         norm = self.k1 * (1 - self.b + self.b * len(doc) / self.avgdl)
         return sum(self.idf.get(w, 0.0) * tf[w] * (self.k1 + 1) / (tf[w] + norm)
@@ -374,6 +384,7 @@ def rag_pruning_metrics(calls: Sequence[Sequence[Any]], samples: Sequence[RagSam
 
 
 def bm25_rankings(samples: Sequence[RagSample]) -> list[list[float]]:
+    """Each sample's passages scored by BM25 against its question."""
     corpus = [words(p) for s in samples for p in s.passages]
     bm = BM25(corpus)
     return [[bm.score(words(s.question), words(p)) for p in s.passages] for s in samples]
@@ -382,6 +393,7 @@ def bm25_rankings(samples: Sequence[RagSample]) -> list[list[float]]:
 # --------------------------------------------------------------------------- report
 
 def table(rows: Sequence[GridResult]) -> str:
+    """Grid results as a markdown table."""
     lines = ["| method | F1 | precision | recall | per-doc F1 | kept | best setting |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -393,6 +405,7 @@ def table(rows: Sequence[GridResult]) -> str:
 
 
 def rerank_table(rows: dict[str, dict[str, float]]) -> str:
+    """Reranking metrics as a markdown table."""
     lines = ["| method | MRR@10 | hit@1 | queries |", "|---|---|---|---|"]
     for name, m in rows.items():
         lines.append(f"| {name} | {m['mrr@10']:.4f} | {m['hit@1']:.4f} | {m['queries']} |")
@@ -545,8 +558,10 @@ def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: st
 
 
 def domain_table(by_domain: dict[str, Any]) -> str:
+    """F1 per domain against BM25's, as a markdown table."""
     names = list(by_domain["worst"])
-    lines = ["| domain | documents | BM25 best F1 | " + " | ".join(f"{n} at its defaults (vs BM25)" for n in names) + " |",
+    heads = " | ".join(f"{n} at its defaults (vs BM25)" for n in names)
+    lines = [f"| domain | documents | BM25 best F1 | {heads} |",
              "|---|---|---|" + "---|" * len(names)]
     for d, row in by_domain["domains"].items():
         cells = [f"{100 * row['models'][n]['f1']:.2f} ({100 * row['models'][n]['over_bm25']:+.2f})" for n in names]
@@ -557,6 +572,7 @@ def domain_table(by_domain: dict[str, Any]) -> str:
 
 
 def rag_table(metrics: dict[str, dict[str, float]]) -> str:
+    """RAG metrics as a markdown table."""
     lines = ["| method | non-gold passages emptied | their characters kept | gold passages with something kept | "
              "their characters kept | MRR@10 | hit@1 |", "|---|---|---|---|---|---|---|"]
     for name, m in metrics.items():
@@ -567,6 +583,7 @@ def rag_table(metrics: dict[str, dict[str, float]]) -> str:
 
 
 def write_report(report: dict[str, Any], out_dir: str | Path, title: str, command: str) -> dict[str, Path]:
+    """The report as JSON and markdown in `out_dir`; the paths written."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = report.pop("_rows", None)

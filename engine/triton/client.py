@@ -49,17 +49,36 @@ class Transport(Protocol):
     metadata_outputs: list[str]
 
     @property
-    def url(self) -> str: ...
+    def url(self) -> str:
+        """The server's address."""
+
     @property
-    def is_text_model(self) -> bool: ...
-    def deadline(self) -> float: ...
-    def infer_with_retries(self, model: str, inputs: Any, outputs: Any, deadline: float | None = None) -> Any: ...
-    def infer_all(self, model: str, requests: Sequence[tuple[Any, Any]], deadline: float) -> list[Any]: ...
-    def parameters(self) -> dict[str, str]: ...
-    def manifest(self) -> dict[str, Any]: ...
-    def health(self) -> bool: ...
-    def describe(self) -> str: ...
-    def close(self) -> None: ...
+    def is_text_model(self) -> bool:
+        """Whether the model takes text (a text model) rather than token ids."""
+
+    def deadline(self) -> float:
+        """The deadline of a call starting now (monotonic seconds)."""
+
+    def infer_with_retries(self, model: str, inputs: Any, outputs: Any, deadline: float | None = None) -> Any:
+        """One inference, retried on a server that is restarting, within `deadline`."""
+
+    def infer_all(self, model: str, requests: Sequence[tuple[Any, Any]], deadline: float) -> list[Any]:
+        """Several inferences in flight at once, their answers in order."""
+
+    def parameters(self) -> dict[str, str]:
+        """The model config's parameters."""
+
+    def manifest(self) -> dict[str, Any]:
+        """The model's manifest (its prune_manifest parameter)."""
+
+    def health(self) -> bool:
+        """Whether the model is ready."""
+
+    def describe(self) -> str:
+        """The server and model, in words."""
+
+    def close(self) -> None:
+        """Close the connection."""
 
 
 #: the longest pause between retries: a server back up is reached within it
@@ -153,6 +172,7 @@ class TritonClient:
         return request.get_result(timeout=remaining)
 
     def infer_with_retries(self, model: str, inputs, outputs, deadline: float | None = None):
+        """One inference, retried on a server that is restarting, within `deadline`."""
         deadline = self.deadline() if deadline is None else deadline
         return self._call(lambda: self.infer_once(model, inputs, outputs, deadline), deadline=deadline)
 
@@ -235,13 +255,16 @@ class TritonClient:
 
     @property
     def is_text_model(self) -> bool:
+        """Whether the model takes text (a text model) rather than token ids."""
         return "question" in self.metadata_inputs and "passages" in self.metadata_inputs
 
     def parameters(self) -> dict[str, str]:
+        """The model config's parameters."""
         params = self.config.get("parameters", {})
         return {k: (v.get("string_value") if isinstance(v, dict) else v) for k, v in params.items()}
 
     def manifest(self) -> dict[str, Any]:
+        """The model's manifest (its prune_manifest parameter)."""
         text = self.parameters().get("prune_manifest")
         if not text:
             raise ModelLoadError(f"model {self.model!r} has no prune_manifest parameter: "
@@ -249,6 +272,7 @@ class TritonClient:
         return json.loads(text)
 
     def health(self) -> bool:
+        """Whether the model is ready (asked within 2 s)."""
         try:
             probe = {"client_timeout": 2.0} if self.protocol == "grpc" else {}
             return bool(self.client.is_model_ready(self.model, self.version, **probe))
@@ -256,6 +280,7 @@ class TritonClient:
             return False
 
     def close(self) -> None:
+        """Close the connection."""
         self._pool.shutdown(wait=False)
         try:
             self.client.close()
@@ -263,4 +288,5 @@ class TritonClient:
             pass
 
     def describe(self) -> str:
+        """The server and model, in words."""
         return f"triton {self.protocol}://{self.url} model {self.model}"

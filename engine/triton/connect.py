@@ -12,7 +12,7 @@ from engine.encode import load_tokenizer
 from engine.errors import ModelLoadError
 from engine.protocol import PrunerProtocol
 from engine.settings import DEFAULTS
-from engine.spec import spec_from_manifest
+from engine.spec import Manifest
 
 
 def connect(url: str | Sequence[str], model: str, *, protocol: str = "grpc",
@@ -57,7 +57,7 @@ def connect(url: str | Sequence[str], model: str, *, protocol: str = "grpc",
     except Exception:
         transport.close()
         raise
-    spec = spec_from_manifest(core.manifest(), name=model)
+    spec = Manifest.from_dict(core.manifest(), where=model).spec(name=model)
     if tokenizer is not None:
         path = Path(tokenizer)
         tok = load_tokenizer(path / "tokenizer.json" if path.is_dir() else path)

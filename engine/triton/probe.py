@@ -33,7 +33,9 @@ def probe(url: str, model: str, timeout: float) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine.triton.probe", description=__doc__.split("\n\n")[0].rstrip(":") + ".")
+    """`python -m engine.triton.probe`: exit 0 when a real inference through the text model answers."""
+    p = argparse.ArgumentParser(prog="python -m engine.triton.probe",
+                                description=__doc__.split("\n\n")[0].rstrip(":") + ".")
     p.add_argument("--url", default="127.0.0.1:8001", help="the server's gRPC address (default 127.0.0.1:8001)")
     p.add_argument("--model", default=setting("text_model") or "default_text", help=help_text("text_model"))
     p.add_argument("--timeout", type=float, default=5.0, help="seconds the call may take (default 5)")

@@ -4,8 +4,8 @@
     pruner = Pruner.connect("dns:///prune-triton-headless.prune.svc:8001", "default_text")
 
 A `ReplicaSet` is a `Transport` (`engine.triton.client`), as a single server's
-`TritonClient` is, so the text-model pruner and the core backend run on it unchanged. Every request goes to the ready replica
-with the fewest requests outstanding (ties in turn). A replica that fails with a
+`TritonClient` is, so the text-model pruner and the core backend run on it unchanged. Every
+request goes to the ready replica with the fewest requests outstanding (ties in turn). A replica that fails with a
 connection error or a timeout is taken out at once and the request is sent to another
 (inference is idempotent: nothing is counted twice, because a request's result is used
 exactly once, where its caller waits for it). A health thread probes every replica each
@@ -51,6 +51,7 @@ def parse_endpoints(url: str | Sequence[str]) -> tuple[list[str], str | None]:
 
 
 def is_replicated(url: str | Sequence[str]) -> bool:
+    """Whether `url` names several servers (a list, commas, or dns:///)."""
     return not isinstance(url, str) or url.startswith(DNS_SCHEME) or "," in url
 
 
@@ -70,6 +71,7 @@ def resolve(name: str) -> list[str]:
 
 @dataclass
 class Replica:
+    """One server of a replica set: its client, readiness and load."""
     endpoint: str
     ready: bool = False
     client: TritonClient | None = None
@@ -221,6 +223,7 @@ class ReplicaSet:
 
     # ------------------------------------------------------------------ the client interface
     def deadline(self) -> float:
+        """The deadline of a call starting now (monotonic seconds)."""
         return time.monotonic() + self.timeout
 
     def infer_with_retries(self, model: str, inputs, outputs, deadline: float | None = None):
@@ -266,20 +269,25 @@ class ReplicaSet:
         return list(self._pool.map(lambda io: self.infer_with_retries(model, io[0], io[1], deadline), requests))
 
     def parameters(self) -> dict[str, str]:
+        """The model config's parameters (from a ready replica)."""
         return self.reference.parameters()
 
     def manifest(self) -> dict[str, Any]:
+        """The model's manifest (from a ready replica)."""
         return self.reference.manifest()
 
     @property
     def is_text_model(self) -> bool:
+        """Whether the model takes text."""
         return self.reference.is_text_model
 
     @property
     def url(self) -> str:
+        """The replica set's address as given."""
         return ",".join(self.replicas) if not self.dns_name else DNS_SCHEME + self.dns_name
 
     def health(self) -> bool:
+        """Whether any replica is ready."""
         return any(r.ready for r in self.replicas.values())
 
     def stats(self) -> dict[str, dict[str, Any]]:
@@ -290,10 +298,12 @@ class ReplicaSet:
                     for e, r in self.replicas.items()}
 
     def describe(self) -> str:
+        """The replicas and how many are ready, in words."""
         ready = sum(r.ready for r in self.replicas.values())
         return f"triton {self.protocol}://{self.url} model {self.model} ({ready}/{len(self.replicas)} replicas ready)"
 
     def close(self) -> None:
+        """Stop the health checks and close every replica."""
         self._stop.set()
         self._health.join(timeout=5)
         self._pool.shutdown(wait=False)

@@ -49,6 +49,7 @@ def _pytriton_dir() -> Path:
 
 
 def server_binary() -> Path:
+    """The tritonserver binary: the tritonserver setting's, else pytriton's."""
     env = setting("tritonserver")
     path = Path(env) if env else _pytriton_dir() / "bin" / "tritonserver"
     if not path.is_file():
@@ -104,14 +105,17 @@ class TritonServer:
 
     @property
     def http_url(self) -> str:
+        """The HTTP endpoint's URL."""
         return f"{self.host}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
+        """The gRPC endpoint's address."""
         return f"{self.host}:{self.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
+        """The metrics endpoint's URL."""
         return f"http://{self.host}:{self.metrics_port}/metrics"
 
     def _prepare(self) -> tuple[list[str], dict[str, str]]:
@@ -162,6 +166,7 @@ class TritonServer:
             sink.close()
 
     def start(self, timeout: float = 120.0) -> "TritonServer":
+        """Start tritonserver and wait until it is ready."""
         cmd, env = self._prepare()
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      start_new_session=True)
@@ -183,6 +188,7 @@ class TritonServer:
         raise BackendError(f"tritonserver not ready after {timeout:.0f} s:\n" + "\n".join(list(self.tail)[-25:]))
 
     def ready(self) -> bool:
+        """Whether the server answers ready."""
         try:
             if not self.http:
                 import tritonclient.grpc as grpcclient   # nvidia-pytriton depends on it

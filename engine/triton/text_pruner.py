@@ -23,16 +23,17 @@ import numpy as np
 from engine.decide import PruneResult, gate_passages, order_results
 from engine.errors import BackendError, InputError, PruneError
 from engine.inputs import CallOptions, Limits, check_call, default_limits
-from engine.spec import ModelSpec, spec_from_manifest
+from engine.spec import Manifest, ModelSpec
 from engine.triton.client import Transport
 from engine.triton.wire import (DEFAULT_MAX_CHARS, DEFAULT_MAX_PASSAGES, TEXT_INPUTS, TEXT_OUTPUTS, input_error,
                                options_to_tensors, tensors_to_results)
 
 
 class TritonTextPruner:
+    """The Pruner API on a Triton text model: the server tokenizes, runs and decides; this client sends text."""
     def __init__(self, transport: Transport, limits: Limits | None = None):
         self.transport = client = transport
-        self.spec: ModelSpec = spec_from_manifest(client.manifest(), name=client.model)
+        self.spec: ModelSpec = Manifest.from_dict(client.manifest(), where=client.model).spec(name=client.model)
         params = client.parameters()
         #: what one request to the text model may hold; a call is cut into such requests
         self.request_limits = Limits(max_passages=int(params.get("max_passages", DEFAULT_MAX_PASSAGES)),
@@ -43,9 +44,11 @@ class TritonTextPruner:
 
     @property
     def family(self):
+        """The served model's family with the defaults it runs with."""
         return self.spec.family
 
     def describe(self) -> str:
+        """The server and model, in words."""
         return self.transport.describe() + " (text model)"
 
     # ------------------------------------------------------------------ requests
@@ -55,8 +58,10 @@ class TritonTextPruner:
         for i, p in enumerate(passages):
             if len(question) + len(p) > self.request_limits.max_chars:
                 raise InputError(f"passage {i} has {len(p)} characters; with the question, the text model "
-                                 f"{self.transport.model!r} accepts at most {self.request_limits.max_chars} per request")
-            if i > start and (i - start >= self.request_limits.max_passages or chars + len(p) > self.request_limits.max_chars):
+                                 f"{self.transport.model!r} accepts at most {self.request_limits.max_chars} "
+                                 "per request")
+            full = i - start >= self.request_limits.max_passages or chars + len(p) > self.request_limits.max_chars
+            if i > start and full:
                 chunks.append((start, i))
                 start, chars = i, len(question)
             chars += len(p)
@@ -141,10 +146,12 @@ class TritonTextPruner:
 
     async def aprune(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None,
                      **kwargs: Any) -> list[PruneResult]:
+        """`prune` for asyncio code (runs in a worker thread)."""
         import asyncio
         return await asyncio.to_thread(self.prune, question, passages, options, **kwargs)
 
     def close(self) -> None:
+        """Close the connection."""
         if self._many is not None:
             self._many.shutdown(wait=False)
         self.transport.close()

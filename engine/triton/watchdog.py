@@ -24,6 +24,7 @@ def _alive(group: int) -> bool:
 
 
 def watch(starter: int, group: int, work: str, interval: float = 0.2) -> None:
+    """Kill process group `group` when `starter` dies, then remove `work`."""
     while _alive(group):
         if os.getppid() != starter:
             try:
@@ -40,6 +41,7 @@ def watch(starter: int, group: int, work: str, interval: float = 0.2) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """`python -m engine.triton.watchdog STARTER GROUP WORK`."""
     args = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # a Ctrl-C to the terminal is for the starter
     watch(int(args[0]), int(args[1]), args[2])

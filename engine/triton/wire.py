@@ -209,6 +209,7 @@ def results_to_tensors(results: Sequence[PruneResult]) -> dict[str, np.ndarray]:
 
 
 def describe_tensors(manifest: dict[str, Any], tokenizer_json: str) -> dict[str, np.ndarray]:
+    """The text model's describe answer: its manifest and tokenizer as JSON tensors."""
     return {"manifest": np.array([json.dumps(manifest).encode("utf-8")], dtype=np.object_),
             "tokenizer": np.array([tokenizer_json.encode("utf-8")], dtype=np.object_)}
 

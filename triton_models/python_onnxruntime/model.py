@@ -24,7 +24,9 @@ PAD = {"input_ids": None, "attention_mask": 0, "token_type_ids": 0, "sentence_id
 
 
 class TritonPythonModel:
+    """The core model on CPU: token ids in, scores out, ONNX Runtime in Triton's python backend."""
     def initialize(self, args):
+        """Open the session from the model's folder and config."""
         import onnxruntime as ort
         self.config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in self.config.get("parameters", {}).items()}
@@ -54,6 +56,7 @@ class TritonPythonModel:
         # the requests beside it (INT8 scales are taken per batch; export/triton.py)
         self.join = params.get("join_requests", "true") == "true"
         PAD["input_ids"] = int(params.get("pad_id", "0"))
+        # read raw: this core model runs in Triton without the engine installed (engine.spec.Manifest)
         manifest = json.loads(params.get("prune_manifest", "{}"))
         # Bounds a request must respect (graph-independent: checked before allocation).
         self.max_length = int(manifest.get("max_length", 512))
@@ -92,6 +95,7 @@ class TritonPythonModel:
         return arrays
 
     def execute(self, requests):
+        """Run the requests (joined into one batch, or alone for INT8)."""
         responses = [None] * len(requests)
         parsed = []
         for i, request in enumerate(requests):
@@ -126,9 +130,9 @@ class TritonPythonModel:
         batch = {n: np.full((rows, length), PAD[n], dtype=np.int64) for n in self.input_names}
         spans, pos = [], 0
         for i, arrays in parsed:
-            b, l = arrays["input_ids"].shape
+            b, width = arrays["input_ids"].shape
             for n in self.input_names:
-                batch[n][pos:pos + b, :l] = arrays[n]
+                batch[n][pos:pos + b, :width] = arrays[n]
             spans.append((i, pos, b, int(arrays["sentence_ids"].max(initial=-1)) + 1))
             pos += b
         run = self.shrink_run if self.shrink_run is not None and rows * length > self.shrink_above else self.plain_run
@@ -143,4 +147,5 @@ class TritonPythonModel:
         return out
 
     def finalize(self):
+        """Release the session."""
         self.session = None

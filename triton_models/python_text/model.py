@@ -23,7 +23,7 @@ from engine.batching import BatchingConfig
 from engine.encode import manifest_tokenizer
 from engine.errors import BackendError, InputError, PruneError
 from engine.pruner import Pruner
-from engine.spec import read_manifest, spec_from_manifest
+from engine.spec import Manifest
 from engine.inputs import Limits
 from engine.triton.wire import INPUT_ERROR_PREFIX, describe_tensors, read_request, results_to_tensors
 
@@ -55,13 +55,15 @@ class _BLSCore(Backend):
 
 
 class TritonPythonModel:
+    """The text model: text in, the engine's results out, its core model called over BLS."""
     def initialize(self, args):
+        """Load the tokenizer and manifest, and the engine's pruner over the core model."""
         self.config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in self.config.get("parameters", {}).items()}
         folder = os.path.join(args["model_repository"], args["model_version"])
-        self.manifest = read_manifest(folder)
-        spec = spec_from_manifest(self.manifest, name=params["core_model"])
-        tok_file = os.path.join(folder, self.manifest["tokenizer"].get("file", "tokenizer.json"))
+        self.manifest = Manifest.read(folder)
+        spec = self.manifest.spec(name=params["core_model"])
+        tok_file = os.path.join(folder, self.manifest.tokenizer.file)
         with open(tok_file, encoding="utf-8") as fh:
             self.tokenizer_json = fh.read()
         core = _BLSCore(params["core_model"], spec.input_names, int(params["core_max_batch_size"]),
@@ -81,6 +83,7 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
 
     async def execute(self, requests):
+        """Answer each request: prune it, or describe the model."""
         responses = [None] * len(requests)
         calls = []   # (request index, prepared call)
         for i, request in enumerate(requests):
@@ -90,7 +93,7 @@ class TritonPythonModel:
                     return None if tensor is None else tensor.as_numpy()
                 args = read_request(get, self.limits)
                 if args is None:
-                    responses[i] = self._response(describe_tensors(self.manifest, self.tokenizer_json))
+                    responses[i] = self._response(describe_tensors(self.manifest.to_dict(), self.tokenizer_json))
                     continue
                 calls.append((i, self.pruner.prepare(args.question, args.passages, args.options)))
             except InputError as exc:       # bad input: this request only; the client raises InputError
@@ -116,4 +119,5 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
+        """Release the pruner."""
         self.pruner = None
