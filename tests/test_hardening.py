@@ -206,10 +206,10 @@ def test_huge_config_is_refused_before_any_allocation(checkpoints, tmp_path):
     ({"tokenizer": {"cls_id": -5, "sep_id": 2, "pad_id": 0}}, "must be >= 0"),
 ])
 def test_a_served_manifest_is_bounded_before_use(exported, change, message):
-    from engine.spec import read_manifest, spec_from_manifest
-    manifest = {**read_manifest(exported["opensearch"]), **change}
+    from engine.spec import Manifest
+    manifest = {**Manifest.read(exported["opensearch"]).to_dict(), **change}
     with pytest.raises(ModelLoadError, match=message):
-        spec_from_manifest(manifest)
+        Manifest.from_dict(manifest)
 
 
 @pytest.mark.parametrize("family", ["provence", "xprovence", "open_provence", "opensearch", "embedding"])

@@ -89,11 +89,17 @@ def test_every_adapter_takes_every_option():
     from engine.integrations.haystack import PruneRanker
     from engine.integrations.langchain import PruneCompressor
     from engine.integrations.llamaindex import PrunePostprocessor
-    for adapter in (PruneCompressor, PrunePostprocessor):
-        missing = set(OPTION_NAMES + ADAPTER_FIELDS) - set(adapter.model_fields)
+    from engine.integrations.common import TOP_N
+    for adapter in (PruneCompressor, PrunePostprocessor):      # top_k named top_n, as LangChain and LlamaIndex say
+        missing = {TOP_N.get(n, n) for n in OPTION_NAMES + ADAPTER_FIELDS} - set(adapter.model_fields)
         assert not missing, (adapter.__name__, missing)
-    missing = set(OPTION_NAMES + ADAPTER_FIELDS) - set(inspect.signature(PruneRanker.__init__).parameters)
-    assert not missing, missing
+    class Never:
+        def prune(self, *a, **k):
+            raise AssertionError("not called")
+    every = {n: None for n in OPTION_NAMES if n != "reorder"}
+    ranker = PruneRanker(pruner=Never(), **every, reorder=True, keep_empty=True, pre="[", post="]", metadata_key="m")
+    assert ranker.options == PruneOptions.of(**every, reorder=True, keep_empty=True, pre="[", post="]",
+                                             metadata_key="m")
     opts = PruneOptions.of(alpha=-1, top_k=2, keep_empty=True)
     assert opts.call == CallOptions.of(alpha=-1, top_k=2) and opts.keep_empty
 
