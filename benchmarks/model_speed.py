@@ -19,7 +19,7 @@ from pathlib import Path
 
 from benchmarks.precision_choice import INT8_VARIANTS
 from engine.tools.quality import load_rag_data
-from engine.tools.bench import machine_info
+from engine.tools.measure import machine_info
 from engine.pruner import Pruner
 from engine.text import split_sentences
 from export.onnx import export_model

@@ -5,9 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from engine.tools.quality import (BM25, first_k_baseline, grid_search, keep_all_baseline,
-                                load_prune_data, reranking_metrics, sentence_metrics, table, words,
-                                write_report)
+from engine.tools.quality import (BM25, first_k_baseline, grid_search, keep_all_baseline, load_prune_data,
+                                  reranking_metrics, sentence_metrics, words)
+from engine.tools.quality_report import table, write_report
 from tests.conftest import DATA
 
 
@@ -238,7 +238,8 @@ def test_eval_reports_domains_and_rag_calls_as_the_engine_decides(default_pruner
     predictions (from the model's own scores, fused as the family fuses) equal the kept
     flags of real calls, and the RAG rows' gated calls equal real gated calls."""
     from engine.tools.quality import (default_predictions, evaluate, load_prune_data, load_rag_data,
-                                      model_sentence_scores, rag_calls, rag_pruning_metrics, write_report)
+                                      model_sentence_scores, rag_calls, rag_pruning_metrics)
+    from engine.tools.quality_report import write_report
     samples = load_prune_data(DATA / "coqa-dev-prune.jsonl")
     scores = model_sentence_scores(default_pruner, samples, progress=False)
     preds = default_predictions(default_pruner, samples, scores, [None] * len(samples), True, "sentences")

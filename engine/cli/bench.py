@@ -37,7 +37,8 @@ def add(new) -> None:
 
 def run(args) -> int:
     """Run `prune bench`; the exit status."""
-    from engine.tools.bench import bench, markdown, plot
+    from engine.tools.bench import bench
+    from engine.tools.bench_report import markdown, plot
     from engine.default_model import default_checkpoint, ensure_default_model
     log = args.log
     if args.device == "cuda":   # the CUDA provider is checked before any export or measurement

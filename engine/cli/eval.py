@@ -27,7 +27,8 @@ def add(new) -> None:
 
 def run(args) -> int:
     """Run `prune eval`; the exit status."""
-    from engine.tools.quality import domain_table, evaluate, rag_table, rerank_table, table, write_report
+    from engine.tools.quality import evaluate
+    from engine.tools.quality_report import domain_table, rag_table, rerank_table, table, write_report
     from engine.default_model import ensure_default_model
     from engine.pruner import Pruner
     models = {}

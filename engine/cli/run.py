@@ -136,10 +136,10 @@ def _read_contexts(args) -> list[str]:
 def _read_passages_file(name: str) -> list[str]:
     """The passages of a JSONL file: one a line, a JSON string or an object with `text`
     (what a retriever returns; `prune index --data` reads the same)."""
-    from engine.tools.quality import _read_jsonl
+    from engine.tools.datasets import read_jsonl
     out = []
     try:
-        for n, row in enumerate(_read_jsonl(name), 1):
+        for n, row in enumerate(read_jsonl(name), 1):
             text = row.get("text") if isinstance(row, dict) else row
             if not isinstance(text, str):
                 raise ValueError(f"{name}: record {n}: expected a JSON string or an object with a text string")

@@ -22,21 +22,20 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable
 
 import engine
 from engine.decide import PruneResult, check_threshold
 from engine.errors import InputError, ModelLoadError, PruneError
-from engine.text import split_sentences
+from engine.rag.documents import (CHUNK_TOKENS, MAX_ID_CHARS, MAX_TEXT_BYTES, check_document,  # noqa: F401
+                                  chunk_spans, read_documents)
+from engine.rag.highlight import semantic_highlight  # noqa: F401  (the module's public API, re-exported)
 
 COLLECTION = "passages"
-CHUNK_TOKENS = 200          # tokens of the encoder per chunk (all-MiniLM-L6-v2 reads 256)
 CANDIDATES = 20             # retrieved per question before reranking
 K = 5                       # returned after reranking
 MODES = ("hybrid", "dense", "bm25")
 RRF_K = 60                  # reciprocal-rank fusion constant (Milvus's default)
-MAX_ID_CHARS = 512
-MAX_TEXT_BYTES = 65_535     # Milvus's VARCHAR limit
 INSERT_ROWS = 256
 MAX_CANDIDATES = 1_000
 
@@ -56,83 +55,6 @@ def _milvus():
 def is_local(db: str) -> bool:
     """Whether `db` is a Milvus Lite file (not a server URI)."""
     return "://" not in str(db)
-
-
-# ----------------------------------------------------------------------------- input
-
-def read_documents(path: str | Path) -> list[dict[str, Any]]:
-    """JSONL documents: one object per line with at least `id` and `text` (a non-empty
-    string); other fields are kept as metadata. Errors name the line."""
-    docs, seen = [], set()
-    try:
-        fh = open(path, encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{path}: {exc.strerror}") from exc
-    with fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                doc = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path}:{n}: not JSON ({exc.msg})") from exc
-            docs.append(check_document(doc, f"{path}:{n}"))
-            if docs[-1]["id"] in seen:
-                raise InputError(f"{path}:{n}: id {docs[-1]['id']!r} appears twice")
-            seen.add(docs[-1]["id"])
-    if not docs:
-        raise InputError(f"{path}: no documents")
-    return docs
-
-
-def check_document(doc: Any, where: str) -> dict[str, Any]:
-    """A document of an index file, checked: {id, text, ...}; InputError naming `where` otherwise."""
-    if not isinstance(doc, dict):
-        raise InputError(f"{where}: a document is a JSON object with id and text, got {type(doc).__name__}")
-    if "id" not in doc or not isinstance(doc["id"], (str, int)) or isinstance(doc["id"], bool):
-        raise InputError(f"{where}: a document needs an id (string or integer)")
-    if not isinstance(doc.get("text"), str) or not doc["text"].strip():
-        raise InputError(f"{where}: a document needs a non-empty string text")
-    if len(str(doc["id"])) > MAX_ID_CHARS:
-        raise InputError(f"{where}: id is {len(str(doc['id']))} characters; at most {MAX_ID_CHARS}")
-    return {**doc, "id": str(doc["id"])}
-
-
-def chunk_spans(text: str, embedder: Any, max_tokens: int = CHUNK_TOKENS) -> list[tuple[int, int]]:
-    """Character spans of the chunks of `text`: whole sentences packed greedily up to
-    `max_tokens` encoder tokens; a sentence longer than that is cut at token boundaries
-    into pieces of `max_tokens`. Every non-space character lands in exactly one chunk."""
-    if max_tokens < 8:
-        raise InputError(f"chunk_tokens must be at least 8, got {max_tokens}")
-    sentences = split_sentences(text)
-    counts = embedder.token_counts([text[s:e] for s, e in sentences])
-    chunks: list[tuple[int, int]] = []
-    start: int | None = None
-    used = prev_end = 0
-    for (s, e), n in zip(sentences, counts):
-        if n > max_tokens:
-            if start is not None:
-                chunks.append((start, prev_end))
-                start, used = None, 0
-            offsets = embedder.token_offsets(text[s:e])
-            for i in range(0, len(offsets), max_tokens):
-                a = s + (offsets[i][0] if i else 0)
-                b = s + offsets[i + max_tokens][0] if i + max_tokens < len(offsets) else e
-                while b > a and text[b - 1].isspace():
-                    b -= 1
-                chunks.append((a, b))
-            continue
-        # the separator between sentences costs no token; a chunk's count is the sum
-        if start is not None and used + n > max_tokens:
-            chunks.append((start, prev_end))
-            start, used = None, 0
-        if start is None:
-            start = s
-        used += n
-        prev_end = e
-    if start is not None:
-        chunks.append((start, prev_end))
-    return [(a, b) for a, b in chunks if text[a:b].strip()]
 
 
 # ----------------------------------------------------------------------------- results
@@ -456,91 +378,3 @@ class Pipeline:
         timings["total"] = (time.perf_counter() - t_all) * 1e3
         return Answer(question=question, mode=mode, candidates=len(hits), reranked=bool(rerank), results=results[:k],
                       timings_ms={n: round(v, 2) for n, v in timings.items()})
-
-
-# ----------------------------------------------------------------------------- Milvus-shaped highlights
-
-def _param(highlighter: Any, name: str) -> Any:
-    if highlighter is None:
-        return None
-    if isinstance(highlighter, dict):
-        return highlighter.get(name)
-    params = getattr(highlighter, "params", None)
-    if isinstance(params, dict) and name in params:
-        return params[name]
-    return getattr(highlighter, name, None)
-
-
-def semantic_highlight(results: Sequence[Sequence[dict]], pruner: Any, highlighter: Any = None, *,
-                       queries: Sequence[str] | None = None, input_fields: Sequence[str] | None = None,
-                       pre_tags: Sequence[str] | None = None, post_tags: Sequence[str] | None = None,
-                       threshold: float | None = None, highlight_only: bool | None = None):
-    """Add `hit["highlight"] = {field: {"fragments": [...], "scores": [...]}}` to every hit
-    of pymilvus search results, as Milvus's hosted semantic highlighter does, computed by
-    `pruner` on this machine.
-
-    The settings come from `highlighter` (a pymilvus `SemanticHighlighter`, or a dict of its
-    parameters) and the keyword arguments, which win:
-      queries: one per search query (results[i] is highlighted for queries[i]);
-      input_fields: the text fields to highlight (they must be in the hits' output fields);
-      pre_tags / post_tags: put around each highlighted sentence, rotating (default <em>, </em>);
-      threshold: a sentence is highlighted when its probability passes it (the pruner's
-        keep rule, without backoff, title rule or passage gate: each hit is highlighted on
-        its own, as Milvus's highlighter does; the model's default threshold if None);
-      highlight_only (default True): fragments are the highlighted sentences, each with its
-        probability as score; False: one fragment, the whole text with the tags inserted,
-        scored by its best sentence. A text with nothing highlighted gets no fragments.
-    Returns `results`, changed in place.
-    """
-    queries = list(queries if queries is not None else (_param(highlighter, "queries") or []))
-    fields = list(input_fields if input_fields is not None else (_param(highlighter, "input_fields") or []))
-    pre = list(pre_tags if pre_tags is not None else (_param(highlighter, "pre_tags") or ["<em>"]))
-    post = list(post_tags if post_tags is not None else (_param(highlighter, "post_tags") or ["</em>"]))
-    threshold = threshold if threshold is not None else _param(highlighter, "threshold")
-    only = highlight_only if highlight_only is not None else _param(highlighter, "highlight_only")
-    only = True if only is None else bool(only)
-    if not fields:
-        raise InputError("input_fields must name at least one text field to highlight")
-    if len(queries) != len(results):
-        raise InputError(f"one query per search query: {len(results)} result lists, {len(queries)} queries")
-    if not pre or not post or len(pre) != len(post):
-        raise InputError("pre_tags and post_tags must be non-empty lists of the same length")
-    if threshold is not None:
-        threshold = check_threshold(threshold)
-    for q, hits in zip(queries, results):
-        per_field: dict[str, list[PruneResult | None]] = {}
-        for f in fields:
-            texts = []
-            for hit in hits:
-                entity = hit.get("entity", hit)
-                if f not in entity:
-                    raise InputError(f"field {f!r} is not in the search results: add it to output_fields")
-                texts.append(entity[f])
-            idx = [i for i, t in enumerate(texts) if isinstance(t, str) and t.strip()]
-            done = pruner.prune(q, [texts[i] for i in idx], threshold=threshold, alpha=-1.0, title="none",
-                                passage_margin=-1.0) \
-                if idx else []
-            res: list[PruneResult | None] = [None] * len(texts)
-            for i, r in zip(idx, done):
-                res[i] = r
-            per_field[f] = res
-        for n, hit in enumerate(hits):
-            hl = {}
-            for f in fields:
-                r = per_field[f][n]
-                kept = [s for s in r.sentences if s.kept] if r is not None else []
-                if not kept:
-                    hl[f] = {"fragments": [], "scores": []}
-                elif only:
-                    hl[f] = {"fragments": [f"{pre[i % len(pre)]}{s.text}{post[i % len(post)]}"
-                                           for i, s in enumerate(kept)],
-                             "scores": [float(s.probability) for s in kept]}
-                else:
-                    out, pos = [], 0
-                    for i, s in enumerate(kept):
-                        out += [r.context[pos:s.start], pre[i % len(pre)], s.text, post[i % len(post)]]
-                        pos = s.end
-                    out.append(r.context[pos:])
-                    hl[f] = {"fragments": ["".join(out)], "scores": [max(float(s.probability) for s in kept)]}
-            hit["highlight"] = hl
-    return results

@@ -18,7 +18,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from engine.tools.quality import _progress, _read_jsonl
+from engine.tools.datasets import progress as progress_bar
+from engine.tools.datasets import read_jsonl
 
 THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
 
@@ -34,7 +35,7 @@ class Doc:
 def load_docs(path: str | Path, limit: int | None = None) -> list[Doc]:
     """Documents from either data format: `context` (+ `sentences`) or `passages`."""
     docs: list[Doc] = []
-    for n, row in enumerate(_read_jsonl(path), 1):
+    for n, row in enumerate(read_jsonl(path), 1):
         if not isinstance(row, dict) or not ("context" in row or "passages" in row) or "question" not in row:
             raise ValueError(f"{path}: record {n} has neither question and context (a prune file) nor question "
                              "and passages (a RAG file)")
@@ -104,7 +105,7 @@ def run_model(pruner, docs: Sequence[Doc], progress: bool, desc: str, windows: s
     fam = pruner.family
     from engine import text as textmod
     from engine.decide import build_result, keep_mask
-    for d in _progress(docs, len(docs), desc, progress):
+    for d in progress_bar(docs, len(docs), desc, progress):
         spans = d.spans if d.spans is not None else textmod.split_sentences(d.context)
         sc = pruner.score(d.question, [d.context], [spans], windows=windows)[0]
         probs.append(sc.probs)

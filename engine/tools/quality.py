@@ -22,110 +22,22 @@ seed study; it is not training.
 """
 from __future__ import annotations
 
-import json
 import math
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from engine import lexical
 from engine.decide import gate_passages
 from engine.families import FAMILIES
+from engine.tools.datasets import PruneSample, RagSample, load_prune_data, load_rag_data  # noqa: F401 (re-exported)
+from engine.tools.datasets import progress as progress_bar
+from engine.tools.bm25 import BM25, bm25_rankings, bm25_sentence_scores, words  # noqa: F401 (re-exported)
 
 THRESHOLDS = tuple(round(x, 3) for x in np.linspace(0.0, 1.0, 101))
 ALPHAS = (None, 0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
-
-
-# --------------------------------------------------------------------------- data
-
-@dataclass
-class PruneSample:
-    """A passage with its sentence labels (which sentences answer)."""
-    id: str
-    question: str
-    context: str
-    spans: list[tuple[int, int]]
-    labels: np.ndarray
-    source: str = ""
-
-
-@dataclass
-class RagSample:
-    """A question, its passages and which one holds the answer (gold)."""
-    id: str
-    question: str
-    passages: list[str]
-    gold: list[int]              # the passages that hold the answer
-    source: str = ""
-
-
-def _read_jsonl(path: str | Path) -> Iterable[dict[str, Any]]:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such data file")
-    with path.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{n}: not JSON ({exc})") from exc
-
-
-PRUNE_FIELDS = ("question", "context", "sentences", "labels")
-RAG_FIELDS = ("question", "passages", "gold")
-_KINDS = {PRUNE_FIELDS: ("a sentence-labelled prune file", "prune eval --data, prune fidelity --data"),
-          RAG_FIELDS: ("a RAG file", "prune eval --rag-data, prune bench --data")}
-
-
-def check_fields(row: Any, fields: tuple[str, ...], path: str | Path, number: int) -> dict[str, Any]:
-    """`row` (the `number`-th record of `path`) as a dict with `fields`; a ValueError that
-    says what the file looks like otherwise (the two data formats are easy to swap)."""
-    if not isinstance(row, dict):
-        raise ValueError(f"{path}: record {number} is a JSON {type(row).__name__}, not an object")
-    missing = [f for f in fields if f not in row]
-    if missing:
-        want, _ = _KINDS[fields]
-        other = next((k for k in _KINDS if k != fields and all(f in row for f in k)), None)
-        hint = (f"; it looks like {_KINDS[other][0]} (for {_KINDS[other][1]})" if other else "")
-        raise ValueError(f"{path}: record {number} lacks {', '.join(missing)}: not {want} (each line holds "
-                         f"{', '.join(fields)}){hint}")
-    return row
-
-
-def load_prune_data(path: str | Path, limit: int | None = None) -> list[PruneSample]:
-    """The samples of a prune-shaped JSONL file."""
-    out = []
-    for i, row in enumerate(_read_jsonl(path)):
-        if limit is not None and i >= limit:
-            break
-        check_fields(row, PRUNE_FIELDS, path, i + 1)
-        spans = [(int(s), int(e)) for s, e in row["sentences"]]
-        labels = np.asarray(row["labels"], dtype=bool)
-        if len(spans) != len(labels):
-            raise ValueError(f"{path}: sample {row.get('id', i)} has {len(spans)} sentences and {len(labels)} labels")
-        out.append(PruneSample(str(row.get("id", i)), row["question"], row["context"], spans, labels,
-                               str(row.get("source") or "")))
-    return out
-
-
-def load_rag_data(path: str | Path, limit: int | None = None) -> list[RagSample]:
-    """The samples of a RAG-shaped JSONL file (gold an index or a list)."""
-    out = []
-    for i, row in enumerate(_read_jsonl(path)):
-        if limit is not None and i >= limit:
-            break
-        check_fields(row, RAG_FIELDS, path, i + 1)
-        passages = list(row["passages"])
-        gold = row["gold"]
-        gold = [int(g) for g in gold] if isinstance(gold, list) else [int(gold)]
-        if not gold or any(not 0 <= g < len(passages) for g in gold):
-            raise ValueError(f"{path}: record {i + 1} has gold {row['gold']!r} outside its {len(passages)} passages")
-        out.append(RagSample(str(row.get("id", i)), row["question"], passages, gold, str(row.get("source") or "")))
-    return out
 
 
 # --------------------------------------------------------------------------- metrics
@@ -216,42 +128,6 @@ def keep_all_baseline(labels: Sequence[np.ndarray]) -> GridResult:
     return GridResult("keep-all", sentence_metrics([np.ones(len(y), bool) for y in labels], labels), {})
 
 
-# --------------------------------------------------------------------------- BM25
-
-#: the words BM25 counts: engine.lexical's (case-folded; CJK as character bigrams)
-words = lexical.words
-
-
-class BM25:
-    """Okapi BM25 (k1=1.5, b=0.75) with IDF from `corpus` (lists of words)."""
-
-    def __init__(self, corpus: Sequence[Sequence[str]], k1: float = 1.5, b: float = 0.75):
-        self.k1, self.b = k1, b
-        n = len(corpus)
-        df = Counter(w for doc in corpus for w in set(doc))
-        self.idf = {w: math.log(1 + (n - c + 0.5) / (c + 0.5)) for w, c in df.items()}
-        self.avgdl = sum(len(d) for d in corpus) / max(n, 1) or 1.0
-
-    def score(self, query: Sequence[str], doc: Sequence[str]) -> float:
-        """BM25 score of `doc` for `query` (word lists)."""
-        tf = Counter(doc)
-        norm = self.k1 * (1 - self.b + self.b * len(doc) / self.avgdl)
-        return sum(self.idf.get(w, 0.0) * tf[w] * (self.k1 + 1) / (tf[w] + norm)
-                   for w in set(query) if w in tf)
-
-
-def bm25_sentence_scores(samples: Sequence[PruneSample]) -> list[np.ndarray]:
-    """Each sentence's BM25 against the question, divided by the document's best (0..1)."""
-    sent_words = [[words(s.context[a:b]) for a, b in s.spans] for s in samples]
-    bm = BM25([w for doc in sent_words for w in doc])
-    out = []
-    for s, doc in zip(samples, sent_words):
-        q = words(s.question)
-        sc = np.array([bm.score(q, w) for w in doc], dtype=np.float64)
-        out.append(sc / sc.max() if sc.size and sc.max() > 0 else sc)
-    return out
-
-
 #: The hybrid's setting, chosen on squad-dev alone (docs/quality.md) and the default
 #: family's default (engine.families): the weight of the in-passage lexical score
 #: (engine.lexical) and the keep threshold and backoff with it. prune eval scores every
@@ -298,16 +174,6 @@ def hybrid_rows(name: str, pruner, samples: Sequence[PruneSample], scores: Seque
 
 # --------------------------------------------------------------------------- models
 
-def _progress(iterable, total: int, desc: str, enabled: bool):
-    if not enabled:
-        return iterable
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return iterable
-    return tqdm(iterable, total=total, desc=desc, unit="doc", mininterval=1.0)
-
-
 def model_sentence_scores(pruner, samples: Sequence[PruneSample], progress: bool = True,
                           windows: str | None = None, kept: list | None = None) -> list[np.ndarray]:
     """The model's sentence probabilities on the dataset's own sentence spans. With token
@@ -315,7 +181,7 @@ def model_sentence_scores(pruner, samples: Sequence[PruneSample], progress: bool
     the windows, and `kept` (when a list is given) receives the windows' own decisions at
     the family's defaults."""
     out = []
-    for s in _progress(samples, len(samples), "pruning", progress):
+    for s in progress_bar(samples, len(samples), "pruning", progress):
         sc = pruner.score(s.question, [s.context], [s.spans], windows=windows)[0]
         out.append(sc.probs)
         if kept is not None:
@@ -344,7 +210,7 @@ def rag_calls(pruner, samples: Sequence[RagSample], progress: bool = True, desc:
               **options: Any) -> list[list]:
     """Each query's results (`pruner.prune` of its passages, one call, with `options`)."""
     return [pruner.prune(s.question, s.passages, **options)
-            for s in _progress(samples, len(samples), desc, progress)]
+            for s in progress_bar(samples, len(samples), desc, progress)]
 
 
 def rankings_of(calls: Sequence[Sequence[Any]]) -> list[list[float]]:
@@ -383,66 +249,7 @@ def rag_pruning_metrics(calls: Sequence[Sequence[Any]], samples: Sequence[RagSam
             "non_gold_passages": nongold, "gold_passages": golds}
 
 
-def bm25_rankings(samples: Sequence[RagSample]) -> list[list[float]]:
-    """Each sample's passages scored by BM25 against its question."""
-    corpus = [words(p) for s in samples for p in s.passages]
-    bm = BM25(corpus)
-    return [[bm.score(words(s.question), words(p)) for p in s.passages] for s in samples]
-
-
 # --------------------------------------------------------------------------- report
-
-def table(rows: Sequence[GridResult]) -> str:
-    """Grid results as a markdown table."""
-    lines = ["| method | F1 | precision | recall | per-doc F1 | kept | best setting |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        m, d = r.best["micro"], r.best["per_document"]
-        setting = ", ".join(f"{k} {v}" for k, v in r.setting.items()) or "-"
-        lines.append(f"| {r.name} | {100 * m['f1']:.2f} | {100 * m['precision']:.2f} | {100 * m['recall']:.2f} | "
-                     f"{100 * d['f1']:.2f} | {100 * r.best['kept_share']:.0f}% | {setting} |")
-    return "\n".join(lines)
-
-
-def rerank_table(rows: dict[str, dict[str, float]]) -> str:
-    """Reranking metrics as a markdown table."""
-    lines = ["| method | MRR@10 | hit@1 | queries |", "|---|---|---|---|"]
-    for name, m in rows.items():
-        lines.append(f"| {name} | {m['mrr@10']:.4f} | {m['hit@1']:.4f} | {m['queries']} |")
-    return "\n".join(lines)
-
-
-def plot_pr(rows: Sequence[GridResult], path: str | Path) -> Path | None:
-    """Precision/recall curves over the threshold grid (no backoff) as a PNG."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    fig, ax = plt.subplots(figsize=(7, 5.5))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for k, r in enumerate(rows):
-        color = colors[k % len(colors)]
-        pts = [c for c in r.curve if c["recall"] > 0]
-        if pts:
-            ax.plot([c["recall"] for c in pts], [c["precision"] for c in pts], color=color,
-                    label=f"{r.name} (alpha {r.setting.get('alpha')})")
-        m = r.best["micro"]
-        ax.scatter([m["recall"]], [m["precision"]], color=color, marker="x" if pts else "o",
-                   label=None if pts else r.name, zorder=3)
-    ax.set_xlabel("recall")
-    ax.set_ylabel("precision")
-    ax.set_xlim(0, 1.02)
-    ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title("Sentence-level precision / recall over the threshold grid\n(x: best F1 setting)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
-
 
 def default_predictions(pruner, samples: Sequence[PruneSample], scores: Sequence[np.ndarray],
                         kept: Sequence[np.ndarray | None], strict: bool, windows: str) -> list[np.ndarray]:
@@ -555,61 +362,3 @@ def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: st
         report["rag"] = {"data": str(rag_data), "queries": len(rag),
                          "passages": sum(len(s.passages) for s in rag), "metrics": pruning}
     return report
-
-
-def domain_table(by_domain: dict[str, Any]) -> str:
-    """F1 per domain against BM25's, as a markdown table."""
-    names = list(by_domain["worst"])
-    heads = " | ".join(f"{n} at its defaults (vs BM25)" for n in names)
-    lines = [f"| domain | documents | BM25 best F1 | {heads} |",
-             "|---|---|---|" + "---|" * len(names)]
-    for d, row in by_domain["domains"].items():
-        cells = [f"{100 * row['models'][n]['f1']:.2f} ({100 * row['models'][n]['over_bm25']:+.2f})" for n in names]
-        lines.append(f"| {d} | {row['documents']} | {100 * row['bm25_best_f1']:.2f} | " + " | ".join(cells) + " |")
-    worst = [f"{by_domain['worst'][n]['domain']} ({100 * by_domain['worst'][n]['over_bm25']:+.2f})" for n in names]
-    lines.append("| worst domain | | | " + " | ".join(worst) + " |")
-    return "\n".join(lines)
-
-
-def rag_table(metrics: dict[str, dict[str, float]]) -> str:
-    """RAG metrics as a markdown table."""
-    lines = ["| method | non-gold passages emptied | their characters kept | gold passages with something kept | "
-             "their characters kept | MRR@10 | hit@1 |", "|---|---|---|---|---|---|---|"]
-    for name, m in metrics.items():
-        lines.append(f"| {name} | {100 * m['non_gold_emptied']:.1f}% | {100 * m['non_gold_chars_kept']:.1f}% | "
-                     f"{100 * m['gold_with_something_kept']:.1f}% | {100 * m['gold_chars_kept']:.1f}% | "
-                     f"{m['mrr@10']:.4f} | {m['hit@1']:.4f} |")
-    return "\n".join(lines)
-
-
-def write_report(report: dict[str, Any], out_dir: str | Path, title: str, command: str) -> dict[str, Path]:
-    """The report as JSON and markdown in `out_dir`; the paths written."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rows = report.pop("_rows", None)
-    paths = {"json": out_dir / "eval.json", "markdown": out_dir / "eval.md"}
-    paths["json"].write_text(json.dumps(report, indent=2) + "\n")
-    md = [f"# {title}", "", "Command:", "", "```", command, "```", ""]
-    if report.get("windows"):
-        md += ["Windows: " + ", ".join(f"{n}: {w}" for n, w in report["windows"].items()), ""]
-    if report.get("pruning"):
-        pr = report["pruning"]
-        md += [f"## Sentence-level pruning: {pr['data']}", "",
-               f"{pr['documents']} documents, {pr['sentences']} sentences, "
-               f"{100 * pr['positive_share']:.1f}% labelled keep. Best micro F1 over the grid "
-               "(threshold 0-1 step 0.01, backoff alpha in {none, 0, .01, .02, .05, .1, .2, .3, .5}).", "",
-               table(rows) if rows else "", ""]
-        if rows and plot_pr(rows, out_dir / "pr_curve.png"):
-            paths["plot"] = out_dir / "pr_curve.png"
-            md += ["![precision-recall](pr_curve.png)", ""]
-        if pr.get("by_domain"):
-            md += ["### By domain", "", "F1 at each model's defaults against BM25 at its best threshold on the "
-                   "domain's documents (IDF over them).", "", domain_table(pr["by_domain"]), ""]
-    if report.get("rag"):
-        rg = report["rag"]
-        md += [f"## RAG calls: {rg['data']}", "", f"{rg['queries']} calls, {rg['passages']} passages; each model at "
-               "its defaults, one call per question with all its passages.", "", rag_table(rg["metrics"]), ""]
-    if report.get("reranking"):
-        md += [f"## Reranking: {report['reranking']['data']}", "", rerank_table(report["reranking"]["metrics"]), ""]
-    paths["markdown"].write_text("\n".join(md))
-    return paths
