@@ -27,29 +27,14 @@ try:
 except ImportError as exc:  # pragma: no cover - the message is the point
     raise ImportError("engine.integrations.langchain needs langchain-core: "
                       "pip install 'prune-engine[langchain]'") from exc
-from pydantic import ConfigDict, Field, PrivateAttr, create_model, model_validator
+from engine.integrations.common import (TOP_N, Outcome, PruneOptions, aprune_contents, options_of, prune_contents,
+                                        pruning_metadata, relevance)
+from engine.integrations.pydantic_adapter import PrunerModel, with_options
 
-from engine.integrations.common import (TOP_N, Outcome, PruneOptions, adapter_fields, aprune_contents, options_of,
-                                        prune_contents, pruning_metadata, relevance, renamed, resolve_pruner)
 
-
-class _Compressor(BaseDocumentCompressor):
+class _Compressor(PrunerModel, BaseDocumentCompressor):
     """PruneCompressor's methods; its fields (every CallOptions option, `top_k` named
     `top_n` as LangChain's rerankers say, and the adapter's own) are added below."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    pruner: Any = Field(description="a Pruner (in-process or Pruner.connect), an HttpPruner, the HTTP API's "
-                                    "URL, an exported folder, or 'default'")
-    _engine: Any = PrivateAttr(default=None)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _old_names(cls, data: Any) -> Any:
-        return renamed(data, TOP_N, "PruneCompressor")
-
-    def model_post_init(self, __context: Any) -> None:
-        self._engine = resolve_pruner(self.pruner)
 
     def _shape(self, documents: Sequence[Document], outcomes: list[Outcome], opts: PruneOptions) -> list[Document]:
         out = []
@@ -80,11 +65,9 @@ class _Compressor(BaseDocumentCompressor):
         return self._shape(documents, outcomes, opts)
 
 
-PruneCompressor = create_model(
-    "PruneCompressor", __base__=_Compressor, __module__=__name__,
-    __doc__="Sentence-level pruning of retrieved documents, in one call per query: a LangChain document "
-            "compressor with every option of engine.inputs.CallOptions (`top_k` is `top_n`).",
-    **adapter_fields(TOP_N))
+PruneCompressor = with_options(
+    _Compressor, "PruneCompressor", "Sentence-level pruning of retrieved documents, in one call per query: a "
+    "LangChain document compressor with every option of engine.inputs.CallOptions (`top_k` is `top_n`).")
 
 
 class EngineEmbeddings(Embeddings):

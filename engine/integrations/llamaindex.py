@@ -16,32 +16,21 @@ from typing import Any
 
 try:
     from llama_index.core.base.embeddings.base import BaseEmbedding
-    from llama_index.core.bridge.pydantic import Field, PrivateAttr, create_model, model_validator
+    from llama_index.core.bridge.pydantic import PrivateAttr
     from llama_index.core.postprocessor.types import BaseNodePostprocessor
     from llama_index.core.schema import NodeWithScore, QueryBundle
 except ImportError as exc:  # pragma: no cover - the message is the point
     raise ImportError("engine.integrations.llamaindex needs llama-index-core: "
                       "pip install 'prune-engine[llamaindex]'") from exc
 
-from engine.integrations.common import (TOP_N, Outcome, PruneOptions, adapter_fields, aprune_contents, options_of,
-                                        prune_contents, pruning_metadata, relevance, renamed, resolve_pruner)
+from engine.integrations.common import (TOP_N, Outcome, PruneOptions, aprune_contents, options_of, prune_contents,
+                                        pruning_metadata, relevance)
+from engine.integrations.pydantic_adapter import PrunerModel, with_options
 
 
-class _Postprocessor(BaseNodePostprocessor):
+class _Postprocessor(PrunerModel, BaseNodePostprocessor):
     """PrunePostprocessor's methods; its fields (every CallOptions option, `top_k` named
     `top_n` as LlamaIndex's rerankers say, and the adapter's own) are added below."""
-
-    pruner: Any = Field(description="a Pruner (in-process or Pruner.connect), an HttpPruner, the HTTP API's "
-                                    "URL, an exported folder, or 'default'")
-    _engine: Any = PrivateAttr(default=None)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _old_names(cls, data: Any) -> Any:
-        return renamed(data, TOP_N, "PrunePostprocessor")
-
-    def model_post_init(self, __context: Any) -> None:
-        self._engine = resolve_pruner(self.pruner)
 
     @classmethod
     def class_name(cls) -> str:
@@ -89,11 +78,9 @@ class _Postprocessor(BaseNodePostprocessor):
         return self._shape(nodes, outcomes, opts)
 
 
-PrunePostprocessor = create_model(
-    "PrunePostprocessor", __base__=_Postprocessor, __module__=__name__,
-    __doc__="Sentence-level pruning of retrieved nodes, in one call per query: a LlamaIndex node postprocessor "
-            "with every option of engine.inputs.CallOptions (`top_k` is `top_n`).",
-    **adapter_fields(TOP_N))
+PrunePostprocessor = with_options(
+    _Postprocessor, "PrunePostprocessor", "Sentence-level pruning of retrieved nodes, in one call per query: a "
+    "LlamaIndex node postprocessor with every option of engine.inputs.CallOptions (`top_k` is `top_n`).")
 
 
 class EngineEmbedding(BaseEmbedding):

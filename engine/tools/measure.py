@@ -13,13 +13,14 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 
+@dataclass
 class PathResult:
     """One measured path: its passages/s over repeats, latency and what it ran."""
     name: str
