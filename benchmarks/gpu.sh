@@ -16,7 +16,7 @@
 #            folder under /tmp): never OUT_DIR, which gets only the results, at most 8 files
 #            (gpu.json, gpu.md, gpu.png, bench.json, bench.md, results.tar.gz with every log and
 #            the rest), each checked to be under 16 MiB.
-#   GPU_DRY_RUN=1  the same script on CPU with a tiny configuration (tests/test_gpu_script.py)
+#   GPU_DRY_RUN=1  the same script on CPU with a tiny configuration (tests/packaging/test_gpu_script.py)
 #   BUDGET_S       seconds for everything after the install (default 330): benchmarks.gpu runs under
 #                  `timeout` with GPU_SHARE percent of it (default 75 with RAG_DATA, else 100), its own
 #                  cases stopping before; prune bench under `timeout` with what is left (skipped under 45 s).

@@ -96,7 +96,7 @@ class Manifest:
     written (export writes it, every loader reads it, Triton ships it to clients). Keys the
     engine does not read (opset, versions, verification, ...) are kept in `data` and written
     back as they were. Manifests of earlier exports load: every key added since has a
-    default (tests/test_manifest.py)."""
+    default (tests/inprocess/test_manifest.py)."""
     family: str
     max_length: int
     tokenizer: TokenizerInfo

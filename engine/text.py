@@ -75,7 +75,7 @@ def split_sentences(text: str) -> list[Span]:
             if piece:
                 spans.append(piece)
     # Blocks, punkt and the CJK cuts each partition what they are given, so the spans
-    # cover every non-space character in order (tests/test_properties.py checks it on
+    # cover every non-space character in order (tests/unit/test_properties.py checks it on
     # arbitrary Unicode; no input was found that a repair pass would have to fix).
     return spans
 

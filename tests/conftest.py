@@ -1,13 +1,14 @@
 """Shared fixtures: tiny random-weight checkpoints of every family, exported once per session."""
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import os
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.utils import (CORE_MAX_BATCH, FAMILY_NAMES, TEXT_MAX_CHARS, TEXT_MAX_PASSAGES,  # noqa: F401
+                         free_ports, processes_under)
 
 # No model hub is reachable in tests: fail fast instead of waiting on the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -15,37 +16,22 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Haystack's clients (the HTTP API's tests) send usage telemetry unless told not to.
 os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
 
-FAMILY_NAMES = ["provence", "xprovence", "open_provence", "opensearch", "embedding"]
-#: the small data the tests need, carried by the repository (tests/data/README.md: sources, licence, canary)
-DATA = Path(__file__).resolve().parent / "data"
-
-
-#: Each test is marked by what it needs (pyproject's markers): `unit` (fast: no exported
-#: model, no server; `python -m pytest -m unit` runs in under a minute), `inprocess` (test
-#: models exported and run in this process) or `server` (real tritonservers).
-LAYERS = ("unit", "inprocess", "server")
-MODEL_FIXTURES = {"checkpoints", "exported", "exported_int8", "pruners", "default_cache", "repository"}
-#: modules whose tests start servers or processes of their own, without the fixtures
-SERVER_MODULES = {"test_serve_signals", "test_replicas", "test_deadlines", "test_hardening", "test_triton",
-                  "test_text_model"}
-#: modules whose tests export or build without the fixtures (a wheel, a fresh venv, the CLI)
-INPROCESS_MODULES = {"test_wheel", "test_packaging", "test_cli", "test_export_cli", "test_checkpoints",
-                     "test_gpu_script", "test_tokenizer_check", "test_embedding_family", "test_deploy",
-                     "test_peer_fixtures", "test_fp16_ort_versions"}
+#: The layers a test may need (pyproject's markers). Each module declares its one layer
+#: (`pytestmark = pytest.mark.<layer>`) and lives in the folder of that name
+#: (docs/development.md): unit (no model, no server), inprocess (test models exported and
+#: run in this process), server (real tritonservers or servers of its own), packaging (the
+#: environment rehearsals: wheels, fresh venvs, pip resolves).
+LAYERS = ("unit", "inprocess", "server", "packaging")
 
 
 def pytest_collection_modifyitems(config, items):
+    """A test whose module does not declare exactly its folder's layer is a usage error."""
     for item in items:
-        if any(item.get_closest_marker(m) for m in LAYERS):
-            continue
-        module = item.module.__name__.rsplit(".", 1)[-1]
-        names = set(item.fixturenames)
-        if "server" in names or module in SERVER_MODULES:
-            item.add_marker(pytest.mark.server)
-        elif names & MODEL_FIXTURES or module in INPROCESS_MODULES:
-            item.add_marker(pytest.mark.inprocess)
-        else:
-            item.add_marker(pytest.mark.unit)
+        marks = [m.name for m in item.iter_markers() if m.name in LAYERS]
+        folder = Path(str(item.fspath)).parent.name
+        if marks != [folder]:
+            raise pytest.UsageError(f"{item.nodeid}: its module must declare pytestmark = pytest.mark.{folder} "
+                                    f"(it declares {marks or 'none'})")
 
 
 @pytest.fixture(scope="session")
@@ -94,36 +80,6 @@ def default_cache(tmp_path_factory) -> dict[str, Path]:
     return {"cache": cache, "model": model, "encoder": encoder}
 
 
-def with_window(pruner, max_length: int, **batching):
-    """The same model and backend with a smaller window (forces multi-block passages)."""
-    from engine.batching import BatchingConfig
-    from engine.pruner import Pruner
-    spec = dataclasses.replace(pruner.spec, max_length=max_length)
-    return Pruner(pruner.backend, pruner.encoder.tokenizer, spec,
-                  BatchingConfig(**batching) if batching else None, min_context_tokens=16)
-
-
-
-def processes_under(path) -> dict[int, str]:
-    """pid -> command line of every process (but this one) that names `path`: a
-    tritonserver serving a repository there, or its python-backend stubs."""
-    import re
-    me, out = os.getpid(), {}
-    needle = re.compile(re.escape(str(path)) + r"(?=/|\s|$)")
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = next((line for line in (entry / "status").read_text().splitlines()
-                          if line.startswith("State:")), "")
-        except OSError:
-            continue
-        if needle.search(cmd) and "zombie" not in state:
-            out[int(entry.name)] = cmd
-    return out
-
-
 def pytest_sessionfinish(session, exitstatus):
     """The suite leaves no server behind: after every fixture is torn down, no process
     may still serve a repository under this run's temporary folder."""
@@ -145,35 +101,6 @@ def pytest_sessionfinish(session, exitstatus):
         print("\nERROR: the test run left server processes behind:\n" + "\n".join(
             f"  {pid}: {cmd[:160]}" for pid, cmd in left.items()))
         session.exitstatus = 1
-
-
-def free_ports(n):
-    """n free loopback ports (a server started right after binds them)."""
-    import socket
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-@contextlib.contextmanager
-def serve_api(pruner, config=None):
-    """The app on a free loopback port, in a thread; yields its base URL."""
-    from engine.http.app import ApiConfig, create_app
-    from engine.http.server import ApiThread
-    (port,) = free_ports(1)
-    with ApiThread(create_app(pruner, config or ApiConfig()), port=port) as api:
-        yield api.url
-
-
-#: The shared test repository: small core batches (calls get split) and small text-model
-#: limits (calls get chunked), so those paths run on tiny inputs.
-CORE_MAX_BATCH = 16
-TEXT_MAX_PASSAGES = 50
-TEXT_MAX_CHARS = 60_000
 
 
 @pytest.fixture(scope="session")

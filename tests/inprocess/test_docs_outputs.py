@@ -1,0 +1,152 @@
+"""The outputs the README pastes are what the commands print now: the same commands on the
+same inputs with the default model, compared line by line (results exactly; timings,
+paths and counts of work by their shape), so the docs and the code cannot drift apart."""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from engine.cli import main
+
+pytestmark = pytest.mark.inprocess
+
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+RETRIEVAL = (ROOT / "docs" / "retrieval.md").read_text(encoding="utf-8")
+
+
+def _blocks(text: str) -> list[list[str]]:
+    """The fenced code blocks of `text`, in order (any info string)."""
+    blocks, current = [], None
+    for line in text.splitlines():
+        if line.startswith("```"):
+            if current is None:
+                current = []
+            else:
+                blocks.append(current)
+                current = None
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
+def _blocks_after(marker: str, count: int = 1, page: str = README) -> list[list[str]]:
+    """The `count` code blocks of `page` that follow the line starting with `marker`."""
+    blocks = _blocks(page[page.index(marker):])[:count]
+    assert len(blocks) == count, marker
+    return blocks
+
+
+def _command_before(marker: str, page: str = README) -> list[list[str]]:
+    """The commands of `page`'s code block just before the line starting with `marker`."""
+    block = _blocks(page[:page.index(marker)])[-1]
+    return [shlex.split(line)[1:] for line in block if line.startswith("prune ")]
+
+
+def _shape(line: str) -> str:
+    """A line with its timings, paths and numbers masked."""
+    line = re.sub(r"(~|/)[^\s()]*", "PATH", line)
+    return re.sub(r"\d+(\.\d+)?", "N", line)
+
+
+def _same(documented: list[str], printed: list[str], exact: re.Pattern) -> None:
+    """Every documented line is printed, in order: lines matching `exact` as they are (or,
+    cut at "[...]", their pieces in order), the others by shape."""
+    pos = 0
+    for want in documented:
+        for k in range(pos, len(printed)):
+            got = printed[k]
+            if exact.search(want):
+                pieces = [p.strip() for p in want.split("[...]")]
+                ok = got == want or ("[...]" in want and _in_order(pieces, got))
+            else:
+                ok = _shape(got) == _shape(want)
+            if ok:
+                pos = k + 1
+                break
+        else:
+            pytest.fail(f"the README shows {want!r}, which no line printed after line {pos} matches:\n"
+                        + "\n".join(printed))
+
+
+def _in_order(pieces: list[str], line: str) -> bool:
+    at = 0
+    for p in pieces:
+        at = line.find(p, at)
+        if at < 0:
+            return False
+        at += len(p)
+    return True
+
+
+def _run(args: list[str], capsys, cwd: Path, monkeypatch) -> list[str]:
+    monkeypatch.chdir(cwd)
+    code = main(args)
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    return (out.err + out.out).splitlines()
+
+
+def test_the_main_jobs_pasted_output(default_cache, capsys, monkeypatch):
+    monkeypatch.setenv("PRUNE_CACHE", str(default_cache["cache"]))
+    (args,) = _command_before("Real output (first run")
+    printed = _run(args, capsys, ROOT, monkeypatch)
+    (block,) = _blocks_after("Real output (first run")
+    documented = block[block.index(next(line for line in block if line.startswith("# model"))):]
+    _same(documented, printed, re.compile(r"^(## passage|  \[[x ]\]|pruned_context:|[A-Z])"))
+
+
+def test_the_retrieval_examples_pasted_output(default_cache, capsys, monkeypatch, tmp_path):
+    pytest.importorskip("milvus_lite")
+    monkeypatch.setenv("PRUNE_CACHE", str(default_cache["cache"]))
+    index, ask = _command_before("Real output (models already in the cache", RETRIEVAL)
+    index = [str(ROOT / a) if a.startswith("examples/") else a for a in index]
+    indexed, asked = _blocks_after("Real output (models already in the cache", 2, RETRIEVAL)
+    _same(indexed, _run(index, capsys, tmp_path, monkeypatch), re.compile(r"^$^"))
+    _same(asked, _run(ask, capsys, tmp_path, monkeypatch),
+          re.compile(r"^(## \[|\[\d\] \(source|# pruned context|[A-Z])"))
+
+
+def test_the_http_apis_pasted_output(default_cache, monkeypatch):
+    """The README's and docs/http-api.md's curl calls, sent to the app with the default
+    model: the same JSON back (ids and scores as printed, a fresh Cohere id aside)."""
+    pytest.importorskip("fastapi")
+    import json
+    from fastapi.testclient import TestClient
+    from engine.http.app import ApiConfig, create_app
+    from engine.pruner import Pruner
+    monkeypatch.setenv("PRUNE_CACHE", str(default_cache["cache"]))
+    pruner = Pruner.load("default")
+    client = TestClient(create_app(pruner, ApiConfig(model_name="default")))
+    pages = [README, (ROOT / "docs" / "http-api.md").read_text(encoding="utf-8")]
+    calls = 0
+    for page in pages:
+        for block in _blocks(page):
+            for k, line in enumerate(block[:-1]):
+                if not line.startswith("$ curl -s localhost:8080/"):
+                    continue
+                words = shlex.split(line[2:])
+                route = words[2].removeprefix("localhost:8080")
+                data = words[words.index("-d") + 1] if "-d" in words else None
+                reply = client.post(route, json=json.loads(data)) if data else client.get(route)
+                got, documented = reply.json(), json.loads(block[k + 1])
+                if isinstance(documented, dict) and "id" in documented:
+                    got["id"] = documented["id"]
+                assert _close(got, documented), (route, got)
+                calls += 1
+    assert calls >= 5
+
+
+def _close(a, b, tol=1e-5) -> bool:
+    """Equal JSON, numbers within `tol` (another CPU may round the last digits otherwise)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k], tol) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y, tol) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= tol
+    return a == b

@@ -1,0 +1,130 @@
+"""Every `prune` command the README and docs/ show exists: full commands in code blocks parse
+with the real argument parser, and every option named in an inline `prune ...` span is one
+of that subcommand's options. Every `python -m` module they name exists, and every relative
+link points at a file in the repository."""
+import re
+import shlex
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+
+from engine.cli import build_parser
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _code_block_lines(text: str):
+    code, pending = False, ""
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            code, pending = not code, ""
+            continue
+        if code:
+            if line.rstrip().endswith("\\"):
+                pending += line.rstrip()[:-1] + " "
+                continue
+            yield pending + line
+            pending = ""
+
+
+def _command(line: str) -> list[str] | None:
+    line = re.sub(r"^\s*(\$ )?([A-Z_]+=\S+ )*", "", line)
+    if not line.startswith("prune "):
+        return None
+    words = shlex.split(line, comments=True)
+    for stop in ("|", ">", "&&", ";", "&"):
+        if stop in words:
+            words = words[:words.index(stop)]
+    return words[1:]
+
+
+def _commands():
+    for page in PAGES:
+        for line in _code_block_lines(page.read_text()):
+            words = _command(line)
+            if words:
+                yield pytest.param(words, id=f"{page.name}:{' '.join(words)[:60]}")
+
+
+@pytest.mark.parametrize("words", list(_commands()))
+def test_documented_command_parses(words):
+    parser = build_parser()
+    try:
+        parser.parse_args(words)
+    except SystemExit as exc:
+        pytest.fail(f"prune {' '.join(words)} does not parse (exit {exc.code})")
+
+
+def _subcommand_options() -> dict[str, set[str]]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    return {name: {o for a in p._actions for o in a.option_strings} for name, p in sub.choices.items()}
+
+
+def test_inline_commands_name_real_options():
+    options = _subcommand_options()
+    bad = []
+    for page in PAGES:
+        for span in re.findall(r"`(prune [^`]+)`", page.read_text()):
+            words = span.split()
+            if len(words) < 2:
+                continue
+            if words[1] not in options:
+                if not words[1].startswith("-"):
+                    bad.append(f"{page.name}: `{span}`: no subcommand {words[1]}")
+                continue
+            for w in words[2:]:
+                for opt in w.split("=")[0].rstrip(",.;)").split("/"):   # `--input/--output`
+                    opt = opt if opt.startswith("-") or not w.startswith("--") else "--" + opt
+                    if opt.startswith("--") and opt not in options[words[1]]:
+                        bad.append(f"{page.name}: `{span}`: prune {words[1]} has no {opt}")
+    assert not bad, "\n".join(bad)
+
+
+def test_documented_modules_and_links_exist():
+    bad = []
+    for page in PAGES:
+        text = page.read_text()
+        for mod in re.findall(r"python -m ([\w.]+)", text):
+            if mod not in ("pip", "venv", "pytest") and find_spec(mod) is None:
+                bad.append(f"{page.name}: python -m {mod}: no such module")
+        for link in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text):
+            if "://" not in link and not (page.parent / link).exists():
+                bad.append(f"{page.name}: link {link}: no such file")
+    assert not bad, "\n".join(bad)
+
+
+def test_markdown_tables_are_well_formed():
+    """In every page and committed report, a table's header, separator and rows have the
+    same number of columns (a short separator renders as no table at all)."""
+    import re
+    pages = sorted(ROOT.glob("docs/*.md")) + sorted(ROOT.glob("benchmarks/results/**/*.md")) + [ROOT / "README.md"]
+    bad = []
+    for page in pages:
+        lines = page.read_text(encoding="utf-8").splitlines()
+        for i in range(1, len(lines)):
+            if re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", lines[i].strip()) and lines[i - 1].lstrip().startswith("|"):
+                width = lines[i].strip().count("|")
+                header = lines[i - 1].strip().replace("\\|", "").count("|")
+                if header != width:
+                    bad.append(f"{page.relative_to(ROOT)}:{i}: header {header - 1} columns, separator {width - 1}")
+    assert not bad, "\n".join(bad)
+
+
+def test_recorded_commands_paste_into_a_shell():
+    """A report's command line (the line after `Command:`) has its shell characters quoted,
+    so it runs as recorded when pasted (reports write it with shlex.join)."""
+    import re
+    bad = []
+    for page in sorted(ROOT.glob("benchmarks/results/**/*.md")):
+        text = page.read_text(encoding="utf-8")
+        for m in re.finditer(r"Command:\s*\n\s*```\n(.+?)\n```|Command: `(.+?)`", text):
+            command = m.group(1) or m.group(2)
+            bare = re.sub(r"'[^']*'|\"[^\"]*\"", "", command)
+            if re.search(r"[*?()\[\]{}|&;<>`]", bare):
+                bad.append(f"{page.relative_to(ROOT)}: {command}")
+    assert not bad, "\n".join(bad)

@@ -1,0 +1,202 @@
+"""The package's import rules (docs/development.md), read from the source with `ast`.
+
+Every import statement counts, at module level or inside a function (a lazy import is
+still a dependency of whoever calls that function). Importlib calls with a string are
+not seen: `engine.default_model` exports the default model on first use that way, and
+says so."""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _modules(*patterns: str) -> list[Path]:
+    return sorted({p for pat in patterns for p in ROOT.glob(pat) if p.name != "__main__.py"})
+
+
+def imports(path: Path) -> set[str]:
+    """Every module name an import statement of `path` names (`from a.b import c` gives
+    a.b and a.b.c: c may be a module)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def _hits(names: set[str], forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(n for n in names if any(n == f or n.startswith(f + ".") for f in forbidden))
+
+
+#: the client-safe spine: what a torch-free client, the Triton text model and the HTTP API run
+SPINE = _modules("engine/*.py")
+CLIENT_SAFE = SPINE + _modules("engine/backends/base.py", "engine/backends/onnxruntime.py",
+                               "engine/backends/triton.py", "engine/triton/*.py")
+#: who may import the torch modelling (engine.pytorch)
+TORCH_MODELLING_USERS = _modules("engine/pytorch/*.py", "engine/backends/torch.py", "export/*.py",
+                                 "engine/tools/fidelity.py", "engine/tools/peers.py")
+#: everything below the CLI: may not import the offline tools or the RAG application (the
+#: framework adapters sit beside the CLI: their embeddings are the RAG encoder's)
+BELOW_CLI = [p for p in _modules("engine/**/*.py", "triton_models/*/model.py")
+             if not {"cli", "tools", "rag", "integrations"} & set(p.relative_to(ROOT).parts)]
+FRAMEWORKS = ("langchain", "langchain_core", "langchain_classic", "llama_index", "haystack", "engine.integrations")
+
+RULES = {
+    "the spine, backends/{base,onnxruntime,triton} and triton/ never import torch, transformers or export":
+        (CLIENT_SAFE, ("torch", "transformers", "export")),
+    "only backends/torch, export/ and the fidelity and peer tools import the torch modelling (engine.pytorch)":
+        ([p for p in _modules("engine/**/*.py", "triton_models/*/model.py")
+          if p not in TORCH_MODELLING_USERS], ("engine.pytorch",)),
+    "nothing below the CLI imports tools/ or rag/":
+        (BELOW_CLI, ("engine.tools", "engine.rag")),
+    "only the adapters import the RAG frameworks, and nothing imports the adapters":
+        ([p for p in _modules("engine/**/*.py", "export/*.py", "triton_models/*/model.py")
+          if "integrations" not in p.relative_to(ROOT).parts], FRAMEWORKS),
+    "nothing installed imports the benchmarks (a clone's studies, not in the wheel)":
+        (_modules("engine/**/*.py", "export/*.py", "triton_models/*/model.py"), ("benchmarks",)),
+}
+
+
+def violations(files: list[Path], forbidden: tuple[str, ...]) -> dict[str, list[str]]:
+    out = {}
+    for path in files:
+        hits = _hits(imports(path), forbidden)
+        if hits:
+            out[str(path.relative_to(ROOT))] = hits
+    return out
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_import_rule(rule):
+    files, forbidden = RULES[rule]
+    assert files, "the rule covers no file: the layout moved under it"
+    assert violations(files, forbidden) == {}, rule
+
+
+def test_the_rules_see_lazy_imports(tmp_path):
+    """A function-level import is caught as well as a module-level one."""
+    f = tmp_path / "m.py"
+    f.write_text("import numpy\n\ndef later():\n    from torch import nn\n    import export.onnx\n")
+    assert _hits(imports(f), ("torch", "export")) == ["export.onnx", "torch", "torch.nn"]
+
+
+def test_the_layout_has_the_documented_packages():
+    for pkg in ("engine/backends", "engine/triton", "engine/pytorch", "engine/tools", "engine/rag",
+                "engine/integrations", "engine/cli"):
+        assert (ROOT / pkg / "__init__.py").is_file(), pkg
+    text = (ROOT / "docs" / "development.md").read_text()
+    for module in [*_modules("engine/*.py"), *_modules("engine/*/*.py"), *_modules("export/*.py")]:
+        if module.name != "__init__.py":
+            assert module.stem in text, f"docs/development.md's layout omits {module.relative_to(ROOT)}"
+
+
+# ---------------------------------------------------------------------- import direction
+
+#: the layers, lowest first (docs/development.md): a module imports its own layer and the
+#: ones below, never one above; a name matches a module and everything under it
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("the spine's parts", ("engine", "engine.errors", "engine.settings", "engine.inputs", "engine.lexical",
+                           "engine.text", "engine.families", "engine.spec", "engine.encode", "engine.batching",
+                           "engine.decide", "engine.protocol")),
+    ("cores and transports", ("engine.backends", "engine.pytorch", "engine.triton.client", "engine.triton.replicas",
+                              "engine.triton.wire", "engine.triton.watchdog", "engine.triton.server")),
+    ("the pruner and its loading", ("engine.pruner", "engine.loading", "engine.default_model")),
+    ("remote pruners", ("engine.triton.text_pruner", "engine.triton.connect", "engine.triton.probe",
+                        "engine.http.client")),
+    ("the HTTP API", ("engine.http.models", "engine.http.app", "engine.http.server")),
+    ("the applications and the exporter", ("engine.tools", "engine.rag", "engine.integrations", "export",
+                                           "triton_models")),
+    ("the command line", ("engine.cli", "engine.__main__")),
+]
+#: imports upward on purpose: `Pruner.connect`, the public API's door to engine.triton.connect
+UPWARD_DOORS = {("engine.pruner", "engine.triton.connect")}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(name: str) -> int | None:
+    """The layer of module `name` (the longest matching prefix decides), None if outside."""
+    best, found = -1, None
+    for k, (_, names) in enumerate(LAYERS):
+        for n in names:
+            if (name == n or name.startswith(n + ".")) and len(n) > best:
+                best, found = len(n), k
+    return found
+
+
+PACKAGE = _modules("engine/**/*.py", "export/*.py", "triton_models/*/model.py")
+
+
+def _graph() -> dict[str, set[str]]:
+    """module -> the package's modules it imports (lazy imports included)."""
+    names = {_module_name(p): p for p in PACKAGE}
+    graph = {}
+    for name, path in names.items():
+        deps = set()
+        for imported in imports(path):
+            parts = imported.split(".")
+            # `from a.b import c`: a.b.c if that is a module, else a.b
+            for k in range(len(parts), 0, -1):
+                if ".".join(parts[:k]) in names:
+                    deps.add(".".join(parts[:k]))
+                    break
+        graph[name] = deps - {name}
+    return graph
+
+
+def test_every_module_has_a_layer():
+    assert [n for n in _graph() if layer_of(n) is None] == []
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    upward = sorted(f"{m} ({LAYERS[layer_of(m)][0]}) imports {d} ({LAYERS[layer_of(d)][0]})"
+                    for m, deps in _graph().items() for d in deps
+                    if layer_of(d) > layer_of(m) and (m, d) not in UPWARD_DOORS)
+    assert upward == []
+
+
+def test_the_imports_have_no_cycle():
+    """No module reaches itself through its imports (the public door aside)."""
+    graph = {m: {d for d in deps if (m, d) not in UPWARD_DOORS} for m, deps in _graph().items()}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                cycles.append(" -> ".join(path[path.index(d):] + [m, d]) if d in path else f"{m} -> {d}")
+            elif d not in state:
+                visit(d, path + [m])
+        state[m] = 2
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
+    assert cycles == []
+
+
+def test_the_direction_rules_catch_an_upward_import(tmp_path, monkeypatch):
+    """The rules see a spine module importing the HTTP API."""
+    fake = {**_graph(), "engine.decide": _graph()["engine.decide"] | {"engine.http.app"}}
+    monkeypatch.setattr(sys.modules[__name__], "_graph", lambda: fake)
+    with pytest.raises(AssertionError):
+        test_no_module_imports_a_layer_above_its_own()
+    fake["engine.http.app"] = fake["engine.http.app"] | {"engine.tools.quality"}
+    fake["engine.tools.quality"] = fake["engine.tools.quality"] | {"engine.http.app"}
+    with pytest.raises(AssertionError):
+        test_the_imports_have_no_cycle()

@@ -1,0 +1,85 @@
+"""What the tests share besides fixtures (tests/conftest.py holds those): the families,
+the data folder, the shared repository's limits, the parity texts, and helpers for
+windows, ports, processes and the HTTP API. Test modules import from here, never from
+conftest or from each other."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from pathlib import Path
+
+FAMILY_NAMES = ["provence", "xprovence", "open_provence", "opensearch", "embedding"]
+
+#: the small data the tests need, carried by the repository (tests/data/README.md: sources, licence, canary)
+DATA = Path(__file__).resolve().parent / "data"
+
+#: The shared test repository: small core batches (calls get split) and small text-model
+#: limits (calls get chunked), so those paths run on tiny inputs.
+CORE_MAX_BATCH = 16
+TEXT_MAX_PASSAGES = 50
+TEXT_MAX_CHARS = 60_000
+
+
+#: The texts the parity tests (and the precision, Triton and hardening tests) run
+QUESTION = "What goes on the bottom of the pie?"
+PASSAGES = [
+    "Shepherd's pie. In early cookery books, the dish was a means of using leftover roasted meat. "
+    "The pie dish was lined on the sides and bottom with mashed potato, as well as having a crust on top.",
+    "Paris is the capital of France.",
+    "北京是中国的首都。上海是一个大城市！The museum opened a new exhibition about ancient Egypt.",
+    " ".join(f"Sentence {i} is about the price of {i}.50 dollars in 2020, said Dr. Smith." for i in range(45)),
+    "one single sentence without any punctuation " * 60,   # longer than a window: pieces
+    "Short.",
+]
+
+
+def with_window(pruner, max_length: int, **batching):
+    """The same model and backend with a smaller window (forces multi-block passages)."""
+    from engine.batching import BatchingConfig
+    from engine.pruner import Pruner
+    spec = dataclasses.replace(pruner.spec, max_length=max_length)
+    return Pruner(pruner.backend, pruner.encoder.tokenizer, spec,
+                  BatchingConfig(**batching) if batching else None, min_context_tokens=16)
+
+
+def processes_under(path) -> dict[int, str]:
+    """pid -> command line of every process (but this one) that names `path`: a
+    tritonserver serving a repository there, or its python-backend stubs."""
+    import re
+    me, out = os.getpid(), {}
+    needle = re.compile(re.escape(str(path)) + r"(?=/|\s|$)")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = next((line for line in (entry / "status").read_text().splitlines()
+                          if line.startswith("State:")), "")
+        except OSError:
+            continue
+        if needle.search(cmd) and "zombie" not in state:
+            out[int(entry.name)] = cmd
+    return out
+
+
+def free_ports(n):
+    """n free loopback ports (a server started right after binds them)."""
+    import socket
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@contextlib.contextmanager
+def serve_api(pruner, config=None):
+    """The app on a free loopback port, in a thread; yields its base URL."""
+    from engine.http.app import ApiConfig, create_app
+    from engine.http.server import ApiThread
+    (port,) = free_ports(1)
+    with ApiThread(create_app(pruner, config or ApiConfig()), port=port) as api:
+        yield api.url
