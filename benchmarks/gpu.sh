@@ -7,11 +7,11 @@
 # fp16 peak, and each graph's largest difference from the fp32 PyTorch reference.
 #
 # Usage (from the repository root):  WHEELS=/path/to/wheels benchmarks/gpu.sh [OUT_DIR]
-#   WHEELS   a folder of wheels, searched recursively (each upload may bring its piece in a
-#            folder of its own), installed without an index (--no-index --no-deps --no-compile)
-#            into WORK/site, ahead of site-packages: onnxruntime-gpu (the CUDA 13 build, 1.31.1)
-#            and what the machine lacks (onnx, ml_dtypes, nupunkt). Files split for small
-#            uploads (split -b 60m X.whl X.whl.part-) are joined first, wherever the pieces are.
+#   WHEELS   offline: a folder of wheels, searched recursively, installed without an index
+#            (--no-index --no-deps --no-compile) into WORK/site, ahead of site-packages: what the
+#            machine lacks (onnxruntime-gpu, nupunkt, onnx, ...). Wheels split for a size-limited
+#            transfer (split -b 50m X.whl X.whl.part-) are joined first, wherever the pieces are.
+#            Without WHEELS the script runs with what is installed (pip install -e ".[gpu,export]").
 #   GPU_WORK  where the packages, the models and the logs' working copies go (default: a new
 #            folder under /tmp): never OUT_DIR, which gets only the results, at most 8 files
 #            (gpu.json, gpu.md, gpu.png, bench.json, bench.md, results.tar.gz with every log and

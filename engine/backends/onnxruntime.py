@@ -21,7 +21,7 @@ ARENA_MODES = ("shrink", "keep", "off")
 #: "shrink" shrinks the arena after a batch of more than this many padded tokens only:
 #: smaller batches keep the arena they grew (401 MB after an 8 x 512 batch of the default
 #: INT8 model), for shrinking after each of them cost a fifth of the RAG workload's speed
-#: (docs/limits.md, docs/performance.md).
+#: (docs/limits.md; the study: benchmarks/README.md).
 SHRINK_ABOVE_TOKENS = 4096
 
 
