@@ -12,13 +12,13 @@ import argparse
 import os
 import sys
 
-from engine.cli import (api, ask, bench, eval, export, fidelity, index, repository, run, serve,
+from engine.cli import (api, ask, bench, capacity, eval, export, fidelity, index, repository, run, serve,
                         test_checkpoint)
 from engine.errors import PruneError
 
 #: the subcommands, in `prune --help`'s order: one module each, the command's flags beside
 #: its handler (`add(new)` makes its parser, `run(args)` runs it)
-COMMANDS = (export, run, eval, fidelity, repository, api, serve, bench, index, ask, test_checkpoint)
+COMMANDS = (export, run, eval, fidelity, repository, api, serve, bench, capacity, index, ask, test_checkpoint)
 
 
 def build_parser() -> argparse.ArgumentParser:
