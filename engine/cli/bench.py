@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+from engine.cli.common import add_setting
+
 
 def add(new) -> None:
     """`prune bench`'s flags."""
@@ -31,6 +33,11 @@ def add(new) -> None:
     b.add_argument("--no-perf-analyzer", action="store_true", help="skip perf_analyzer (with --triton)")
     b.add_argument("--replicas", type=int, default=1,
                    help="with --triton: start this many servers and also measure one client over all of them")
+    b.add_argument("--server", help="measure an existing Triton deployment: host:port (gRPC), its text model "
+                                    "(--text-model) at concurrency 1/4/16; alone, only its paths run")
+    add_setting(b, "text_model")
+    b.add_argument("--api", help="measure an existing HTTP API (prune api, prune serve): its URL, TEI's /rerank "
+                                 "at concurrency 1/4/16; alone, only its paths run")
     b.add_argument("--out", default="benchmarks/results", help="folder for the bench-DATE results")
     b.set_defaults(func=run)
 
@@ -54,7 +61,8 @@ def run(args) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     report = bench(models, checkpoint, Path(args.data), args.queries, args.repeats, args.threads,
                    args.triton, log=log, out_dir=out_dir, only=args.paths, text_instances=args.text_instances,
-                   perf=not args.no_perf_analyzer, replicas=args.replicas, device=args.device)
+                   perf=not args.no_perf_analyzer, replicas=args.replicas, device=args.device,
+                   server_url=args.server, text_model=args.text_model or "default_text", api_url=args.api)
     command = shlex.join(["prune", *sys.argv[1:]])
     report["command"] = command
     (out_dir / "bench.json").write_text(json.dumps(report, indent=2) + "\n")

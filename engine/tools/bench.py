@@ -58,9 +58,15 @@ from engine.tools.quality import load_rag_data
 def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: int, repeats: int,
           threads: int | None, triton: bool, concurrencies=(1, 4, 16), log=print,
           out_dir: Path | None = None, only: str | None = None, text_instances: int = 4,
-          perf: bool = True, replicas: int = 1, device: str = "cpu") -> dict[str, Any]:
+          perf: bool = True, replicas: int = 1, device: str = "cpu", server_url: str | None = None,
+          text_model: str = "default_text", api_url: str | None = None) -> dict[str, Any]:
     """Every path side by side (see the module docstring); `only`: a regular expression,
     the paths whose names match it (a focused A/B with more repeats).
+
+    An existing deployment: `server_url` (a Triton server, host:port; its text model
+    `text_model` over gRPC) and `api_url` (the HTTP API, TEI's /rerank) add the paths
+    `deployment-text-grpc cN` and `deployment-api cN`; with either and no `only`, only the
+    deployment's paths run (the local model still gives the workload's token counts).
 
     `device="cuda"`: the same workload on the GPU: PyTorch fp32 (unbatched reference and
     batched) and fp16 batched, ONNX Runtime's CUDA provider with IO binding on the fp32
@@ -73,6 +79,8 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
     if device == "cuda" and triton:
         raise ValueError("--triton serves the CPU repository: on a GPU, build one with prune repository "
                          "--target gpu and serve it in NVIDIA's container (docs/triton.md)")
+    if (server_url or api_url) and only is None:
+        only = "^deployment-"
     qs = load_rag_data(data, queries)
     n_passages = sum(len(q.passages) for q in qs)
     paths: dict[str, Callable[[PathResult], float]] = {}
@@ -82,7 +90,7 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
     sorted_batches = workload_batches(fp32, qs)
     tokens = sum(int(b.attention_mask.sum()) for b in sorted_batches)
     on = "" if device == "cpu" else "-cuda"
-    if checkpoint:
+    if checkpoint and wanted(only, ["torch-unbatched (reference)", "torch-batched", "torch-batched fp16", "peer: "]):
         ref = Pruner.load(checkpoint, backend="torch", threads=threads, device=device,
                           batching=BatchingConfig(max_batch_size=1, strategy="fixed"))
         batched = Pruner.load(checkpoint, backend="torch", threads=threads, device=device)
@@ -179,6 +187,14 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
                 def ip_api(r, c=c):
                     return run_concurrent(lambda: RerankClient(ip_url), qs, c, r)
                 paths[f"api-in-process c{c} (int8)"] = ip_api
+    for c in concurrencies if server_url else ():     # an existing Triton deployment's text model
+        def deployed(r, c=c):
+            return run_concurrent(lambda: Pruner.connect(server_url, text_model), qs, c, r)
+        paths[f"deployment-text-grpc c{c}"] = deployed
+    for c in concurrencies if api_url else ():        # an existing HTTP API (TEI's /rerank)
+        def deployed_api(r, c=c):
+            return run_concurrent(lambda: RerankClient(api_url), qs, c, r)
+        paths[f"deployment-api c{c}"] = deployed_api
     if only:
         paths = {k: v for k, v in paths.items() if re.search(only, k)}
         if not paths:
@@ -219,7 +235,8 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
                      "device": device,
                      "repeats": repeats, "threads": threads, "models": {k: str(v) for k, v in models.items()},
                      "checkpoint": checkpoint, "only": only, "text_instances": text_instances,
-                     "replicas": replicas,
+                     "replicas": replicas, "server": server_url, "text_model": text_model if server_url else None,
+                     "api": api_url,
                      "buckets": list(fp32.batching.buckets_for(fp32.spec.max_length)),
                      "max_batch_tokens": fp32.batching.max_batch_tokens},
         "paths": rows,

@@ -27,7 +27,9 @@ def path_figures(report: dict, prefix: str) -> dict[str, float]:
     if not rows:
         names = sorted({r["path"] for r in report["paths"]})
         raise InputError(f"no path starting with {prefix!r} c in the report; paths: {names}")
-    c1 = next(r for r in rows if r["path"].startswith(prefix + " c1 "))
+    c1 = next((r for r in rows if r["path"] == prefix + " c1" or r["path"].startswith(prefix + " c1 ")), None)
+    if c1 is None:
+        raise InputError(f"the report has no {prefix!r} c1 path: the concurrency-1 latency is the model's input")
     mu = max(queries / r["seconds_median"] for r in rows)
     s50, s99 = c1["p50_ms"] / 1000, c1["p99_ms"] / 1000
     cs2 = ((s99 - s50) / 2.33 * mu) ** 2

@@ -294,3 +294,20 @@ def test_the_old_flag_name_still_works_and_says_its_new_name(capsys):
         assert args.text_model == "m_text"
         assert "--server-model is deprecated; use --text-model" in capsys.readouterr().err
         assert build_parser().parse_args([*command, "--text-model", "n_text"]).text_model == "n_text"
+
+
+def test_bench_measures_an_existing_deployment(exported, server, tiny_data, tmp_path, capsys):
+    """--server (a Triton text model) and --api (an HTTP API) measure what is already
+    running, and alone they run only the deployment's paths."""
+    from engine.pruner import Pruner
+    from tests.utils import serve_api
+    with serve_api(Pruner.load(exported["xprovence"], threads=1)) as url:
+        assert main(["bench", "--data", str(tiny_data / "rag.jsonl"), "--model", str(exported["xprovence"]),
+                     "--server", server.grpc_url, "--text-model", "xprovence_text", "--api", url,
+                     "--queries", "2", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    report = json.loads(next(tmp_path.glob("bench-*/bench.json")).read_text())
+    names = [r["path"] for r in report["paths"]]
+    assert names == [f"deployment-text-grpc c{c}" for c in (1, 4, 16)] + [f"deployment-api c{c}" for c in (1, 4, 16)]
+    assert all(r["passages_per_s"] > 0 and r["p50_ms"] > 0 for r in report["paths"])
+    assert report["settings"]["server"] == server.grpc_url and report["settings"]["api"] == url
+    capsys.readouterr()

@@ -51,6 +51,10 @@ def test_replicas_grow_with_the_rate_keep_a_spare_and_meet_the_budget():
     assert f["s99"] + p99_wait(rho, f["mu"], f["cs2"]) == pytest.approx(1.5, abs=1e-6)
     with pytest.raises(InputError, match="no path starting with 'nope'"):
         path_figures(_report(), "nope")
+    deployed = _report()                     # prune bench --server names its rows without a precision
+    for r in deployed["paths"]:
+        r["path"] = r["path"].replace("triton-text-grpc", "deployment-text-grpc").replace(" (int8)", "")
+    assert path_figures(deployed, "deployment-text-grpc")["mu"] == pytest.approx(2.0)
 
 
 def test_the_command_prints_what_docs_scaling_shows(capsys, monkeypatch):
