@@ -27,8 +27,9 @@ def add(new) -> None:
     b.add_argument("--threads", type=int, help="intra-op threads (default: all cores)")
     b.add_argument("--triton", action="store_true", help="also serve the model with tritonserver and "
                    "measure gRPC/HTTP at concurrency 1/4/16 and perf_analyzer")
-    b.add_argument("--paths", help="only the paths whose names match this regular expression "
-                   "(e.g. 'c16' for a focused comparison with more repeats)")
+    b.add_argument("--paths", help="only the paths whose names or ids match this regular expression "
+                   "(e.g. 'c16' for a focused comparison with more repeats; ids are the names in lower "
+                   "case with '-' for the rest: triton-text-grpc-c16-int8)")
     b.add_argument("--text-instances", type=int, default=4, help="instances of the served text model (default 4)")
     b.add_argument("--no-perf-analyzer", action="store_true", help="skip perf_analyzer (with --triton)")
     b.add_argument("--replicas", type=int, default=1,

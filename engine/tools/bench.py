@@ -25,7 +25,6 @@ Timings are never asserted in tests; they are printed with the machine and setti
 from __future__ import annotations
 
 import json
-import re
 import statistics
 import subprocess
 import tempfile
@@ -48,6 +47,7 @@ from engine.tools.measure import (
     run_sequential,
     start_api,
     text_input_data,
+    selects,
     wanted,
     workload_batches,
 )
@@ -196,7 +196,7 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
             return run_concurrent(lambda: RerankClient(api_url), qs, c, r)
         paths[f"deployment-api c{c}"] = deployed_api
     if only:
-        paths = {k: v for k, v in paths.items() if re.search(only, k)}
+        paths = {k: v for k, v in paths.items() if selects(only, k)}
         if not paths:
             raise ValueError(f"no benchmark path matches {only!r}")
     results = {name: PathResult(name, passages=n_passages, tokens=tokens) for name in paths}

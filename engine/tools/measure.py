@@ -34,7 +34,7 @@ class PathResult:
         """The path's row: medians, spread and its speed against `baseline`."""
         t = statistics.median(self.seconds)
         lat = np.array(self.latencies) * 1000
-        return {"path": self.name, "seconds_median": t, "seconds": self.seconds,
+        return {"path": self.name, "id": path_id(self.name), "seconds_median": t, "seconds": self.seconds,
                 "passages_per_s": self.passages / t, "tokens_per_s": self.tokens / t,
                 "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)),
                 "p99_ms": float(np.percentile(lat, 99)),
@@ -179,9 +179,22 @@ class RerankClient:
         self._conn.close()
 
 
+def path_id(name: str) -> str:
+    """A path's id: its name in lower case, every run of other characters one '-'
+    ("triton-text-grpc c16 (int8)" -> "triton-text-grpc-c16-int8"); stable across
+    reports, safe in a shell and a file name."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def selects(only: str | None, name: str) -> bool:
+    """Whether --paths (a regular expression) keeps the path `name`: it matches the
+    path's name or its id."""
+    return not only or bool(re.search(only, name) or re.search(only, path_id(name)))
+
+
 def wanted(only: str | None, names: list[str]) -> bool:
     """Whether --paths keeps any of these paths (a server is started only for paths run)."""
-    return not only or any(re.search(only, n) for n in names)
+    return not only or any(selects(only, n) for n in names)
 
 
 def start_api(args: list[str], log=print, timeout: float = 300.0) -> tuple[subprocess.Popen, str]:

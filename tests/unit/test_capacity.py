@@ -76,3 +76,17 @@ def test_a_bad_bench_file_is_a_clear_error(tmp_path, capsys):
     good.write_text(json.dumps(_report()))
     assert main(["capacity", "--bench", str(good), "--p99", "0"]) == 2
     assert "must be positive" in capsys.readouterr().err
+
+
+def test_bench_paths_have_stable_ids_and_paths_selects_by_either():
+    from engine.tools.measure import path_id, selects, wanted
+    assert path_id("triton-text-grpc c16 (int8)") == "triton-text-grpc-c16-int8"
+    assert path_id("onnxruntime-fp32, fixed batches of 8 in input order") == \
+        "onnxruntime-fp32-fixed-batches-of-8-in-input-order"
+    assert path_id("peer: fastembed (ONNX Runtime int8 dynamic, per-tensor weights; embed + cosine, no decisions)") \
+        .startswith("peer-fastembed-onnx-runtime-int8")
+    assert selects("^triton-text-grpc-c16-int8$", "triton-text-grpc c16 (int8)")      # by id
+    assert selects("text-grpc c16", "triton-text-grpc c16 (int8)")                    # by name
+    assert not selects("^onnxruntime-int8$", "onnxruntime-int8 in-process c4")
+    assert selects(None, "anything") and wanted(None, [])
+    assert not wanted("c16", ["triton-grpc c1 (int8)", "triton-grpc c4 (int8)"])
