@@ -70,13 +70,18 @@ def check_fields(row: Any, fields: tuple[str, ...], path: str | Path, number: in
     return row
 
 
+def _records(path: str | Path, limit: int | None, fields: tuple[str, ...]) -> Iterable[tuple[int, dict[str, Any]]]:
+    """(index, record) of the first `limit` records of `path`, each checked for `fields`."""
+    for i, row in enumerate(read_jsonl(path)):
+        if limit is not None and i >= limit:
+            return
+        yield i, check_fields(row, fields, path, i + 1)
+
+
 def load_prune_data(path: str | Path, limit: int | None = None) -> list[PruneSample]:
     """The samples of a prune-shaped JSONL file."""
     out = []
-    for i, row in enumerate(read_jsonl(path)):
-        if limit is not None and i >= limit:
-            break
-        check_fields(row, PRUNE_FIELDS, path, i + 1)
+    for i, row in _records(path, limit, PRUNE_FIELDS):
         spans = [(int(s), int(e)) for s, e in row["sentences"]]
         labels = np.asarray(row["labels"], dtype=bool)
         if len(spans) != len(labels):
@@ -89,10 +94,7 @@ def load_prune_data(path: str | Path, limit: int | None = None) -> list[PruneSam
 def load_rag_data(path: str | Path, limit: int | None = None) -> list[RagSample]:
     """The samples of a RAG-shaped JSONL file (gold an index or a list)."""
     out = []
-    for i, row in enumerate(read_jsonl(path)):
-        if limit is not None and i >= limit:
-            break
-        check_fields(row, RAG_FIELDS, path, i + 1)
+    for i, row in _records(path, limit, RAG_FIELDS):
         passages = list(row["passages"])
         gold = row["gold"]
         gold = [int(g) for g in gold] if isinstance(gold, list) else [int(gold)]
