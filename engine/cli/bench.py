@@ -32,6 +32,8 @@ def add(new) -> None:
                    "case with '-' for the rest: triton-text-grpc-c16-int8)")
     b.add_argument("--text-instances", type=int, default=4, help="instances of the served text model (default 4)")
     b.add_argument("--no-perf-analyzer", action="store_true", help="skip perf_analyzer (with --triton)")
+    b.add_argument("--perf-analyzer", metavar="PATH", help="Triton's perf_analyzer binary (default: beside this "
+                   "Python, then on PATH; docs/installing.md says how to install it apart)")
     b.add_argument("--replicas", type=int, default=1,
                    help="with --triton: start this many servers and also measure one client over all of them")
     b.add_argument("--server", help="measure an existing Triton deployment: host:port (gRPC), its text model "
@@ -40,12 +42,14 @@ def add(new) -> None:
     b.add_argument("--api", help="measure an existing HTTP API (prune api, prune serve): its URL, TEI's /rerank "
                                  "at concurrency 1/4/16; alone, only its paths run")
     b.add_argument("--out", default="benchmarks/results", help="folder for the bench-DATE results")
+    b.add_argument("--list", action="store_true", help="list the paths these flags make possible (id, group, "
+                   "name) and exit, measuring nothing")
     b.set_defaults(func=run)
 
 
 def run(args) -> int:
     """Run `prune bench`; the exit status."""
-    from engine.tools.bench import bench
+    from engine.tools.bench import BenchOptions, bench, registry, select
     from engine.tools.bench_report import markdown, plot
     from engine.default_model import default_checkpoint, ensure_default_model
     log = args.log
@@ -58,12 +62,20 @@ def run(args) -> int:
     if args.fp16 or (args.device == "cuda" and not args.model):
         models["fp16"] = Path(args.fp16) if args.fp16 else ensure_default_model(log, precision="fp16")
     checkpoint = args.checkpoint or (None if args.model else default_checkpoint())
+    options = BenchOptions(models=models, data=Path(args.data), checkpoint=checkpoint, queries=args.queries,
+                           repeats=args.repeats, threads=args.threads, triton=args.triton, only=args.paths,
+                           text_instances=args.text_instances, perf=not args.no_perf_analyzer,
+                           perf_analyzer=args.perf_analyzer, replicas=args.replicas, device=args.device,
+                           server_url=args.server, text_model=args.text_model or "default_text", api_url=args.api)
+    if args.list:
+        from engine.spec import Manifest
+        family = Manifest.read(models["fp32"]).family
+        for p in select(registry(options, family), args.paths):
+            print(f"{p.id:48} {p.group:11} {p.name}")
+        return 0
     out_dir = Path(args.out) / time.strftime("bench-%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
-    report = bench(models, checkpoint, Path(args.data), args.queries, args.repeats, args.threads,
-                   args.triton, log=log, out_dir=out_dir, only=args.paths, text_instances=args.text_instances,
-                   perf=not args.no_perf_analyzer, replicas=args.replicas, device=args.device,
-                   server_url=args.server, text_model=args.text_model or "default_text", api_url=args.api)
+    report = bench(options, log=log, out_dir=out_dir)
     command = shlex.join(["prune", *sys.argv[1:]])
     report["command"] = command
     (out_dir / "bench.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -1,245 +1,420 @@
-"""Speed of every path, side by side, on the RAG workload (`prune bench`).
+"""`prune bench`: the speed of every path, side by side, on a RAG workload.
 
-Each query of `squad-dev-rag.jsonl` (a question and up to 20 passages) is one call of
-the full pipeline: sentence splitting, tokenization, model, decisions. Paths, measured in
-one run, interleaved over repeats, reported as medians:
+Built in three parts:
 
-- torch-unbatched: the fp32 PyTorch reference run the way users run Provence today, one
-  passage per forward, no sorting (the baseline of the ratios);
-- torch-batched: the same module with the engine's sorted token-budget batching;
-- onnxruntime-fp32 / onnxruntime-int8: the exported graphs in-process;
-- triton-grpc / triton-http at concurrency 1, 4, 16 (with --triton): the CPU repository
-  served by a local tritonserver, the Python client tokenizing;
-- with --replicas N: the same two over N servers through one multi-endpoint client;
-- triton-text-grpc at concurrency 1, 4, 16: the text model (text in, everything on the
-  server); and Triton's own perf_analyzer on the core and on the text model;
-- api-text-grpc at concurrency 1, 4, 16: the HTTP API (`prune api`, its own process) in
-  front of that text model, called on TEI's /rerank over keep-alive connections;
-- onnxruntime-int8 in-process c1/c4/c16: one Pruner shared by every client thread, as a
-  service shares it; api-in-process c1/c4/c16: `prune api --model` on that INT8 folder.
+- **the registry** (`registry`): every path the options make possible, each a `BenchPath`
+  with a stable id, a group and a `start` that builds what it needs (a Pruner, a
+  tritonserver, a `prune api` process) only when the path is selected;
+- **the runner** (`measure`): starts the selected paths, then runs them interleaved over
+  the repeats (`engine.tools.harness.interleave`) so that drift hits them alike;
+- **the report** (`report`): medians, latencies, the machine, the batching ablation,
+  the client's share, bytes per passage, perf_analyzer and each path's share of this
+  machine's GEMM rate (`bench_report` writes it as markdown and a chart).
 
-Also: where the time goes (client work vs model), the batching ablation (sorted token
-budget vs fixed-size batches in input order), and the bytes per passage leaving the core.
+Each query of the data (a question and its passages) is one call of the full pipeline:
+sentence splitting, tokenization, model, decisions. The groups:
+
+- reference: `torch-unbatched (reference)` (the fp32 PyTorch module one passage per
+  forward, as users run Provence today: the ratios' baseline), `torch-batched`;
+- peer: fastembed fp32/int8 and sentence-transformers on the same checkpoint (embedding
+  family);
+- in-process: the exported graphs through ONNX Runtime, the batching ablation (fixed
+  batches of 8 in input order), and INT8 shared by 1/4/16 client threads;
+- triton (`--triton`): the CPU repository under a local tritonserver over gRPC and HTTP,
+  its text model, the HTTP API in front of it, and with `--replicas N` one client over N
+  servers; perf_analyzer on the core and the text model;
+- api: `prune api --model` on the INT8 folder, TEI's /rerank;
+- deployment (`--server`, `--api`): an existing deployment's text model and HTTP API.
+
 Timings are never asserted in tests; they are printed with the machine and settings.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
-import subprocess
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from engine.spec import Manifest
+from engine.tools.harness import interleave, machine_info
 from engine.tools.measure import (
     PathResult,
     RerankClient,
     SharedPruner,
     client_share,
     core_input_data,
-    machine_info,
     output_bytes,
     padding_share,
+    path_id,
     perf_analyzer,
     run_concurrent,
     run_sequential,
+    selects,
     start_api,
     text_input_data,
-    selects,
-    wanted,
     workload_batches,
 )
-from engine.tools.peers import call_texts, embedding_peers
+from engine.tools.peers import call_texts
 from engine.tools.quality import load_rag_data
 
+Runner = Callable[[PathResult], float]     # runs the workload once; its seconds
+GROUPS = ("reference", "peer", "in-process", "triton", "api", "deployment")
+PEERS = {"fastembed-fp32": "peer: fastembed (ONNX Runtime fp32, plain export; embed + cosine, no decisions)",
+         "fastembed-int8": "peer: fastembed (ONNX Runtime int8 dynamic, per-tensor weights; embed + cosine, "
+                           "no decisions)",
+         "sentence-transformers": "peer: sentence-transformers (torch fp32; encode + cosine, no decisions)"}
 
-def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: int, repeats: int,
-          threads: int | None, triton: bool, concurrencies=(1, 4, 16), log=print,
-          out_dir: Path | None = None, only: str | None = None, text_instances: int = 4,
-          perf: bool = True, replicas: int = 1, device: str = "cpu", server_url: str | None = None,
-          text_model: str = "default_text", api_url: str | None = None) -> dict[str, Any]:
-    """Every path side by side (see the module docstring); `only`: a regular expression,
-    the paths whose names match it (a focused A/B with more repeats).
 
-    An existing deployment: `server_url` (a Triton server, host:port; its text model
-    `text_model` over gRPC) and `api_url` (the HTTP API, TEI's /rerank) add the paths
-    `deployment-text-grpc cN` and `deployment-api cN`; with either and no `only`, only the
-    deployment's paths run (the local model still gives the workload's token counts).
+@dataclass(frozen=True)
+class BenchOptions:
+    """What `prune bench` measures: the models, the workload and which paths."""
+    models: dict[str, Path]                 # "fp32" (required), "int8", "fp16": exported folders
+    data: Path
+    checkpoint: str | None = None           # the PyTorch reference paths and the peers
+    queries: int = 30
+    repeats: int = 3
+    threads: int | None = None
+    triton: bool = False
+    concurrencies: tuple[int, ...] = (1, 4, 16)
+    only: str | None = None                 # a regular expression on names and ids
+    text_instances: int = 4
+    perf: bool = True
+    perf_analyzer: str | None = None        # the binary (default: beside the interpreter, then PATH)
+    replicas: int = 1
+    device: str = "cpu"
+    server_url: str | None = None
+    text_model: str = "default_text"
+    api_url: str | None = None
 
-    `device="cuda"`: the same workload on the GPU: PyTorch fp32 (unbatched reference and
-    batched) and fp16 batched, ONNX Runtime's CUDA provider with IO binding on the fp32
-    export and on `models["fp16"]` where given (INT8 is a CPU precision and is left out;
-    so is --triton, whose bench repository is the CPU one)."""
-    from engine.batching import BatchingConfig
-    from engine.pruner import Pruner
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be cpu or cuda, got {device!r}")
-    if device == "cuda" and triton:
-        raise ValueError("--triton serves the CPU repository: on a GPU, build one with prune repository "
-                         "--target gpu and serve it in NVIDIA's container (docs/triton.md)")
-    if (server_url or api_url) and only is None:
-        only = "^deployment-"
-    qs = load_rag_data(data, queries)
-    n_passages = sum(len(q.passages) for q in qs)
-    paths: dict[str, Callable[[PathResult], float]] = {}
-    peers: dict[str, Any] = {}
-    peer_dir = None
-    fp32 = Pruner.load(models["fp32"], threads=threads, device=device)
-    sorted_batches = workload_batches(fp32, qs)
-    tokens = sum(int(b.attention_mask.sum()) for b in sorted_batches)
-    on = "" if device == "cpu" else "-cuda"
-    if checkpoint and wanted(only, ["torch-unbatched (reference)", "torch-batched", "torch-batched fp16", "peer: "]):
-        ref = Pruner.load(checkpoint, backend="torch", threads=threads, device=device,
-                          batching=BatchingConfig(max_batch_size=1, strategy="fixed"))
-        batched = Pruner.load(checkpoint, backend="torch", threads=threads, device=device)
-        paths["torch-unbatched (reference)"] = lambda r: run_sequential(ref, qs, r, per_passage=True)
-        paths["torch-batched"] = lambda r: run_sequential(batched, qs, r)
-        if device == "cuda":
-            half = Pruner.load(checkpoint, backend="torch", threads=threads, device=device, dtype="float16")
-            paths["torch-batched fp16"] = lambda r: run_sequential(half, qs, r)
-        if fp32.family.name == "embedding" and wanted(only, ["peer: "]):
-            peer_dir = tempfile.TemporaryDirectory(prefix="prune-bench-peers-")
-            peers = embedding_peers(checkpoint, Path(peer_dir.name), device, threads, log)
-            for name, peer in peers.items():
-                paths[name] = lambda r, peer=peer: run_sequential(peer, qs, r)
-    fixed = Pruner.load(models["fp32"], threads=threads, device=device,
-                        batching=BatchingConfig(strategy="fixed", max_batch_size=8))
-    fixed_batches = workload_batches(fixed, qs)
-    paths[f"onnxruntime{on}-fp32"] = lambda r: run_sequential(fp32, qs, r)
-    paths[f"onnxruntime{on}-fp32, fixed batches of 8 in input order"] = lambda r: run_sequential(fixed, qs, r)
-    if "fp16" in models:
-        fp16 = Pruner.load(models["fp16"], threads=threads, device=device)
-        paths[f"onnxruntime{on}-fp16"] = lambda r: run_sequential(fp16, qs, r)
-    if device == "cuda":
-        models = {k: v for k, v in models.items() if k != "int8"}
-    if "int8" in models:
-        int8 = Pruner.load(models["int8"], threads=threads)
-        paths["onnxruntime-int8"] = lambda r: run_sequential(int8, qs, r)
-    server = None
-    apis: list[subprocess.Popen] = []
-    precision = 'int8' if 'int8' in models else 'fp32'
-    if triton:
+    def __post_init__(self):
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+        if self.device == "cuda" and self.triton:
+            raise ValueError("--triton serves the CPU repository: on a GPU, build one with prune repository "
+                             "--target gpu and serve it in NVIDIA's container (docs/triton.md)")
+        if self.repeats < 1 or self.queries < 1:
+            raise ValueError("--repeats and --queries must be at least 1")
+
+
+@dataclass
+class BenchPath:
+    """One path of the registry: its display name, group, how to start it, and which
+    graph, precision and batches its share of the machine's GEMM rate is computed on."""
+    name: str
+    group: str
+    start: Callable[["Session"], Runner | None]    # None: not measurable here (logged why)
+    graph: str | None = None          # a models key or a peer's id
+    precision: str = "fp32"
+    batches: str = "sorted"           # "sorted", "fixed" or "peer"
+
+    @property
+    def id(self) -> str:
+        """The path's stable id (`measure.path_id`)."""
+        return path_id(self.name)
+
+
+@dataclass
+class Session:
+    """What the selected paths share while they run, started on first use and closed
+    at the end: Pruners, tritonservers, `prune api` processes, the peers' exports."""
+    options: BenchOptions
+    queries: list
+    log: Callable[[str], None] = print
+    stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    _cache: dict[Any, Any] = field(default_factory=dict)
+
+    def started(self, key: Any) -> bool:
+        """Whether `key` (e.g. "servers", "peers") was started by a path."""
+        return key in self._cache
+
+    def once(self, key: Any, make: Callable[[], Any]) -> Any:
+        """`make()` the first time `key` is asked for, the same object after."""
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    def pruner(self, precision: str = "fp32", **kw) -> Any:
+        """An exported model in-process (`precision` a models key); `kw`: Pruner.load's."""
+        from engine.pruner import Pruner
+        o = self.options
+        device = "cpu" if precision == "int8" else o.device
+        return self.once(("pruner", precision, tuple(sorted(kw.items()))),
+                         lambda: Pruner.load(o.models[precision], threads=o.threads, device=device, **kw))
+
+    def torch(self, **kw) -> Any:
+        """The checkpoint through the PyTorch reference backend."""
+        from engine.pruner import Pruner
+        o = self.options
+        return self.once(("torch", tuple(sorted(kw.items()))),
+                         lambda: Pruner.load(o.checkpoint, backend="torch", threads=o.threads, device=o.device,
+                                             **kw))
+
+    def servers(self) -> list:
+        """The local tritonservers (`--replicas` of them) on the bench repository."""
+        return self.once("servers", self._start_servers)
+
+    def _start_servers(self) -> list:
         import socket
 
         from engine.triton.server import TritonServer
         from export.triton import RepositoryOptions, build_repository
-        repo = Path(tempfile.mkdtemp(prefix="prune-bench-repo-"))
-        build_repository(models.get("int8", models["fp32"]), repo,
+        o = self.options
+        repo = Path(self.stack.enter_context(tempfile.TemporaryDirectory(prefix="prune-bench-repo-")))
+        build_repository(o.models.get("int8", o.models["fp32"]), repo,
                          RepositoryOptions(target="cpu", name="bench", max_batch_size=64,
-                                           intra_op_threads=threads or 0, text_instances=text_instances),
+                                           intra_op_threads=o.threads or 0, text_instances=o.text_instances),
                          log=lambda m: None)
         servers = []
-        for _ in range(max(1, replicas)):
+        for _ in range(max(1, o.replicas)):
             ports = []
             for _ in range(3):
-                s = socket.socket()
-                s.bind(("127.0.0.1", 0))
-                ports.append(s.getsockname()[1])
-                s.close()
-            servers.append(TritonServer(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]))
-            servers[-1].start()
-        server = servers[0]
-        if replicas > 1:   # the same load through one multi-endpoint client over every replica
-            endpoints = [s.grpc_url for s in servers]
-            for c in concurrencies:
-                for model, label in (("bench", "triton-grpc"), ("bench_text", "triton-text-grpc")):
-                    def multi(r, c=c, model=model):
-                        return run_concurrent(lambda: Pruner.connect(endpoints, model), qs, c, r)
-                    paths[f"{label} {replicas} replicas c{c} ({precision})"] = multi
-        for proto in ("grpc", "http"):
-            url = server.grpc_url if proto == "grpc" else server.http_url
-            for c in concurrencies:
-                def runner(r, url=url, proto=proto, c=c):
-                    return run_concurrent(lambda: Pruner.connect(url, "bench", protocol=proto), qs, c, r)
-                paths[f"triton-{proto} c{c} ({'int8' if 'int8' in models else 'fp32'})"] = runner
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    ports.append(s.getsockname()[1])
+            server = TritonServer(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2])
+            server.start()
+            self.stack.callback(server.stop)
+            servers.append(server)
+        self.log(f"tritonserver x{len(servers)}: {', '.join(s.grpc_url for s in servers)}")
+        return servers
+
+    def api(self, args: list[str]) -> str:
+        """`prune api ARGS` as its own process; its URL."""
+        def start():
+            proc, url = start_api(args, self.log)
+            self.stack.callback(lambda: (proc.terminate(), proc.wait(60)))
+            return url
+        return self.once(("api", tuple(args)), start)
+
+    def peers(self) -> dict[str, Any]:
+        """The peers that install here, by id (their plain exports live until the end)."""
+        from engine.tools.peers import embedding_peers
+        o = self.options
+
+        def make():
+            folder = Path(self.stack.enter_context(tempfile.TemporaryDirectory(prefix="prune-bench-peers-")))
+            by_name = embedding_peers(o.checkpoint, folder, o.device, o.threads, self.log)
+            return {pid: by_name[name] for pid, name in PEERS.items() if name in by_name}
+        return self.once("peers", make)
+
+
+def _sequential(pruner_of: Callable[["Session"], Any], per_passage: bool = False):
+    def start(s: Session) -> Runner:
+        pruner = pruner_of(s)
+        return lambda r: run_sequential(pruner, s.queries, r, per_passage=per_passage)
+    return start
+
+
+def _concurrent(client_of: Callable[["Session"], Callable[[], Any]], c: int):
+    def start(s: Session) -> Runner:
+        make = client_of(s)
+        return lambda r: run_concurrent(make, s.queries, c, r)
+    return start
+
+
+def _peer(pid: str):
+    def start(s: Session) -> Runner | None:
+        peer = s.peers().get(pid)
+        if peer is None:
+            return None
+        return lambda r: run_sequential(peer, s.queries, r)
+    return start
+
+
+def _text_model(c: int):
+    def start(s: Session) -> Runner:
+        from engine.pruner import Pruner
+        server = s.servers()[0]
+
         def core_stats():
             import tritonclient.grpc as g
             st = g.InferenceServerClient(server.grpc_url).get_inference_statistics("bench").model_stats[0]
             return st.inference_stats.success.count, st.execution_count
 
-        for c in concurrencies:   # the text model: text in, everything on the server
-            def text_runner(r, c=c):
-                req0, exe0 = core_stats()
-                el = run_concurrent(lambda: Pruner.connect(server.grpc_url, "bench_text"), qs, c, r)
-                req1, exe1 = core_stats()
-                r.extra = {"core_requests": req1 - req0, "core_executions": exe1 - exe0}
-                return el
-            paths[f"triton-text-grpc c{c} ({precision})"] = text_runner
-        if wanted(only, [f"api-text-grpc c{c} ({precision})" for c in concurrencies]):
-            api_proc, api_url = start_api(["--server", server.grpc_url, "--text-model", "bench_text"], log)
-            apis.append(api_proc)
-            for c in concurrencies:   # the HTTP API in front of the same text model
-                def api_runner(r, c=c):
-                    return run_concurrent(lambda: RerankClient(api_url), qs, c, r)
-                paths[f"api-text-grpc c{c} ({precision})"] = api_runner
-    if "int8" in models:
-        for c in concurrencies:   # one Pruner shared by the client threads, as a service shares it
-            def ip(r, c=c):
-                return run_concurrent(lambda: SharedPruner(int8), qs, c, r)
-            paths[f"onnxruntime-int8 in-process c{c}"] = ip
-        ip_args = ["--model", str(models["int8"])] + (["--threads", str(threads)] if threads else [])
-        if wanted(only, [f"api-in-process c{c} (int8)" for c in concurrencies]):
-            ip_proc, ip_url = start_api(ip_args, log)
-            apis.append(ip_proc)
-            for c in concurrencies:
-                def ip_api(r, c=c):
-                    return run_concurrent(lambda: RerankClient(ip_url), qs, c, r)
-                paths[f"api-in-process c{c} (int8)"] = ip_api
-    for c in concurrencies if server_url else ():     # an existing Triton deployment's text model
-        def deployed(r, c=c):
-            return run_concurrent(lambda: Pruner.connect(server_url, text_model), qs, c, r)
-        paths[f"deployment-text-grpc c{c}"] = deployed
-    for c in concurrencies if api_url else ():        # an existing HTTP API (TEI's /rerank)
-        def deployed_api(r, c=c):
-            return run_concurrent(lambda: RerankClient(api_url), qs, c, r)
-        paths[f"deployment-api c{c}"] = deployed_api
-    if only:
-        paths = {k: v for k, v in paths.items() if selects(only, k)}
-        if not paths:
-            raise ValueError(f"no benchmark path matches {only!r}")
-    results = {name: PathResult(name, passages=n_passages, tokens=tokens) for name in paths}
-    try:
-        for rep in range(repeats):   # interleaved: drift hits every path alike
-            for name, fn in paths.items():
-                el = fn(results[name])
-                results[name].seconds.append(el)
-                log(f"repeat {rep + 1}/{repeats} {name}: {el:.2f} s")
-        pa = None
-        if server is not None and out_dir is not None and perf:
-            log("perf_analyzer ...")
-            pa = {"bench": perf_analyzer(server.grpc_url, "bench", core_input_data(int8 if "int8" in models else fp32,
-                                                                                 qs), concurrencies, out_dir),
-                  "bench_text": perf_analyzer(server.grpc_url, "bench_text", text_input_data(qs), concurrencies,
-                                              out_dir)}
-    finally:
-        for proc in apis:
-            proc.terminate()
-            proc.wait(60)
-        if server is not None:
-            for s in servers:
-                s.stop()
-    base_name = "torch-unbatched (reference)" if checkpoint else f"onnxruntime{on}-fp32"
-    base = statistics.median(results[base_name].seconds) if base_name in results else None
-    batched_t = statistics.median(results["torch-batched"].seconds) if "torch-batched" in results else None
+        def run(r: PathResult) -> float:
+            req0, exe0 = core_stats()
+            el = run_concurrent(lambda: Pruner.connect(server.grpc_url, "bench_text"), s.queries, c, r)
+            req1, exe1 = core_stats()
+            r.extra = {"core_requests": req1 - req0, "core_executions": exe1 - exe0}
+            return el
+        return run
+    return start
+
+
+def _triton_core(proto: str, replicas: bool = False, model: str = "bench"):
+    def client_of(s: Session) -> Callable[[], Any]:
+        from engine.pruner import Pruner
+        if replicas:         # one multi-endpoint client over every replica
+            urls = [x.grpc_url for x in s.servers()]
+            return lambda: Pruner.connect(urls, model)
+        url = getattr(s.servers()[0], f"{proto}_url")
+        return lambda: Pruner.connect(url, model, protocol=proto)
+    return client_of
+
+
+def _rerank(args: Callable[[Session], list[str]] | None = None, url: str | None = None):
+    def client_of(s: Session) -> Callable[[], Any]:
+        where = url or s.api(args(s))
+        return lambda: RerankClient(where)
+    return client_of
+
+
+def _shared(precision: str):
+    def client_of(s: Session) -> Callable[[], Any]:
+        pruner = s.pruner(precision)
+        return lambda: SharedPruner(pruner)
+    return client_of
+
+
+def _deployed(url: str, model: str):
+    def client_of(s: Session) -> Callable[[], Any]:
+        from engine.pruner import Pruner
+        return lambda: Pruner.connect(url, model)
+    return client_of
+
+
+def registry(o: BenchOptions, family: str) -> list[BenchPath]:
+    """Every path these options make possible, in report order; nothing is started."""
+    from engine.batching import BatchingConfig
+    on = "" if o.device == "cpu" else "-cuda"
+    cs = o.concurrencies
+    int8 = "int8" in o.models and o.device == "cpu"
+    precision = "int8" if "int8" in o.models else "fp32"
+    unbatched = BatchingConfig(max_batch_size=1, strategy="fixed")
+    fixed = BatchingConfig(strategy="fixed", max_batch_size=8)
+    paths: list[BenchPath] = []
+    if o.checkpoint:
+        paths += [BenchPath("torch-unbatched (reference)", "reference",
+                            _sequential(lambda s: s.torch(batching=unbatched), per_passage=True)),
+                  BenchPath("torch-batched", "reference", _sequential(lambda s: s.torch()), "fp32")]
+        if o.device == "cuda":
+            paths.append(BenchPath("torch-batched fp16", "reference", _sequential(lambda s: s.torch(dtype="float16"))))
+        if family == "embedding":
+            paths += [BenchPath(name, "peer", _peer(pid), pid, "int8" if pid.endswith("int8") else "fp32", "peer")
+                      for pid, name in PEERS.items()]
+    paths += [BenchPath(f"onnxruntime{on}-fp32", "in-process", _sequential(lambda s: s.pruner("fp32")), "fp32"),
+              BenchPath(f"onnxruntime{on}-fp32, fixed batches of 8 in input order", "in-process",
+                        _sequential(lambda s: s.pruner("fp32", batching=fixed)), "fp32", batches="fixed")]
+    if "fp16" in o.models:
+        paths.append(BenchPath(f"onnxruntime{on}-fp16", "in-process", _sequential(lambda s: s.pruner("fp16"))))
+    if int8:
+        paths.append(BenchPath("onnxruntime-int8", "in-process", _sequential(lambda s: s.pruner("int8")),
+                               "int8", "int8"))
+    if o.triton:
+        if o.replicas > 1:
+            paths += [BenchPath(f"{label} {o.replicas} replicas c{c} ({precision})", "triton",
+                                _concurrent(_triton_core("grpc", True, model), c))
+                      for c in cs for model, label in (("bench", "triton-grpc"), ("bench_text", "triton-text-grpc"))]
+        paths += [BenchPath(f"triton-{proto} c{c} ({precision})", "triton", _concurrent(_triton_core(proto), c))
+                  for proto in ("grpc", "http") for c in cs]
+        paths += [BenchPath(f"triton-text-grpc c{c} ({precision})", "triton", _text_model(c)) for c in cs]
+        in_front = _rerank(lambda s: ["--server", s.servers()[0].grpc_url, "--text-model", "bench_text"])
+        paths += [BenchPath(f"api-text-grpc c{c} ({precision})", "api", _concurrent(in_front, c)) for c in cs]
+    if int8:
+        paths += [BenchPath(f"onnxruntime-int8 in-process c{c}", "in-process", _concurrent(_shared("int8"), c))
+                  for c in cs]
+        args = ["--model", str(o.models["int8"])] + (["--threads", str(o.threads)] if o.threads else [])
+        paths += [BenchPath(f"api-in-process c{c} (int8)", "api", _concurrent(_rerank(lambda s: args), c))
+                  for c in cs]
+    if o.server_url:         # an existing Triton deployment's text model
+        paths += [BenchPath(f"deployment-text-grpc c{c}", "deployment",
+                            _concurrent(_deployed(o.server_url, o.text_model), c)) for c in cs]
+    if o.api_url:            # an existing HTTP API (TEI's /rerank)
+        paths += [BenchPath(f"deployment-api c{c}", "deployment", _concurrent(_rerank(url=o.api_url), c))
+                  for c in cs]
+    return paths
+
+
+def select(paths: list[BenchPath], only: str | None) -> list[BenchPath]:
+    """The paths whose name or id `only` matches (all when None); an error when none does."""
+    chosen = [p for p in paths if selects(only, p.name)]
+    if not chosen:
+        raise ValueError(f"no benchmark path matches {only!r}; `prune bench --list` shows them")
+    return chosen
+
+
+def measure(session: Session, paths: list[BenchPath], repeats: int) -> dict[str, PathResult]:
+    """Start the paths (a path that cannot run here is logged and left out), then run them
+    interleaved over `repeats`; each measured path's result."""
+    runners: dict[str, Runner] = {}
+    for p in paths:
+        session.log(f"starting {p.id} ...")
+        runner = p.start(session)
+        if runner is None:
+            session.log(f"{p.id}: not measured here")
+            continue
+        runners[p.name] = runner
+    n_passages = sum(len(q.passages) for q in session.queries)
+    tokens = session.once("tokens", lambda: sum(int(b.attention_mask.sum())
+                                                  for b in workload_batches(session.pruner("fp32"), session.queries)))
+    results = {name: PathResult(name, passages=n_passages, tokens=tokens) for name in runners}
+
+    def timed(name: str) -> Callable[[], float]:
+        return lambda: runners[name](results[name])
+    for name, seconds in interleave({n: timed(n) for n in runners}, repeats, session.log).items():
+        results[name].seconds = seconds
     empty = [n for n, r in results.items() if not r.latencies]
     if empty:
         raise RuntimeError(f"no latencies for {empty}")
-    rows = [r.summary(base) for r in results.values()]
+    return results
+
+
+def bench(o: BenchOptions, log=print, out_dir: Path | None = None) -> dict[str, Any]:
+    """Measure the selected paths of the registry and return the report (`bench_report`
+    writes it). With `server_url`/`api_url` and no `only`, only the deployment's paths
+    run (the local model still gives the workload's token counts)."""
+    only = o.only if o.only is not None or not (o.server_url or o.api_url) else "^deployment-"
+    qs = load_rag_data(o.data, o.queries)
+    session = Session(o, qs, log)
+    with session.stack:
+        fp32 = session.pruner("fp32")
+        paths = select(registry(o, fp32.family.name), only)
+        results = measure(session, paths, o.repeats)
+        pa = None
+        if session.started("servers") and out_dir is not None and o.perf:
+            log("perf_analyzer ...")
+            server = session.servers()[0]
+            core = session.pruner("int8" if "int8" in o.models else "fp32")
+            pa = {"bench": perf_analyzer(server.grpc_url, "bench", core_input_data(core, qs), o.concurrencies,
+                                         out_dir, o.perf_analyzer),
+                  "bench_text": perf_analyzer(server.grpc_url, "bench_text", text_input_data(qs), o.concurrencies,
+                                              out_dir, o.perf_analyzer)}
+        return report(session, paths, results, only, pa)
+
+
+def report(session: Session, paths: list[BenchPath], results: dict[str, PathResult], only: str | None,
+           pa: dict[str, Any] | None) -> dict[str, Any]:
+    """The report of a measured run (see the module docstring)."""
+    from engine.batching import BatchingConfig
+    o, qs, log = session.options, session.queries, session.log
+    fp32 = session.pruner("fp32")
+    sorted_batches = workload_batches(fp32, qs)
+    fixed_batches = workload_batches(session.pruner("fp32", batching=BatchingConfig(strategy="fixed",
+                                                                                     max_batch_size=8)), qs)
+    n_passages = sum(len(q.passages) for q in qs)
+    on = "" if o.device == "cpu" else "-cuda"
+    base_name = "torch-unbatched (reference)" if o.checkpoint else f"onnxruntime{on}-fp32"
+    base = statistics.median(results[base_name].seconds) if base_name in results else None
+    batched_t = statistics.median(results["torch-batched"].seconds) if "torch-batched" in results else None
+    rows = [results[p.name].summary(base) | {"group": p.group} for p in paths if p.name in results]
     for row in rows:
         row["speedup_vs_torch_batched"] = (batched_t / row["seconds_median"]) if batched_t else None
-    report = {
-        "machine": machine_info(device),
-        "settings": {"data": str(data), "queries": len(qs), "passages": n_passages, "tokens": tokens,
-                     "device": device,
-                     "repeats": repeats, "threads": threads, "models": {k: str(v) for k, v in models.items()},
-                     "checkpoint": checkpoint, "only": only, "text_instances": text_instances,
-                     "replicas": replicas, "server": server_url, "text_model": text_model if server_url else None,
-                     "api": api_url,
+    rep: dict[str, Any] = {
+        "machine": machine_info(o.device),
+        "settings": {"data": str(o.data), "queries": len(qs), "passages": n_passages,
+                     "tokens": sum(int(b.attention_mask.sum()) for b in sorted_batches), "device": o.device,
+                     "repeats": o.repeats, "threads": o.threads, "models": {k: str(v) for k, v in o.models.items()},
+                     "checkpoint": o.checkpoint, "only": only, "text_instances": o.text_instances,
+                     "replicas": o.replicas, "server": o.server_url,
+                     "text_model": o.text_model if o.server_url else None, "api": o.api_url,
                      "buckets": list(fp32.batching.buckets_for(fp32.spec.max_length)),
                      "max_batch_tokens": fp32.batching.max_batch_tokens},
         "paths": rows,
+        "not_measured": [p.id for p in paths if p.name not in results],
         "client": client_share(fp32, qs),
         "padding_share": {"sorted token budget": padding_share(sorted_batches),
                           "fixed batches of 8, input order": padding_share(fixed_batches)},
@@ -247,25 +422,29 @@ def bench(models: dict[str, Path], checkpoint: str | None, data: Path, queries: 
         "perf_analyzer": pa,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    if device == "cpu":
+    if o.device == "cpu":
         shapes = {"sorted": [b.input_ids.shape for b in sorted_batches],
                   "fixed": [b.input_ids.shape for b in fixed_batches]}
-        sent = {"onnxruntime-fp32": ("fp32", "fp32", shapes["sorted"]),
-                "torch-batched": ("fp32", "fp32", shapes["sorted"]),
-                "onnxruntime-fp32, fixed batches of 8 in input order": ("fp32", "fp32", shapes["fixed"]),
-                "onnxruntime-int8": ("int8", "int8", shapes["sorted"])}
-        for name, peer in peers.items():
-            if peer.graph is not None and name in results:
-                sent[name] = (name, peer.precision,
-                              [sh for q in qs for sh in peer.shapes(call_texts(q.question, q.passages)[0])])
-        report["limits"] = machine_limits(rows, {**models, **{n: p.graph for n, p in peers.items() if p.graph}},
-                                          threads, sent, log)
-    if peer_dir is not None:      # the peers' plain exports (an error leaves them to its finalizer)
-        peer_dir.cleanup()
+        peers = session.peers() if session.started("peers") else {}
+        graphs: dict[str, Path] = {k: v for k, v in o.models.items() if k in ("fp32", "int8")}
+        sent: dict[str, tuple[str, str, list]] = {}
+        for p in paths:
+            if p.name not in results or p.graph is None:
+                continue
+            if p.batches == "peer":
+                peer = peers.get(p.graph)
+                if peer is None or peer.graph is None:
+                    continue
+                graphs[p.graph] = peer.graph
+                sent[p.name] = (p.graph, peer.precision,
+                                [sh for q in qs for sh in peer.shapes(call_texts(q.question, q.passages)[0])])
+            elif p.graph in graphs:
+                sent[p.name] = (p.graph, p.precision, shapes[p.batches])
+        rep["limits"] = machine_limits(rows, graphs, o.threads, sent, log)
     model_int8 = next((r for r in rows if r["path"] == "onnxruntime-int8"), None)
     if model_int8:
-        report["client"]["share_of_int8_total"] = report["client"]["client_seconds"] / model_int8["seconds_median"]
-    return report
+        rep["client"]["share_of_int8_total"] = rep["client"]["client_seconds"] / model_int8["seconds_median"]
+    return rep
 
 
 def machine_limits(rows: list[dict[str, Any]], graphs: dict[str, Path], threads: int | None,

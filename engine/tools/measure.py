@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
 
 
 @dataclass
@@ -39,30 +39,6 @@ class PathResult:
                 "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)),
                 "p99_ms": float(np.percentile(lat, 99)),
                 "speedup_vs_reference": (baseline / t) if baseline else None, **self.extra}
-
-
-def machine_info(device: str = "cpu") -> dict[str, Any]:
-    """The machine, in a benchmark's words: CPU, cores, flags, memory, versions."""
-    import onnxruntime
-    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "python": platform.python_version(),
-            "onnxruntime": onnxruntime.__version__, "numpy": np.__version__}
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    info["cpu_model"] = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        import torch
-        info["torch"] = torch.__version__
-        if device == "cuda" and torch.cuda.is_available():
-            info["gpu"] = torch.cuda.get_device_name(0)
-    except ImportError:
-        pass
-    return info
 
 
 def workload_batches(pruner, queries) -> list:
@@ -192,11 +168,6 @@ def selects(only: str | None, name: str) -> bool:
     return not only or bool(re.search(only, name) or re.search(only, path_id(name)))
 
 
-def wanted(only: str | None, names: list[str]) -> bool:
-    """Whether --paths keeps any of these paths (a server is started only for paths run)."""
-    return not only or any(selects(only, n) for n in names)
-
-
 def start_api(args: list[str], log=print, timeout: float = 300.0) -> tuple[subprocess.Popen, str]:
     """`prune api ARGS` as its own process (its own interpreter, as deployed) on a free
     loopback port; returns it and its URL once /health answers."""
@@ -275,24 +246,38 @@ def text_input_data(queries) -> list[dict[str, Any]]:
              "passages": {"content": list(q.passages), "shape": [len(q.passages)]}} for q in queries[:20]]
 
 
-def perf_analyzer(server_grpc: str, model: str, data: list[dict[str, Any]], concurrencies,
-                  out_dir: Path) -> dict[str, Any]:
-    """Triton's perf_analyzer on real requests of the workload (its JSON input data)."""
+def find_perf_analyzer(binary: str | None = None) -> Path | str:
+    """perf_analyzer's binary: `binary`, else beside this interpreter, else on PATH; or a
+    sentence saying why there is none."""
     import shutil
-    # the tritonclient 2.51 wheel installs the real binary beside this interpreter
-    found = Path(sys.executable).parent / "perf_analyzer"
-    binary = found if found.is_file() else Path(shutil.which("perf_analyzer") or "perf_analyzer")
-    if not binary.is_file():
-        return {"skipped": "no perf_analyzer binary (pip install 'tritonclient[http,grpc]==2.51.0')"}
+    if binary:
+        return Path(binary) if Path(binary).is_file() else f"--perf-analyzer {binary}: no such file"
+    beside = Path(sys.executable).parent / "perf_analyzer"
+    found = beside if beside.is_file() else shutil.which("perf_analyzer")
+    if found:
+        return Path(found)
+    return ("no perf_analyzer binary: install one with `pip install --no-deps --target DIR tritonclient==2.51.0 "
+            "nvidia-cuda-runtime-cu12` and pass --perf-analyzer DIR/bin/perf_analyzer (docs/installing.md)")
+
+
+def perf_analyzer(server_grpc: str, model: str, data: list[dict[str, Any]], concurrencies,
+                  out_dir: Path, binary: str | None = None) -> dict[str, Any]:
+    """Triton's perf_analyzer on real requests of the workload (its JSON input data).
+    `binary`: its path (default: beside this interpreter, then on PATH; docs/installing.md)."""
+    found = find_perf_analyzer(binary)
+    if isinstance(found, str):
+        return {"skipped": found}
+    binary = found
     data_file = out_dir / f"perf_analyzer_input_{model}.json"
     data_file.write_text(json.dumps({"data": data}))
     env = dict(os.environ)
+    libs = [binary.parent.parent / "nvidia" / "cuda_runtime" / "lib"]    # installed with --target beside it
     try:
         import nvidia.cuda_runtime
-        cuda_lib = Path(nvidia.cuda_runtime.__path__[0]) / "lib"
-        env["LD_LIBRARY_PATH"] = f"{cuda_lib}:{env.get('LD_LIBRARY_PATH', '')}"
+        libs.append(Path(nvidia.cuda_runtime.__path__[0]) / "lib")
     except ImportError:
         pass
+    env["LD_LIBRARY_PATH"] = ":".join([str(d) for d in libs if d.is_dir()] + [env.get("LD_LIBRARY_PATH", "")])
     results = {}
     for c in concurrencies:
         csv = out_dir / f"perf_analyzer_{model}_c{c}.csv"

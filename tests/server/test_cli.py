@@ -81,7 +81,15 @@ def test_bench_without_server(exported, tiny_data, tmp_path, capsys):
     assert "share of the limit" in next(tmp_path.glob("bench-*/bench.md")).read_text()
     assert main(["bench", "--data", str(tiny_data / "rag.jsonl"), "--model", str(exported["opensearch"]),
                  "--queries", "1", "--repeats", "1", "--out", str(tmp_path), "--paths", "nothing-matches"]) == 2
-    capsys.readouterr()
+    assert "--list" in capsys.readouterr().err
+    # --list: the registry's paths for these flags, nothing started or measured
+    runs = len(list(tmp_path.glob("bench-*")))
+    assert main(["bench", "--list", "--data", str(tiny_data / "rag.jsonl"), "--model", str(exported["opensearch"]),
+                 "--triton", "--paths", "c16", "--out", str(tmp_path)]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in listed] == ["triton-grpc-c16-fp32", "triton-http-c16-fp32",
+                                                    "triton-text-grpc-c16-fp32", "api-text-grpc-c16-fp32"]
+    assert len(list(tmp_path.glob("bench-*"))) == runs
     # on the GPU path, a missing CUDA provider is reported before any export or measurement
     import onnxruntime
     if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():

@@ -79,7 +79,7 @@ def test_a_bad_bench_file_is_a_clear_error(tmp_path, capsys):
 
 
 def test_bench_paths_have_stable_ids_and_paths_selects_by_either():
-    from engine.tools.measure import path_id, selects, wanted
+    from engine.tools.measure import path_id, selects
     assert path_id("triton-text-grpc c16 (int8)") == "triton-text-grpc-c16-int8"
     assert path_id("onnxruntime-fp32, fixed batches of 8 in input order") == \
         "onnxruntime-fp32-fixed-batches-of-8-in-input-order"
@@ -88,5 +88,4 @@ def test_bench_paths_have_stable_ids_and_paths_selects_by_either():
     assert selects("^triton-text-grpc-c16-int8$", "triton-text-grpc c16 (int8)")      # by id
     assert selects("text-grpc c16", "triton-text-grpc c16 (int8)")                    # by name
     assert not selects("^onnxruntime-int8$", "onnxruntime-int8 in-process c4")
-    assert selects(None, "anything") and wanted(None, [])
-    assert not wanted("c16", ["triton-grpc c1 (int8)", "triton-grpc c4 (int8)"])
+    assert selects(None, "anything")

@@ -1,0 +1,138 @@
+"""The measuring harness every speed measurement shares: `prune bench` and each study under
+benchmarks/ (benchmarks/README.md indexes them).
+
+- `machine_info` / `machine_line`: the machine, in a report's words;
+- `interleave`: rounds in which every variant runs once, so that drift (turbo, a
+  neighbour's load) hits them alike; each variant's seconds per round;
+- `Study`: a study's command line, its machine, and its report written as `NAME.json`
+  (the figures, the command, the machine, the date) and `NAME.md` (the command and the
+  machine above the study's own table).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+Log = Callable[[str], None]
+
+
+def stderr(message: str) -> None:
+    """A study's progress line (stderr: stdout carries the report)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def machine_info(device: str = "cpu") -> dict[str, Any]:
+    """The machine, in a benchmark's words: CPU, cores, flags, memory, versions."""
+    import numpy as np
+    info: dict[str, Any] = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                            "cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__}
+    try:
+        import onnxruntime
+        info["onnxruntime"] = onnxruntime.__version__
+    except ImportError:
+        info["onnxruntime"] = "-"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    info["cpu_model"] = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    info["cpu_flags"] = sorted(f for f in flags if f.startswith(("avx", "amx")))
+                    break
+    except OSError:
+        pass
+    try:
+        import torch
+        info["torch"] = torch.__version__
+        if device == "cuda" and torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return info
+
+
+def machine_line(info: dict[str, Any]) -> str:
+    """One line for a report: CPU, cores and the runtimes' versions."""
+    parts = [f"{info.get('cpu_model', info['processor'])}, {info['cpus']} CPUs", f"Python {info['python']}",
+             f"onnxruntime {info['onnxruntime']}"]
+    if "torch" in info:
+        parts.append(f"torch {info['torch']}")
+    if "gpu" in info:
+        parts.append(info["gpu"])
+    return "; ".join(parts)
+
+
+def interleave(variants: dict[str, Callable[[], float | None]], repeats: int, log: Log = stderr,
+               warmup: bool = False) -> dict[str, list[float]]:
+    """Run every variant once per round, `repeats` rounds; each variant's seconds per round.
+
+    A variant returns its own seconds (when it times only part of its work) or None (the
+    harness times the whole call). `warmup`: one untimed round first."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for rnd in range(-1 if warmup else 0, repeats):
+        for name, run in variants.items():
+            t0 = time.perf_counter()
+            own = run()
+            seconds = time.perf_counter() - t0 if own is None else float(own)
+            if rnd < 0:
+                continue
+            times[name].append(seconds)
+            log(f"round {rnd + 1}/{repeats} {name}: {seconds:.3f} s")
+    return times
+
+
+def medians(times: dict[str, list[float]]) -> dict[str, float]:
+    """Each variant's median."""
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def parser(doc: str | None, out: str | None = None, repeats: int = 5) -> argparse.ArgumentParser:
+    """A study's argument parser with the flags every study shares: --repeats, --threads
+    and --out (required when `out` is None, else that folder by default)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=repeats, help=f"interleaved rounds, medians (default {repeats})")
+    ap.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
+    if out is None:
+        ap.add_argument("--out", type=Path, required=True, help="folder for the report (NAME.json, NAME.md)")
+    else:
+        ap.add_argument("--out", type=Path, default=Path(out), help=f"folder for the report (default {out})")
+    return ap
+
+
+class Study:
+    """One run of a study: `Study("model-speed", "benchmarks.model_speed", argv)`; its
+    `command` (to paste beside the figures), `machine` and `write`."""
+
+    def __init__(self, name: str, module: str, argv: list[str] | None = None, device: str = "cpu"):
+        self.name = name
+        self.command = shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
+        self.machine = machine_info(device)
+        self.started = time.strftime("%Y-%m-%d %H:%M:%S")
+
+    def header(self, title: str, method: str = "") -> list[str]:
+        """The report's first lines: title, command, machine and how it was measured."""
+        return [f"# {title}", "", "```", self.command, "```", "",
+                f"Machine: {machine_line(self.machine)}." + (f" {method}" if method else ""), ""]
+
+    def write(self, out: Path, figures: dict[str, Any], markdown: list[str], echo: bool = True) -> Path:
+        """`out/NAME.json` (figures + command, machine, date) and `out/NAME.md`; the md's path."""
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        doc = {"study": self.name, "command": self.command, "machine": self.machine, "date": self.started, **figures}
+        (out / f"{self.name}.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        text = "\n".join(markdown).rstrip() + "\n"
+        (out / f"{self.name}.md").write_text(text)
+        if echo:
+            print(text, end="")
+        return out / f"{self.name}.md"
