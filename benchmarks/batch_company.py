@@ -6,7 +6,7 @@ the default for INT8 graphs: `auto`).
     python -m benchmarks.batch_company --rag ../shared/data/squad-dev-rag.jsonl \\
         --seconds 120 --out benchmarks/results/batch-company
 
-One tritonserver serves both settings' models; in `--rounds` alternating rounds (ABBA...),
+One tritonserver serves both settings' models; in `--repeats` alternating rounds (ABBA...),
 `--clients` concurrent gRPC clients send RAG calls, `--seconds` per setting in all (the question of a RAG item and its
 first 1, 3, 5 or 10 passages, in a fixed cycle, so batches of several lengths meet). Every
 answer is compared with the same call pruned alone by the in-process INT8 engine (same
@@ -19,20 +19,17 @@ statistics. "calls differing" is the most distinct calls that differed in one ro
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
-import os
-import platform
-import shlex
 import socket
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
+
+from engine.tools.harness import Study, parser, stderr
 
 SIZES = (1, 3, 5, 10)
 SETTINGS = ("always", "never")
@@ -142,15 +139,14 @@ def merge(rounds: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__, out="benchmarks/results/batch-company", repeats=4)
     ap.add_argument("--rag", required=True, type=Path, help="RAG items (question, passages): squad-dev-rag.jsonl")
     ap.add_argument("--model", help="an exported INT8 folder (default: the default model's INT8 export)")
     ap.add_argument("--calls", type=int, default=120, help="distinct calls, cycled (default 120)")
     ap.add_argument("--clients", type=int, default=6)
     ap.add_argument("--seconds", type=float, default=120.0, help="load per setting, all rounds (default 120)")
-    ap.add_argument("--rounds", type=int, default=4, help="rounds per setting, alternating (default 4)")
-    ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    study = Study("batch-company", "benchmarks.batch_company", argv)
 
     from engine.batching import BatchingConfig
     from engine.default_model import ensure_default_model
@@ -158,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.triton.server import TritonServer
     from export.triton import RepositoryOptions, build_repository
 
-    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    log = stderr
     model = Path(args.model) if args.model else Path(ensure_default_model(log, precision="int8"))
     calls = calls_from(args.rag, args.calls)
     max_batch = 64
@@ -167,38 +163,32 @@ def main(argv: list[str] | None = None) -> int:
     expected = [answer(local.prune(q, ps)) for q, ps in calls]
     local.close()
 
-    report = {"command": "python -m benchmarks.batch_company " + shlex.join(sys.argv[1:] if argv is None else argv),
-              "machine": f"{platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}",
-              "model": str(model), "clients": args.clients, "seconds": args.seconds, "calls": len(calls),
-              "rounds": args.rounds, "sizes": list(SIZES), "settings": {}}
+    report = {"model": str(model), "clients": args.clients, "seconds": args.seconds, "calls": len(calls),
+              "rounds": args.repeats, "sizes": list(SIZES), "settings": {}}
     with tempfile.TemporaryDirectory(prefix="prune-company-") as tmp:
         repo = Path(tmp) / "repo"
         for join in SETTINGS:
             build_repository(model, repo, RepositoryOptions(target="cpu", name=f"int8_{join}", max_batch_size=max_batch,
-                                                            join_requests=join), log=lambda m: None)
+                                                            join_requests=join, intra_op_threads=args.threads or 0),
+                             log=lambda m: None)
         h, g, m = _ports(3)
         with TritonServer(repo, http_port=h, grpc_port=g, metrics_port=m) as server:
             rounds: dict[str, list[dict]] = {join: [] for join in SETTINGS}
-            for k in range(args.rounds):
+            for k in range(args.repeats):
                 for join in (SETTINGS if k % 2 == 0 else SETTINGS[::-1]):
-                    log(f"round {k + 1}/{args.rounds}, join_requests {join}: {args.clients} clients for "
-                        f"{args.seconds / args.rounds:.0f} s")
+                    log(f"round {k + 1}/{args.repeats}, join_requests {join}: {args.clients} clients for "
+                        f"{args.seconds / args.repeats:.0f} s")
                     rounds[join].append(load(server.grpc_url, f"int8_{join}", calls, expected, args.clients,
-                                             args.seconds / args.rounds, log))
+                                             args.seconds / args.repeats, log))
                     log(json.dumps(rounds[join][-1]))
             report["settings"] = {join: merge(rs) for join, rs in rounds.items()}
-    print(format_report(report))
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "batch-company.json").write_text(json.dumps(report, indent=2) + "\n")
-        (args.out / "batch-company.md").write_text(format_report(report) + "\n")
-        print(f"wrote {args.out}")
+    study.write(args.out, report, format_report(study, report))
     return 0
 
 
-def format_report(rep: dict) -> str:
-    lines = [f"`{rep['command']}`", "",
-             f"{rep['machine']}; {rep['model']}; {rep['clients']} gRPC clients, {rep['seconds']:.0f} s per setting in "
+def format_report(study: Study, rep: dict) -> list[str]:
+    lines = study.header("Batch company: does a request's answer depend on the requests batched with it?")
+    lines += [f"{rep['model']}; {rep['clients']} gRPC clients, {rep['seconds']:.0f} s per setting in "
              f"{rep['rounds']} alternating rounds, "
              f"{rep['calls']} distinct calls of {'/'.join(map(str, rep['sizes']))} passages; every answer against "
              "the same call pruned alone in process.", "",
@@ -211,7 +201,7 @@ def format_report(rep: dict) -> str:
                      f"{r['core_executions']} | {r['text']} ({100 * r['text'] / max(1, r['passages']):.2f}%) | "
                      f"{r['kept']} of {r['sentences']} | {r['dp']:.2g} | {r['calls_differing']} of {rep['calls']} "
                      f"| {r['errors']} |")
-    return "\n".join(lines)
+    return lines
 
 
 if __name__ == "__main__":

@@ -14,15 +14,13 @@ is the share of the documents' tokens (the MiniLM tokenizer) left; errors are do
 on which the pruner raised (the optimizer raises "Optimizer returned zero sentences")."""
 from __future__ import annotations
 
-import argparse
-import json
-import shlex
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from engine.tools.harness import Study, parser
 
 
 def _kept_spans(context: str, pieces: list[str]) -> list[tuple[int, int]]:
@@ -50,11 +48,11 @@ def _gold_kept(gold: list[tuple[int, int]], kept: list[tuple[int, int]]) -> np.n
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__, repeats=1)
     p.add_argument("--data", required=True, help="JSONL with question, context, sentences, labels")
-    p.add_argument("--out", required=True, help="folder for comparison.json and comparison.md")
     p.add_argument("--limit", type=int, help="first N documents")
     args = p.parse_args(argv)
+    study = Study("comparison", "benchmarks.compare_optimizer", argv)
     from llama_index.core.postprocessor import SentenceEmbeddingOptimizer
     from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
     from engine.default_model import ensure_default_model
@@ -63,9 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     from engine.rag.embedder import Embedder, ensure_default_encoder
     from engine.tools.quality import load_prune_data, sentence_metrics
     samples = load_prune_data(args.data, args.limit)
-    encoder = Embedder.load(ensure_default_encoder())
+    encoder = Embedder.load(ensure_default_encoder(), threads=args.threads)
     embed = EngineEmbedding(encoder)
-    pruner = Pruner.load(ensure_default_model())
+    pruner = Pruner.load(ensure_default_model(), threads=args.threads)
     systems: dict[str, Any] = {
         "engine: PrunePostprocessor (default model, its defaults: lexical_weight 0.5)":
             PrunePostprocessor(pruner=pruner, keep_empty=True),
@@ -108,19 +106,15 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"system": name, "precision": m["precision"], "recall": m["recall"], "f1": m["f1"],
                      "tokens_kept": kept_tokens / tokens, "errors": errors, "documents": len(samples),
                      "seconds": time.perf_counter() - t0})
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    command = shlex.join(["python", "-m", "benchmarks.compare_optimizer", *(argv if argv is not None else sys.argv[1:])])
-    (out / "comparison.json").write_text(json.dumps({"command": command, "rows": rows}, indent=2) + "\n")
-    lines = ["Command:", "", "```", command, "```", "",
-             "| system | sentence P | sentence R | sentence F1 | tokens kept | errors |", "|---|---|---|---|---|---|"]
+    lines = study.header("The engine against LlamaIndex's SentenceEmbeddingOptimizer",
+                         f"{len(samples)} documents; sentence precision/recall against the labels.")
+    lines += ["| system | sentence P | sentence R | sentence F1 | tokens kept | errors |", "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['system']} | {100 * r['precision']:.1f} | {100 * r['recall']:.1f} | {100 * r['f1']:.1f} | "
                      f"{100 * r['tokens_kept']:.1f}% | {r['errors']} of {r['documents']} |")
-    (out / "comparison.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    study.write(args.out, {"rows": rows}, lines)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -13,34 +13,27 @@ order, medians.
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import json
-import os
-import platform
-import shlex
-import statistics
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
+
+from engine.tools.harness import Study, interleave, medians, parser, stderr
 
 VARIANTS = ("per layer", "once per graph")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__, out="benchmarks/results/deberta-indices", repeats=5)
     ap.add_argument("--rag", required=True, help="RAG JSONL (question, passages)")
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--queries", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--precisions", nargs="+", default=["int8", "fp32"])
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    study = Study("deberta-indices", "benchmarks.deberta_indices", argv)
 
     import onnx
     import onnxruntime as ort
@@ -51,14 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     from export.checkpoints import make_test_checkpoint
     from export.onnx import export_model
 
-    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    log = stderr
     sizes = {"hidden_size": 1024, "num_hidden_layers": args.layers, "num_attention_heads": 16,
              "intermediate_size": 4096}
-    report = {"command": shlex.join(["python", "-m", "benchmarks.deberta_indices",
-                                     *(argv if argv is not None else sys.argv[1:])]),
-              "machine": f"{platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, "
-                         f"onnxruntime {ort.__version__}",
-              "sizes": sizes, "results": {}}
+    report = {"sizes": sizes, "results": {}}
     shared = deberta.shared_position_indices
     with tempfile.TemporaryDirectory(prefix="prune-deberta-") as tmp:
         work = Path(tmp)
@@ -89,37 +78,32 @@ def main(argv: list[str] | None = None) -> int:
             feeds = [b.inputs(names) for b in batches]
             outs = {v: [s.run(None, f) for f in feeds] for v, s in sessions.items()}
             equal = all(np.array_equal(a, b) for x, y in zip(*outs.values()) for a, b in zip(x, y))
-            times: dict[str, list[float]] = {v: [] for v in VARIANTS}
-            for rep in range(args.repeats):
-                for v in (VARIANTS if rep % 2 == 0 else VARIANTS[::-1]):
-                    t = time.perf_counter()
+            def one_pass(session):
+                def go():
                     for f in feeds:
-                        sessions[v].run(None, f)
-                    times[v].append(time.perf_counter() - t)
+                        session.run(None, f)
+                return go
+            times = interleave({v: one_pass(sessions[v]) for v in VARIANTS}, args.repeats, abba=True)
+            med = medians(times)
             row = {"batches": len(feeds), "outputs_equal": equal}
             for v in VARIANTS:
                 ops = collections.Counter(n.op_type for n in onnx.load(
                     str(folders[v, precision] / "model.onnx"), load_external_data=False).graph.node)
-                row[v] = {"seconds": statistics.median(times[v]), "runs": times[v],
+                row[v] = {"seconds": med[v], "runs": times[v],
                           "Expand": ops["Expand"], "GatherElements": ops["GatherElements"]}
             report["results"][precision] = row
             log(json.dumps({precision: row}))
-    text = format_report(report)
-    print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "deberta-indices.json").write_text(json.dumps(report, indent=2) + "\n")
-        (args.out / "deberta-indices.md").write_text(text + "\n")
-        print(f"wrote {args.out}")
+    study.write(args.out, report, format_report(study, report))
     return 0
 
 
-def format_report(rep: dict) -> str:
+def format_report(study: Study, rep: dict) -> list[str]:
     s = rep["sizes"]
-    lines = [f"`{rep['command']}`", "",
-             f"{rep['machine']}; Provence-width test checkpoint (hidden {s['hidden_size']}, {s['num_attention_heads']} "
-             f"heads, FFN {s['intermediate_size']}, {s['num_hidden_layers']} layers); medians, interleaved.", "",
-             "| precision | indices | Expand / GatherElements nodes | seconds over the batches | change | outputs |",
+    lines = study.header("DeBERTa's position indices: once per graph against once per layer",
+                         f"Provence-width test checkpoint (hidden {s['hidden_size']}, {s['num_attention_heads']} "
+                         f"heads, FFN {s['intermediate_size']}, {s['num_hidden_layers']} layers); medians of "
+                         "interleaved passes in ABBA order.")
+    lines += ["| precision | indices | Expand / GatherElements nodes | seconds over the batches | change | outputs |",
              "|---|---|---|---|---|---|"]
     for precision, r in rep["results"].items():
         base = r[VARIANTS[0]]["seconds"]
@@ -129,7 +113,7 @@ def format_report(rep: dict) -> str:
             same = "-" if v == VARIANTS[0] else ("equal bit for bit" if r["outputs_equal"] else "DIFFER")
             lines.append(f"| {precision} | {v} | {x['Expand']} / {x['GatherElements']} | {x['seconds']:.2f} "
                          f"({r['batches']} batches) | {change} | {same} |")
-    return "\n".join(lines)
+    return lines
 
 
 if __name__ == "__main__":

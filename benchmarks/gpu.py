@@ -39,6 +39,8 @@ import signal
 import sys
 import time
 
+from engine.tools.harness import machine_info, stderr
+
 LARGE = {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096,
          "vocab_size": 128100, "max_position_embeddings": 512, "relative_attention": True,
          "pos_att_type": ["p2c", "c2p"], "position_buckets": 256, "norm_rel_ebd": "layer_norm",
@@ -267,14 +269,15 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", help="keep the checkpoint and the fp32/fp16 exports in this folder "
                     "(checkpoint/, fp32/, fp16/: gpu.sh runs prune bench on them)")
     args = ap.parse_args(argv)
-    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    log = stderr
 
     cfg_dict = TINY if args.tiny else LARGE
     dev = torch.device(args.device)
     rows: list[dict] = []
     start = time.time()
     info = {"torch": torch.__version__, "device": args.device, "python": platform.python_version(),
-            "config": "tiny" if args.tiny else "deberta-v3-large (Provence)", "budget_s": args.budget_s}
+            "config": "tiny" if args.tiny else "deberta-v3-large (Provence)", "budget_s": args.budget_s,
+            "machine": machine_info(args.device)}
     if dev.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(0)
     report = {"info": info, "rows": rows, "command": shlex.join(sys.argv)}

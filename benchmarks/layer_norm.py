@@ -1,18 +1,17 @@
 """ONNX Runtime's fused SkipLayerNormalization against Add + LayerNormalization on the CPU
 provider (#26): why the CPU graphs split the fusion back (export.optimize.unfuse_skip_layer_norm).
 
-    python -m benchmarks.layer_norm [--rows 30000] [--hidden 384] [--threads 2] [--repeats 10]
+    python -m benchmarks.layer_norm [--rows 30000] [--hidden 384] [--threads 2] [--repeats 10] [--out DIR]
 
 One residual add and layer norm of a rows x hidden float32 activation (30,000 x 384: the
-tokens of a few RAG calls through the default model), each way, after warm-up; medians.
+tokens of a few RAG calls through the default model), each way, after a warm-up round;
+the two interleaved over the repeats, medians.
 """
 from __future__ import annotations
 
-import argparse
-import os
-import platform
-
 import numpy as np
+
+from engine.tools.harness import Study, interleave, medians, parser
 
 
 def graph(kind: str, rows: int, hidden: int):
@@ -31,28 +30,29 @@ def graph(kind: str, rows: int, hidden: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__, out="benchmarks/results/layer-norm", repeats=10)
     p.add_argument("--rows", type=int, default=30000)
     p.add_argument("--hidden", type=int, default=384)
-    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: all cores)")
-    p.add_argument("--repeats", type=int, default=10)
     args = p.parse_args(argv)
-    import onnxruntime as ort
-    from engine.tools.limits import cpu_session, median_run_seconds
+    from engine.tools.limits import cpu_session
+    study = Study("layer-norm", "benchmarks.layer_norm", argv)
     rng = np.random.default_rng(0)
     feed = {n: rng.standard_normal((args.rows, args.hidden), dtype=np.float32) for n in ("x", "skip")}
-    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, onnxruntime {ort.__version__}; "
-          f"{args.rows} x {args.hidden}, threads {args.threads or 'all'}, median of {args.repeats}")
-    outs = {}
-    for kind in ("SkipLayerNormalization", "Add + LayerNormalization"):
-        session = cpu_session(graph(kind, args.rows, args.hidden), args.threads)
-        outs[kind] = session.run(None, feed)[0]
-        ms = median_run_seconds(session, feed, args.repeats) * 1000
-        print(f"| {kind} | {ms:.1f} ms | {args.rows * args.hidden / ms / 1e6:.2f} G elements/s |")
-    diff = float(np.abs(outs["SkipLayerNormalization"] - outs["Add + LayerNormalization"]).max())
-    print(f"max |difference| of the outputs: {diff:.2e}")
+    kinds = ("SkipLayerNormalization", "Add + LayerNormalization")
+    sessions = {kind: cpu_session(graph(kind, args.rows, args.hidden), args.threads or 0) for kind in kinds}
+    outs = {kind: s.run(None, feed)[0] for kind, s in sessions.items()}
+    times = interleave({kind: (lambda s=s: s.run(None, feed) and None) for kind, s in sessions.items()},
+                       args.repeats, warmup=True)
+    med = medians(times)
+    diff = float(np.abs(outs[kinds[0]] - outs[kinds[1]]).max())
+    lines = study.header(f"SkipLayerNormalization against Add + LayerNormalization, {args.rows} x {args.hidden}",
+                         f"Threads {args.threads or 'all'}; medians of {args.repeats} interleaved rounds.")
+    lines += ["| graph | ms (median) | G elements/s |", "|---|---|---|"]
+    lines += [f"| {k} | {1000 * t:.1f} | {args.rows * args.hidden / t / 1e9:.2f} |" for k, t in med.items()]
+    lines += ["", f"max |difference| of the outputs: {diff:.2e}"]
+    study.write(args.out, {"rows": args.rows, "hidden": args.hidden, "threads": args.threads, "seconds": times,
+                           "median_seconds": med, "max_abs_difference": diff}, lines)
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

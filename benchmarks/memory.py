@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from engine.spec import Manifest
+from engine.tools.harness import Study, parser
 
 VARIANTS = ("arena", "arena+shrink", "no-arena", "arena+shrink-large")
 
@@ -111,11 +112,8 @@ def call_limit(model: Path, shape: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__, out="benchmarks/results/memory", repeats=3)
     p.add_argument("--model", required=True, help="an exported model folder")
-    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: all cores)")
-    p.add_argument("--repeats", type=int, default=3, help="processes per variant (medians are reported)")
-    p.add_argument("--out", help="folder for memory.json and memory.md")
     p.add_argument("--large", default="32x512",
                    help="rows x tokens of the large batch (32x512: the engine's default 16,384-token budget)")
     p.add_argument("--variant", help=argparse.SUPPRESS)      # the child process
@@ -126,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.shape:
         print(json.dumps(call_limit(Path(args.model), args.shape)))
         return 0
+    study = Study("call-limit" if args.call_limit else "memory", "benchmarks.memory", argv)
     if args.call_limit:
         rows = []
         for shape in ("many", "one"):
@@ -133,52 +132,39 @@ def main(argv: list[str] | None = None) -> int:
                                   capture_output=True, text=True, check=True)
             rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
             print(rows[-1], file=sys.stderr, flush=True)
-        text = ("| call at the limit | passages | characters | RSS loaded MB | peak RSS MB | RSS after MB | seconds |\n"
-                "|---|---|---|---|---|---|---|\n" + "".join(
-                    f"| {r['shape']} | {r['passages']} | {r['chars']} | {r['rss_loaded_mb']:.0f} | {r['peak_rss_mb']:.0f} "
-                    f"| {r['rss_after_mb']:.0f} | {r['seconds']:.1f} |\n" for r in rows))
-        print(text)
-        if args.out:
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-            (Path(args.out) / "call-limit.json").write_text(json.dumps(rows, indent=2) + "\n")
-            (Path(args.out) / "call-limit.md").write_text(
-                f"Command: `python -m benchmarks.memory --model {args.model} --call-limit`\n\n" + text)
+        lines = study.header("Peak memory of one call at the per-call character limit")
+        lines += ["| call at the limit | passages | characters | RSS loaded MB | peak RSS MB | RSS after MB | seconds |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['shape']} | {r['passages']} | {r['chars']} | {r['rss_loaded_mb']:.0f} | {r['peak_rss_mb']:.0f} "
+                  f"| {r['rss_after_mb']:.0f} | {r['seconds']:.1f} |" for r in rows]
+        study.write(args.out, {"rows": rows}, lines)
         return 0
     if args.variant:
-        print(json.dumps(measure(Path(args.model), args.variant, args.threads, args.large)))
+        print(json.dumps(measure(Path(args.model), args.variant, args.threads or 0, args.large)))
         return 0
     runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     for rep in range(args.repeats):                       # interleaved
         for v in VARIANTS:
             proc = subprocess.run([sys.executable, "-m", "benchmarks.memory", "--model", args.model,
-                                   "--threads", str(args.threads), "--large", args.large, "--variant", v],
+                                   "--threads", str(args.threads or 0), "--large", args.large, "--variant", v],
                                   capture_output=True, text=True, check=True)
             runs[v].append(json.loads(proc.stdout.strip().splitlines()[-1]))
             print(f"repeat {rep + 1}/{args.repeats} {v}: {runs[v][-1]}", file=sys.stderr, flush=True)
     keys = ["rss_loaded_mb", "rss_small_mb", "rss_threshold_mb", "rss_after_large_mb", "rss_end_mb", "small_ms_before",
             "small_ms_after", "large_ms"]
     table = {v: {k: statistics.median(r[k] for r in rs) for k in keys} for v, rs in runs.items()}
-    import platform
     from engine.backends.onnxruntime import SHRINK_ABOVE_TOKENS
-    lines = [f"# ONNX Runtime CPU memory after a large batch ({time.strftime('%Y-%m-%d %H:%M')})", "",
-             f"Command: `python -m benchmarks.memory --model {args.model} --repeats {args.repeats} --large {args.large}`", "",
-             f"Machine: {platform.processor() or platform.machine()}, {__import__('os').cpu_count()} CPUs; "
-             f"onnxruntime {__import__('onnxruntime').__version__}; medians of {args.repeats} processes each.", "",
-             f"| allocator | RSS loaded MB | after 8x128 batches | after a {SHRINK_ABOVE_TOKENS // 512}x512 batch "
-             f"| after a {args.large} batch | after 8x128 batches again "
-             f"| 8x128 batch ms before / after | {args.large} batch ms |", "|---|---|---|---|---|---|---|---|"]
+    lines = study.header(f"ONNX Runtime CPU memory after a large batch ({time.strftime('%Y-%m-%d %H:%M')})",
+                         f"Medians of {args.repeats} processes each, the variants interleaved.")
+    lines += [f"| allocator | RSS loaded MB | after 8x128 batches | after a {SHRINK_ABOVE_TOKENS // 512}x512 batch "
+              f"| after a {args.large} batch | after 8x128 batches again "
+              f"| 8x128 batch ms before / after | {args.large} batch ms |", "|---|---|---|---|---|---|---|---|"]
     for v, r in table.items():
         lines.append(f"| {v} | {r['rss_loaded_mb']:.0f} | {r['rss_small_mb']:.0f} | {r['rss_threshold_mb']:.0f} "
                      f"| {r['rss_after_large_mb']:.0f} "
                      f"| {r['rss_end_mb']:.0f} | {r['small_ms_before']:.1f} / {r['small_ms_after']:.1f} "
                      f"| {r['large_ms']:.0f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "memory.json").write_text(json.dumps({"runs": runs, "medians": table}, indent=2) + "\n")
-        (out / "memory.md").write_text(text)
+    study.write(args.out, {"runs": runs, "medians": table}, lines)
     return 0
 
 

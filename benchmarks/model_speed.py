@@ -8,47 +8,39 @@ queries); rounds are interleaved so drift hits all variants alike; medians are r
 """
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
-import shlex
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from benchmarks.precision_choice import INT8_VARIANTS
-from engine.tools.quality import load_rag_data
-from engine.tools.measure import machine_info
 from engine.pruner import Pruner
 from engine.text import split_sentences
+from engine.tools.harness import Study, interleave, medians, parser, stderr
+from engine.tools.quality import load_rag_data
 from export.onnx import export_model
 
 VARIANTS = [("fp32", dict(precision="fp32")), *INT8_VARIANTS]
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, repeats=5)
     ap.add_argument("--model", required=True, help="checkpoint folder, or 'default'")
     ap.add_argument("--data", required=True)
     ap.add_argument("--queries", type=int, default=10)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int)
-    ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    study = Study("model-speed", "benchmarks.model_speed", argv)
     if args.model == "default":
         from engine.default_model import default_checkpoint
         args.model = default_checkpoint()
     queries = load_rag_data(args.data, args.queries)
-    times: dict[str, list[float]] = {name: [] for name, _ in VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
         pruners = {}
         for k, (name, kw) in enumerate(VARIANTS, 1):
             folder = Path(tmp) / name.replace(" ", "_")
-            print(f"exporting {name} ({k}/{len(VARIANTS)}) ...", file=sys.stderr, flush=True)
+            stderr(f"exporting {name} ({k}/{len(VARIANTS)}) ...")
             t0 = time.perf_counter()
             export_model(args.model, folder, log=lambda m: None, **kw)
-            print(f"  exported {name} in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+            stderr(f"  exported {name} in {time.perf_counter() - t0:.1f} s")
             pruners[name] = Pruner.load(folder, threads=args.threads)
         first = pruners["fp32"]
         batches = []
@@ -56,38 +48,25 @@ def main(argv=None) -> int:
             spans = [split_sentences(p) for p in q.passages]
             batches += first.batches(first.encode(q.question, q.passages, spans))
         tokens = sum(int(b.attention_mask.sum()) for b in batches)
-        for p in pruners.values():  # warm-up
-            p.backend.infer(batches[0])
-        print(f"{len(batches)} batches, {tokens} tokens; {args.repeats} interleaved rounds of "
-              f"{len(pruners)} variants", file=sys.stderr, flush=True)
-        for r in range(args.repeats):
-            print(f"round {r + 1}/{args.repeats}", file=sys.stderr, flush=True)
-            for name, p in pruners.items():
-                t0 = time.perf_counter()
+        stderr(f"{len(batches)} batches, {tokens} tokens; {args.repeats} interleaved rounds of {len(pruners)} variants")
+
+        def run(p):
+            def one_pass():
                 for b in batches:
                     p.backend.infer(b)
-                times[name].append(time.perf_counter() - t0)
-                print(f"{name}: {times[name][-1]:.2f} s", file=sys.stderr, flush=True)
-    base = statistics.median(times["fp32"])
-    rows = [{"variant": n, "seconds_median": statistics.median(t), "seconds": t,
-             "tokens_per_s": tokens / statistics.median(t), "speedup_vs_fp32": base / statistics.median(t)}
-            for n, t in times.items()]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    command = shlex.join(["python", "-m", "benchmarks.model_speed", *sys.argv[1:]])
-    meta = {"machine": machine_info(), "batches": len(batches), "tokens": tokens, "command": command,
-            "threads": args.threads, "repeats": args.repeats}
-    (out / "model-speed.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    lines = [f"# Model-only speed, {len(batches)} batches, {tokens} real tokens", "", "```", command, "```", "",
-             f"Machine: {meta['machine'].get('cpu_model')}, {meta['machine']['cpus']} CPUs, onnxruntime "
-             f"{meta['machine']['onnxruntime']}; medians of {args.repeats} interleaved rounds.", "",
-             "| variant | seconds (median) | real tokens/s | speed vs fp32 |", "|---|---|---|---|"]
+            return one_pass
+        times = interleave({name: run(p) for name, p in pruners.items()}, args.repeats, warmup=True)
+    med = medians(times)
+    rows = [{"variant": n, "seconds_median": med[n], "seconds": t, "tokens_per_s": tokens / med[n],
+             "speedup_vs_fp32": med["fp32"] / med[n]} for n, t in times.items()]
+    lines = study.header(f"Model-only speed, {len(batches)} batches, {tokens} real tokens",
+                         f"Medians of {args.repeats} interleaved rounds after one warm-up round.")
+    lines += ["| variant | seconds (median) | real tokens/s | speed vs fp32 |", "|---|---|---|---|"]
     lines += [f"| {r['variant']} | {r['seconds_median']:.2f} | {r['tokens_per_s']:.0f} | {r['speedup_vs_fp32']:.2f}x |"
               for r in rows]
-    (out / "model-speed.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    study.write(args.out, {"batches": len(batches), "tokens": tokens, "threads": args.threads,
+                           "repeats": args.repeats, "rows": rows}, lines)
     return 0
 
-
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -16,13 +16,10 @@ differences under a point are a few calls either way; the larger margin loses fe
 answers)."""
 from __future__ import annotations
 
-import argparse
-import json
-import platform
-import shlex
-import sys
 import time
 from collections import defaultdict
+
+from engine.tools.harness import Study, parser
 from pathlib import Path
 
 MARGINS = (0.0, 0.02, 0.04, 0.06, 0.08, 0.1, 0.12, 0.15, 0.2, 0.25, 0.3)
@@ -34,20 +31,20 @@ def fbeta(tp: int, fp: int, fn: int, beta: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__, repeats=1)
     p.add_argument("--rag", action="append", required=True, help="a RAG JSONL (question, passages, gold); repeatable")
-    p.add_argument("--out", required=True, help="folder for passage-gate.json and passage-gate.md")
     p.add_argument("--model", default="default", help="a model folder, or 'default'")
     p.add_argument("--margins", default=",".join(map(str, MARGINS)), help="comma-separated margins")
     p.add_argument("--limit", type=int, help="first N calls of each file")
     args = p.parse_args(argv)
+    study = Study("passage-gate", "benchmarks.passage_gate", argv)
     margins = [float(m) for m in args.margins.split(",")]
 
     from engine.decide import gate_passages
     from engine.pruner import Pruner
     from engine.tools.quality import load_rag_data, rag_calls
 
-    pruner = Pruner.load(args.model)
+    pruner = Pruner.load(args.model, threads=args.threads)
     calls_by_domain: dict[str, list] = defaultdict(list)      # domain -> [(sample, ungated results)]
     t0 = time.perf_counter()
     for path in args.rag:
@@ -77,29 +74,23 @@ def main(argv: list[str] | None = None) -> int:
     best = max((mean_f2[m] for m in allowed), default=None)
     chosen = max((m for m in allowed if mean_f2[m] >= best - 0.01), key=float) if allowed else None
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    report = {"command": shlex.join(["python", "-m", "benchmarks.passage_gate", *sys.argv[1:]]),
-              "machine": f"{platform.machine()}, {platform.processor() or platform.system()}",
-              "model": pruner.describe(), "seconds": round(seconds, 1), "margins": margins,
+    report = {"model": pruner.describe(), "seconds": round(seconds, 1), "margins": margins,
               "domains": table, "mean_f2": mean_f2, "chosen": chosen}
-    (out / "passage-gate.json").write_text(json.dumps(report, indent=2) + "\n")
-    md = ["# The passage gate's margin", "", "Command:", "", "```", report["command"], "```", "",
-          "Per domain and margin: non-gold passages emptied / gold passages with something kept, and F2 of "
-          "\"keeps something\" against \"is gold\" (the default model, one call per question, the gate applied "
-          "to the same ungated results at each margin).", "",
-          "| margin | " + " | ".join(table) + " | mean F2 |", "|---|" + "---|" * (len(table) + 1)]
+    md = study.header("The passage gate's margin")
+    md += ["Per domain and margin: non-gold passages emptied / gold passages with something kept, and F2 of "
+           "\"keeps something\" against \"is gold\" (the default model, one call per question, the gate applied "
+           "to the same ungated results at each margin).", "",
+           "| margin | " + " | ".join(table) + " | mean F2 |", "|---|" + "---|" * (len(table) + 1)]
     for m in margins:
         cells = [f"{100 * t[str(m)]['non_gold_emptied']:.0f}% / {100 * t[str(m)]['gold_kept']:.0f}% "
                  f"(F2 {100 * t[str(m)]['f2']:.1f})" for t in table.values()]
         md.append(f"| {m}{' (chosen)' if str(m) == chosen else ''} | " + " | ".join(cells)
                   + f" | {100 * mean_f2[str(m)]:.1f} |")
     md += ["", "Calls per domain: " + ", ".join(f"{d} {next(iter(t.values()))['calls']}" for d, t in table.items())
-           + f". {report['seconds']} s on {report['machine']}.", ""]
-    (out / "passage-gate.md").write_text("\n".join(md))
-    print("\n".join(md))
+           + f". {report['seconds']} s."]
+    study.write(args.out, report, md)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -9,16 +9,10 @@ timed side by side (median of repeats over the same documents).
 """
 from __future__ import annotations
 
-import argparse
-import json
-import platform
-import statistics
-import shlex
-import sys
 import tempfile
-import time
 from pathlib import Path
 
+from engine.tools.harness import Study, interleave, medians, parser, stderr
 from engine.tools.fidelity import fidelity_report, format_report, load_docs, run_model
 from engine.pruner import Pruner
 from export.onnx import export_model
@@ -34,52 +28,44 @@ VARIANTS = [("fp32 (optimized)", dict(precision="fp32")), *INT8_VARIANTS,
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, repeats=3)
     ap.add_argument("--model", required=True, help="checkpoint folder, or 'default' (all-MiniLM-L6-v2)")
     ap.add_argument("--data", required=True)
     ap.add_argument("--limit", type=int, default=100)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    study = Study("precision-choice", "benchmarks.precision_choice", argv)
     if args.model == "default":
         from engine.default_model import default_checkpoint
         args.model = default_checkpoint()
     docs = load_docs(args.data, args.limit)
-    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    log = stderr
     with tempfile.TemporaryDirectory() as tmp:
         log("reference (fp32 PyTorch) ...")
         ref_pruner = Pruner.load(args.model, backend="torch", threads=args.threads)
         ref = run_model(ref_pruner, docs, False, "reference")
-        rows = []
+        rows, pruners = [], {}
         for name, kw in VARIANTS:
             folder = Path(tmp) / name.split()[0].replace("(", "") / name.replace(" ", "_").replace("(", "").replace(")", "")
             export_model(args.model, folder, log=lambda m: None, **kw)
-            pruner = Pruner.load(folder, threads=args.threads)
+            pruners[name] = pruner = Pruner.load(folder, threads=args.threads)
             got = run_model(pruner, docs, False, name)
             rep = fidelity_report(ref[0], got[0], ref[1], got[1], ref[2], got[2], pruner.family.keep_rule,
                                   thresholds=(0.1, 0.3, 0.5, pruner.family.threshold))
-            times = []
-            for _ in range(args.repeats):
-                t0 = time.perf_counter()
-                run_model(pruner, docs, False, name)
-                times.append(time.perf_counter() - t0)
-            rep.update(variant=name, seconds_median=statistics.median(times), seconds=times)
+            rep.update(variant=name)
             rows.append(rep)
-            log(format_report(name, rep) + f"\n  median {rep['seconds_median']:.2f} s")
-        base = rows[0]["seconds_median"]
-        for r in rows:
-            r["speedup_vs_fp32_onnx"] = base / r["seconds_median"]
-    meta = {"model": args.model, "data": args.data, "documents": len(docs), "repeats": args.repeats,
-            "machine": platform.processor() or platform.machine(), "python": platform.python_version(),
-            "onnxruntime": __import__("onnxruntime").__version__,
-            "command": shlex.join(["python", "-m", "benchmarks.precision_choice", *sys.argv[1:]])}
-    (out / "precision-choice.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    lines = ["| variant | agree@0.1 | agree@0.3 | agree@0.5 | agree@default | max abs dp | mean abs dp | "
-             "rerank max err | Spearman | pruned text changed | time (median) | speed vs fp32 ONNX |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            log(format_report(name, rep))
+        times = interleave({name: (lambda p=p, name=name: run_model(p, docs, False, name) and None)
+                            for name, p in pruners.items()}, args.repeats)
+    med = medians(times)
+    for r in rows:
+        r.update(seconds_median=med[r["variant"]], seconds=times[r["variant"]],
+                 speedup_vs_fp32_onnx=med[rows[0]["variant"]] / med[r["variant"]])
+    lines = study.header(f"Precision choice: {args.model}",
+                         f"{len(docs)} documents of {args.data}; reference: fp32 PyTorch; times: medians of "
+                         f"{args.repeats} interleaved rounds.")
+    lines += ["| variant | agree@0.1 | agree@0.3 | agree@0.5 | agree@default | max abs dp | mean abs dp | "
+              "rerank max err | Spearman | pruned text changed | time (median) | speed vs fp32 ONNX |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         a = list(r["decision_agreement"].values())
         lines.append(f"| {r['variant']} | " + " | ".join(f"{100 * x:.2f}%" for x in a) +
@@ -87,13 +73,10 @@ def main(argv=None) -> int:
                      f"{r['rerank_max_abs_error']:.2e} | {r['rerank_spearman']:.5f} | "
                      f"{100 * r['pruned_text_changed_share']:.1f}% | {r['seconds_median']:.2f} s | "
                      f"{r['speedup_vs_fp32_onnx']:.2f}x |")
-    text = (f"# Precision choice: {args.model}\n\n{len(docs)} documents of {args.data}; reference: fp32 PyTorch.\n"
-            f"Machine: {meta['machine']}, onnxruntime {meta['onnxruntime']}.\n\nCommand:\n\n```\n{meta['command']}\n```\n\n"
-            + "\n".join(lines) + "\n")
-    (out / "precision-choice.md").write_text(text)
-    print(text)
+    study.write(args.out, {"model": args.model, "data": args.data, "documents": len(docs), "repeats": args.repeats,
+                           "rows": rows}, lines)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

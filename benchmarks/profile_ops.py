@@ -15,12 +15,8 @@ DynamicQuantize*) against float products (MatMul, FusedMatMul, Gemm, Attention).
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import json
-import os
-import platform
-import shlex
 import statistics
 import sys
 import tempfile
@@ -28,6 +24,7 @@ import time
 from pathlib import Path
 
 from engine.spec import Manifest
+from engine.tools.harness import Study, parser
 
 WIDE = {"hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 16, "intermediate_size": 4096}
 QUANTIZED = ("MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention")
@@ -88,15 +85,12 @@ def limit_share(folder: Path, batches, wall_s: float, gemm: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__, repeats=3)   # --repeats: plain passes timed for the share of the limit (0: none)
     ap.add_argument("--rag", required=True, help="RAG JSONL (question, passages)")
-    ap.add_argument("--out", required=True, help="folder for profile.json and profile.md")
     ap.add_argument("--queries", type=int, default=10)
-    ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--top", type=int, default=8)
-    ap.add_argument("--timed-passes", type=int, default=3,
-                    help="plain (unprofiled) passes timed for each model's share of the machine's limit (0: none)")
     args = ap.parse_args(argv)
+    study = Study("profile", "benchmarks.profile_ops", argv)
     from engine.default_model import ensure_default_model
     from engine.pruner import Pruner
     from engine.text import split_sentences
@@ -114,11 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"exporting {label} {precision} ...", file=sys.stderr, flush=True)
             export_model(ck, out, precision=precision, verify=False, log=lambda m: None)
             models[f"{label} {precision}"] = out
-    report: dict = {"command": shlex.join(["python", "-m", "benchmarks.profile_ops",
-                                           *(argv if argv is not None else sys.argv[1:])]),
-                    "machine": f"{platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}",
-                    "queries": len(rag), "models": {}}
-    if args.timed_passes:
+    report: dict = {"queries": len(rag), "models": {}}
+    if args.repeats:
         from engine.tools.limits import gemm_rates
         report["gemm"] = gemm_rates(args.threads)
     for name, folder in models.items():
@@ -126,22 +117,19 @@ def main(argv: list[str] | None = None) -> int:
         batches = [b for q in rag for b in pruner.batches(pruner.encode(q.question, q.passages,
                                                                          [split_sentences(p) for p in q.passages]))]
         print(f"profiling {name}: {len(batches)} batches ...", file=sys.stderr, flush=True)
-        prof = profile(Path(folder), batches, args.threads, args.timed_passes)
-        if args.timed_passes:
+        prof = profile(Path(folder), batches, args.threads, args.repeats)
+        if args.repeats:
             prof.update(limit_share(Path(folder), batches, prof["wall_s"], report["gemm"]))
         prof["batches"] = len(batches)
         prof["tokens_padded"] = int(sum(b.input_ids.size for b in batches))
         prof["quantized_products_share"] = sum(v for k, v in prof["ops"].items() if k in QUANTIZED)
         prof["float_products_share"] = sum(v for k, v in prof["ops"].items() if k in FLOAT_PRODUCTS)
         report["models"][name] = prof
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "profile.json").write_text(json.dumps(report, indent=2) + "\n")
-    lines = [f"`{report['command']}`", "", f"{report['machine']}; the engine's padded batches of {len(rag)} RAG "
-             "calls, one warm-up pass, one profiled pass; share of node time by operator type.", ""]
+    lines = study.header("Where the model's time goes, by operator", f"The engine's padded batches of {len(rag)} "
+                         "RAG calls, one warm-up pass, one profiled pass; share of node time by operator type.")
     if "gemm" in report:
         g = report["gemm"]
-        lines += [f"Share of the limit: the graph's dense arithmetic over the median of {args.timed_passes} plain "
+        lines += [f"Share of the limit: the graph's dense arithmetic over the median of {args.repeats} plain "
                   f"passes, against this run's GEMM rates (fp32 MatMul {g['fp32_gflops']:.0f} GFLOP/s, int8 "
                   f"MatMulInteger {g['int8_gops']:.0f} GOP/s; engine/tools/limits.py).", ""]
     lines += ["| model | node ms | plain pass s | share of the limit | float products | quantized products "
@@ -153,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         wall = f"{p['wall_s']:.2f}" if "wall_s" in p else "-"
         lines.append(f"| {name} | {p['total_node_ms']:.0f} | {wall} | {share} | {100 * p['float_products_share']:.0f}% | "
                      f"{100 * p['quantized_products_share']:.0f}% | {top} |")
-    (out / "profile.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    study.write(args.out, report, lines)
     return 0
 
 

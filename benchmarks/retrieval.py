@@ -19,15 +19,14 @@ in the pruned context after it.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import platform
-import shlex
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
+
+from engine.tools.harness import Study, parser
 
 KS = (1, 5, 10, 20)
 
@@ -107,13 +106,10 @@ def run_answers(pipe, rows, k: int, candidates: int) -> dict:
             "answer_in_topk": before / len(rows), "answer_in_pruned": after / len(rows)}
 
 
-def write(out: Path, result: dict) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "retrieval.json").write_text(json.dumps(result, indent=2) + "\n")
+def write(study: Study, out: Path, result: dict) -> None:
     rag, s = result["rag"], result["settings"]
-    lines = [f"# Retrieval pipeline on Milvus Lite ({result['machine']})", "",
-             f"`{result['command']}`", "",
-             f"squad-dev-rag: {rag['questions']} questions, {rag['paragraphs']} paragraphs in one collection "
+    lines = study.header("Retrieval pipeline on Milvus Lite")
+    lines += [f"squad-dev-rag: {rag['questions']} questions, {rag['paragraphs']} paragraphs in one collection "
              f"({rag['chunks']} chunks of at most {s['chunk_tokens']} tokens; indexed in {rag['index_seconds']} s, "
              f"{rag['embed_seconds']} s of it embedding). Encoder and pruner: {s['encoder']}, {s['pruner']}.", "",
              "| retrieval | " + " | ".join(f"recall@{k}" for k in KS) + " |",
@@ -133,7 +129,7 @@ def write(out: Path, result: dict) -> None:
     lines += ["", f"Latency per question (k={s['k']}, {s['candidates']} candidates, ms):", "",
               "| stage | p50 | p90 |", "|---|---|---|"]
     lines += [f"| {st} | {v['p50']:.1f} | {v['p90']:.1f} |" for st, v in lat.items()]
-    (out / "retrieval.md").write_text("\n".join(lines) + "\n")
+    study.write(out, result, lines)
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -154,19 +150,17 @@ def write(out: Path, result: dict) -> None:
 
 
 def main(argv=None) -> int:
-    import sys
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__, out="benchmarks/results/retrieval", repeats=1)
     ap.add_argument("--rag", required=True, help="squad-dev-rag.jsonl")
     ap.add_argument("--prune-data", help="squad-dev-prune.jsonl (answer survival)")
-    ap.add_argument("--out", default="benchmarks/results/retrieval")
     ap.add_argument("--db", help="Milvus Lite file (default: OUT/bench.db, removed afterwards)")
     ap.add_argument("--limit", type=int, help="first N questions only")
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--candidates", type=int, default=20)
-    ap.add_argument("--threads", type=int)
     ap.add_argument("--model", default="default", help="the pruning model: 'default', 'default-int8' "
                     "(the default model's INT8 export) or an exported folder")
     args = ap.parse_args(argv)
+    study = Study("retrieval", "benchmarks.retrieval", argv)
     from engine.rag.embedder import Embedder
     from engine.rag.pipeline import CHUNK_TOKENS, Pipeline
     from engine.pruner import Pruner
@@ -182,9 +176,7 @@ def main(argv=None) -> int:
         label = "default (all-MiniLM-L6-v2, embedding family)" if args.model == "default" else Path(args.model).name
     pipe = Pipeline(db, Pruner.load(model, threads=args.threads), Embedder.load("default", threads=args.threads),
                     log=lambda m: None)
-    result = {"command": shlex.join(["python", "-m", "benchmarks.retrieval", *(sys.argv[1:] if argv is None else argv)]),
-              "machine": f"{platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores",
-              "settings": {"k": args.k, "candidates": args.candidates, "chunk_tokens": CHUNK_TOKENS,
+    result = {"settings": {"k": args.k, "candidates": args.candidates, "chunk_tokens": CHUNK_TOKENS,
                            "encoder": pipe.embedder.name, "pruner": label,
                            "fusion": "RRF k=60"}}
     try:
@@ -198,8 +190,7 @@ def main(argv=None) -> int:
             import shutil
             for p in (db, db.with_name(f".{db.name}.lock")):
                 shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-    write(out, result)
-    print((out / "retrieval.md").read_text())
+    write(study, out, result)
     return 0
 
 

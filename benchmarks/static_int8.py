@@ -18,18 +18,15 @@ reranking score, on the first 150 labelled documents. Batch dependence: each of 
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import platform
-import shlex
 import shutil
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from engine.tools.harness import Study, interleave, medians, parser
 
 QUESTIONS = ["What is this about?", "When did it happen?", "Who made it?", "How does it work?"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,14 +71,13 @@ def static_quantize(fp32_dir: Path, out: Path, calibration: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__, repeats=3)
     ap.add_argument("--rag", required=True, help="RAG JSONL (speed, batch dependence)")
     ap.add_argument("--prune-data", required=True, help="sentence-labelled JSONL (fidelity)")
-    ap.add_argument("--out", required=True)
     ap.add_argument("--calibration", default=str(ROOT / "examples" / "documents.jsonl"),
                     help="JSONL with `text` (default: the repository's examples/documents.jsonl)")
-    ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
+    study = Study("static-int8", "benchmarks.static_int8", argv)
     from scipy.stats import spearmanr
 
     from engine.default_model import ensure_default_model
@@ -106,15 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     for p in pruners.values():
         for s in rag[:2]:
             p.prune(s.question, s.passages)
-    times: dict[str, list[float]] = {k: [] for k in pruners}
-    for rep in range(3):
-        for k, p in pruners.items():
-            t = time.perf_counter()
+    def one_pass(p):
+        def go():
             for s in rag:
                 p.prune(s.question, s.passages)
-            times[k].append(time.perf_counter() - t)
-        print(f"repeat {rep + 1}/3", file=sys.stderr, flush=True)
-    med = {k: statistics.median(v) for k, v in times.items()}
+        return go
+    times = interleave({k: one_pass(p) for k, p in pruners.items()}, args.repeats)
+    med = medians(times)
     docs = load_prune_data(args.prune_data, 150)
     res = {k: [p.prune(d.question, [d.context], sentences=[d.spans])[0] for d in docs] for k, p in pruners.items()}
     rows = []
@@ -135,21 +129,17 @@ def main(argv: list[str] | None = None) -> int:
                      "rerank_spearman": float(spearmanr([r.reranking_score for r in res["fp32"]],
                                                         [r.reranking_score for r in res[k]]).correlation),
                      "alone_vs_in_call_max_dprob": dep})
-    command = shlex.join(["python", "-m", "benchmarks.static_int8", *(argv if argv is not None else sys.argv[1:])])
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}"
-    (out / "static-int8.json").write_text(json.dumps({"command": command, "machine": machine, "static": quant,
-                                                      "rows": rows}, indent=2) + "\n")
-    lines = [f"`{command}`", "", f"{machine}; the default model; 30 RAG calls x 3 interleaved repeats; fidelity "
-             f"on {len(docs)} labelled documents at the model's defaults.", "",
-             "| variant | seconds | vs fp32 | decision agreement | max abs dp | pruned text changed | rerank Spearman "
-             "| alone vs in its call, max abs dp |", "|---|---|---|---|---|---|---|---|"]
+    lines = study.header("Static INT8 (QDQ) against the export's dynamic INT8",
+                         f"The default model; 30 RAG calls x {args.repeats} interleaved repeats; fidelity on "
+                         f"{len(docs)} labelled documents at the model's defaults.")
+    lines += ["| variant | seconds | vs fp32 | decision agreement | max abs dp | pruned text changed | rerank Spearman "
+              "| alone vs in its call, max abs dp |", "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['variant']} | {r['seconds']:.2f} | {r['speedup_vs_fp32']:.2f}x | {100 * r['decision_agreement']:.2f}% "
               f"| {r['max_abs_dprob']:.4f} | {100 * r['pruned_text_changed']:.1f}% | {r['rerank_spearman']:.4f} "
               f"| {r['alone_vs_in_call_max_dprob']:.1e} |" for r in rows]
-    (out / "static-int8.md").write_text("\n".join(lines) + "\n")
+    study.write(out, {"static": quant, "rows": rows, "seconds": times}, lines)
     for folder in out.glob("model-*"):
         shutil.rmtree(folder)
-    print("\n".join(lines))
     return 0
 
 

@@ -83,3 +83,27 @@ def serve_api(pruner, config=None):
     (port,) = free_ports(1)
     with ApiThread(create_app(pruner, config or ApiConfig()), port=port) as api:
         yield api.url
+
+
+TINY_DOCS = [
+    ("When was the stadium built?", "The stadium was built in 1923. It holds 80,000 people. Football is played.", 0),
+    ("Where is Paris?", "Cheese is made from milk. Paris is the capital of France. The Alps are high.", 1),
+    ("Who wrote the book?", "The book was written by Jane Austen. It was published in 1813.", 0),
+]
+
+
+def write_tiny_data(root: Path) -> Path:
+    """`root/prune.jsonl` (each of TINY_DOCS, its gold sentence labelled) and `root/rag.jsonl`
+    (each question with all three passages); `root`."""
+    import json
+
+    from engine.text import split_sentences
+    prune_rows, rag_rows = [], []
+    for i, (q, ctx, gold) in enumerate(TINY_DOCS):
+        spans = split_sentences(ctx)
+        prune_rows.append({"id": f"d{i}", "question": q, "context": ctx, "sentences": [list(s) for s in spans],
+                           "labels": [int(k == gold) for k in range(len(spans))]})
+        rag_rows.append({"id": f"q{i}", "question": q, "passages": [c for _, c, _ in TINY_DOCS], "gold": i})
+    (root / "prune.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prune_rows))
+    (root / "rag.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rag_rows))
+    return root

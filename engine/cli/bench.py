@@ -30,6 +30,8 @@ def add(new) -> None:
     b.add_argument("--paths", help="only the paths whose names or ids match this regular expression "
                    "(e.g. 'c16' for a focused comparison with more repeats; ids are the names in lower "
                    "case with '-' for the rest: triton-text-grpc-c16-int8)")
+    b.add_argument("--concurrencies", default="1,4,16", type=_concurrencies,
+                   help="client concurrencies of the concurrent paths and perf_analyzer (default 1,4,16)")
     b.add_argument("--text-instances", type=int, default=4, help="instances of the served text model (default 4)")
     b.add_argument("--no-perf-analyzer", action="store_true", help="skip perf_analyzer (with --triton)")
     b.add_argument("--perf-analyzer", metavar="PATH", help="Triton's perf_analyzer binary (default: beside this "
@@ -45,6 +47,17 @@ def add(new) -> None:
     b.add_argument("--list", action="store_true", help="list the paths these flags make possible (id, group, "
                    "name) and exit, measuring nothing")
     b.set_defaults(func=run)
+
+
+def _concurrencies(text: str) -> tuple[int, ...]:
+    import argparse
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
+    return values
 
 
 def run(args) -> int:
@@ -64,6 +77,7 @@ def run(args) -> int:
     checkpoint = args.checkpoint or (None if args.model else default_checkpoint())
     options = BenchOptions(models=models, data=Path(args.data), checkpoint=checkpoint, queries=args.queries,
                            repeats=args.repeats, threads=args.threads, triton=args.triton, only=args.paths,
+                           concurrencies=args.concurrencies,
                            text_instances=args.text_instances, perf=not args.no_perf_analyzer,
                            perf_analyzer=args.perf_analyzer, replicas=args.replicas, device=args.device,
                            server_url=args.server, text_model=args.text_model or "default_text", api_url=args.api)

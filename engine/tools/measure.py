@@ -246,6 +246,11 @@ def text_input_data(queries) -> list[dict[str, Any]]:
              "passages": {"content": list(q.passages), "shape": [len(q.passages)]}} for q in queries[:20]]
 
 
+#: Triton's release: the server nvidia-pytriton 0.7.0 bundles ([serve]), the image deploy/Dockerfile
+#: starts from (24.10), and the tritonclient wheel whose perf_analyzer binary matches it
+TRITON_RELEASE = "2.51.0"
+
+
 def find_perf_analyzer(binary: str | None = None) -> Path | str:
     """perf_analyzer's binary: `binary`, else beside this interpreter, else on PATH; or a
     sentence saying why there is none."""
@@ -256,8 +261,9 @@ def find_perf_analyzer(binary: str | None = None) -> Path | str:
     found = beside if beside.is_file() else shutil.which("perf_analyzer")
     if found:
         return Path(found)
-    return ("no perf_analyzer binary: install one with `pip install --no-deps --target DIR tritonclient==2.51.0 "
-            "nvidia-cuda-runtime-cu12` and pass --perf-analyzer DIR/bin/perf_analyzer (docs/installing.md)")
+    return (f"no perf_analyzer binary: install one with `pip install --no-deps --target DIR "
+            f"tritonclient=={TRITON_RELEASE} nvidia-cuda-runtime-cu12` and pass --perf-analyzer "
+            "DIR/bin/perf_analyzer (docs/installing.md)")
 
 
 def perf_analyzer(server_grpc: str, model: str, data: list[dict[str, Any]], concurrencies,

@@ -140,10 +140,12 @@ def test_dockerfile_matches_the_client_pin():
     text = (ROOT / "deploy" / "Dockerfile").read_text()
     image = re.search(r"^FROM nvcr\.io/nvidia/tritonserver:(\d+)\.(\d+)-py3$", text, re.M)
     assert image, "the Dockerfile must start from NVIDIA's Triton image"
-    pin = re.search(r'tritonclient\[[^\]]*\]==2\.(\d+)\.', (ROOT / "pyproject.toml").read_text())
+    from engine.tools.measure import TRITON_RELEASE
     # Triton releases: container YY.MM carries server 2.N with N = 51 for 24.10, one per month
     year, month = int(image.group(1)), int(image.group(2))
-    assert 51 + (year - 24) * 12 + (month - 10) == int(pin.group(1))
+    assert f"2.{51 + (year - 24) * 12 + (month - 10)}.0" == TRITON_RELEASE
+    # the perf_analyzer install docs/installing.md gives is that release's client
+    assert f"tritonclient=={TRITON_RELEASE}" in (ROOT / "docs" / "installing.md").read_text()
     assert "ENTRYPOINT [\"tritonserver\"]" in text
     dep = _one("Deployment", "prune-triton")
     assert "command" not in dep["spec"]["template"]["spec"]["containers"][0]   # the image's entrypoint

@@ -192,7 +192,7 @@ print(json.dumps({"results": out, "versions": {"protobuf": google.protobuf.__ver
 def test_the_newest_tritonclient_on_numpy_2_talks_to_the_bundled_server(wheel, server, pruners, tmp_path):
     """`[cpu,triton]` alone resolves the newest tritonclient with protobuf 5+ and numpy 2;
     the text model (gRPC and HTTP) and the core model on the bundled 2.51 server answer it
-    as the in-process pruner does. (Only perf_analyzer, in [bench], needs the 2.51 wheel.)"""
+    as the in-process pruner does. (Only perf_analyzer, installed apart, needs the 2.51 wheel.)"""
     venv = _venv_with(wheel, "cpu,triton", tmp_path)
     py = str(venv / "bin" / "python")
     version = subprocess.run([py, "-c", "import importlib.metadata as m; print(m.version('tritonclient'))"],

@@ -11,30 +11,14 @@ import pytest
 
 from engine.cli import main
 from engine.pruner import Pruner
+from tests.utils import write_tiny_data
 
 pytestmark = pytest.mark.server
 
 PRUNE = Path(sys.executable).parent / "prune"
-DOCS = [
-    ("When was the stadium built?", "The stadium was built in 1923. It holds 80,000 people. Football is played.", 0),
-    ("Where is Paris?", "Cheese is made from milk. Paris is the capital of France. The Alps are high.", 1),
-    ("Who wrote the book?", "The book was written by Jane Austen. It was published in 1813.", 0),
-]
-
-
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory):
-    from engine.text import split_sentences
-    root = tmp_path_factory.mktemp("tiny-data")
-    prune_rows, rag_rows = [], []
-    for i, (q, ctx, gold) in enumerate(DOCS):
-        spans = split_sentences(ctx)
-        prune_rows.append({"id": f"d{i}", "question": q, "context": ctx, "sentences": [list(s) for s in spans],
-                           "labels": [int(k == gold) for k in range(len(spans))]})
-        rag_rows.append({"id": f"q{i}", "question": q, "passages": [c for _, c, _ in DOCS], "gold": i})
-    (root / "prune.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prune_rows))
-    (root / "rag.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rag_rows))
-    return root
+    return write_tiny_data(tmp_path_factory.mktemp("tiny-data"))
 
 
 def test_eval_reports_baselines_and_the_model(exported, tiny_data, tmp_path, capsys):
