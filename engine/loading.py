@@ -13,7 +13,7 @@ from engine.encode import manifest_tokenizer
 from engine.errors import InputError, ModelLoadError
 from engine.spec import Manifest, ModelSpec
 
-BACKENDS = ("onnxruntime", "torch")
+BACKENDS = ("onnxruntime", "openvino", "torch")
 DTYPES = ("float32", "float16", "bfloat16")
 ATTENTIONS = ("eager", "sdpa")
 
@@ -22,11 +22,14 @@ def open_model(path: str | Path, backend: str = "onnxruntime", *, family: str | 
                threads: int | None = None, providers: list[str] | None = None,
                batching: BatchingConfig | None = None, graph: str | None = None, device: str = "cpu",
                options: dict[str, Any] | None = None, tensorrt: bool | str | Path = False, log: Any = None,
-               dtype: str = "float32", attn: str = "eager") -> tuple[Backend, Any, ModelSpec]:
-    """(core, tokenizer, spec) of an exported model folder (ONNX Runtime) or a checkpoint
-    (backend="torch"); the arguments are `Pruner.load`'s."""
+               dtype: str = "float32", attn: str = "eager", precision: str = "fp32",
+               shape_cache: int | None = None) -> tuple[Backend, Any, ModelSpec]:
+    """(core, tokenizer, spec) of an exported model folder (ONNX Runtime or OpenVINO) or a
+    checkpoint (backend="torch"); the arguments are `Pruner.load`'s."""
     if backend not in BACKENDS:
-        raise InputError(f"unknown backend {backend!r}: onnxruntime or torch (Triton: Pruner.connect)")
+        raise InputError(f"unknown backend {backend!r}: onnxruntime, openvino or torch (Triton: Pruner.connect)")
+    if precision != "fp32" and backend != "openvino":
+        raise InputError(f"precision {precision!r} is an OpenVINO inference precision: backend='openvino'")
     if str(path) == "default" and not Path("default").exists():
         from engine.default_model import default_checkpoint, ensure_default_model
         path = default_checkpoint() if backend == "torch" else ensure_default_model()
@@ -39,19 +42,32 @@ def open_model(path: str | Path, backend: str = "onnxruntime", *, family: str | 
             raise InputError(f"attn must be eager or sdpa, got {attn!r}")
         return TorchBackend.from_checkpoint(path, family=family, options=options, attn=attn, threads=threads,
                                             device=device, dtype=dtype)
-    from engine.backends.onnxruntime import OnnxRuntimeBackend
     manifest = Manifest.read(path)
     spec = manifest.spec(name=path.name)
     tokenizer = manifest_tokenizer(path, manifest, spec.family)
+    graph_file = path / (graph or manifest.graph)
+    if backend == "openvino" or graph_file.suffix == ".xml":     # an OpenVINO IR export runs on OpenVINO
+        if device != "cpu" or tensorrt:
+            raise InputError("the OpenVINO backend runs on the CPU (device='cpu', no TensorRT)")
+        from engine.backends.openvino import OpenVinoBackend
+        core: Backend = OpenVinoBackend(graph_file, precision=precision, threads=threads, shape_cache=shape_cache)
+    else:
+        core = _onnxruntime(path, graph_file, spec, manifest, threads=threads, providers=providers,
+                            batching=batching, device=device, tensorrt=tensorrt, log=log)
+    missing = set(spec.input_names) - set(core.input_names)
+    if missing:
+        raise ModelLoadError(f"{path}: graph lacks inputs {sorted(missing)}")
+    return core, tokenizer, spec
+
+
+def _onnxruntime(path: Path, graph_file: Path, spec: ModelSpec, manifest: Manifest, *, threads, providers, batching,
+                 device, tensorrt, log) -> Backend:
+    from engine.backends.onnxruntime import OnnxRuntimeBackend
     trt = None
     if tensorrt:
         from engine.backends.onnxruntime import tensorrt_options
         trt = tensorrt_options(list(spec.input_names), list(manifest.buckets or [spec.max_length]),
                                (batching or BatchingConfig()).max_batch_size,
                                Path(tensorrt) if isinstance(tensorrt, (str, Path)) else path / "trt-cache")
-    core = OnnxRuntimeBackend(path / (graph or manifest.graph), intra_op_threads=threads,
-                              providers=providers, device=device, tensorrt=trt, log=log)
-    missing = set(spec.input_names) - set(core.input_names)
-    if missing:
-        raise ModelLoadError(f"{path}: graph lacks inputs {sorted(missing)}")
-    return core, tokenizer, spec
+    return OnnxRuntimeBackend(graph_file, intra_op_threads=threads, providers=providers, device=device,
+                              tensorrt=trt, log=log)

@@ -71,7 +71,8 @@ class Pruner:
     @classmethod
     def load(cls, path: str | Path, backend: str = "onnxruntime", *, batching: BatchingConfig | None = None,
              **kwargs: Any) -> "Pruner":
-        """Load an exported model folder (ONNX Runtime), or a checkpoint (backend="torch").
+        """Load an exported model folder (ONNX Runtime, or OpenVINO: backend="openvino"), or a
+        checkpoint (backend="torch"). An `ov-int8` export (OpenVINO IR) runs on OpenVINO.
 
         Keywords (engine.loading.open_model): `threads` (ONNX Runtime's intra-op threads, or
         torch's), `device="cuda"` (ONNX Runtime's CUDA provider with IO binding, from
@@ -80,7 +81,9 @@ class Pruner:
         given, falling back to CUDA with a message to `log` where the provider is absent),
         `providers`, `graph` (another graph of the folder), and for torch `family`, `options`,
         `dtype` (float32, float16, bfloat16) and `attn` (eager, sdpa: the checkpoint's
-        backbone must offer it; DeBERTa-v2/v3 does not). `"default"` is the default model
+        backbone must offer it; DeBERTa-v2/v3 does not); for openvino `precision` ("fp32", or
+        "bf16" inference where the CPU has it) and `shape_cache` (compiled shapes kept; 0:
+        none, memory stays flat). `"default"` is the default model
         (all-MiniLM-L6-v2): its export (made on first use) for ONNX Runtime, its checkpoint
         for torch.
         """

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.cli.common import add_batching, add_setting, api_imports, batching, model_path
+from engine.cli.common import add_batching, add_openvino, add_setting, api_imports, batching, model_path
 
 
 def add(new) -> None:
@@ -21,8 +21,9 @@ def add(new) -> None:
     add_setting(h, "max_concurrent")
     add_setting(h, "request_timeout")
     add_setting(h, "max_body_bytes")
+    add_openvino(h, ("onnxruntime", "openvino"))
     add_batching(h)
-    h.set_defaults(func=run, backend="onnxruntime")
+    h.set_defaults(func=run)
 
 
 def run(args) -> int:
@@ -36,7 +37,8 @@ def run(args) -> int:
         label = f"{name}@{args.server}"
     else:
         model = model_path(args)
-        pruner = Pruner.load(model, threads=args.threads, batching=batching(args))
+        pruner = Pruner.load(model, args.backend, threads=args.threads, batching=batching(args),
+                             precision=args.inference_precision)
         label = Path(model).name if args.model and args.model != "default" else "default"
     app = api_app(args, pruner, label, remote=bool(args.server))
     args.log(f"prune api: {label} ({pruner.family.name}, {pruner.describe()}) on http://{args.host}:{args.port}"

@@ -18,6 +18,9 @@ def add(new) -> None:
     b.add_argument("--int8", help="exported int8 folder (default: the default model's, exported on first use)")
     b.add_argument("--fp16", help="exported fp16 folder (default with --device cuda: the default model's, "
                    "exported on first use)")
+    b.add_argument("--openvino", action="store_true", help="also OpenVINO: fp32, bf16 inference (where the CPU has "
+                   "it) and static INT8 (--ov-int8, else quantized here from --model with NNCF); [openvino] extra")
+    b.add_argument("--ov-int8", help="an `prune export --precision ov-int8` folder for --openvino")
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: PyTorch fp32/fp16 and ONNX Runtime's CUDA provider (fp32, fp16) on the GPU "
                         "(pip install 'prune-engine[gpu]')")
@@ -74,13 +77,16 @@ def run(args) -> int:
         models["int8"] = Path(args.int8) if args.int8 else ensure_default_model(log, precision="int8")
     if args.fp16 or (args.device == "cuda" and not args.model):
         models["fp16"] = Path(args.fp16) if args.fp16 else ensure_default_model(log, precision="fp16")
+    if args.ov_int8:
+        models["ov-int8"] = Path(args.ov_int8)
     checkpoint = args.checkpoint or (None if args.model else default_checkpoint())
     options = BenchOptions(models=models, data=Path(args.data), checkpoint=checkpoint, queries=args.queries,
                            repeats=args.repeats, threads=args.threads, triton=args.triton, only=args.paths,
                            concurrencies=args.concurrencies,
                            text_instances=args.text_instances, perf=not args.no_perf_analyzer,
                            perf_analyzer=args.perf_analyzer, replicas=args.replicas, device=args.device,
-                           server_url=args.server, text_model=args.text_model or "default_text", api_url=args.api)
+                           server_url=args.server, text_model=args.text_model or "default_text", api_url=args.api,
+                           openvino=args.openvino or bool(args.ov_int8))
     if args.list:
         from engine.spec import Manifest
         family = Manifest.read(models["fp32"]).family

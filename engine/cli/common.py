@@ -146,3 +146,13 @@ def add_db(x: argparse.ArgumentParser) -> None:
     x.add_argument("--encoder", default="default", help="exported encoder folder (prune export --encoder), "
                    "or 'default' (all-MiniLM-L6-v2's, exported on first use)")
     x.add_argument("--threads", type=int, help="intra-op threads of ONNX Runtime")
+
+
+def add_openvino(p, backends: tuple[str, ...]) -> None:
+    """`--backend` (of `backends`) and OpenVINO's `--inference-precision`."""
+    p.add_argument("--backend", choices=list(backends), default="onnxruntime",
+                   help="onnxruntime (an exported folder); openvino (the same folder on OpenVINO, pip install "
+                        "'prune-engine[openvino]'; an ov-int8 export runs there whatever this says)"
+                   + ("; torch: a checkpoint (the fp32 reference)" if "torch" in backends else ""))
+    p.add_argument("--inference-precision", choices=["fp32", "bf16"], default="fp32",
+                   help="--backend openvino: bf16 inference of the fp32 graph (CPUs with AVX512_BF16 or AMX)")

@@ -22,8 +22,12 @@ def add(new) -> None:
                    help="store weights beside the graph (auto: when over 2 GB)")
     e.add_argument("--no-verify", action="store_true", help="skip the parity check against PyTorch")
     e.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
-    e.add_argument("--precision", choices=["fp32", "int8", "fp16"], default="fp32",
-                   help="int8: dynamic quantization for CPUs; fp16: for GPUs (float32 I/O, softmax, pooling)")
+    e.add_argument("--precision", choices=["fp32", "int8", "fp16", "ov-int8"], default="fp32",
+                   help="int8: dynamic quantization for CPUs; fp16: for GPUs (float32 I/O, softmax, pooling); "
+                        "ov-int8: static INT8 for OpenVINO (NNCF; an OpenVINO IR folder; pip install "
+                        "'prune-engine[openvino]')")
+    e.add_argument("--calibration", help="ov-int8: a text file (one passage per paragraph) or JSONL with `text`, "
+                   "to calibrate on instead of the built-in generic text (never evaluation data)")
     e.add_argument("--no-optimize", action="store_true", help="skip ONNX Runtime's transformer optimizer")
     e.add_argument("--int8-weight-type", choices=["QInt8", "QUInt8"], default="QInt8",
                    help="weight type of the INT8 graph (default chosen by measured fidelity, docs/precisions.md)")
@@ -54,6 +58,10 @@ def run(args) -> int:
     if args.encoder:
         export_encoder(args.model, args.out, overwrite=args.overwrite, opset=args.opset, log=args.log)
         return 0
+    if args.precision == "ov-int8":
+        return _openvino_int8(args)
+    if args.calibration:
+        raise PruneError("--calibration is for --precision ov-int8")
     export_model(args.model, args.out, family=args.family, tokenizer=args.tokenizer,
                  max_length=args.max_length, opset=args.opset, external_data=args.external_data,
                  verify=not args.no_verify, overwrite=args.overwrite, options=embedding_options(args),
@@ -66,4 +74,31 @@ def run(args) -> int:
         export_tensorrt(Path(args.out), precision="fp16" if args.precision == "fp32" else args.precision,
                         max_batch_size=args.max_batch_size,
                         log=args.log)
+    return 0
+
+
+def _openvino_int8(args) -> int:
+    """The fp32 export (checked against PyTorch) in a scratch folder, then NNCF's static INT8."""
+    import json
+    import tempfile
+
+    from export.onnx import export_model
+    from export.openvino import quantize
+    if args.tensorrt:
+        raise PruneError("--tensorrt builds from an ONNX export, not from ov-int8")
+    texts = None
+    if args.calibration:
+        raw = Path(args.calibration).read_text(encoding="utf-8")
+        if args.calibration.endswith(".jsonl"):
+            texts = [json.loads(line)["text"] for line in raw.splitlines() if line.strip()]
+        else:
+            texts = [t.strip() for t in raw.split("\n\n") if t.strip()]
+        if not texts:
+            raise PruneError(f"--calibration {args.calibration}: no text in it")
+    with tempfile.TemporaryDirectory(prefix="prune-ov-int8-") as tmp:
+        export_model(args.model, Path(tmp) / "fp32", family=args.family, tokenizer=args.tokenizer,
+                     max_length=args.max_length, opset=args.opset, external_data=args.external_data,
+                     verify=not args.no_verify, options=embedding_options(args), precision="fp32",
+                     optimize=not args.no_optimize, log=args.log)
+        quantize(Path(tmp) / "fp32", args.out, texts=texts, overwrite=args.overwrite, log=args.log)
     return 0

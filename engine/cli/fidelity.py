@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.cli.common import add_batching, add_windows, batching
+from engine.cli.common import add_batching, add_openvino, add_windows, batching
 from engine.errors import PruneError
 from engine.spec import Manifest
 
@@ -18,6 +18,7 @@ def add(new) -> None:
     f.add_argument("--out", help="write the report as JSON here")
     f.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_windows(f)
+    add_openvino(f, ("onnxruntime", "openvino"))
     add_batching(f)
     f.set_defaults(func=run)
 
@@ -26,7 +27,8 @@ def run(args) -> int:
     """Run `prune fidelity`; the exit status."""
     from engine.tools.fidelity import format_report, load_docs, measure, save
     from engine.pruner import Pruner
-    candidate = Pruner.load(args.model, threads=args.threads, batching=batching(args))
+    candidate = Pruner.load(args.model, args.backend, threads=args.threads, batching=batching(args),
+                            precision=args.inference_precision)
     manifest = Manifest.read(args.model)
     source = args.reference or (manifest.source.checkpoint if manifest.source else "")
     if not args.reference and not Path(source).exists() and (Path(source).is_absolute() or source.startswith(".")
@@ -40,8 +42,9 @@ def run(args) -> int:
     docs = load_docs(args.data, args.limit)
     rep = measure(candidate, reference, docs, progress=not (args.no_progress or args.quiet),
                   log=args.log, windows=args.windows)
-    rep.update(model=args.model, precision=manifest.precision, data=args.data)
-    print(format_report(f"{Path(args.model).name} ({manifest.precision}, windows {rep['windows']})", rep))
+    rep.update(model=args.model, precision=manifest.precision, data=args.data, runtime=candidate.describe())
+    print(format_report(f"{Path(args.model).name} ({manifest.precision}, {candidate.describe()}, windows "
+                        f"{rep['windows']})", rep))
     if args.out:
         save(rep, args.out)
         print(f"wrote {args.out}")

@@ -6,8 +6,8 @@ import sys
 import time
 from pathlib import Path
 
-from engine.cli.common import (add_batching, add_call_options, add_renamed, add_setting, batching, call_options,
-                               model_path)
+from engine.cli.common import (add_batching, add_call_options, add_openvino, add_renamed, add_setting, batching,
+                               call_options, model_path)
 from engine.errors import PruneError
 from engine.inputs import CallOptions
 
@@ -17,8 +17,7 @@ def add(new) -> None:
     r = new("run", help="prune passages for a question")
     r.add_argument("--model", help="exported folder (onnxruntime) or checkpoint (--backend torch), or 'default' "
                                     "(all-MiniLM-L6-v2, exported on first use); default: 'default'")
-    r.add_argument("--backend", choices=["onnxruntime", "torch"], default="onnxruntime",
-                   help="onnxruntime: an exported folder; torch: a checkpoint (the fp32 reference)")
+    add_openvino(r, ("onnxruntime", "openvino", "torch"))
     r.add_argument("--server", help="a Triton server, host:port (gRPC 8001 or HTTP 8000) instead of in-process; "
                    "several replicas (gRPC): host1:8001,host2:8001 or dns:///name:8001")
     add_setting(r, "text_model", "; a core model's name makes this client tokenize")
@@ -85,7 +84,8 @@ def run(args) -> int:
         args.model = model_path(args)
         pruner = Pruner.load(args.model, backend=args.backend, family=args.family, threads=args.threads,
                              batching=batching(args), device=args.device, tensorrt=args.trt_provider,
-                             log=args.log, dtype=args.dtype, attn=args.attn)
+                             log=args.log, dtype=args.dtype, attn=args.attn,
+                             precision=args.inference_precision)
     t_load = time.perf_counter() - t0
     if args.input:
         return _run_file(pruner, args, options)

@@ -89,6 +89,7 @@ class BenchOptions:
     server_url: str | None = None
     text_model: str = "default_text"
     api_url: str | None = None
+    openvino: bool = False                  # OpenVINO fp32, bf16 (where the CPU has it) and static INT8
 
     def __post_init__(self):
         if self.device not in ("cpu", "cuda"):
@@ -141,9 +142,25 @@ class Session:
         """An exported model in-process (`precision` a models key); `kw`: Pruner.load's."""
         from engine.pruner import Pruner
         o = self.options
-        device = "cpu" if precision == "int8" else o.device
+        device = "cpu" if precision == "int8" or kw.get("backend") == "openvino" else o.device
         return self.once(("pruner", precision, tuple(sorted(kw.items()))),
                          lambda: Pruner.load(o.models[precision], threads=o.threads, device=device, **kw))
+
+    def ov_int8(self) -> Any:
+        """The static INT8 OpenVINO export: `models["ov-int8"]`, else made here from the fp32
+        export (NNCF, its default settings; it lives until the end)."""
+        from engine.pruner import Pruner
+        o = self.options
+
+        def make():
+            folder = o.models.get("ov-int8")
+            if folder is None:
+                from export.openvino import quantize
+                folder = Path(self.stack.enter_context(tempfile.TemporaryDirectory(prefix="prune-bench-ov-"))) / "m"
+                self.log("openvino-int8: quantizing the fp32 export with NNCF ...")
+                quantize(o.models["fp32"], folder, log=lambda m: None)
+            return Pruner.load(folder, threads=o.threads)
+        return self.once("ov-int8", make)
 
     def torch(self, **kw) -> Any:
         """The checkpoint through the PyTorch reference backend."""
@@ -245,6 +262,14 @@ def _text_model(c: int):
     return start
 
 
+def _bf16(s: Session) -> Runner | None:
+    from engine.backends.openvino import bf16_supported
+    if not bf16_supported():
+        s.log("openvino-bf16: this CPU does not compute bf16 (avx512_bf16 / amx_bf16)")
+        return None
+    return _sequential(lambda s: s.pruner("fp32", backend="openvino", precision="bf16"))(s)
+
+
 def _triton_core(proto: str, replicas: bool = False, model: str = "bench"):
     def client_of(s: Session) -> Callable[[], Any]:
         from engine.pruner import Pruner
@@ -304,6 +329,11 @@ def registry(o: BenchOptions, family: str) -> list[BenchPath]:
     if int8:
         paths.append(BenchPath("onnxruntime-int8", "in-process", _sequential(lambda s: s.pruner("int8")),
                                "int8", "int8"))
+    if o.openvino and o.device == "cpu":
+        paths += [BenchPath("openvino-fp32", "in-process", _sequential(lambda s: s.pruner("fp32", backend="openvino")),
+                            "fp32"),
+                  BenchPath("openvino-bf16", "in-process", _bf16),
+                  BenchPath("openvino-int8 (NNCF static)", "in-process", _sequential(lambda s: s.ov_int8()))]
     if o.triton:
         if o.replicas > 1:
             paths += [BenchPath(f"{label} {o.replicas} replicas c{c} ({precision})", "triton",

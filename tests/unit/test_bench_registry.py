@@ -108,3 +108,10 @@ def test_interleave_runs_every_variant_once_a_round():
     assert times["y"] == [0.5, 0.5, 0.5] and len(times["x"]) == 3
     with pytest.raises(ValueError):
         interleave({}, 0)
+
+
+def test_openvino_adds_its_paths_beside_onnxruntime():
+    ov = registry(BenchOptions(MODELS, Path("d"), openvino=True), "provence")
+    assert [p.id for p in ov if p.id.startswith("openvino")] == ["openvino-fp32", "openvino-bf16",
+                                                                 "openvino-int8-nncf-static"]
+    assert not [p for p in registry(BenchOptions(MODELS, Path("d")), "provence") if p.id.startswith("openvino")]

@@ -1,0 +1,120 @@
+"""OpenVINO in-process (the `[openvino]` extra): the same exported ONNX graphs, or an
+OpenVINO IR the export made with NNCF, on OpenVINO's CPU plugin.
+
+Precisions (`precision`):
+- "fp32": f32 inference of the fp32 graph;
+- "bf16": the fp32 graph with bf16 inference (OpenVINO's inference-precision hint), where
+  the CPU computes in bf16 natively (AVX512_BF16 or AMX-BF16); elsewhere a clear error,
+  for OpenVINO would quietly emulate it at a fraction of the speed;
+- an IR export's own precision (its manifest's, e.g. "int8-static"): whatever its graph
+  holds, with f32 for the rest.
+
+Threads: `threads` (INFERENCE_NUM_THREADS; None: all cores), one stream (a call's batches
+run one after another, as with ONNX Runtime). Memory: OpenVINO caches what it compiled for
+each input shape it saw (CPU_RUNTIME_CACHE_CAPACITY entries; `shape_cache`, default 5000:
+OpenVINO's), which is its counterpart of ONNX Runtime's arena: 0 keeps nothing, so memory
+stays flat and every shape is prepared again.
+
+One InferRequest per thread: a Pruner shared by a service's threads runs them side by side.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.backends.base import Backend
+from engine.batching import ModelBatch
+from engine.errors import BackendError, ModelLoadError
+
+PRECISIONS = ("fp32", "bf16")
+#: the CPU flags that give bf16 arithmetic (/proc/cpuinfo)
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's flags (/proc/cpuinfo; empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def openvino_core():
+    """An `openvino.Core`, or a clear error naming the extra."""
+    try:
+        import openvino as ov
+    except ImportError as exc:
+        raise ModelLoadError("OpenVINO is not installed: pip install 'prune-engine[openvino]'") from exc
+    return ov.Core()
+
+
+def bf16_supported(core=None) -> bool:
+    """Whether OpenVINO's CPU plugin computes bf16 natively here."""
+    core = core or openvino_core()
+    return "BF16" in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
+class OpenVinoBackend(Backend):
+    """An ONNX graph or OpenVINO IR (`graph`: .onnx or .xml) on OpenVINO's CPU plugin."""
+    name = "openvino"
+
+    def __init__(self, graph: str | Path, *, precision: str = "fp32", threads: int | None = None,
+                 shape_cache: int | None = None):
+        core = openvino_core()
+        graph = Path(graph)
+        if not graph.is_file():
+            raise ModelLoadError(f"{graph}: no graph")
+        if precision not in PRECISIONS:
+            raise ModelLoadError(f"OpenVINO inference precision must be one of {PRECISIONS}, got {precision!r}")
+        if precision == "bf16" and not bf16_supported(core):
+            have = sorted(f for f in cpu_flags() if f.startswith(("avx512", "amx")))
+            raise ModelLoadError(
+                f"bf16 needs a CPU that computes in bf16 ({' or '.join(BF16_FLAGS)}); this one has "
+                f"{', '.join(have) or 'no AVX-512 or AMX flags'}: use fp32, or the static INT8 export")
+        if threads is not None and threads < 1:
+            raise ModelLoadError(f"threads must be at least 1, got {threads}")
+        if shape_cache is not None and shape_cache < 0:
+            raise ModelLoadError(f"shape_cache must be 0 or more, got {shape_cache}")
+        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32",
+                                  "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
+        if threads:
+            config["INFERENCE_NUM_THREADS"] = int(threads)
+        if shape_cache is not None:
+            config["CPU_RUNTIME_CACHE_CAPACITY"] = int(shape_cache)
+        try:
+            model = core.read_model(str(graph))
+            self.compiled = core.compile_model(model, "CPU", config)
+        except Exception as exc:
+            raise ModelLoadError(f"{graph}: OpenVINO cannot load the graph ({type(exc).__name__}: {exc})") from exc
+        outputs = [o.get_any_name() for o in self.compiled.outputs]
+        if outputs[:2] != ["rerank_score", "sentence_probs"]:
+            raise ModelLoadError(f"{graph}: outputs {outputs} do not follow the contract "
+                                 "(rerank_score, sentence_probs)")
+        self.input_names = [i.get_any_name() for i in self.compiled.inputs]
+        self._outputs = (self.compiled.output("rerank_score"), self.compiled.output("sentence_probs"))
+        self._local = threading.local()
+        self.graph, self.precision, self.threads = graph, precision, threads
+
+    def infer(self, batch: ModelBatch) -> tuple[np.ndarray, np.ndarray]:
+        """(rerank_score [B], sentence_probs [B, S]) of one padded batch."""
+        request = getattr(self._local, "request", None)
+        if request is None:
+            request = self._local.request = self.compiled.create_infer_request()
+        try:
+            out = request.infer(batch.inputs(self.input_names))
+            return (np.array(out[self._outputs[0]], dtype=np.float32, copy=True),
+                    np.array(out[self._outputs[1]], dtype=np.float32, copy=True))
+        except Exception as exc:
+            raise BackendError(f"OpenVINO failed on a batch of shape {batch.shape}: {exc}") from exc
+
+    def describe(self) -> str:
+        """The runtime, graph and inference precision, in words."""
+        kind = "IR" if self.graph.suffix == ".xml" else "ONNX"
+        return f"openvino CPU, {self.precision} inference, {kind} graph {self.graph.name}"
