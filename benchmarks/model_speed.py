@@ -15,7 +15,7 @@ from pathlib import Path
 from benchmarks.precision_choice import INT8_VARIANTS
 from engine.pruner import Pruner
 from engine.text import split_sentences
-from engine.tools.harness import Study, interleave, medians, parser, stderr
+from engine.tools.harness import Study, interleave, medians, model_passes, parser, stderr
 from engine.tools.quality import load_rag_data
 from export.onnx import export_model
 
@@ -49,13 +49,7 @@ def main(argv=None) -> int:
             batches += first.batches(first.encode(q.question, q.passages, spans))
         tokens = sum(int(b.attention_mask.sum()) for b in batches)
         stderr(f"{len(batches)} batches, {tokens} tokens; {args.repeats} interleaved rounds of {len(pruners)} variants")
-
-        def run(p):
-            def one_pass():
-                for b in batches:
-                    p.backend.infer(b)
-            return one_pass
-        times = interleave({name: run(p) for name, p in pruners.items()}, args.repeats, warmup=True)
+        times = interleave(model_passes(pruners, batches), args.repeats, warmup=True)
     med = medians(times)
     rows = [{"variant": n, "seconds_median": med[n], "seconds": t, "tokens_per_s": tokens / med[n],
              "speedup_vs_fp32": med["fp32"] / med[n]} for n, t in times.items()]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from engine.tools.harness import Study, interleave, medians, parser, stderr
+from engine.tools.harness import Study, interleave, medians, model_passes, parser, stderr
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,13 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         pruners["openvino int8 (NNCF static)"] = Pruner.load(ov_int8, threads=args.threads)
         batches = workload_batches(pruners["onnxruntime fp32"], queries)
         tokens = sum(int(b.attention_mask.sum()) for b in batches)
-
-        def one_pass(p):
-            def go():
-                for b in batches:
-                    p.backend.infer(b)
-            return go
-        times = interleave({k: one_pass(p) for k, p in pruners.items()}, args.repeats, warmup=True)
+        times = interleave(model_passes(pruners, batches), args.repeats, warmup=True)
     med = medians(times)
     base = med["onnxruntime fp32"]
     rows = [{"variant": k, "seconds_median": med[k], "seconds": t, "tokens_per_s": tokens / med[k],

@@ -94,6 +94,16 @@ def interleave(variants: dict[str, Callable[[], float | None]], repeats: int, lo
     return times
 
 
+def model_passes(pruners: dict[str, Any], batches: list) -> dict[str, Callable[[], None]]:
+    """For `interleave`: each pruner's model alone over the same padded batches, one pass."""
+    def one_pass(pruner) -> Callable[[], None]:
+        def run() -> None:
+            for b in batches:
+                pruner.backend.infer(b)
+        return run
+    return {name: one_pass(p) for name, p in pruners.items()}
+
+
 def medians(times: dict[str, list[float]]) -> dict[str, float]:
     """Each variant's median."""
     return {name: statistics.median(t) for name, t in times.items()}

@@ -303,3 +303,18 @@ def test_bench_measures_an_existing_deployment(exported, server, tiny_data, tmp_
     assert all(r["passages_per_s"] > 0 and r["p50_ms"] > 0 for r in report["paths"])
     assert report["settings"]["server"] == server.grpc_url and report["settings"]["api"] == url
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("data", ["squad-dev-rag.jsonl", "coqa-dev-rag.jsonl"])
+def test_bench_takes_either_workload_shape(exported, data, tmp_path):
+    """tests/data carries an example of each shape users have: many passages a call
+    (squad-dev-rag, 20 paragraphs) and few long ones (coqa-dev-rag, 3.5 a call)."""
+    from tests.utils import DATA
+    from engine.tools.quality import load_rag_data
+    calls = load_rag_data(DATA / data)
+    per_call = sum(len(c.passages) for c in calls) / len(calls)
+    assert (per_call == 20) if data.startswith("squad") else (3 <= per_call <= 5)
+    assert main(["bench", "--data", str(DATA / data), "--model", str(exported["opensearch"]), "--queries", "3",
+                 "--repeats", "1", "--paths", "^onnxruntime-fp32$", "--out", str(tmp_path)]) == 0
+    report = json.loads(next(tmp_path.glob("bench-*/bench.json")).read_text())
+    assert report["settings"]["passages"] == sum(len(c.passages) for c in calls[:3])
