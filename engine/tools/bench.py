@@ -162,6 +162,10 @@ class Session:
             return Pruner.load(folder, threads=o.threads)
         return self.once("ov-int8", make)
 
+    def batches(self) -> list:
+        """The padded batches the engine sends for the workload (fp32 export, its batching)."""
+        return self.once("batches", lambda: workload_batches(self.pruner("fp32"), self.queries))
+
     def torch(self, **kw) -> Any:
         """The checkpoint through the PyTorch reference backend."""
         from engine.pruner import Pruner
@@ -379,8 +383,7 @@ def measure(session: Session, paths: list[BenchPath], repeats: int) -> dict[str,
             continue
         runners[p.name] = runner
     n_passages = sum(len(q.passages) for q in session.queries)
-    tokens = session.once("tokens", lambda: sum(int(b.attention_mask.sum())
-                                                  for b in workload_batches(session.pruner("fp32"), session.queries)))
+    tokens = sum(int(b.attention_mask.sum()) for b in session.batches())
     results = {name: PathResult(name, passages=n_passages, tokens=tokens) for name in runners}
 
     def timed(name: str) -> Callable[[], float]:
@@ -422,7 +425,7 @@ def report(session: Session, paths: list[BenchPath], results: dict[str, PathResu
     from engine.batching import BatchingConfig
     o, qs, log = session.options, session.queries, session.log
     fp32 = session.pruner("fp32")
-    sorted_batches = workload_batches(fp32, qs)
+    sorted_batches = session.batches()
     fixed_batches = workload_batches(session.pruner("fp32", batching=BatchingConfig(strategy="fixed",
                                                                                      max_batch_size=8)), qs)
     n_passages = sum(len(q.passages) for q in qs)

@@ -44,12 +44,11 @@ def machine_info(device: str = "cpu") -> dict[str, Any]:
             for line in fh:
                 if line.startswith("model name"):
                     info["cpu_model"] = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    info["cpu_flags"] = sorted(f for f in flags if f.startswith(("avx", "amx")))
                     break
     except OSError:
         pass
+    from engine.backends.openvino import cpu_flags      # /proc/cpuinfo's flags (no OpenVINO needed)
+    info["cpu_flags"] = sorted(f for f in cpu_flags() if f.startswith(("avx", "amx")))
     try:
         import torch
         info["torch"] = torch.__version__
