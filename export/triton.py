@@ -3,7 +3,10 @@
     prune repository --model build/provence --out model_repository --target cpu
 
 Targets:
-- `cpu`: python backend running ONNX Runtime (the only backend the CPU server here has);
+- `cpu`: python backend running ONNX Runtime (the only backend the CPU server here has),
+  or OpenVINO (`runtime="openvino"`, where `[openvino]` is installed; an OpenVINO IR
+  export always runs there);
+- `cpu-openvino`: Triton's own openvino backend in NVIDIA's container (ONNX or IR);
 - `gpu-onnx`: Triton's onnxruntime backend on GPUs, optionally with the TensorRT
   execution accelerator (fp16);
 - `gpu-tensorrt`: Triton's tensorrt backend with the plan from `prune export --tensorrt`.
@@ -32,7 +35,9 @@ from engine.spec import Manifest
 from triton_models import CORE, TEXT, template
 from engine.triton.wire import DEFAULT_MAX_CHARS, DEFAULT_MAX_PASSAGES, DESCRIBE_OUTPUTS, TEXT_INPUTS, TEXT_OUTPUTS
 
-TARGETS = ("cpu", "gpu-onnx", "gpu-tensorrt")
+TARGETS = ("cpu", "cpu-openvino", "gpu-onnx", "gpu-tensorrt")
+#: what the cpu target's python core model can run the graph with
+RUNTIMES = ("onnxruntime", "openvino")
 TEXT_SUFFIX = "_text"
 _TRITON_TYPES = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32", "INT32": "TYPE_INT32", "INT64": "TYPE_INT64",
                  "BOOL": "TYPE_BOOL"}
@@ -59,6 +64,8 @@ class RepositoryOptions:
     overwrite: bool = False
     ort_arena: str = "shrink"      # cpu target: what ONNX Runtime's arena does after a run
     join_requests: str = "auto"    # cpu target: join the batcher's requests in one run (always/never/auto)
+    runtime: str = "onnxruntime"   # cpu target: the python core's runtime (onnxruntime/openvino)
+    inference_precision: str = "fp32"   # OpenVINO (cpu with runtime openvino, cpu-openvino): fp32 or bf16
 
 
 def preferred_sizes(buckets: list[int], max_batch_tokens: int, max_batch_size: int) -> list[int]:
@@ -119,6 +126,8 @@ def render_config(name: str, manifest: Manifest, opts: RepositoryOptions, text_m
                           _tensor("sentence_probs", "TYPE_FP32", "-1")])
     preferred = opts.preferred_batch_sizes or preferred_sizes(list(manifest.buckets), opts.max_batch_tokens,
                                                               opts.max_batch_size)
+    if opts.target == "cpu-openvino":
+        return render_openvino_config(name, manifest, opts, text_model)
     if opts.target == "cpu":
         head = 'backend: "python"'
         kind = "KIND_CPU"
@@ -133,18 +142,14 @@ def render_config(name: str, manifest: Manifest, opts: RepositoryOptions, text_m
               "ort_shrink_above_tokens": str(SHRINK_ABOVE_TOKENS)}
     if opts.target == "cpu":
         params["join_requests"] = "true" if joins_requests(manifest, opts) else "false"
+        runtime = core_runtime(manifest, opts)
+        params["runtime"] = runtime
+        params["graph"] = core_graph(manifest, opts)
+        if runtime == "openvino":
+            params["inference_precision"] = "bf16" if opts.inference_precision == "bf16" else "f32"
     if text_model:
         params["prune_text_model"] = text_model
     param_text = _parameters(params)
-    warmups = []
-    for length in warmup_lengths(list(manifest.buckets)):
-        parts = []
-        for n in manifest.inputs:
-            data = f'input_data_file: "ones_{length}"' if n == "attention_mask" else "zero_data: true"
-            parts.append(f'    inputs {{\n      key: "{n}"\n      value: {{ data_type: TYPE_INT64 '
-                         f'dims: [ {length} ] {data} }}\n    }}')
-        tensors = "\n".join(parts)
-        warmups.append(f'  {{\n    name: "warmup_{length}"\n    batch_size: 1\n{tensors}\n  }}')
     accel = ""
     if opts.target == "gpu-onnx" and opts.trt_accelerator:
         accel = ('optimization {\n  execution_accelerators {\n    gpu_execution_accelerator: [ {\n'
@@ -157,7 +162,59 @@ def render_config(name: str, manifest: Manifest, opts: RepositoryOptions, text_m
             f"  max_queue_delay_microseconds: {opts.max_queue_delay_us}\n}}\n"
             f"instance_group [ {{ count: {opts.instances} kind: {kind} }} ]\n"
             f"version_policy: {{ latest: {{ num_versions: 1 }} }}\n"
-            f"{accel}model_warmup [\n" + ",\n".join(warmups) + "\n]\n" + param_text + "\n")
+            f"{accel}{_warmup(manifest, batched=True)}" + param_text + "\n")
+
+
+def _warmup(manifest: Manifest, batched: bool) -> str:
+    """model_warmup: one request of one row at three bucket lengths (a model without
+    Triton's batching, max_batch_size 0, is given the row's batch axis itself)."""
+    warmups = []
+    for length in warmup_lengths(list(manifest.buckets)):
+        dims = f"{length}" if batched else f"1, {length}"
+        parts = []
+        for n in manifest.inputs:
+            data = f'input_data_file: "ones_{length}"' if n == "attention_mask" else "zero_data: true"
+            parts.append(f'    inputs {{\n      key: "{n}"\n      value: {{ data_type: TYPE_INT64 '
+                         f'dims: [ {dims} ] {data} }}\n    }}')
+        tensors = "\n".join(parts)
+        warmups.append(f'  {{\n    name: "warmup_{length}"\n    batch_size: 1\n{tensors}\n  }}')
+    return "model_warmup [\n" + ",\n".join(warmups) + "\n]\n"
+
+
+def core_runtime(manifest: Manifest, opts: RepositoryOptions) -> str:
+    """What the cpu target's python core runs the graph with: an OpenVINO IR export always
+    OpenVINO, an ONNX graph what `opts.runtime` says."""
+    return "openvino" if Path(manifest.graph).suffix == ".xml" else opts.runtime
+
+
+def core_graph(manifest: Manifest, opts: RepositoryOptions) -> str:
+    """The graph's file name in the core model's version folder."""
+    return "model.xml" if Path(manifest.graph).suffix == ".xml" else "model.onnx"
+
+
+def render_openvino_config(name: str, manifest: Manifest, opts: RepositoryOptions, text_model: str | None) -> str:
+    """The core model's config.pbtxt for Triton's openvino backend (NVIDIA's container).
+
+    `max_batch_size: 0` with the batch axis in the dims: that backend answers a batched
+    model's requests only when the batch fills max_batch_size exactly, or pads every run
+    to it (ENABLE_BATCH_PADDING; its src/openvino.cc), so the client's own batches (the
+    token budget, at the length buckets) go to it as they are, one run each, on
+    `instances` instances of one stream each (its latency setting)."""
+    inputs = ",\n".join(_tensor(n, "TYPE_INT64", "-1, -1") for n in manifest.inputs)
+    outputs = ",\n".join([_tensor("rerank_score", "TYPE_FP32", "-1"), _tensor("sentence_probs", "TYPE_FP32", "-1, -1")])
+    params = {"NUM_STREAMS": "1", "PERFORMANCE_HINT": "LATENCY"}
+    if opts.intra_op_threads:
+        params["INFERENCE_NUM_THREADS"] = str(opts.intra_op_threads)
+    if opts.inference_precision == "bf16":
+        params["HINT_BF16"] = "YES"
+    params.update({"pad_id": str(manifest.tokenizer.pad_id), "prune_manifest": json.dumps(manifest.to_dict())})
+    if text_model:
+        params["prune_text_model"] = text_model
+    return (f'name: "{name}"\nbackend: "openvino"\ndefault_model_filename: "{core_graph(manifest, opts)}"\n'
+            f"max_batch_size: 0\ninput [\n{inputs}\n]\noutput [\n{outputs}\n]\n"
+            f"instance_group [ {{ count: {opts.instances} kind: KIND_CPU }} ]\n"
+            f"version_policy: {{ latest: {{ num_versions: 1 }} }}\n"
+            f"{_warmup(manifest, batched=False)}" + _parameters(params) + "\n")
 
 
 def build_repository(model_folder: str | Path, out: str | Path, opts: RepositoryOptions,
@@ -173,10 +230,27 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
         raise ExportError(f"ort_arena must be shrink, keep or off, got {opts.ort_arena!r}")
     if opts.join_requests not in ("auto", "always", "never"):
         raise ExportError(f"join_requests must be auto, always or never, got {opts.join_requests!r}")
+    if opts.runtime not in RUNTIMES:
+        raise ExportError(f"runtime must be one of {RUNTIMES}, got {opts.runtime!r}")
+    if opts.inference_precision not in ("fp32", "bf16"):
+        raise ExportError(f"inference_precision must be fp32 or bf16, got {opts.inference_precision!r}")
+    if opts.runtime != "onnxruntime" and opts.target != "cpu":
+        raise ExportError(f"runtime {opts.runtime} is the cpu target's python core; --target cpu-openvino "
+                          "is Triton's own openvino backend")
+    openvino = opts.target == "cpu-openvino" or (opts.target == "cpu" and core_runtime(manifest, opts) == "openvino")
+    if opts.inference_precision == "bf16" and not openvino:
+        raise ExportError("inference_precision bf16 is OpenVINO's: use --target cpu-openvino, or --target cpu "
+                          "with --backend openvino")
+    if Path(manifest.graph).suffix == ".xml" and opts.target not in ("cpu", "cpu-openvino"):
+        raise ExportError(f"{model_folder} is an OpenVINO IR ({manifest.precision}): it serves on the cpu or "
+                          f"cpu-openvino target, not {opts.target}")
+    if openvino and manifest.precision == "int8":
+        log("note: OpenVINO runs ONNX Runtime's dynamic INT8 graph at a fraction of its fp32 speed; for INT8 on "
+            "OpenVINO export --precision ov-int8 (static scales) and serve that")
     if opts.join_requests == "never" and opts.target != "cpu":
         raise ExportError(f"join_requests never needs the cpu target: Triton's own backends ({opts.target}) "
                           "always run the requests the dynamic batcher groups as one batch")
-    if opts.target != "cpu" and manifest.precision == "int8":
+    if opts.target not in ("cpu", "cpu-openvino") and manifest.precision == "int8":
         log(f"note: {opts.target} joins the requests its dynamic batcher groups; with an INT8 graph an answer "
             "can move slightly with its batch company (the cpu target runs them alone)")
     name = opts.name or model_folder.name
@@ -213,8 +287,11 @@ def _write_models(model_folder: Path, manifest: Manifest, out: str | Path, name:
                   text_name: str | None, opts: RepositoryOptions, templates: dict[str, Path], log) -> None:
     version_dir = model_dir / str(opts.version)
     version_dir.mkdir(parents=True)
-    if opts.target in ("cpu", "gpu-onnx"):
-        shutil.copy2(model_folder / manifest.graph, version_dir / "model.onnx")
+    if opts.target in ("cpu", "cpu-openvino", "gpu-onnx"):
+        graph = core_graph(manifest, opts)
+        shutil.copy2(model_folder / manifest.graph, version_dir / graph)
+        if graph == "model.xml":       # the IR's weights, beside it under the name OpenVINO looks for
+            shutil.copy2((model_folder / manifest.graph).with_suffix(".bin"), version_dir / "model.bin")
         if manifest.external_data:
             shutil.copy2(model_folder / manifest.external_data, version_dir / manifest.external_data)
         if opts.target == "cpu":

@@ -113,15 +113,30 @@ def exported_int8(checkpoints, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def repository(exported, exported_int8, tmp_path_factory):
+def exported_ov_int8(exported, tmp_path_factory) -> Path:
+    """The embedding export quantized by NNCF into an OpenVINO IR (`prune export --precision
+    ov-int8`; served as `embedding_ovint8`)."""
+    from export.openvino import quantize   # the dev install has [openvino]: missing is a failure
+    out = tmp_path_factory.mktemp("ov-int8") / "embedding"
+    manifest = quantize(exported["embedding"], out, log=lambda m: None)
+    assert manifest.precision == "ov-int8" and manifest.graph == "model.xml"
+    return out
+
+
+@pytest.fixture(scope="session")
+def repository(exported, exported_int8, exported_ov_int8, tmp_path_factory):
     """Every family's core model `<family>` and text model `<family>_text` (cpu target),
-    and `xprovence_int8` (+ `_text`)."""
+    `xprovence_int8` (+ `_text`), and on OpenVINO (OPENVINO_MODELS): the opensearch export
+    as `opensearch_ov`, the ov-int8 export as `embedding_ovint8` (+ `_text`)."""
     from export.triton import RepositoryOptions, build_repository
     repo = tmp_path_factory.mktemp("model_repository")
-    for name, folder in [*((n, exported[n]) for n in FAMILY_NAMES), ("xprovence_int8", exported_int8)]:
+    models = [*((n, exported[n], "onnxruntime") for n in FAMILY_NAMES), ("xprovence_int8", exported_int8, "onnxruntime"),
+              ("opensearch_ov", exported["opensearch"], "openvino"), ("embedding_ovint8", exported_ov_int8, "openvino")]
+    for name, folder, runtime in models:
         build_repository(folder, repo,
                          RepositoryOptions(target="cpu", name=name, max_batch_size=CORE_MAX_BATCH,
-                                           max_queue_delay_us=20000, text_instances=2,
+                                           max_queue_delay_us=20000, text_instances=2, runtime=runtime,
+                                           intra_op_threads=1 if runtime == "openvino" else 0,
                                            text_max_passages=TEXT_MAX_PASSAGES, text_max_chars=TEXT_MAX_CHARS),
                          log=lambda m: None)
     return repo

@@ -1,6 +1,6 @@
 """Triton model-repository templates, shipped as package data (read, never imported):
 
-- `python_onnxruntime/model.py`: the CPU core model (python backend running ONNX Runtime);
+- `python_core/model.py`: the CPU core model (python backend running ONNX Runtime);
 - `python_text/model.py`: the text model (text in, pruned text out; BLS to the core).
 
 `prune repository` (export/triton.py) copies them into a repository with `template()`.
@@ -8,7 +8,7 @@
 from importlib.resources import files
 from pathlib import Path
 
-CORE = "python_onnxruntime"
+CORE = "python_core"
 TEXT = "python_text"
 
 

@@ -22,12 +22,15 @@ def add(new) -> None:
                    help="store weights beside the graph (auto: when over 2 GB)")
     e.add_argument("--no-verify", action="store_true", help="skip the parity check against PyTorch")
     e.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
-    e.add_argument("--precision", choices=["fp32", "int8", "fp16", "ov-int8"], default="fp32",
+    e.add_argument("--precision", choices=["fp32", "int8", "fp16", "ov-int8", "auto"], default="fp32",
                    help="int8: dynamic quantization for CPUs; fp16: for GPUs (float32 I/O, softmax, pooling); "
                         "ov-int8: static INT8 for OpenVINO (NNCF; an OpenVINO IR folder; pip install "
-                        "'prune-engine[openvino]')")
-    e.add_argument("--calibration", help="ov-int8: a text file (one passage per paragraph) or JSONL with `text`, "
-                   "to calibrate on instead of the built-in generic text (never evaluation data)")
+                        "'prune-engine[openvino]'); auto: the fastest of fp32, int8 and ov-int8 on this CPU "
+                        "that passes the fidelity gate (printed, and recorded in the manifest)")
+    e.add_argument("--calibration", help="ov-int8 (and auto): a text file (one passage per paragraph) or JSONL "
+                   "with `text`, to calibrate on instead of the built-in generic text (never evaluation data)")
+    e.add_argument("--gate-data", help="auto: JSONL the gate is measured on (prune fidelity --data's formats; "
+                   "default: built-in generic calls)")
     e.add_argument("--no-optimize", action="store_true", help="skip ONNX Runtime's transformer optimizer")
     e.add_argument("--int8-weight-type", choices=["QInt8", "QUInt8"], default="QInt8",
                    help="weight type of the INT8 graph (default chosen by measured fidelity, docs/precisions.md)")
@@ -58,10 +61,14 @@ def run(args) -> int:
     if args.encoder:
         export_encoder(args.model, args.out, overwrite=args.overwrite, opset=args.opset, log=args.log)
         return 0
+    if args.precision == "auto":
+        return _auto(args)
+    if args.gate_data:
+        raise PruneError("--gate-data is for --precision auto")
     if args.precision == "ov-int8":
         return _openvino_int8(args)
     if args.calibration:
-        raise PruneError("--calibration is for --precision ov-int8")
+        raise PruneError("--calibration is for --precision ov-int8 or auto")
     export_model(args.model, args.out, family=args.family, tokenizer=args.tokenizer,
                  max_length=args.max_length, opset=args.opset, external_data=args.external_data,
                  verify=not args.no_verify, overwrite=args.overwrite, options=embedding_options(args),
@@ -77,24 +84,44 @@ def run(args) -> int:
     return 0
 
 
+def _calibration(args) -> list[str] | None:
+    """--calibration's passages (None: the built-in generic text)."""
+    import json
+    if not args.calibration:
+        return None
+    raw = Path(args.calibration).read_text(encoding="utf-8")
+    if args.calibration.endswith(".jsonl"):
+        texts = [json.loads(line)["text"] for line in raw.splitlines() if line.strip()]
+    else:
+        texts = [t.strip() for t in raw.split("\n\n") if t.strip()]
+    if not texts:
+        raise PruneError(f"--calibration {args.calibration}: no text in it")
+    return texts
+
+
+def _auto(args) -> int:
+    """Every precision this CPU runs, gated and timed; the fastest that passes (export/auto.py)."""
+    from export.auto import choose_precision
+    if args.tensorrt:
+        raise PruneError("--tensorrt builds from an fp32/fp16 ONNX export, not from --precision auto")
+    choose_precision(args.model, args.out, export_args=dict(
+        family=args.family, tokenizer=args.tokenizer, max_length=args.max_length, opset=args.opset,
+        external_data=args.external_data, verify=not args.no_verify, options=embedding_options(args),
+        optimize=not args.no_optimize, int8_weight_type=args.int8_weight_type,
+        int8_per_channel=args.int8_per_channel), calibration=_calibration(args), gate_data=args.gate_data,
+        overwrite=args.overwrite, log=args.log)
+    return 0
+
+
 def _openvino_int8(args) -> int:
     """The fp32 export (checked against PyTorch) in a scratch folder, then NNCF's static INT8."""
-    import json
     import tempfile
 
     from export.onnx import export_model
     from export.openvino import quantize
     if args.tensorrt:
         raise PruneError("--tensorrt builds from an ONNX export, not from ov-int8")
-    texts = None
-    if args.calibration:
-        raw = Path(args.calibration).read_text(encoding="utf-8")
-        if args.calibration.endswith(".jsonl"):
-            texts = [json.loads(line)["text"] for line in raw.splitlines() if line.strip()]
-        else:
-            texts = [t.strip() for t in raw.split("\n\n") if t.strip()]
-        if not texts:
-            raise PruneError(f"--calibration {args.calibration}: no text in it")
+    texts = _calibration(args)
     with tempfile.TemporaryDirectory(prefix="prune-ov-int8-") as tmp:
         export_model(args.model, Path(tmp) / "fp32", family=args.family, tokenizer=args.tokenizer,
                      max_length=args.max_length, opset=args.opset, external_data=args.external_data,

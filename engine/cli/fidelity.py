@@ -25,7 +25,7 @@ def add(new) -> None:
 
 def run(args) -> int:
     """Run `prune fidelity`; the exit status."""
-    from engine.tools.fidelity import format_report, load_docs, measure, save
+    from engine.tools.fidelity import format_report, gate, load_docs, measure, save
     from engine.pruner import Pruner
     candidate = Pruner.load(args.model, args.backend, threads=args.threads, batching=batching(args),
                             precision=args.inference_precision)
@@ -43,8 +43,10 @@ def run(args) -> int:
     rep = measure(candidate, reference, docs, progress=not (args.no_progress or args.quiet),
                   log=args.log, windows=args.windows)
     rep.update(model=args.model, precision=manifest.precision, data=args.data, runtime=candidate.describe())
+    rep["gate"] = gate(rep, candidate.family.threshold)
     print(format_report(f"{Path(args.model).name} ({manifest.precision}, {candidate.describe()}, windows "
                         f"{rep['windows']})", rep))
+    print(f"gate: {'passed' if rep['gate']['passed'] else 'FAILED'}: {rep['gate']['reason']}")
     if args.out:
         save(rep, args.out)
         print(f"wrote {args.out}")

@@ -1,7 +1,7 @@
 """`prune repository`: an exported model into a Triton model repository."""
 from __future__ import annotations
 
-from engine.cli.common import add_setting
+from engine.cli.common import add_openvino, add_setting
 
 
 def add(new) -> None:
@@ -9,8 +9,10 @@ def add(new) -> None:
     g = new("repository", help="exported model -> Triton model repository")
     g.add_argument("--model", help="exported model folder (default: the default model)")
     g.add_argument("--out", required=True, help="the model repository folder")
-    g.add_argument("--target", choices=["cpu", "gpu-onnx", "gpu-tensorrt"], default="cpu",
-                   help="cpu: python backend running ONNX Runtime; gpu-onnx / gpu-tensorrt: NVIDIA's container")
+    g.add_argument("--target", choices=["cpu", "cpu-openvino", "gpu-onnx", "gpu-tensorrt"], default="cpu",
+                   help="cpu: python backend running ONNX Runtime (or OpenVINO: --backend openvino); cpu-openvino: "
+                        "Triton's openvino backend, gpu-onnx / gpu-tensorrt: Triton's GPU backends (NVIDIA's "
+                        "container)")
     g.add_argument("--name", help="model name in the repository (default: the folder's name)")
     add_setting(g, "max_batch_size", "; here the largest batch the core model accepts")
     add_setting(g, "max_batch_tokens", "; here the budget the preferred batch sizes are derived from")
@@ -19,7 +21,9 @@ def add(new) -> None:
     g.add_argument("--preferred-batch-sizes", type=int, nargs="+",
                    help="dynamic batcher's preferred sizes (default: derived from --max-batch-tokens)")
     g.add_argument("--instances", type=int, default=1, help="model instances")
-    g.add_argument("--intra-op-threads", type=int, help="ONNX Runtime threads per instance (cpu target)")
+    add_openvino(g, ("onnxruntime", "openvino"))
+    g.add_argument("--intra-op-threads", type=int,
+                   help="threads per instance (cpu: ONNX Runtime's or OpenVINO's; cpu-openvino: OpenVINO's)")
     add_setting(g, "ort_arena", "; cpu target")
     add_setting(g, "join_requests")
     g.add_argument("--trt-accelerator", action="store_true",
@@ -48,6 +52,7 @@ def run(args) -> int:
                              text_model=not args.no_text_model, text_instances=args.text_instances,
                              text_max_passages=args.text_max_passages, text_max_chars=args.text_max_chars,
                              overwrite=args.overwrite, ort_arena=args.ort_arena,
-                             join_requests=args.join_requests)
+                             join_requests=args.join_requests, runtime=args.backend,
+                             inference_precision=args.inference_precision)
     build_repository(model, args.out, opts, log=args.log)
     return 0

@@ -22,6 +22,11 @@ from engine.tools.datasets import progress as progress_bar
 from engine.tools.datasets import read_jsonl
 
 THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
+#: The gate a reduced precision passes to be offered (`prune fidelity` says whether it
+#: does; `prune export --precision auto` picks among those that do): the share of sentence
+#: decisions equal to the reference's at the family's threshold, and the Spearman
+#: correlation of the reranking scores.
+GATE = {"agreement": 0.99, "spearman": 0.99}
 
 
 @dataclass
@@ -129,6 +134,20 @@ def measure(candidate, reference, docs: Sequence[Doc], progress: bool = True,
                              thresholds=thresholds)
     report["windows"] = windows
     return report
+
+
+def gate(report: dict[str, Any], threshold: float) -> dict[str, Any]:
+    """Whether `report` (measure's) passes GATE at `threshold`: passed, the two figures, and
+    the reason in words. A Spearman that cannot be computed (reranking scores without
+    spread) leaves the decision to the agreement."""
+    agreement = report["decision_agreement"][str(threshold)]
+    rho = report["rerank_spearman"]
+    ok_agree = agreement >= GATE["agreement"]
+    ok_rho = rho != rho or rho >= GATE["spearman"]          # NaN: not measurable
+    reason = (f"agreement {100 * agreement:.2f}% at {threshold} (>= {100 * GATE['agreement']:.0f}%: "
+              f"{'yes' if ok_agree else 'no'}), Spearman {rho:.4f} (>= {GATE['spearman']}: "
+              f"{'yes' if ok_rho else 'no'})")
+    return {"passed": bool(ok_agree and ok_rho), "agreement": agreement, "spearman": rho, "reason": reason}
 
 
 def format_report(name: str, rep: dict[str, Any]) -> str:

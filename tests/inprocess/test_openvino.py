@@ -97,12 +97,8 @@ def test_bad_settings_are_clear_errors(exported):
 
 
 @pytest.fixture(scope="module")
-def ov_int8(exported, tmp_path_factory):
-    from export.openvino import quantize
-    out = tmp_path_factory.mktemp("ov-int8") / "embedding"
-    manifest = quantize(exported["embedding"], out, log=lambda m: None)
-    assert manifest.precision == "ov-int8" and manifest.graph == "model.xml"
-    return out
+def ov_int8(exported_ov_int8):
+    return exported_ov_int8
 
 
 def test_the_static_int8_export_loads_on_openvino_and_records_its_settings(ov_int8, exported):
@@ -149,10 +145,11 @@ def test_the_cli_exports_ov_int8_and_runs_openvino(checkpoints, exported, tmp_pa
     assert len(json.loads(capsys.readouterr().out)[0]["sentences"]) == 2
 
 
-def test_prune_bench_measures_openvino_beside_onnxruntime(exported, tmp_path, capsys):
+def test_prune_bench_measures_openvino_beside_onnxruntime(exported, ov_int8, tmp_path, capsys):
     from tests.utils import write_tiny_data
     data = write_tiny_data(tmp_path)
-    assert main(["bench", "--data", str(data / "rag.jsonl"), "--model", str(exported["opensearch"]), "--openvino",
+    assert main(["bench", "--data", str(data / "rag.jsonl"), "--model", str(exported["embedding"]), "--openvino",
+                 "--ov-int8", str(ov_int8),
                  "--queries", "2", "--repeats", "1", "--paths", "^(onnxruntime-fp32|openvino)$|openvino-",
                  "--out", str(tmp_path)]) == 0
     report = json.loads(next(tmp_path.glob("bench-*/bench.json")).read_text())
@@ -163,3 +160,106 @@ def test_prune_bench_measures_openvino_beside_onnxruntime(exported, tmp_path, ca
     assert all(r["passages_per_s"] > 0 for r in report["paths"])
     ov = next(r for r in report["paths"] if r["id"] == "openvino-fp32")
     assert ov["limit"].startswith("fp32 GEMM")
+
+
+#: the parameters Triton's openvino backend reads (its README and src/openvino.cc)
+OPENVINO_BACKEND_PARAMETERS = {"PERFORMANCE_HINT", "CPU_EXTENSION_PATH", "INFERENCE_NUM_THREADS",
+                               "COMPILATION_NUM_THREADS", "HINT_BF16", "NUM_STREAMS", "SKIP_OV_DYNAMIC_BATCHSIZE",
+                               "ENABLE_BATCH_PADDING", "RESHAPE_IO_LAYERS", "TARGET_DEVICE"}
+
+
+@pytest.mark.parametrize("source", ["onnx", "ov-int8"])
+def test_cpu_openvino_target_writes_what_tritons_openvino_backend_loads(exported, ov_int8, tmp_path, source):
+    """`prune repository --target cpu-openvino`: NVIDIA's container is not here, so the files
+    are checked as that backend checks them (its ValidateConfigureModel): a ModelConfig that
+    parses, the graph at default_model_filename, every config input and output present in
+    the graph with its rank and type, and only parameters the backend knows in upper case."""
+    import openvino as ov
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from export.triton import RepositoryOptions, build_repository
+    folder = exported["embedding"] if source == "onnx" else ov_int8
+    build_repository(folder, tmp_path, RepositoryOptions(target="cpu-openvino", name="m", instances=2,
+                                                         intra_op_threads=3), log=lambda m: None)
+    cfg = text_format.Parse((tmp_path / "m" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert (cfg.backend, cfg.max_batch_size) == ("openvino", 0) and not cfg.HasField("dynamic_batching")
+    assert (cfg.instance_group[0].count, cfg.instance_group[0].kind) == (2, model_config_pb2.ModelInstanceGroup.KIND_CPU)
+    params = {k: v.string_value for k, v in cfg.parameters.items()}
+    assert {k for k in params if k.isupper()} <= OPENVINO_BACKEND_PARAMETERS
+    assert (params["NUM_STREAMS"], params["PERFORMANCE_HINT"], params["INFERENCE_NUM_THREADS"]) == \
+        ("1", "LATENCY", "3")
+    assert "HINT_BF16" not in params and params["prune_text_model"] == "m_text"
+    graph = tmp_path / "m" / "1" / cfg.default_model_filename
+    assert cfg.default_model_filename == ("model.onnx" if source == "onnx" else "model.xml")
+    model = ov.Core().read_model(str(graph))        # the IR's weights are beside it as model.bin
+    ports = {p.get_any_name(): p for p in [*model.inputs, *model.outputs]}
+    types = {model_config_pb2.TYPE_INT64: ov.Type.i64, model_config_pb2.TYPE_FP32: ov.Type.f32}
+    for tensor in [*cfg.input, *cfg.output]:
+        port = ports[tensor.name]
+        assert port.get_partial_shape().rank.get_length() == len(tensor.dims), tensor.name
+        assert port.get_element_type() == types[tensor.data_type], tensor.name
+    assert {t.name for t in cfg.input} == {p.get_any_name() for p in model.inputs}
+    for warmup in cfg.model_warmup:
+        assert all(len(i.dims) == 2 for i in warmup.inputs.values())
+    text = text_format.Parse((tmp_path / "m_text" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert text.backend == "python" and text.parameters["core_model"].string_value == "m"
+
+
+def test_openvino_repository_settings_are_checked(exported, ov_int8, tmp_path, capsys):
+    from engine.errors import ExportError
+    from export.triton import RepositoryOptions, build_repository
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+    with pytest.raises(ExportError, match="is an OpenVINO IR .ov-int8.: it serves on the cpu or cpu-openvino"):
+        build_repository(ov_int8, tmp_path / "a", RepositoryOptions(target="gpu-onnx"), log=lambda m: None)
+    with pytest.raises(ExportError, match="inference_precision bf16 is OpenVINO's"):
+        build_repository(exported["embedding"], tmp_path / "b", RepositoryOptions(inference_precision="bf16"),
+                         log=lambda m: None)
+    with pytest.raises(ExportError, match="runtime openvino is the cpu target's python core"):
+        build_repository(exported["embedding"], tmp_path / "c", RepositoryOptions(target="gpu-onnx",
+                                                                                  runtime="openvino"),
+                         log=lambda m: None)
+    assert not any((tmp_path / d).exists() for d in "abc")
+    # the CLI: bf16 on Triton's openvino backend is its HINT_BF16
+    assert main(["repository", "--model", str(exported["embedding"]), "--out", str(tmp_path / "r"), "--name", "m",
+                 "--target", "cpu-openvino", "--inference-precision", "bf16", "-q"]) == 0
+    cfg = text_format.Parse((tmp_path / "r" / "m" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert cfg.parameters["HINT_BF16"].string_value == "YES"
+    assert main(["repository", "--model", str(exported["embedding"]), "--out", str(tmp_path / "r"), "--name", "p",
+                 "--backend", "openvino", "-q"]) == 0
+    cfg = text_format.Parse((tmp_path / "r" / "p" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert (cfg.backend, cfg.parameters["runtime"].string_value) == ("python", "openvino")
+    assert (tmp_path / "r" / "p" / "1" / "model.py").is_file()
+
+
+def test_export_precision_auto_writes_the_fastest_that_passes(checkpoints, tmp_path, capsys):
+    """`prune export --precision auto` on the embedding checkpoint: fp32, int8 and ov-int8
+    exported, gated against fp32 and timed; the folder holds the pick, and its manifest
+    says why with every candidate's figures."""
+    from export.auto import pick
+    out = tmp_path / "auto"
+    assert main(["export", "--model", str(checkpoints["embedding"]), "--out", str(out), "--precision", "auto"]) == 0
+    printed = capsys.readouterr()
+    manifest = json.loads((out / "manifest.json").read_text())
+    auto = manifest["auto"]
+    assert set(auto["candidates"]) == {"fp32", "int8", "ov-int8"}
+    for name, c in auto["candidates"].items():
+        assert c["seconds"] > 0 and isinstance(c["passed"], bool), name
+        if name != "fp32":
+            assert 0 <= c["agreement"] <= 1 and "Spearman" in c["reason"]
+    assert auto["picked"] == pick(auto["candidates"]) == manifest["precision"]
+    assert auto["gate_documents"] == 24 and auto["machine"]["cpus"] > 0
+    assert "<- picked" in printed.out + printed.err
+    p = Pruner.load(out, threads=1)
+    assert ("IR graph" in p.describe()) == (auto["picked"] == "ov-int8")
+    assert p.prune(QUESTION, PASSAGES)[0].sentences
+
+
+def test_export_flags_that_do_not_go_together(checkpoints, tmp_path, capsys):
+    ck = str(checkpoints["embedding"])
+    assert main(["export", "--model", ck, "--out", str(tmp_path / "a"), "--gate-data", "x.jsonl", "-q"]) != 0
+    assert "--gate-data is for --precision auto" in capsys.readouterr().err
+    assert main(["export", "--model", ck, "--out", str(tmp_path / "b"), "--precision", "auto", "--tensorrt"]) != 0
+    assert "not from --precision auto" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -39,7 +39,7 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_wheel_ships_the_templates_and_repository_works_from_it(exported, wheel, tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"triton_models/python_onnxruntime/model.py", "triton_models/python_text/model.py",
+    assert {"triton_models/python_core/model.py", "triton_models/python_text/model.py",
             "engine/py.typed"} <= names
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)

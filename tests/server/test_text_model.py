@@ -481,3 +481,29 @@ def test_text_model_runs_the_windows_asked_for(server, pruners, name):
         inputs.append(inp)
     with pytest.raises(Exception, match="windows must be one of"):
         client.infer(f"{name}_text", inputs)
+
+
+@pytest.mark.parametrize("model", ["opensearch_ov", "embedding_ovint8"])
+def test_openvino_core_serves_what_openvino_gives_in_process(server, exported, exported_ov_int8, model):
+    """The cpu target's python core on OpenVINO (`--backend openvino`; an ov-int8 IR always):
+    the text model's answers equal the in-process OpenVINO pruner of the same folder (the
+    same graph and runtime: probabilities within 1e-5, the same kept flags and texts)."""
+    folder = exported["opensearch"] if model == "opensearch_ov" else exported_ov_int8
+    cfg = text_format.Parse((server.repository / model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    graph = "model.onnx" if model == "opensearch_ov" else "model.xml"
+    assert (cfg.backend, cfg.parameters["runtime"].string_value, cfg.parameters["graph"].string_value) == \
+        ("python", "openvino", graph)
+    assert (server.repository / model / "1" / graph).is_file()
+    local = Pruner.load(folder, backend="openvino", threads=1)
+    remote = Pruner.connect(server.grpc_url, f"{model}_text")
+    passages = PASSAGES + UNICODE
+    expected = local.prune(QUESTION, passages)
+    same(remote.prune(QUESTION, passages), expected)
+    t = _splitting_threshold(expected)
+    same(remote.prune(QUESTION, passages, threshold=t), local.prune(QUESTION, passages, threshold=t))
+    # the IR is quantized: ONNX Runtime's fp32 answers are outside that tolerance, so the
+    # equality above could not hold for a core that ran anything else
+    if model == "embedding_ovint8":
+        ort = Pruner.load(exported["embedding"], threads=1).prune(QUESTION, passages)
+        assert max(abs(a.probability - b.probability) for ra, rb in zip(ort, expected)
+                   for a, b in zip(ra.sentences, rb.sentences)) > TOL

@@ -1,18 +1,23 @@
-"""Triton python-backend model: runs the exported ONNX graph with ONNX Runtime on CPU.
+"""Triton python-backend model: the CPU core, running the exported graph with ONNX
+Runtime or, where `prune repository --backend openvino` asked for it (or the export is
+an OpenVINO IR), with OpenVINO.
 
-Copied by `prune repository --target cpu` into `<model>/1/model.py`, beside
-`model.onnx`. The dynamic batcher hands `execute()` a list of requests (each [b, L]
-with its own L): they are joined into one batch padded to the longest L, run once, and
-the outputs are split back, one response per request, each request's sentence axis
-cut to its own S. With the parameter `join_requests` false (`prune repository`'s
-default for INT8 graphs) each request runs alone, so its answer is the same whatever
-the batcher grouped it with.
+Copied by `prune repository --target cpu` into `<model>/1/model.py`, beside the graph
+(`model.onnx`, or `model.xml` + `model.bin`). The dynamic batcher hands `execute()` a
+list of requests (each [b, L] with its own L): they are joined into one batch padded to
+the longest L, run once, and the outputs are split back, one response per request, each
+request's sentence axis cut to its own S. With the parameter `join_requests` false
+(`prune repository`'s default for ONNX Runtime's dynamic INT8 graphs) each request runs
+alone, so its answer is the same whatever the batcher grouped it with.
 
 Every request is checked on its own before anything is allocated for it: int64 [b, L]
 inputs of one shape, L within the model's window, token ids within the vocabulary,
 attention mask and token types 0/1, sentence ids within [-1, L). A malformed request
 gets its own error response; the others still run. If the joint run fails anyway, each
 request is run alone, so only the one that fails gets the error.
+
+This file runs inside Triton without the engine installed: the runtimes' settings are
+read from the config's parameters (written by export/triton.py).
 """
 import json
 import os
@@ -23,14 +28,12 @@ import triton_python_backend_utils as pb_utils
 PAD = {"input_ids": None, "attention_mask": 0, "token_type_ids": 0, "sentence_ids": -1}
 
 
-class TritonPythonModel:
-    """The core model on CPU: token ids in, scores out, ONNX Runtime in Triton's python backend."""
-    def initialize(self, args):
-        """Open the session from the model's folder and config."""
+class _OnnxRuntime:
+    """The graph on ONNX Runtime's CPU provider, its arena as the parameters say."""
+    name = "onnxruntime"
+
+    def __init__(self, path, params):
         import onnxruntime as ort
-        self.config = json.loads(args["model_config"])
-        params = {k: v["string_value"] for k, v in self.config.get("parameters", {}).items()}
-        folder = os.path.join(args["model_repository"], args["model_version"])
         opts = ort.SessionOptions()
         threads = int(params.get("intra_op_threads", "0") or 0)
         if threads:
@@ -49,9 +52,56 @@ class TritonPythonModel:
         if arena == "shrink":
             self.shrink_run = ort.RunOptions()
             self.shrink_run.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-        self.session = ort.InferenceSession(os.path.join(folder, "model.onnx"), opts,
-                                            providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]
+
+    def run(self, batch, tokens):
+        run = self.shrink_run if self.shrink_run is not None and tokens > self.shrink_above else self.plain_run
+        return self.session.run(["rerank_score", "sentence_probs"], batch, run)
+
+
+class _OpenVino:
+    """The graph (ONNX or IR) on OpenVINO's CPU plugin: one stream, the latency hint, the
+    inference precision (f32, or bf16 where the CPU computes it natively) and threads as
+    the parameters say (engine/backends/openvino.py is the in-process counterpart)."""
+    name = "openvino"
+
+    def __init__(self, path, params):
+        import openvino as ov
+        core = ov.Core()
+        precision = params.get("inference_precision", "f32")
+        if precision == "bf16" and "BF16" not in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+            raise RuntimeError("inference_precision bf16: this CPU does not compute in bf16 natively "
+                               "(AVX512_BF16 or AMX-BF16); write the repository with fp32")
+        config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
+        threads = int(params.get("intra_op_threads", "0") or 0)
+        if threads:
+            config["INFERENCE_NUM_THREADS"] = threads
+        self.compiled = core.compile_model(core.read_model(path), "CPU", config)
+        self.request = self.compiled.create_infer_request()
+        self.input_names = [i.get_any_name() for i in self.compiled.inputs]
+        self.outputs = (self.compiled.output("rerank_score"), self.compiled.output("sentence_probs"))
+
+    def run(self, batch, tokens):
+        out = self.request.infer(batch)
+        return np.array(out[self.outputs[0]], copy=True), np.array(out[self.outputs[1]], copy=True)
+
+
+RUNTIMES = {"onnxruntime": _OnnxRuntime, "openvino": _OpenVino}
+
+
+class TritonPythonModel:
+    """The core model on CPU: token ids in, scores out, in Triton's python backend."""
+    def initialize(self, args):
+        """Open the runtime from the model's folder and config."""
+        self.config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in self.config.get("parameters", {}).items()}
+        folder = os.path.join(args["model_repository"], args["model_version"])
+        runtime = params.get("runtime", "onnxruntime")
+        if runtime not in RUNTIMES:
+            raise ValueError(f"parameter runtime must be one of {sorted(RUNTIMES)}, got {runtime!r}")
+        self.runtime = RUNTIMES[runtime](os.path.join(folder, params.get("graph", "model.onnx")), params)
+        self.input_names = self.runtime.input_names
         # false: each request of a dynamic batch runs alone, so its answer never depends on
         # the requests beside it (INT8 scales are taken per batch; export/triton.py)
         self.join = params.get("join_requests", "true") == "true"
@@ -117,13 +167,13 @@ class TritonPythonModel:
                         done += self._run([item])
                     except Exception as exc:
                         done.append((item[0], pb_utils.InferenceResponse(
-                            error=pb_utils.TritonError(f"onnxruntime: {exc}"))))
+                            error=pb_utils.TritonError(f"{self.runtime.name}: {exc}"))))
             for i, response in done:
                 responses[i] = response
         return responses
 
     def _run(self, parsed):
-        """One session run for the requests `parsed` ([(index, arrays)]), padded to the
+        """One run for the requests `parsed` ([(index, arrays)]), padded to the
         longest; returns [(index, response)]."""
         rows = sum(a["input_ids"].shape[0] for _, a in parsed)
         length = max(a["input_ids"].shape[1] for _, a in parsed)
@@ -135,8 +185,7 @@ class TritonPythonModel:
                 batch[n][pos:pos + b, :width] = arrays[n]
             spans.append((i, pos, b, int(arrays["sentence_ids"].max(initial=-1)) + 1))
             pos += b
-        run = self.shrink_run if self.shrink_run is not None and rows * length > self.shrink_above else self.plain_run
-        rerank, probs = self.session.run(["rerank_score", "sentence_probs"], batch, run)
+        rerank, probs = self.runtime.run(batch, rows * length)
         out = []
         for i, start, b, n_sent in spans:
             tensors = [pb_utils.Tensor("rerank_score",
@@ -147,5 +196,5 @@ class TritonPythonModel:
         return out
 
     def finalize(self):
-        """Release the session."""
-        self.session = None
+        """Release the runtime."""
+        self.runtime = None

@@ -1,0 +1,205 @@
+"""`prune export --precision auto`: every precision this machine can run, each checked by
+the fidelity gate against the fp32 export and timed here; the fastest that passes is
+written to `--out`, with what was measured in its manifest (`auto`).
+
+Candidates: fp32 and dynamic INT8 on ONNX Runtime; with `[openvino]`, the NNCF static
+INT8 IR (ov-int8) on OpenVINO. The gate is `prune fidelity`'s (engine.tools.fidelity.GATE):
+at least 99% of sentence decisions the same as fp32's at the family's threshold, and a
+Spearman correlation of the reranking scores of at least 0.99. It is measured on
+`gate_data` (a JSONL that `prune fidelity --data` reads: bring your own domain's), else on
+the built-in generic calls below (never the calibration text, never evaluation data).
+Speed: each candidate's model alone over the same padded batches of those calls,
+interleaved rounds, medians, on this machine's cores.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+from engine.errors import ExportError
+from engine.spec import Manifest
+
+#: Generic RAG calls for the gate: a question, the passage that answers it and two that do
+#: not. Written for this purpose; apart from the calibration text (export/openvino.py).
+GATE_CALLS: list[tuple[str, list[str]]] = [
+    ("How do bees find their way back to the hive?", [
+        "Honey bees navigate with the sun as a compass. They correct for its movement across the sky during the day. "
+        "On cloudy days they read the pattern of polarised light. Near the hive they also remember landmarks such as "
+        "trees and buildings. Returning foragers tell others where food is with a waggle dance.",
+        "The price of honey rose last year after a cold spring. Many small producers sold out by autumn. Imports "
+        "filled part of the gap. Supermarkets raised their prices twice. Analysts expect a better harvest next year.",
+        "Beeswax is used in candles, cosmetics and polishes. It melts at about sixty-two degrees. Candle makers "
+        "prize its slow, clean burn. It is also used to waterproof cloth. Some artists paint with it."]),
+    ("What caused the bridge to close?", [
+        "The city council met on Tuesday to discuss the budget. Members argued about funding for parks. A vote on "
+        "the library was postponed. The meeting ran past midnight. The next session is in two weeks.",
+        "Engineers closed the river bridge on Monday after inspectors found cracks in two steel supports. The cracks "
+        "were traced to corrosion from road salt. Traffic was diverted to the northern crossing. Repairs are expected "
+        "to take three months. Buses will run a shuttle service meanwhile.",
+        "The bridge was opened in 1958 by the mayor. At the time it was the longest span in the region. It carries "
+        "about forty thousand cars a day. A bicycle lane was added in 2004. The structure is painted green every "
+        "ten years."]),
+    ("Why is the sky blue?", [
+        "Sunlight contains every colour of the rainbow. When it enters the atmosphere it meets molecules of nitrogen "
+        "and oxygen. Short blue wavelengths are scattered far more than long red ones. This scattered blue light "
+        "reaches our eyes from every direction. At sunset the light travels further and the reds remain.",
+        "Painters have mixed blue pigments from minerals for centuries. Ultramarine was once ground from lapis lazuli. "
+        "It cost more than gold in some periods. Synthetic versions appeared in the nineteenth century. Today most "
+        "blue paint is made in factories.",
+        "Weather forecasts give the chance of rain as a percentage. A seventy percent chance means rain is likely. "
+        "Forecasts are less reliable beyond five days. Satellites track clouds around the world. Local radar shows "
+        "showers in real time."]),
+    ("When should tomatoes be planted outside?", [
+        "Tomatoes are tender plants that are killed by frost. Gardeners usually plant them outside after the last "
+        "frost of spring. The soil should have warmed to at least fifteen degrees. Young plants are first hardened "
+        "off for a week. In cool regions they grow better in a greenhouse.",
+        "A tomato is botanically a fruit. In cooking it is treated as a vegetable. It came to Europe from the "
+        "Americas in the sixteenth century. Some people first thought it was poisonous. It is now grown on every "
+        "continent except Antarctica.",
+        "Compost improves the structure of most soils. It is made from kitchen and garden waste. A heap should be "
+        "turned every few weeks. Good compost smells earthy, not sour. It is ready in six to twelve months."]),
+    ("Who invented the telephone?", [
+        "Alexander Graham Bell was granted the first patent for the telephone in 1876. Elisha Gray filed a similar "
+        "design on the same day. Antonio Meucci had built voice devices years earlier. Historians still debate who "
+        "deserves the credit. Bell's company grew into a vast network.",
+        "Mobile phones became common in the 1990s. Early models were large and heavy. Text messages were limited "
+        "to a few characters. Smartphones added cameras and maps. Most adults now carry one.",
+        "The postal service delivered letters long before the telephone. Stamps were introduced in 1840. Mail "
+        "coaches carried post between cities. Railways later made delivery faster. Airmail followed in the "
+        "twentieth century."]),
+    ("How much water should an adult drink each day?", [
+        "Running shoes should be replaced every few hundred miles. Worn soles give less support. Many runners keep "
+        "two pairs and alternate them. Shops can analyse the way you run. A good fit matters more than the brand.",
+        "Health agencies suggest that adults drink roughly two litres of fluid a day. Needs are higher in hot "
+        "weather and during exercise. Food provides about a fifth of daily water. Thirst is a reliable guide for "
+        "most healthy people. Older adults may need reminders to drink.",
+        "Tap water in most cities is tested every day. It is treated to remove bacteria. Some regions add "
+        "fluoride. Hard water contains more calcium and magnesium. Filters can improve the taste."]),
+    ("What does the central bank do when inflation rises?", [
+        "When inflation rises above its target, a central bank usually raises its interest rate. Borrowing becomes "
+        "more expensive for households and firms. Spending slows and price growth eases. The effect takes a year "
+        "or more to show. Banks also signal their plans to guide expectations.",
+        "Coins were first minted in Lydia around the seventh century before the common era. They were made of "
+        "electrum. Paper money appeared later in China. Banknotes spread to Europe in the seventeenth century. "
+        "Many payments today are electronic.",
+        "A household budget lists income and regular spending. Rent and food usually come first. Saving a fixed "
+        "share of income helps in emergencies. Apps can track expenses automatically. Reviewing the budget monthly "
+        "keeps it realistic."]),
+    ("Which planet has the most moons?", [
+        "Mars has two small moons named Phobos and Deimos. They may be captured asteroids. Phobos is slowly "
+        "spiralling inward. Deimos orbits further out. Both are darker than coal.",
+        "Saturn has the largest known number of moons, with well over a hundred confirmed. Astronomers added dozens "
+        "in recent surveys. Most are only a few kilometres across. Titan, the largest, has a thick atmosphere. "
+        "Jupiter is second on the list.",
+        "Telescopes for amateurs come in two main types. Refractors use lenses. Reflectors use mirrors and cost less "
+        "for their size. A steady mount matters as much as the optics. Dark skies away from cities show the most "
+        "stars."]),
+]
+
+
+def gate_docs(gate_data: str | Path | None = None):
+    """The documents the gate is measured on: `gate_data` (`prune fidelity --data`'s formats)
+    or the built-in calls, one document per passage."""
+    from engine.tools.fidelity import Doc, load_docs
+    if gate_data is not None:
+        docs = load_docs(gate_data)
+        if not docs:
+            raise ExportError(f"{gate_data}: no documents to measure the gate on")
+        return docs
+    return [Doc(q, p, None) for q, passages in GATE_CALLS for p in passages]
+
+
+def choose_precision(checkpoint: str | Path, out: str | Path, *, export_args: dict[str, Any],
+                     calibration: list[str] | None = None, gate_data: str | Path | None = None, threads: int | None = None, repeats: int = 3,
+                     overwrite: bool = False, log: Callable[[str], None] = print) -> Manifest:
+    """Export every candidate precision, gate and time each, and write the fastest that
+    passes into `out`; its manifest, whose `auto` records the candidates' figures."""
+    from engine.pruner import Pruner
+    from engine.tools.fidelity import gate, measure
+    from engine.tools.harness import interleave, machine_info, medians, model_passes
+    from engine.tools.measure import workload_batches
+    from export.onnx import export_model
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ExportError(f"{out} exists and is not empty: choose another --out, or --overwrite to write into it")
+    docs = gate_docs(gate_data)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="prune-auto-") as tmp:
+        folders = {}
+        for precision in ("fp32", "int8"):
+            log(f"auto: exporting {precision} ...")
+            export_model(checkpoint, Path(tmp) / precision, precision=precision, log=_indent(log), **export_args)
+            folders[precision] = Path(tmp) / precision
+        try:
+            import openvino  # noqa: F401
+        except ImportError:
+            log("auto: ov-int8 not tried (OpenVINO is not installed: pip install 'prune-engine[openvino]')")
+        else:
+            from export.openvino import quantize
+            log("auto: quantizing ov-int8 (NNCF static INT8 for OpenVINO) ...")
+            quantize(folders["fp32"], Path(tmp) / "ov-int8", texts=calibration, log=_indent(log))
+            folders["ov-int8"] = Path(tmp) / "ov-int8"
+        pruners = {p: Pruner.load(f, threads=threads) for p, f in folders.items()}
+        reference = pruners["fp32"]
+        candidates: dict[str, dict[str, Any]] = {}
+        for precision, pruner in pruners.items():
+            entry: dict[str, Any] = {"runtime": pruner.backend.describe()}
+            if precision != "fp32":
+                report = measure(pruner, reference, docs, progress=False, log=lambda m: None)
+                entry.update(gate(report, pruner.family.threshold))
+            else:
+                entry.update(passed=True, reason="the reference")
+            candidates[precision] = entry
+            log(f"auto: {precision}: {'passes' if entry['passed'] else 'fails'} the gate ({entry['reason']})")
+        calls = [SimpleNamespace(question=q, passages=ps) for q, ps in _calls(docs)]
+        batches = workload_batches(reference, calls)
+        log(f"auto: timing {len(pruners)} precisions over {len(batches)} batches, {repeats} interleaved rounds ...")
+        times = medians(interleave(model_passes(pruners, batches), repeats, log=lambda m: None, warmup=True))
+        for precision, seconds in times.items():
+            candidates[precision].update(seconds=round(seconds, 4), speedup=round(times["fp32"] / seconds, 3))
+        picked = pick(candidates)
+        passing = [p for p in candidates if candidates[p]["passed"]]
+        for precision in candidates:
+            c = candidates[precision]
+            log(f"  {precision:8s} {c['seconds'] * 1000:8.1f} ms  {c['speedup']:.2f}x  "
+                f"{'gate passed' if c['passed'] else 'gate FAILED'}{'  <- picked' if precision == picked else ''}")
+        machine = machine_info()
+        record = {"picked": picked, "why": f"the fastest of {', '.join(passing)} (passed the gate) on this CPU",
+                  "candidates": candidates, "gate_data": str(gate_data) if gate_data else "built-in generic calls",
+                  "gate_documents": len(docs), "batches": len(batches), "threads": threads,
+                  "machine": {k: machine.get(k) for k in ("cpu_model", "cpus", "cpu_flags") if k in machine}}
+        manifest = Manifest.read(folders[picked])
+        manifest = manifest.with_changes(data={**manifest.data, "auto": record})
+        manifest.write(folders[picked])
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.copytree(folders[picked], out)
+    log(f"auto: picked {picked} ({record['why']}); wrote {out} in {time.perf_counter() - t0:.1f} s")
+    return Manifest.read(out)
+
+
+def pick(candidates: dict[str, dict[str, Any]]) -> str:
+    """The fastest candidate (least `seconds`) of those whose gate `passed`."""
+    passing = [p for p, c in candidates.items() if c["passed"]]
+    if not passing:
+        raise ExportError("no precision passed the fidelity gate, not even the reference")
+    return min(passing, key=lambda p: candidates[p]["seconds"])
+
+
+def _calls(docs) -> list[tuple[str, list[str]]]:
+    """Documents back into calls (consecutive documents of one question)."""
+    calls: list[tuple[str, list[str]]] = []
+    for d in docs:
+        if calls and calls[-1][0] == d.question:
+            calls[-1][1].append(d.context)
+        else:
+            calls.append((d.question, [d.context]))
+    return calls
+
+
+def _indent(log: Callable[[str], None]) -> Callable[[str], None]:
+    return lambda m: log("    " + m)
