@@ -114,8 +114,9 @@ def gate_docs(gate_data: str | Path | None = None):
 
 
 def choose_precision(checkpoint: str | Path, out: str | Path, *, export_args: dict[str, Any],
-                     calibration: list[str] | None = None, gate_data: str | Path | None = None, threads: int | None = None, repeats: int = 3,
-                     overwrite: bool = False, log: Callable[[str], None] = print) -> Manifest:
+                     calibration: list[str] | None = None, gate_data: str | Path | None = None,
+                     threads: int | None = None, repeats: int = 3, overwrite: bool = False,
+                     log: Callable[[str], None] = print) -> Manifest:
     """Export every candidate precision, gate and time each, and write the fastest that
     passes into `out`; its manifest, whose `auto` records the candidates' figures."""
     from engine.pruner import Pruner
