@@ -163,14 +163,11 @@ MACHINE_VERSIONS = ["transformers==5.17.0", "onnx==1.23.1", "onnxruntime==1.31.1
 def machine_python(tmp_path_factory) -> Path:
     """A fresh venv with MACHINE_VERSIONS (and what they and the engine need); its python."""
     import subprocess
-    import sys
+    from tests.utils import fresh_venv
     venv = tmp_path_factory.mktemp("machine") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    python = venv / "bin" / "python"
-    pip = subprocess.run([str(python), "-m", "pip", "install", "-q", *MACHINE_VERSIONS, "safetensors", "ml_dtypes",
-                          "sentencepiece", "tokenizers", "nupunkt", "sympy", "packaging", "matplotlib", "tqdm"],
-                         capture_output=True, text=True, timeout=900)
-    assert pip.returncode == 0, pip.stderr[-3000:]
+    # with a pip of its own: benchmarks/gpu.sh installs with `python -m pip`
+    python = fresh_venv(venv, *MACHINE_VERSIONS, "safetensors", "ml_dtypes", "sentencepiece", "tokenizers", "nupunkt",
+                        "sympy", "packaging", "matplotlib", "tqdm", with_pip=True)
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
     torch_site = str(Path(__import__("torch").__file__).parents[1])

@@ -75,6 +75,23 @@ def free_ports(n):
     return ports
 
 
+def fresh_venv(path: Path, *requirements: str, with_pip: bool = False, timeout: int = 900) -> Path:
+    """A new venv at `path` with `requirements` installed from the package index, as a user's
+    `pip install` resolves them; its python. This environment's pip installs into it (`pip
+    --python`), without bytecode (`--no-compile`: compiling took two thirds of torch's
+    install); `with_pip` puts a pip inside too, for what runs `python -m pip` in it."""
+    import subprocess
+    import sys
+    cmd = [sys.executable, "-m", "venv", str(path)] + ([] if with_pip else ["--without-pip"])
+    subprocess.run(cmd, check=True, timeout=120)
+    python = path / "bin" / "python"
+    if requirements:
+        pip = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-compile",
+                              *requirements], capture_output=True, text=True, timeout=timeout)
+        assert pip.returncode == 0, pip.stderr[-3000:]
+    return python
+
+
 @contextlib.contextmanager
 def serve_api(pruner, config=None):
     """The app on a free loopback port, in a thread; yields its base URL."""

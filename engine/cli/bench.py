@@ -37,6 +37,8 @@ def add(new) -> None:
                    help="client concurrencies of the concurrent paths and perf_analyzer (default 1,4,16)")
     b.add_argument("--text-instances", type=int, default=4, help="instances of the served text model (default 4)")
     b.add_argument("--no-perf-analyzer", action="store_true", help="skip perf_analyzer (with --triton)")
+    b.add_argument("--perf-analyzer-window", type=int, default=8000, metavar="MS",
+                   help="perf_analyzer's measurement window (it takes 3 to 6 until they agree; default 8000 ms)")
     b.add_argument("--perf-analyzer", metavar="PATH", help="Triton's perf_analyzer binary (default: beside this "
                    "Python, then on PATH; docs/installing.md says how to install it apart)")
     b.add_argument("--replicas", type=int, default=1,
@@ -84,7 +86,8 @@ def run(args) -> int:
                            repeats=args.repeats, threads=args.threads, triton=args.triton, only=args.paths,
                            concurrencies=args.concurrencies,
                            text_instances=args.text_instances, perf=not args.no_perf_analyzer,
-                           perf_analyzer=args.perf_analyzer, replicas=args.replicas, device=args.device,
+                           perf_analyzer=args.perf_analyzer, perf_window_ms=args.perf_analyzer_window,
+                           replicas=args.replicas, device=args.device,
                            server_url=args.server, text_model=args.text_model or "default_text", api_url=args.api,
                            openvino=args.openvino or bool(args.ov_int8))
     if args.list:

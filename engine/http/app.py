@@ -36,7 +36,7 @@ from engine.settings import DEFAULTS
 try:
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, PlainTextResponse
+    from fastapi.responses import JSONResponse, PlainTextResponse, Response
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     from engine.http.models import (POST_ERRORS, ApiError, CohereDocumentOut, CohereRerankRequest,
@@ -204,7 +204,7 @@ def create_app(pruner: PrunerProtocol, config: ApiConfig = ApiConfig()) -> Any:
     async def _guard(request: Request, call_next):
         path = request.url.path
         route = path if path in known_routes else "other"     # bounded label values
-        if config.api_key and path not in ("/health", "/metrics"):
+        if config.api_key and path not in ("/health", "/metrics", *PAGE_FILES):   # the page asks for the key
             given = request.headers.get("authorization", "")
             token = given[7:] if given.lower().startswith("bearer ") else ""
             if not hmac.compare_digest(token.encode(), config.api_key.encode()):
@@ -313,11 +313,24 @@ def create_app(pruner: PrunerProtocol, config: ApiConfig = ApiConfig()) -> Any:
         defaults = Defaults(threshold=fam.default_threshold(fam.lexical_weight), lexical_weight=fam.lexical_weight,
                             threshold_without_lexical=fam.threshold, title=fam.title, alpha=fam.backoff_alpha,
                             windows=fam.windows, passage_margin=fam.passage_margin, keep_rule=fam.keep_rule,
-                            score_kind=fam.score_kind)
+                            score_kind=fam.score_kind, zero_rerank_when_empty=fam.zero_rerank_when_empty,
+                            decides_per_window=fam.windows == "reference" and fam.window_tokens > 0)
         return InfoResponse(model=config.model_name, family=fam.name, defaults=defaults, engine=pruner.describe(),
                             max_length=pruner.spec.max_length, limits=pruner.limits.to_dict(),
                             max_body_bytes=config.max_body_bytes, max_concurrent=config.max_concurrent,
                             request_timeout=config.request_timeout, version=_version())
+
+    page = {path: (_page_file(name), media) for path, (name, media) in PAGE_FILES.items()}
+
+    def page_route(path: str):
+        body, media = page[path]
+
+        async def serve():
+            return Response(body, media_type=media, headers=PAGE_HEADERS)
+        return serve
+
+    for path in PAGE_FILES:
+        app.get(path, include_in_schema=False)(page_route(path))
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
     async def metrics():
@@ -325,6 +338,25 @@ def create_app(pruner: PrunerProtocol, config: ApiConfig = ApiConfig()) -> Any:
 
     known_routes.update(r.path for r in app.routes)
     return _BodyLimit(app, config.max_body_bytes, config.body_timeout)
+
+
+#: The highlighting page (engine/http/page, package data): its paths, files and types.
+PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
+              "/page/page.js": ("page.js", "text/javascript; charset=utf-8"),
+              "/page/page.css": ("page.css", "text/css; charset=utf-8")}
+#: Its headers: only its own script and style run, it talks only to this server, no page
+#: may frame it, and nothing is sniffed or cached.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+                               "img-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY",
+    "Cache-Control": "no-cache"}
+
+
+def _page_file(name: str) -> bytes:
+    """A file of the page, from where the package is installed."""
+    from importlib.resources import files
+    return (files("engine.http") / "page" / name).read_bytes()
 
 
 def _version() -> str:

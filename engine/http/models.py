@@ -228,6 +228,10 @@ class Defaults(BaseModel):
     passage_margin: float | None
     keep_rule: Literal["gt", "ge"] = Field(description="'gt': probability > threshold; 'ge': >=")
     score_kind: str = Field(description="what reranking_score is: logit, probability, cosine or none")
+    zero_rerank_when_empty: bool = Field(False, description="a passage with nothing kept scores 0.0")
+    decides_per_window: bool = Field(False, description="a long passage is decided per token window (the "
+                                                        "union of the windows' decisions), not from its "
+                                                        "sentences' merged probabilities")
 
 
 class InfoResponse(BaseModel):

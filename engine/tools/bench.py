@@ -84,6 +84,7 @@ class BenchOptions:
     text_instances: int = 4
     perf: bool = True
     perf_analyzer: str | None = None        # the binary (default: beside the interpreter, then PATH)
+    perf_window_ms: int = 8000              # each of perf_analyzer's measurement windows
     replicas: int = 1
     device: str = "cpu"
     server_url: str | None = None
@@ -413,9 +414,9 @@ def bench(o: BenchOptions, log=print, out_dir: Path | None = None) -> dict[str, 
             server = session.servers()[0]
             core = session.pruner("int8" if "int8" in o.models else "fp32")
             pa = {"bench": perf_analyzer(server.grpc_url, "bench", core_input_data(core, qs), o.concurrencies,
-                                         out_dir, o.perf_analyzer),
+                                         out_dir, o.perf_analyzer, o.perf_window_ms),
                   "bench_text": perf_analyzer(server.grpc_url, "bench_text", text_input_data(qs), o.concurrencies,
-                                              out_dir, o.perf_analyzer)}
+                                              out_dir, o.perf_analyzer, o.perf_window_ms)}
         return report(session, paths, results, only, pa)
 
 

@@ -267,9 +267,10 @@ def find_perf_analyzer(binary: str | None = None) -> Path | str:
 
 
 def perf_analyzer(server_grpc: str, model: str, data: list[dict[str, Any]], concurrencies,
-                  out_dir: Path, binary: str | None = None) -> dict[str, Any]:
+                  out_dir: Path, binary: str | None = None, window_ms: int = 8000) -> dict[str, Any]:
     """Triton's perf_analyzer on real requests of the workload (its JSON input data).
-    `binary`: its path (default: beside this interpreter, then on PATH; docs/installing.md)."""
+    `binary`: its path (default: beside this interpreter, then on PATH; docs/installing.md);
+    `window_ms`: each measurement window (it takes 3 to 6 of them, until they agree)."""
     found = find_perf_analyzer(binary)
     if isinstance(found, str):
         return {"skipped": found}
@@ -289,7 +290,7 @@ def perf_analyzer(server_grpc: str, model: str, data: list[dict[str, Any]], conc
         csv = out_dir / f"perf_analyzer_{model}_c{c}.csv"
         # a shared 2-core machine is noisy: longer windows and a looser stability band
         cmd = [str(binary), "-m", model, "-u", server_grpc, "-i", "grpc", "--input-data", str(data_file),
-               "--concurrency-range", f"{c}:{c}", "--measurement-interval", "8000", "-f", str(csv),
+               "--concurrency-range", f"{c}:{c}", "--measurement-interval", str(window_ms), "-f", str(csv),
                "--percentile", "95", "--stability-percentage", "50", "--max-trials", "6"]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
         if proc.returncode != 0:

@@ -37,7 +37,8 @@ def perf_analyzer(tmp_path_factory):
 
 def test_prune_bench_runs_perf_analyzer_installed_apart(perf_analyzer, exported, tiny_data, tmp_path, capsys):
     assert main(["bench", "--data", str(tiny_data / "rag.jsonl"), "--model", str(exported["opensearch"]),
-                 "--triton", "--perf-analyzer", str(perf_analyzer), "--concurrencies", "1", "--text-instances", "1",
+                 "--triton", "--perf-analyzer", str(perf_analyzer), "--perf-analyzer-window", "1500",
+                 "--concurrencies", "1", "--text-instances", "1",
                  "--queries", "2", "--repeats", "1", "--paths", "^triton-text-grpc-c1", "--out", str(tmp_path)]) == 0
     report = json.loads(next(tmp_path.glob("bench-*/bench.json")).read_text())
     assert [r["id"] for r in report["paths"]] == ["triton-text-grpc-c1-fp32"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.utils import free_ports
+from tests.utils import free_ports, fresh_venv
 
 pytestmark = pytest.mark.packaging
 
@@ -87,10 +87,7 @@ def test_wheel_in_a_fresh_venv_runs_the_whole_first_use_path(checkpoints, wheel,
     assert "engine/tools/quality.py" in names and "engine/tools/fidelity.py" in names   # prune eval / fidelity
 
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
-                          f"{wheel}[cpu,default-model,triton,serve,api]"], capture_output=True, text=True, timeout=900)
-    assert pip.returncode == 0, pip.stderr[-3000:]
+    fresh_venv(venv, f"{wheel}[cpu,default-model,triton,serve,api]")
     prune = str(venv / "bin" / "prune")
     work = tmp_path / "elsewhere"
     work.mkdir()
@@ -136,10 +133,7 @@ def test_wheel_in_a_fresh_venv_runs_the_whole_first_use_path(checkpoints, wheel,
 def _venv_with(wheel: Path, extras: str, tmp_path: Path, *also: str) -> Path:
     """A fresh venv with `wheel[extras]` (and the requirements `also`) from the package index."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", f"{wheel}[{extras}]", *also],
-                         capture_output=True, text=True, timeout=900)
-    assert pip.returncode == 0, pip.stderr[-3000:]
+    fresh_venv(venv, f"{wheel}[{extras}]", *also)
     return venv
 
 

@@ -133,7 +133,11 @@ def test_load_test_no_lost_or_mixed_results(server, pruners):
     assert len(done) >= 8
 
 
-def test_faults_not_started_killed_restarted(repository, pruners):
+def test_faults_not_started_killed_restarted(exported, pruners, tmp_path):
+    # a repository of the one model it calls: its server starts twice
+    build_repository(exported["opensearch"], tmp_path, RepositoryOptions(name="opensearch", text_instances=1),
+                     log=lambda m: None)
+    repository = tmp_path
     h, g, m = free_ports(3)
     t0 = time.monotonic()
     with pytest.raises(BackendError, match="not reachable"):
