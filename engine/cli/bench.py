@@ -69,16 +69,20 @@ def run(args) -> int:
     """Run `prune bench`; the exit status."""
     from engine.tools.bench import BenchOptions, bench, registry, select
     from engine.tools.bench_report import markdown, plot
-    from engine.default_model import default_checkpoint, ensure_default_model
+    from engine.default_model import default_checkpoint, default_model_dir, ensure_default_model
     log = args.log
-    if args.device == "cuda":   # the CUDA provider is checked before any export or measurement
+    if args.device == "cuda" and not args.list:   # the CUDA provider is checked before any export or measurement
         from engine.backends.onnxruntime import require_cuda
         require_cuda()
-    models = {"fp32": Path(args.model) if args.model else ensure_default_model(log)}
+
+    def default(precision: str) -> Path:
+        """The default model at `precision`: exported on first use, but not to be listed."""
+        return default_model_dir(precision) if args.list else ensure_default_model(log, precision=precision)
+    models = {"fp32": Path(args.model) if args.model else default("fp32")}
     if args.device == "cpu" and (args.int8 or not args.model):
-        models["int8"] = Path(args.int8) if args.int8 else ensure_default_model(log, precision="int8")
+        models["int8"] = Path(args.int8) if args.int8 else default("int8")
     if args.fp16 or (args.device == "cuda" and not args.model):
-        models["fp16"] = Path(args.fp16) if args.fp16 else ensure_default_model(log, precision="fp16")
+        models["fp16"] = Path(args.fp16) if args.fp16 else default("fp16")
     if args.ov_int8:
         models["ov-int8"] = Path(args.ov_int8)
     checkpoint = args.checkpoint or (None if args.model else default_checkpoint())
@@ -90,9 +94,9 @@ def run(args) -> int:
                            replicas=args.replicas, device=args.device,
                            server_url=args.server, text_model=args.text_model or "default_text", api_url=args.api,
                            openvino=args.openvino or bool(args.ov_int8))
-    if args.list:
+    if args.list:                  # nothing is exported, started or measured
         from engine.spec import Manifest
-        family = Manifest.read(models["fp32"]).family
+        family = Manifest.read(models["fp32"]).family if args.model else "embedding"   # the default model's
         for p in select(registry(options, family), args.paths):
             print(f"{p.id:48} {p.group:11} {p.name}")
         return 0

@@ -49,7 +49,7 @@ def test_fidelity_of_fp32_is_exact(exported, tiny_data, tmp_path, capsys):
     assert rep["pruned_text_changed_share"] == 0.0
 
 
-def test_bench_without_server(exported, tiny_data, tmp_path, capsys):
+def test_bench_without_server(exported, tiny_data, tmp_path, capsys, monkeypatch):
     assert main(["bench", "--data", str(tiny_data / "rag.jsonl"), "--model", str(exported["opensearch"]),
                  "--queries", "2", "--repeats", "1", "--out", str(tmp_path)]) == 0
     report = json.loads(next(tmp_path.glob("bench-*/bench.json")).read_text())
@@ -74,6 +74,13 @@ def test_bench_without_server(exported, tiny_data, tmp_path, capsys):
     assert [line.split()[0] for line in listed] == ["triton-grpc-c16-fp32", "triton-http-c16-fp32",
                                                     "triton-text-grpc-c16-fp32", "api-text-grpc-c16-fp32"]
     assert len(list(tmp_path.glob("bench-*"))) == runs
+    # ... nor exported: the default model's paths are listed from an empty cache, which stays empty
+    cache = tmp_path / "empty-cache"
+    cache.mkdir()
+    monkeypatch.setenv("PRUNE_CACHE", str(cache))
+    assert main(["bench", "--list", "--data", str(tiny_data / "rag.jsonl"), "--openvino"]) == 0
+    ids = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert {"onnxruntime-fp32", "onnxruntime-int8", "openvino-int8-nncf-static"} <= set(ids) and not any(cache.iterdir())
     # on the GPU path, a missing CUDA provider is reported before any export or measurement
     import onnxruntime
     if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():

@@ -220,3 +220,23 @@ def test_a_key_protected_server_asks_for_the_key_once_and_keeps_it_out_of_the_ur
     page.goto(link)                              # the same tab: asked once
     assert _shown(page) == _expected(api.prune(question=QUESTION, passages=PASSAGES))
     assert page.is_hidden("#key-form")
+
+
+def test_the_pages_headers_let_only_its_own_script_run(apis, page):
+    """The page's files need no key and carry the CSP; an inline handler that reached the
+    page anyway (inserted here, as an injection would) does not run under it."""
+    from engine.http.app import PAGE_FILES, PAGE_HEADERS
+    api = apis["locked"]
+    for path, (_, media) in PAGE_FILES.items():
+        with urllib.request.urlopen(api.url + path, timeout=10) as r:
+            assert r.status == 200 and r.headers["Content-Type"] == media
+            for k, v in PAGE_HEADERS.items():
+                assert r.headers[k] == v, (path, k)
+    assert "script-src 'self'" in PAGE_HEADERS["Content-Security-Policy"]
+    page.goto(api.url + "/")
+    page.wait_for_selector("#key-form:not([hidden])")
+    page.evaluate("""() => { document.body.insertAdjacentHTML('beforeend',
+        '<img src="data:," onerror="window.__csp = 1"><div onclick="window.__csp = 2" id="x">x</div>'); }""")
+    page.click("#x")
+    page.wait_for_timeout(300)
+    assert page.evaluate("window.__csp") is None
