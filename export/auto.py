@@ -116,7 +116,7 @@ def gate_docs(gate_data: str | Path | None = None):
 def choose_precision(checkpoint: str | Path, out: str | Path, *, export_args: dict[str, Any],
                      calibration: list[str] | None = None, gate_data: str | Path | None = None,
                      threads: int | None = None, repeats: int = 3, overwrite: bool = False,
-                     log: Callable[[str], None] = print) -> Manifest:
+                     progress: bool = True, log: Callable[[str], None] = print) -> Manifest:
     """Export every candidate precision, gate and time each, and write the fastest that
     passes into `out`; its manifest, whose `auto` records the candidates' figures."""
     from engine.pruner import Pruner
@@ -142,7 +142,7 @@ def choose_precision(checkpoint: str | Path, out: str | Path, *, export_args: di
         else:
             from export.openvino import quantize
             log("auto: quantizing ov-int8 (NNCF static INT8 for OpenVINO) ...")
-            quantize(folders["fp32"], Path(tmp) / "ov-int8", texts=calibration, log=_indent(log))
+            quantize(folders["fp32"], Path(tmp) / "ov-int8", texts=calibration, progress=progress, log=_indent(log))
             folders["ov-int8"] = Path(tmp) / "ov-int8"
         pruners = {p: Pruner.load(f, threads=threads) for p, f in folders.items()}
         reference = pruners["fp32"]

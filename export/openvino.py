@@ -9,6 +9,9 @@ batch). The calibration batches are the engine's own blocks of generic text
 """
 from __future__ import annotations
 
+import contextlib
+import io
+
 import json
 import logging
 import shutil
@@ -78,9 +81,10 @@ def calibration_feeds(fp32: Path, texts: list[str] | None = None, questions: lis
 
 
 def quantize(fp32: str | Path, out: str | Path, settings: QuantizationSettings = QuantizationSettings(), *,
-             texts: list[str] | None = None, overwrite: bool = False,
+             texts: list[str] | None = None, overwrite: bool = False, progress: bool = True,
              log: Callable[[str], None] = print) -> Manifest:
-    """NNCF static INT8 of the fp32 export `fp32` into the OpenVINO IR folder `out`."""
+    """NNCF static INT8 of the fp32 export `fp32` into the OpenVINO IR folder `out`;
+    `progress`: NNCF's progress bars (which it prints whatever its log level)."""
     try:
         import nncf
         import openvino as ov
@@ -113,7 +117,8 @@ def quantize(fp32: str | Path, out: str | Path, settings: QuantizationSettings =
         kwargs["advanced_parameters"] = nncf.AdvancedQuantizationParameters(
             smooth_quant_alphas=nncf.AdvancedSmoothQuantParameters(matmul=alpha if alpha >= 0 else -1))
     try:
-        quantized = nncf.quantize(model, nncf.Dataset(feeds), **kwargs)
+        with _quiet(not progress):
+            quantized = nncf.quantize(model, nncf.Dataset(feeds), **kwargs)
     except Exception as exc:
         raise ExportError(f"NNCF could not quantize {fp32 / manifest.graph}: {type(exc).__name__}: {exc}") from exc
     if out.exists():
@@ -130,3 +135,14 @@ def quantize(fp32: str | Path, out: str | Path, settings: QuantizationSettings =
     new.write(out)
     log(f"static INT8 (OpenVINO IR) in {out} ({record['seconds']} s)")
     return new
+
+
+@contextlib.contextmanager
+def _quiet(quiet: bool):
+    """NNCF's progress bars (rich, on stdout and stderr) swallowed when `quiet`."""
+    if not quiet:
+        yield
+        return
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        yield

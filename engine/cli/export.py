@@ -109,7 +109,7 @@ def _auto(args) -> int:
         external_data=args.external_data, verify=not args.no_verify, options=embedding_options(args),
         optimize=not args.no_optimize, int8_weight_type=args.int8_weight_type,
         int8_per_channel=args.int8_per_channel), calibration=_calibration(args), gate_data=args.gate_data,
-        overwrite=args.overwrite, log=args.log)
+        overwrite=args.overwrite, progress=not args.quiet, log=args.log)
     return 0
 
 
@@ -127,5 +127,6 @@ def _openvino_int8(args) -> int:
                      max_length=args.max_length, opset=args.opset, external_data=args.external_data,
                      verify=not args.no_verify, options=embedding_options(args), precision="fp32",
                      optimize=not args.no_optimize, log=args.log)
-        quantize(Path(tmp) / "fp32", args.out, texts=texts, overwrite=args.overwrite, log=args.log)
+        quantize(Path(tmp) / "fp32", args.out, texts=texts, overwrite=args.overwrite, progress=not args.quiet,
+                 log=args.log)
     return 0
