@@ -124,10 +124,10 @@ def render_config(name: str, manifest: Manifest, opts: RepositoryOptions, text_m
     # rerank_score is [B]: exposed as [B, 1] with the model's own shape [B] (reshape [])
     outputs = ",\n".join([_tensor("rerank_score", "TYPE_FP32", "1", "\n    reshape: { shape: [ ] }"),
                           _tensor("sentence_probs", "TYPE_FP32", "-1")])
-    preferred = opts.preferred_batch_sizes or preferred_sizes(list(manifest.buckets), opts.max_batch_tokens,
-                                                              opts.max_batch_size)
     if opts.target == "cpu-openvino":
         return render_openvino_config(name, manifest, opts, text_model)
+    preferred = opts.preferred_batch_sizes or preferred_sizes(list(manifest.buckets), opts.max_batch_tokens,
+                                                              opts.max_batch_size)
     if opts.target == "cpu":
         head = 'backend: "python"'
         kind = "KIND_CPU"
@@ -144,7 +144,7 @@ def render_config(name: str, manifest: Manifest, opts: RepositoryOptions, text_m
         params["join_requests"] = "true" if joins_requests(manifest, opts) else "false"
         runtime = core_runtime(manifest, opts)
         params["runtime"] = runtime
-        params["graph"] = core_graph(manifest, opts)
+        params["graph"] = core_graph(manifest)
         if runtime == "openvino":
             params["inference_precision"] = "bf16" if opts.inference_precision == "bf16" else "f32"
     if text_model:
@@ -181,15 +181,20 @@ def _warmup(manifest: Manifest, batched: bool) -> str:
     return "model_warmup [\n" + ",\n".join(warmups) + "\n]\n"
 
 
+def is_ir(manifest: Manifest) -> bool:
+    """Whether the export is an OpenVINO IR (prune export --precision ov-int8)."""
+    return Path(manifest.graph).suffix == ".xml"
+
+
 def core_runtime(manifest: Manifest, opts: RepositoryOptions) -> str:
     """What the cpu target's python core runs the graph with: an OpenVINO IR export always
     OpenVINO, an ONNX graph what `opts.runtime` says."""
-    return "openvino" if Path(manifest.graph).suffix == ".xml" else opts.runtime
+    return "openvino" if is_ir(manifest) else opts.runtime
 
 
-def core_graph(manifest: Manifest, opts: RepositoryOptions) -> str:
+def core_graph(manifest: Manifest) -> str:
     """The graph's file name in the core model's version folder."""
-    return "model.xml" if Path(manifest.graph).suffix == ".xml" else "model.onnx"
+    return "model.xml" if is_ir(manifest) else "model.onnx"
 
 
 def render_openvino_config(name: str, manifest: Manifest, opts: RepositoryOptions, text_model: str | None) -> str:
@@ -210,7 +215,7 @@ def render_openvino_config(name: str, manifest: Manifest, opts: RepositoryOption
     params.update({"pad_id": str(manifest.tokenizer.pad_id), "prune_manifest": json.dumps(manifest.to_dict())})
     if text_model:
         params["prune_text_model"] = text_model
-    return (f'name: "{name}"\nbackend: "openvino"\ndefault_model_filename: "{core_graph(manifest, opts)}"\n'
+    return (f'name: "{name}"\nbackend: "openvino"\ndefault_model_filename: "{core_graph(manifest)}"\n'
             f"max_batch_size: 0\ninput [\n{inputs}\n]\noutput [\n{outputs}\n]\n"
             f"instance_group [ {{ count: {opts.instances} kind: KIND_CPU }} ]\n"
             f"version_policy: {{ latest: {{ num_versions: 1 }} }}\n"
@@ -241,7 +246,7 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
     if opts.inference_precision == "bf16" and not openvino:
         raise ExportError("inference_precision bf16 is OpenVINO's: use --target cpu-openvino, or --target cpu "
                           "with --backend openvino")
-    if Path(manifest.graph).suffix == ".xml" and opts.target not in ("cpu", "cpu-openvino"):
+    if is_ir(manifest) and opts.target not in ("cpu", "cpu-openvino"):
         raise ExportError(f"{model_folder} is an OpenVINO IR ({manifest.precision}): it serves on the cpu or "
                           f"cpu-openvino target, not {opts.target}")
     if openvino and manifest.precision == "int8":
@@ -288,7 +293,7 @@ def _write_models(model_folder: Path, manifest: Manifest, out: str | Path, name:
     version_dir = model_dir / str(opts.version)
     version_dir.mkdir(parents=True)
     if opts.target in ("cpu", "cpu-openvino", "gpu-onnx"):
-        graph = core_graph(manifest, opts)
+        graph = core_graph(manifest)
         shutil.copy2(model_folder / manifest.graph, version_dir / graph)
         if graph == "model.xml":       # the IR's weights, beside it under the name OpenVINO looks for
             shutil.copy2((model_folder / manifest.graph).with_suffix(".bin"), version_dir / "model.bin")

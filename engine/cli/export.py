@@ -69,19 +69,22 @@ def run(args) -> int:
         return _openvino_int8(args)
     if args.calibration:
         raise PruneError("--calibration is for --precision ov-int8 or auto")
-    export_model(args.model, args.out, family=args.family, tokenizer=args.tokenizer,
-                 max_length=args.max_length, opset=args.opset, external_data=args.external_data,
-                 verify=not args.no_verify, overwrite=args.overwrite, options=embedding_options(args),
-                 precision=args.precision, optimize=not args.no_optimize,
-                 int8_weight_type=args.int8_weight_type, int8_per_channel=args.int8_per_channel,
-                 tensorrt_graph=args.tensorrt,
-                 log=args.log)
+    export_model(args.model, args.out, overwrite=args.overwrite, precision=args.precision,
+                 tensorrt_graph=args.tensorrt, log=args.log, **_export_args(args))
     if args.tensorrt:
         from export.tensorrt import export_tensorrt
         export_tensorrt(Path(args.out), precision="fp16" if args.precision == "fp32" else args.precision,
                         max_batch_size=args.max_batch_size,
                         log=args.log)
     return 0
+
+
+def _export_args(args) -> dict:
+    """export_model's arguments from the flags, as every export path passes them."""
+    return dict(family=args.family, tokenizer=args.tokenizer, max_length=args.max_length, opset=args.opset,
+                external_data=args.external_data, verify=not args.no_verify, options=embedding_options(args),
+                optimize=not args.no_optimize, int8_weight_type=args.int8_weight_type,
+                int8_per_channel=args.int8_per_channel)
 
 
 def _calibration(args) -> list[str] | None:
@@ -104,12 +107,8 @@ def _auto(args) -> int:
     from export.auto import choose_precision
     if args.tensorrt:
         raise PruneError("--tensorrt builds from an fp32/fp16 ONNX export, not from --precision auto")
-    choose_precision(args.model, args.out, export_args=dict(
-        family=args.family, tokenizer=args.tokenizer, max_length=args.max_length, opset=args.opset,
-        external_data=args.external_data, verify=not args.no_verify, options=embedding_options(args),
-        optimize=not args.no_optimize, int8_weight_type=args.int8_weight_type,
-        int8_per_channel=args.int8_per_channel), calibration=_calibration(args), gate_data=args.gate_data,
-        overwrite=args.overwrite, progress=not args.quiet, log=args.log)
+    choose_precision(args.model, args.out, export_args=_export_args(args), calibration=_calibration(args),
+                     gate_data=args.gate_data, overwrite=args.overwrite, progress=not args.quiet, log=args.log)
     return 0
 
 
@@ -123,10 +122,7 @@ def _openvino_int8(args) -> int:
         raise PruneError("--tensorrt builds from an ONNX export, not from ov-int8")
     texts = _calibration(args)
     with tempfile.TemporaryDirectory(prefix="prune-ov-int8-") as tmp:
-        export_model(args.model, Path(tmp) / "fp32", family=args.family, tokenizer=args.tokenizer,
-                     max_length=args.max_length, opset=args.opset, external_data=args.external_data,
-                     verify=not args.no_verify, options=embedding_options(args), precision="fp32",
-                     optimize=not args.no_optimize, log=args.log)
+        export_model(args.model, Path(tmp) / "fp32", precision="fp32", log=args.log, **_export_args(args))
         quantize(Path(tmp) / "fp32", args.out, texts=texts, overwrite=args.overwrite, progress=not args.quiet,
                  log=args.log)
     return 0

@@ -96,19 +96,14 @@ def test_bad_settings_are_clear_errors(exported):
         Pruner.load(exported["opensearch"], backend="openvino", device="cuda")
 
 
-@pytest.fixture(scope="module")
-def ov_int8(exported_ov_int8):
-    return exported_ov_int8
-
-
-def test_the_static_int8_export_loads_on_openvino_and_records_its_settings(ov_int8, exported):
-    p = Pruner.load(ov_int8, threads=1)                 # an IR folder: OpenVINO whatever the default backend
+def test_the_static_int8_export_loads_on_openvino_and_records_its_settings(exported_ov_int8, exported):
+    p = Pruner.load(exported_ov_int8, threads=1)                 # an IR folder: OpenVINO whatever the default backend
     assert p.describe().startswith("openvino CPU, fp32 inference, IR graph model.xml")
-    manifest = json.loads((ov_int8 / "manifest.json").read_text())
+    manifest = json.loads((exported_ov_int8 / "manifest.json").read_text())
     assert manifest["precision"] == "ov-int8" and manifest["openvino"]["calibration_blocks"] > 0
     assert manifest["openvino"]["ignored_patterns"] and manifest["openvino"]["preset"] == "mixed"
-    assert not (ov_int8 / "model.onnx").exists()
-    xml = (ov_int8 / "model.xml").read_text()
+    assert not (exported_ov_int8 / "model.onnx").exists()
+    xml = (exported_ov_int8 / "model.xml").read_text()
     assert "FakeQuantize" in xml or "FakeConvert" in xml          # quantized, not a copy of the fp32 graph
     fp32 = Pruner.load(exported["embedding"], threads=1)
     a = p.prune(QUESTION, PASSAGES, lexical_weight=0)
@@ -117,9 +112,9 @@ def test_the_static_int8_export_loads_on_openvino_and_records_its_settings(ov_in
     assert 0 < max(diffs) < 0.25, diffs
 
 
-def test_static_int8_answers_do_not_depend_on_the_batch(ov_int8):
+def test_static_int8_answers_do_not_depend_on_the_batch(exported_ov_int8):
     """Static scales: a passage scored alone equals the same passage in a call of five."""
-    p = Pruner.load(ov_int8, threads=1)
+    p = Pruner.load(exported_ov_int8, threads=1)
     together = p.prune(QUESTION, PASSAGES, lexical_weight=0)
     for i, passage in enumerate(PASSAGES):
         alone = p.prune(QUESTION, [passage], lexical_weight=0)[0]
@@ -146,11 +141,11 @@ def test_the_cli_exports_ov_int8_and_runs_openvino(checkpoints, exported, tmp_pa
     assert len(json.loads(capsys.readouterr().out)[0]["sentences"]) == 2
 
 
-def test_prune_bench_measures_openvino_beside_onnxruntime(exported, ov_int8, tmp_path, capsys):
+def test_prune_bench_measures_openvino_beside_onnxruntime(exported, exported_ov_int8, tmp_path, capsys):
     from tests.utils import write_tiny_data
     data = write_tiny_data(tmp_path)
     assert main(["bench", "--data", str(data / "rag.jsonl"), "--model", str(exported["embedding"]), "--openvino",
-                 "--ov-int8", str(ov_int8),
+                 "--ov-int8", str(exported_ov_int8),
                  "--queries", "2", "--repeats", "1", "--paths", "^(onnxruntime-fp32|openvino)$|openvino-",
                  "--out", str(tmp_path)]) == 0
     report = json.loads(next(tmp_path.glob("bench-*/bench.json")).read_text())
@@ -170,7 +165,7 @@ OPENVINO_BACKEND_PARAMETERS = {"PERFORMANCE_HINT", "CPU_EXTENSION_PATH", "INFERE
 
 
 @pytest.mark.parametrize("source", ["onnx", "ov-int8"])
-def test_cpu_openvino_target_writes_what_tritons_openvino_backend_loads(exported, ov_int8, tmp_path, source):
+def test_cpu_openvino_target_writes_what_tritons_openvino_backend_loads(exported, exported_ov_int8, tmp_path, source):
     """`prune repository --target cpu-openvino`: NVIDIA's container is not here, so the files
     are checked as that backend checks them (its ValidateConfigureModel): a ModelConfig that
     parses, the graph at default_model_filename, every config input and output present in
@@ -180,7 +175,7 @@ def test_cpu_openvino_target_writes_what_tritons_openvino_backend_loads(exported
     from tritonclient.grpc import model_config_pb2
 
     from export.triton import RepositoryOptions, build_repository
-    folder = exported["embedding"] if source == "onnx" else ov_int8
+    folder = exported["embedding"] if source == "onnx" else exported_ov_int8
     build_repository(folder, tmp_path, RepositoryOptions(target="cpu-openvino", name="m", instances=2,
                                                          intra_op_threads=3), log=lambda m: None)
     cfg = text_format.Parse((tmp_path / "m" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
@@ -207,13 +202,13 @@ def test_cpu_openvino_target_writes_what_tritons_openvino_backend_loads(exported
     assert text.backend == "python" and text.parameters["core_model"].string_value == "m"
 
 
-def test_openvino_repository_settings_are_checked(exported, ov_int8, tmp_path, capsys):
+def test_openvino_repository_settings_are_checked(exported, exported_ov_int8, tmp_path, capsys):
     from engine.errors import ExportError
     from export.triton import RepositoryOptions, build_repository
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
     with pytest.raises(ExportError, match="is an OpenVINO IR .ov-int8.: it serves on the cpu or cpu-openvino"):
-        build_repository(ov_int8, tmp_path / "a", RepositoryOptions(target="gpu-onnx"), log=lambda m: None)
+        build_repository(exported_ov_int8, tmp_path / "a", RepositoryOptions(target="gpu-onnx"), log=lambda m: None)
     with pytest.raises(ExportError, match="inference_precision bf16 is OpenVINO's"):
         build_repository(exported["embedding"], tmp_path / "b", RepositoryOptions(inference_precision="bf16"),
                          log=lambda m: None)
