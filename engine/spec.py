@@ -90,6 +90,23 @@ class Source:
     hidden_size: int | None = None
 
 
+#: the runtimes an export may prefer (`runtime`), with the inference precisions each runs
+#: its graph at (OpenVINO's bf16: the fp32 graph computed in bf16)
+RUNTIMES = {"onnxruntime": ("fp32",), "openvino": ("fp32", "bf16")}
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The runtime an export prefers (`runtime`), written by `prune export --precision auto`
+    where its pick is a way of running the fp32 graph rather than another graph: loaders
+    without a backend of their own choice use it."""
+    backend: str
+    precision: str = "fp32"
+
+    def __str__(self) -> str:
+        return f"{self.backend} {self.precision}"
+
+
 @dataclass(frozen=True)
 class Manifest:
     """An exported model folder's `manifest.json`, typed: the one place it is read and
@@ -110,6 +127,7 @@ class Manifest:
     source: Source | None = None
     options: dict[str, Any] = field(default_factory=dict)
     tensorrt: dict[str, Any] | None = None
+    runtime: Runtime | None = None
     data: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------ reading
@@ -162,7 +180,8 @@ class Manifest:
                 source=None if not isinstance(src, dict) else Source(
                     checkpoint=str(src.get("checkpoint", "")), weights_sha256=src.get("weights_sha256"),
                     num_attention_heads=src.get("num_attention_heads"), hidden_size=src.get("hidden_size")),
-                options=dict(data.get("options") or {}), tensorrt=data.get("tensorrt"), data=dict(data))
+                options=dict(data.get("options") or {}), tensorrt=data.get("tensorrt"),
+                runtime=_runtime(data.get("runtime"), where), data=dict(data))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ModelLoadError(f"{where}: manifest is incomplete: {exc}") from exc
         manifest.spec()           # its values checked
@@ -222,6 +241,10 @@ class Manifest:
                                                             if v is not None}}
         if self.tensorrt is not None:
             out["tensorrt"] = self.tensorrt
+        if self.runtime is not None:
+            out["runtime"] = asdict(self.runtime)
+        else:
+            out.pop("runtime", None)
         return out
 
     def write(self, folder: str | Path) -> None:
@@ -231,6 +254,19 @@ class Manifest:
     def with_changes(self, **changes: Any) -> Manifest:
         """This manifest with fields changed (the rest of its data kept)."""
         return replace(self, **changes)
+
+
+def _runtime(value: Any, where: str) -> Runtime | None:
+    """The manifest's `runtime`, checked against RUNTIMES."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("backend") not in RUNTIMES:
+        raise ModelLoadError(f"{where}: runtime must name a backend of {sorted(RUNTIMES)}, got {value!r}")
+    runtime = Runtime(backend=value["backend"], precision=value.get("precision", "fp32"))
+    if runtime.precision not in RUNTIMES[runtime.backend]:
+        raise ModelLoadError(f"{where}: {runtime.backend} runs at {', '.join(RUNTIMES[runtime.backend])}, "
+                             f"not {runtime.precision!r}")
+    return runtime
 
 
 def _number(value: Any) -> float | None:

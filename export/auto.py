@@ -3,7 +3,12 @@ the fidelity gate against the fp32 export and timed here; the fastest that passe
 written to `--out`, with what was measured in its manifest (`auto`).
 
 Candidates: fp32 and dynamic INT8 on ONNX Runtime; with `[openvino]`, the NNCF static
-INT8 IR (ov-int8) on OpenVINO. The gate is `prune fidelity`'s (engine.tools.fidelity.GATE):
+INT8 IR (ov-int8) on OpenVINO and, where the CPU computes bf16 (AVX512_BF16 or AMX),
+OpenVINO's bf16 inference of the fp32 graph (ov-bf16: the fp32 export whose manifest
+prefers that runtime, which `Pruner.load` honours) and of what the static INT8 IR keeps
+float (ov-int8-bf16: the IR, preferring bf16). OpenVINO's f32 inference is not a
+candidate: it runs the fp32 graph at ONNX Runtime's fp32 speed (docs/performance.md), and
+a tie would tie the export to OpenVINO for nothing. The gate is `prune fidelity`'s (engine.tools.fidelity.GATE):
 at least 99% of sentence decisions the same as fp32's at the family's threshold, and a
 Spearman correlation of the reranking scores of at least 0.99. It is measured on
 `gate_data` (a JSONL that `prune fidelity --data` reads: bring your own domain's), else on
@@ -21,7 +26,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 from engine.errors import ExportError
-from engine.spec import Manifest
+from engine.spec import Manifest, Runtime
 
 #: Generic RAG calls for the gate: a question, the passage that answers it and two that do
 #: not. Written for this purpose; apart from the calibration text (export/openvino.py).
@@ -130,7 +135,8 @@ def choose_precision(checkpoint: str | Path, out: str | Path, *, export_args: di
     docs = gate_docs(gate_data)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="prune-auto-") as tmp:
-        folders = {}
+        folders: dict[str, Path] = {}
+        runtimes: dict[str, Runtime] = {}      # a candidate that is the fp32 graph on another runtime
         for precision in ("fp32", "int8"):
             log(f"auto: exporting {precision} ...")
             export_model(checkpoint, Path(tmp) / precision, precision=precision, log=_indent(log), **export_args)
@@ -144,7 +150,15 @@ def choose_precision(checkpoint: str | Path, out: str | Path, *, export_args: di
             log("auto: quantizing ov-int8 (NNCF static INT8 for OpenVINO) ...")
             quantize(folders["fp32"], Path(tmp) / "ov-int8", texts=calibration, progress=progress, log=_indent(log))
             folders["ov-int8"] = Path(tmp) / "ov-int8"
-        pruners = {p: Pruner.load(f, threads=threads) for p, f in folders.items()}
+            from engine.backends.openvino import bf16_supported
+            if bf16_supported():
+                for name, graph in (("ov-bf16", "fp32"), ("ov-int8-bf16", "ov-int8")):
+                    runtimes[name] = Runtime("openvino", "bf16")
+                    folders[name] = folders[graph]
+            else:
+                log("auto: ov-bf16 and ov-int8-bf16 not tried (this CPU does not compute bf16: avx512_bf16 or "
+                    "amx_bf16)")
+        pruners = {p: Pruner.load(f, threads=threads, **_load_args(runtimes.get(p))) for p, f in folders.items()}
         reference = pruners["fp32"]
         candidates: dict[str, dict[str, Any]] = {}
         for precision, pruner in pruners.items():
@@ -164,21 +178,22 @@ def choose_precision(checkpoint: str | Path, out: str | Path, *, export_args: di
             candidates[precision].update(seconds=round(seconds, 4), speedup=round(times["fp32"] / seconds, 3))
         picked = pick(candidates)
         passing = [p for p in candidates if candidates[p]["passed"]]
+        width = max(map(len, candidates))
         for precision in candidates:
             c = candidates[precision]
-            log(f"  {precision:8s} {c['seconds'] * 1000:8.1f} ms  {c['speedup']:.2f}x  "
+            log(f"  {precision:{width}s} {c['seconds'] * 1000:8.1f} ms  {c['speedup']:.2f}x  "
                 f"{'gate passed' if c['passed'] else 'gate FAILED'}{'  <- picked' if precision == picked else ''}")
         machine = machine_info()
         record = {"picked": picked, "why": f"the fastest of {', '.join(passing)} (passed the gate) on this CPU",
                   "candidates": candidates, "gate_data": str(gate_data) if gate_data else "built-in generic calls",
                   "gate_documents": len(docs), "batches": len(batches), "threads": threads,
                   "machine": {k: machine.get(k) for k in ("cpu_model", "cpus", "cpu_flags") if k in machine}}
-        manifest = Manifest.read(folders[picked])
-        manifest = manifest.with_changes(data={**manifest.data, "auto": record})
-        manifest.write(folders[picked])
         if out.exists():
             shutil.rmtree(out)
         shutil.copytree(folders[picked], out)
+        manifest = Manifest.read(out)
+        manifest.with_changes(runtime=runtimes.get(picked),
+                              data={**manifest.data, "auto": record}).write(out)
     log(f"auto: picked {picked} ({record['why']}); wrote {out} in {time.perf_counter() - t0:.1f} s")
     return Manifest.read(out)
 
@@ -189,6 +204,14 @@ def pick(candidates: dict[str, dict[str, Any]]) -> str:
     if not passing:
         raise ExportError("no precision passed the fidelity gate, not even the reference")
     return min(passing, key=lambda p: candidates[p]["seconds"])
+
+
+def _load_args(runtime: Runtime | None) -> dict[str, str]:
+    """Pruner.load's runtime arguments of a candidate: its runtime, else ONNX Runtime (an
+    IR export runs on OpenVINO whatever this says)."""
+    if runtime is None:
+        return {"backend": "onnxruntime"}
+    return {"backend": runtime.backend, "precision": runtime.precision}
 
 
 def _calls(docs) -> list[tuple[str, list[str]]]:

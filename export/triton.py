@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from engine.backends.onnxruntime import SHRINK_ABOVE_TOKENS
@@ -64,8 +64,12 @@ class RepositoryOptions:
     overwrite: bool = False
     ort_arena: str = "shrink"      # cpu target: what ONNX Runtime's arena does after a run
     join_requests: str = "auto"    # cpu target: join the batcher's requests in one run (always/never/auto)
-    runtime: str = "onnxruntime"   # cpu target: the python core's runtime (onnxruntime/openvino)
-    inference_precision: str = "fp32"   # OpenVINO (cpu with runtime openvino, cpu-openvino): fp32 or bf16
+    #: cpu target: the python core's runtime (onnxruntime/openvino); None: the export's
+    #: preferred runtime (its manifest's `runtime`), else onnxruntime
+    runtime: str | None = None
+    #: OpenVINO (cpu with runtime openvino, cpu-openvino): fp32 or bf16; None: the export's
+    #: preferred precision where it prefers OpenVINO, else fp32
+    inference_precision: str | None = None
 
 
 def preferred_sizes(buckets: list[int], max_batch_tokens: int, max_batch_size: int) -> list[int]:
@@ -222,6 +226,26 @@ def render_openvino_config(name: str, manifest: Manifest, opts: RepositoryOption
             f"{_warmup(manifest, batched=False)}" + _parameters(params) + "\n")
 
 
+def with_preferred_runtime(manifest: Manifest, opts: RepositoryOptions, log=print) -> RepositoryOptions:
+    """`opts` with `runtime` and `inference_precision` decided where they are None: the
+    export's preferred runtime (`prune export --precision auto`'s pick) where the target runs
+    it (the cpu target's python core; cpu-openvino for OpenVINO's precision), else ONNX
+    Runtime and fp32. Said in the log when the preference decided."""
+    pref = manifest.runtime
+    runtime = opts.runtime
+    if runtime is None:
+        runtime = pref.backend if pref is not None and opts.target == "cpu" else "onnxruntime"
+    precision = opts.inference_precision
+    if precision is None:
+        on_openvino = opts.target == "cpu-openvino" or (
+            opts.target == "cpu" and (runtime == "openvino" or is_ir(manifest)))
+        precision = pref.precision if pref is not None and pref.backend == "openvino" and on_openvino else "fp32"
+    if pref is not None and (opts.runtime is None or opts.inference_precision is None):
+        log(f"the export prefers {pref} (prune export --precision auto): the core model runs "
+            f"{'openvino' if opts.target == 'cpu-openvino' else runtime} {precision}")
+    return replace(opts, runtime=runtime, inference_precision=precision)
+
+
 def build_repository(model_folder: str | Path, out: str | Path, opts: RepositoryOptions,
                      log=print) -> Path:
     """Write (or add to) a model repository; returns the model's folder."""
@@ -229,6 +253,7 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
     manifest = Manifest.read(model_folder)
     if opts.target not in TARGETS:
         raise ExportError(f"target must be one of {TARGETS}, got {opts.target!r}")
+    opts = with_preferred_runtime(manifest, opts, log)
     if opts.max_batch_size < 1:
         raise ExportError("max_batch_size must be >= 1")
     if opts.ort_arena not in ("shrink", "keep", "off"):

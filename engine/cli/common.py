@@ -150,9 +150,12 @@ def add_db(x: argparse.ArgumentParser) -> None:
 
 def add_openvino(p, backends: tuple[str, ...]) -> None:
     """`--backend` (of `backends`) and OpenVINO's `--inference-precision`."""
-    p.add_argument("--backend", choices=list(backends), default="onnxruntime",
+    p.add_argument("--backend", choices=list(backends), default=None,
                    help="onnxruntime (an exported folder); openvino (the same folder on OpenVINO, pip install "
                         "'prune-engine[openvino]'; an ov-int8 export runs there whatever this says)"
-                   + ("; torch: a checkpoint (the fp32 reference)" if "torch" in backends else ""))
-    p.add_argument("--inference-precision", choices=["fp32", "bf16"], default="fp32",
-                   help="--backend openvino: bf16 inference of the fp32 graph (CPUs with AVX512_BF16 or AMX)")
+                   + ("; torch: a checkpoint (the fp32 reference)" if "torch" in backends else "")
+                   + ". Default: the runtime the export's manifest prefers (prune export --precision auto), "
+                     "else onnxruntime")
+    p.add_argument("--inference-precision", choices=["fp32", "bf16"], default=None,
+                   help="OpenVINO: bf16 inference of the fp32 graph (CPUs with AVX512_BF16 or AMX); "
+                        "default: the export's preferred runtime's, else fp32")

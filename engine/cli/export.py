@@ -25,8 +25,9 @@ def add(new) -> None:
     e.add_argument("--precision", choices=["fp32", "int8", "fp16", "ov-int8", "auto"], default="fp32",
                    help="int8: dynamic quantization for CPUs; fp16: for GPUs (float32 I/O, softmax, pooling); "
                         "ov-int8: static INT8 for OpenVINO (NNCF; an OpenVINO IR folder; pip install "
-                        "'prune-engine[openvino]'); auto: the fastest of fp32, int8 and ov-int8 on this CPU "
-                        "that passes the fidelity gate (printed, and recorded in the manifest)")
+                        "'prune-engine[openvino]'); auto: the fastest of fp32, int8, ov-int8 and ov-bf16 "
+                        "(OpenVINO's bf16 inference of the fp32 graph, where the CPU has bf16) on this CPU that "
+                        "passes the fidelity gate (printed, and recorded in the manifest, which loaders follow)")
     e.add_argument("--calibration", help="ov-int8 (and auto): a text file (one passage per paragraph) or JSONL "
                    "with `text`, to calibrate on instead of the built-in generic text (never evaluation data)")
     e.add_argument("--gate-data", help="auto: JSONL the gate is measured on (prune fidelity --data's formats; "

@@ -139,17 +139,21 @@ class Session:
             self._cache[key] = make()
         return self._cache[key]
 
-    def pruner(self, precision: str = "fp32", **kw) -> Any:
-        """An exported model in-process (`precision` a models key); `kw`: Pruner.load's."""
+    def pruner(self, model: str = "fp32", **kw) -> Any:
+        """An exported model in-process (`model` a models key: fp32, int8, fp16); `kw`:
+        Pruner.load's (backend: onnxruntime unless it says otherwise, whatever runtime the
+        export prefers, so each path runs what its name says)."""
         from engine.pruner import Pruner
         o = self.options
-        device = "cpu" if precision == "int8" or kw.get("backend") == "openvino" else o.device
-        return self.once(("pruner", precision, tuple(sorted(kw.items()))),
-                         lambda: Pruner.load(o.models[precision], threads=o.threads, device=device, **kw))
+        kw.setdefault("backend", "onnxruntime")
+        device = "cpu" if model == "int8" or kw["backend"] == "openvino" else o.device
+        return self.once(("pruner", model, tuple(sorted(kw.items()))),
+                         lambda: Pruner.load(o.models[model], threads=o.threads, device=device, **kw))
 
-    def ov_int8(self) -> Any:
+    def ov_int8(self, precision: str = "fp32") -> Any:
         """The static INT8 OpenVINO export: `models["ov-int8"]`, else made here from the fp32
-        export (NNCF, its default settings; it lives until the end)."""
+        export (NNCF, its default settings; it lives until the end); what it keeps float
+        computed at `precision` (fp32, or bf16 where the CPU has it)."""
         from engine.pruner import Pruner
         o = self.options
 
@@ -160,8 +164,10 @@ class Session:
                 folder = Path(self.stack.enter_context(tempfile.TemporaryDirectory(prefix="prune-bench-ov-"))) / "m"
                 self.log("openvino-int8: quantizing the fp32 export with NNCF ...")
                 quantize(o.models["fp32"], folder, log=lambda m: None)
-            return Pruner.load(folder, threads=o.threads)
-        return self.once("ov-int8", make)
+            return folder
+        folder = self.once("ov-int8", make)
+        return self.once(("ov-int8", precision),
+                         lambda: Pruner.load(folder, backend="openvino", precision=precision, threads=o.threads))
 
     def batches(self) -> list:
         """The padded batches the engine sends for the workload (fp32 export, its batching)."""
@@ -267,12 +273,15 @@ def _text_model(c: int):
     return start
 
 
-def _bf16(s: Session) -> Runner | None:
-    from engine.backends.openvino import bf16_supported
-    if not bf16_supported():
-        s.log("openvino-bf16: this CPU does not compute bf16 (avx512_bf16 / amx_bf16)")
-        return None
-    return _sequential(lambda s: s.pruner("fp32", backend="openvino", precision="bf16"))(s)
+def _bf16(name: str, make: Callable[[Session], Any]) -> Callable[[Session], Runner | None]:
+    """A path computing in bf16 on OpenVINO: `make(session)`'s pruner, where the CPU has bf16."""
+    def start(s: Session) -> Runner | None:
+        from engine.backends.openvino import bf16_supported
+        if not bf16_supported():
+            s.log(f"{name}: this CPU does not compute bf16 (avx512_bf16 / amx_bf16)")
+            return None
+        return _sequential(make)(s)
+    return start
 
 
 def _triton_core(proto: str, replicas: bool = False, model: str = "bench"):
@@ -337,8 +346,13 @@ def registry(o: BenchOptions, family: str) -> list[BenchPath]:
     if o.openvino and o.device == "cpu":
         paths += [BenchPath("openvino-fp32", "in-process", _sequential(lambda s: s.pruner("fp32", backend="openvino")),
                             "fp32"),
-                  BenchPath("openvino-bf16", "in-process", _bf16),
-                  BenchPath("openvino-int8 (NNCF static)", "in-process", _sequential(lambda s: s.ov_int8()))]
+                  BenchPath("openvino-bf16", "in-process",
+                            _bf16("openvino-bf16", lambda s: s.pruner("fp32", backend="openvino", precision="bf16")),
+                            "fp32", "bf16"),
+                  BenchPath("openvino-int8 (NNCF static)", "in-process", _sequential(lambda s: s.ov_int8()),
+                            "fp32", "int8"),
+                  BenchPath("openvino-int8 (NNCF static), bf16 rest", "in-process",
+                            _bf16("openvino-int8-bf16", lambda s: s.ov_int8("bf16")), "fp32", "int8")]
     if o.triton:
         if o.replicas > 1:
             paths += [BenchPath(f"{label} {o.replicas} replicas c{c} ({precision})", "triton",
@@ -483,17 +497,27 @@ def report(session: Session, paths: list[BenchPath], results: dict[str, PathResu
 
 def machine_limits(rows: list[dict[str, Any]], graphs: dict[str, Path], threads: int | None,
                    sent: dict[str, tuple[str, str, list]], log=print) -> dict[str, Any]:
-    """This CPU's fp32 and int8 GEMM rates with ONNX Runtime, each graph's work per token
+    """This CPU's fp32 and int8 GEMM rates with ONNX Runtime (and, where an OpenVINO path
+    ran, OpenVINO's f32, bf16 and int8 ones), each graph's work per token
     (engine.tools.limits), and every in-process path's achieved rate as a share of the
-    matching rate (`limit_share` in its row). `graphs`: an exported model folder (its
-    manifest names the graph) or an ONNX file, by name; `sent`: path -> (the graph's name,
-    precision, the padded (rows, length) batches the path sent)."""
+    machine's rate for its arithmetic (the fastest any runtime reached; `limit_share` in
+    its row). `graphs`: an exported model folder (its manifest names the graph) or an ONNX
+    file, by name; `sent`: path -> (the graph's name, precision: fp32, bf16 or int8, the
+    padded (rows, length) batches the path sent)."""
     try:
-        from engine.tools.limits import gemm_rates, graph_work, workload_flops
+        from engine.tools.limits import gemm_rates, graph_work, openvino_gemm_rates, workload_flops
         rates = gemm_rates(threads)
     except ImportError as exc:     # onnx (the [export] extra) builds the GEMM graphs
         return {"skipped": f"needs {exc.name} (pip install 'prune-engine[export]')"}
-    log(f"GEMM limit: fp32 {rates['fp32_gflops']:.0f} GFLOP/s, int8 {rates['int8_gops']:.0f} GOP/s")
+    keys = {"fp32": "fp32_gflops", "bf16": "bf16_gflops", "int8": "int8_gops"}
+    limits = {kind: (rates[key], "onnxruntime") for kind, key in keys.items() if key in rates}
+    if any(path.startswith("openvino") for path in sent):
+        rates["openvino"] = openvino_gemm_rates(threads)
+        for kind, key in keys.items():
+            if key in rates["openvino"] and rates["openvino"][key] > limits.get(kind, (0.0, ""))[0]:
+                limits[kind] = (rates["openvino"][key], "openvino")
+    log("GEMM limit: " + ", ".join(f"{kind} {rate:.0f} G/s ({runtime})" for kind, (rate, runtime) in limits.items()))
+    rates["limits"] = {kind: {"rate": rate, "runtime": runtime} for kind, (rate, runtime) in limits.items()}
     out: dict[str, Any] = {"gemm": rates, "work": {}}
     for name, where in graphs.items():
         where = Path(where)
@@ -512,7 +536,9 @@ def machine_limits(rows: list[dict[str, Any]], graphs: dict[str, Path], threads:
         work = out["work"][graph]
         flops = workload_flops(shapes, work, work["hidden_size"])
         rate = flops / row["seconds_median"] / 1e9
-        limit = rates["int8_gops" if precision == "int8" else "fp32_gflops"]
+        if precision not in limits:
+            continue
+        limit, runtime = limits[precision]
         row.update(achieved_gflops=rate, limit_share=rate / limit,
-                   limit=f"{'int8' if precision == 'int8' else 'fp32'} GEMM {limit:.0f} G/s")
+                   limit=f"{precision} GEMM {limit:.0f} G/s ({runtime})")
     return out

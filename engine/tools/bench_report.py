@@ -26,9 +26,14 @@ def markdown(report: dict[str, Any], command: str) -> str:
     limits = report.get("limits") or {}
     if "gemm" in limits:
         g = limits["gemm"]
-        lines += ["", f"This machine's limit (ONNX Runtime, {g['shape'][0]}x{g['shape'][1]} by {g['shape'][1]}x"
-                  f"{g['shape'][2]}, threads {g['threads']}): fp32 MatMul {g['fp32_gflops']:.0f} GFLOP/s, int8 "
-                  f"MatMulInteger {g['int8_gops']:.0f} GOP/s. Work per token from the graph: "
+        ov = g.get("openvino")
+        lines += ["", f"This machine's limit ({g['shape'][0]}x{g['shape'][1]} by {g['shape'][1]}x"
+                  f"{g['shape'][2]}, threads {g['threads']}): ONNX Runtime fp32 MatMul {g['fp32_gflops']:.0f} "
+                  f"GFLOP/s, int8 MatMulInteger {g['int8_gops']:.0f} GOP/s"
+                  + ("; OpenVINO " + ", ".join(f"{k.split('_')[0]} {v:.0f}" for k, v in ov.items()) + " G/s"
+                     if ov else "")
+                  + ("; a path's limit is the fastest rate of its arithmetic on any runtime"
+                     if ov else "") + ". Work per token from the graph: "
                   + ", ".join(f"{k} {w['linear_flops_per_token'] / 1e6:.1f} MFLOP in weight products and "
                               f"{w['activation_products']:.0f} activation products of 2 x L x {w['hidden_size']}"
                               for k, w in limits["work"].items()) + " (L the padded length sent).", "",

@@ -43,6 +43,17 @@ def test_a_manifest_from_before_the_later_keys_still_loads_and_prunes_alike(expo
     assert [r.reranking_score for r in got] == pytest.approx([r.reranking_score for r in want], abs=1e-6)
 
 
+def test_a_preferred_runtime_reads_back_as_written_and_goes_when_cleared(exported):
+    from engine.spec import Runtime
+    m = Manifest.read(exported["opensearch"])
+    assert m.runtime is None and "runtime" not in m.to_dict()
+    data = m.with_changes(runtime=Runtime("openvino", "bf16")).to_dict()
+    assert data["runtime"] == {"backend": "openvino", "precision": "bf16"}
+    back = Manifest.from_dict(data)
+    assert back.runtime == Runtime("openvino", "bf16")
+    assert "runtime" not in back.with_changes(runtime=None).to_dict()
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda m: m.pop("tokenizer"), "manifest lacks 'tokenizer'"),
     (lambda m: m.update(format="other/1"), "not a prune-engine/1 manifest"),
@@ -51,6 +62,10 @@ def test_a_manifest_from_before_the_later_keys_still_loads_and_prunes_alike(expo
     (lambda m: m.update(buckets=[64, 32]), "not increasing"),
     (lambda m: m["tokenizer"].pop("sep_id"), "incomplete: 'sep_id'"),
     (lambda m: m.update(family="nope"), "nope"),
+    (lambda m: m.update(runtime={"backend": "tensorrt"}), "runtime must name a backend of"),
+    (lambda m: m.update(runtime={"backend": "onnxruntime", "precision": "bf16"}),
+     "onnxruntime runs at fp32, not 'bf16'"),
+    (lambda m: m.update(runtime="openvino"), "runtime must name a backend"),
 ])
 def test_a_broken_manifest_is_a_clear_error(exported, change, message):
     data = json.loads((exported["opensearch"] / "manifest.json").read_text())

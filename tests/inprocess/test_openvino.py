@@ -84,10 +84,55 @@ def test_bf16_where_the_cpu_lacks_it_is_a_clear_error(exported):
         Pruner.load(exported["opensearch"], backend="openvino", precision="bf16")
 
 
+def _preferring(folder, tmp_path, backend, precision):
+    """A copy of an export whose manifest prefers `backend` at `precision`."""
+    import shutil
+
+    from engine.spec import Manifest, Runtime
+    out = tmp_path / f"{folder.name}-{backend}-{precision}"
+    shutil.copytree(folder, out)
+    Manifest.read(out).with_changes(runtime=Runtime(backend, precision)).write(out)
+    return out
+
+
+def test_an_export_runs_where_its_manifest_prefers_unless_told_otherwise(exported, tmp_path, monkeypatch):
+    """The manifest's `runtime` (prune export --precision auto's pick) is what Pruner.load,
+    prune run and prune repository use when no backend is named; a named one wins; where
+    this machine cannot run the preference, ONNX Runtime fp32 runs the same graph, saying why."""
+    import engine.backends.openvino as ov_backend
+    folder = _preferring(exported["opensearch"], tmp_path, "openvino", "fp32")
+    assert Pruner.load(folder, threads=1).describe().startswith("openvino CPU, fp32 inference")
+    assert Pruner.load(folder, "onnxruntime", threads=1).describe().startswith("onnxruntime")
+    assert Pruner.load(exported["opensearch"], threads=1).describe().startswith("onnxruntime")
+    said = []
+    assert Pruner.load(folder, threads=1, log=said.append).describe().startswith("openvino") and not said
+
+    bf16 = _preferring(exported["opensearch"], tmp_path, "openvino", "bf16")
+    monkeypatch.setattr(ov_backend, "bf16_supported", lambda core=None: False)
+    with pytest.warns(RuntimeWarning, match="prefers openvino bf16 .* this CPU does not compute bf16.*ONNX Runtime fp32"):
+        assert Pruner.load(bf16, threads=1).describe().startswith("onnxruntime")
+    monkeypatch.setitem(__import__("sys").modules, "openvino", None)        # OpenVINO not installed
+    Pruner.load(folder, threads=1, log=said.append)
+    assert said and "OpenVINO is not installed" in said[0] and "ONNX Runtime fp32" in said[0]
+    monkeypatch.undo()
+
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+    assert main(["repository", "--model", str(bf16), "--out", str(tmp_path / "r"), "--name", "p",
+                 "--no-text-model", "-q"]) == 0
+    cfg = text_format.Parse((tmp_path / "r" / "p" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert (cfg.parameters["runtime"].string_value, cfg.parameters["inference_precision"].string_value) \
+        == ("openvino", "bf16")
+    assert main(["repository", "--model", str(bf16), "--out", str(tmp_path / "r2"), "--name", "p",
+                 "--no-text-model", "--backend", "onnxruntime", "-q"]) == 0
+    cfg = text_format.Parse((tmp_path / "r2" / "p" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert cfg.parameters["runtime"].string_value == "onnxruntime"
+
+
 def test_bad_settings_are_clear_errors(exported):
     from engine.errors import InputError
     with pytest.raises(InputError, match="OpenVINO inference precision: backend='openvino'"):
-        Pruner.load(exported["opensearch"], precision="bf16")
+        Pruner.load(exported["opensearch"], "onnxruntime", precision="bf16")
     with pytest.raises(ModelLoadError, match="must be one of"):
         Pruner.load(exported["opensearch"], backend="openvino", precision="int4")
     with pytest.raises(ModelLoadError, match="threads must be at least 1"):
@@ -154,8 +199,16 @@ def test_prune_bench_measures_openvino_beside_onnxruntime(exported, exported_ov_
     assert ("openvino-bf16" in ids) == bf16_supported()
     assert ("openvino-bf16" in report["not_measured"]) != bf16_supported()
     assert all(r["passages_per_s"] > 0 for r in report["paths"])
-    ov = next(r for r in report["paths"] if r["id"] == "openvino-fp32")
-    assert ov["limit"].startswith("fp32 GEMM")
+    rows = {r["id"]: r for r in report["paths"]}
+    assert rows["openvino-fp32"]["limit"].startswith("fp32 GEMM")
+    assert rows["openvino-int8-nncf-static"]["limit"].startswith("int8 GEMM")
+    gemm = report["limits"]["gemm"]
+    assert gemm["openvino"]["fp32_gflops"] > 0 and gemm["openvino"]["int8_gops"] > 0
+    assert ("bf16_gflops" in gemm["openvino"]) == bf16_supported()
+    for kind, key in (("fp32", "fp32_gflops"), ("int8", "int8_gops")):     # the faster runtime's rate
+        assert gemm["limits"][kind]["rate"] == max(gemm[key], gemm["openvino"][key])
+    if bf16_supported():
+        assert rows["openvino-bf16"]["limit"].startswith("bf16 GEMM") and 0 < rows["openvino-bf16"]["limit_share"]
 
 
 #: the parameters Triton's openvino backend reads (its README and src/openvino.cc)
@@ -230,26 +283,72 @@ def test_openvino_repository_settings_are_checked(exported, exported_ov_int8, tm
 
 
 def test_export_precision_auto_writes_the_fastest_that_passes(checkpoints, tmp_path, capsys):
-    """`prune export --precision auto` on the embedding checkpoint: fp32, int8 and ov-int8
-    exported, gated against fp32 and timed; the folder holds the pick, and its manifest
-    says why with every candidate's figures."""
-    from export.auto import pick
+    """`prune export --precision auto` on the embedding checkpoint: fp32, int8, ov-int8 and,
+    where the CPU has bf16, ov-bf16 (OpenVINO's bf16 inference of the fp32 graph), gated
+    against fp32 and timed; the folder holds the pick, its manifest says why with every
+    candidate's figures, and the runtime it prefers where the pick is a runtime's."""
     out = tmp_path / "auto"
     assert main(["export", "--model", str(checkpoints["embedding"]), "--out", str(out), "--precision", "auto"]) == 0
     printed = capsys.readouterr()
+    _check_auto(out)
+    assert "<- picked" in printed.out + printed.err
+
+
+def _check_auto(out):
+    from export.auto import pick
     manifest = json.loads((out / "manifest.json").read_text())
     auto = manifest["auto"]
-    assert set(auto["candidates"]) == {"fp32", "int8", "ov-int8"}
+    assert set(auto["candidates"]) == {"fp32", "int8", "ov-int8"} | (
+        {"ov-bf16", "ov-int8-bf16"} if bf16_supported() else set())
     for name, c in auto["candidates"].items():
         assert c["seconds"] > 0 and isinstance(c["passed"], bool), name
         if name != "fp32":
             assert 0 <= c["agreement"] <= 1 and "Spearman" in c["reason"]
-    assert auto["picked"] == pick(auto["candidates"]) == manifest["precision"]
+    picked = auto["picked"]
+    assert picked == pick(auto["candidates"])
+    assert manifest["precision"] == {"ov-bf16": "fp32", "ov-int8-bf16": "ov-int8"}.get(picked, picked)
+    bf16 = picked in ("ov-bf16", "ov-int8-bf16")
+    assert manifest.get("runtime") == ({"backend": "openvino", "precision": "bf16"} if bf16 else None)
     assert auto["gate_documents"] == 24 and auto["machine"]["cpus"] > 0
-    assert "<- picked" in printed.out + printed.err
     p = Pruner.load(out, threads=1)
-    assert ("IR graph" in p.describe()) == (auto["picked"] == "ov-int8")
+    assert ("IR graph" in p.describe()) == picked.startswith("ov-int8")
+    assert ("bf16 inference" in p.describe()) == bf16
     assert p.prune(QUESTION, PASSAGES)[0].sentences
+    return auto
+
+
+@pytest.mark.skipif(not bf16_supported(), reason=f"this CPU does not compute bf16 ({' / '.join(BF16_FLAGS)})")
+def test_the_bf16_candidate_is_the_fp32_graph_on_openvino_bf16(checkpoints, tmp_path, monkeypatch):
+    """Where auto picks ov-bf16 the export is the fp32 graph with the manifest's runtime
+    saying OpenVINO bf16 (the pick forced here: on the tiny random model the gate and the
+    timing decide otherwise), and loading it runs that."""
+    from export import auto as auto_module
+    monkeypatch.setattr(auto_module, "pick", lambda candidates: "ov-bf16")
+    auto_module.choose_precision(checkpoints["embedding"], tmp_path / "b", export_args={}, progress=False,
+                                 log=lambda m: None)
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert manifest["auto"]["picked"] == "ov-bf16" and manifest["precision"] == "fp32"
+    assert manifest["runtime"] == {"backend": "openvino", "precision": "bf16"}
+    assert "bf16 inference, ONNX graph" in Pruner.load(tmp_path / "b", threads=1).describe()
+
+
+def test_the_default_models_first_use_picks_as_auto_does(checkpoints, tmp_path, monkeypatch, capsys):
+    """PRUNE_DEFAULT_PRECISION=auto: the first use exports the default model (here the
+    embedding test checkpoint in its place) as `prune export --precision auto` does, into a
+    folder of its own, and `--model default` runs the pick."""
+    import engine.default_model as dm
+    monkeypatch.setattr(dm, "default_checkpoint", lambda: str(checkpoints["embedding"]))
+    monkeypatch.setenv("PRUNE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PRUNE_DEFAULT_PRECISION", "auto")
+    assert main(["run", "--model", "default", "--question", QUESTION, "--context", PASSAGES[0]]) == 0
+    printed = capsys.readouterr()
+    assert "PRUNE_DEFAULT_PRECISION=auto" in printed.err and "<- picked" in printed.err
+    (folder,) = (tmp_path / "cache").iterdir()
+    assert folder.name.endswith("-auto") and folder == dm.default_model_dir("auto")
+    _check_auto(folder)
+    monkeypatch.setenv("PRUNE_DEFAULT_PRECISION", "fp16")
+    assert main(["run", "--model", "default", "--question", QUESTION, "--context", PASSAGES[0]]) == 2
+    assert "PRUNE_DEFAULT_PRECISION must be one of" in capsys.readouterr().err
 
 
 def test_export_flags_that_do_not_go_together(checkpoints, tmp_path, capsys):

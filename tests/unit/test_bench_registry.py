@@ -94,7 +94,7 @@ def test_the_runner_starts_only_selected_paths_and_leaves_out_what_cannot_run(mo
     paths = [BenchPath("a", "in-process", runs("a")), BenchPath("b", "in-process", lambda s: None),
              BenchPath("c", "in-process", runs("c"))]
     session = Session(BenchOptions(MODELS, Path("d"), repeats=2), [Q()], log=lambda m: None)
-    session._cache[("pruner", "fp32", ())] = Fake()
+    session._cache[("pruner", "fp32", (("backend", "onnxruntime"),))] = Fake()
     results = measure(session, select(paths, "^[ab]$"), 2)
     assert started == ["a"]                      # c was not selected: never started
     assert list(results) == ["a"] and results["a"].seconds == [0.01, 0.01]
@@ -113,5 +113,6 @@ def test_interleave_runs_every_variant_once_a_round():
 def test_openvino_adds_its_paths_beside_onnxruntime():
     ov = registry(BenchOptions(MODELS, Path("d"), openvino=True), "provence")
     assert [p.id for p in ov if p.id.startswith("openvino")] == ["openvino-fp32", "openvino-bf16",
-                                                                 "openvino-int8-nncf-static"]
+                                                                 "openvino-int8-nncf-static",
+                                                                 "openvino-int8-nncf-static-bf16-rest"]
     assert not [p for p in registry(BenchOptions(MODELS, Path("d")), "provence") if p.id.startswith("openvino")]
