@@ -167,7 +167,7 @@ def test_first_use_polish(exported, server, tmp_path):
     out = subprocess.run([str(PRUNE), "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == f"prune-engine {engine.__version__}"
     out = subprocess.run([sys.executable, "-m", "engine", "run", "--help"], capture_output=True, text=True)
-    assert out.returncode == 0 and "(default: onnxruntime)" in out.stdout
+    assert out.returncode == 0 and "(default: cpu)" in out.stdout and "(default: float32)" in out.stdout
     # a missing context file is reported at once, before any model is looked at
     out = subprocess.run([str(PRUNE), "run", "--model", str(tmp_path / "no-such-model"), "--question", "q",
                           "--context-file", str(tmp_path / "missing.txt")], capture_output=True, text=True)
