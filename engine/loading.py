@@ -30,8 +30,10 @@ def open_model(path: str | Path, backend: str | None = None, *, family: str | No
     pick), else on ONNX Runtime."""
     if backend is not None and backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r}: onnxruntime, openvino or torch (Triton: Pruner.connect)")
-    if precision not in (None, "fp32") and backend not in (None, "openvino"):
-        raise InputError(f"precision {precision!r} is an OpenVINO inference precision: backend='openvino'")
+    if precision not in (None, "fp32"):              # bf16: an OpenVINO inference precision
+        if backend not in (None, "openvino"):
+            raise InputError(f"precision {precision!r} is an OpenVINO inference precision: backend='openvino'")
+        backend = "openvino"
     if str(path) == "default" and not Path("default").exists():
         from engine.default_model import default_checkpoint, ensure_default_model
         path = default_checkpoint() if backend == "torch" else ensure_default_model()
@@ -49,10 +51,8 @@ def open_model(path: str | Path, backend: str | None = None, *, family: str | No
     tokenizer = manifest_tokenizer(path, manifest, spec.family)
     graph_file = path / (graph or manifest.graph)
     if backend is None and graph is None and device == "cpu" and not tensorrt:
-        backend, precision = preferred_runtime(path, manifest, precision, log)
+        backend, precision = preferred_runtime(path, manifest, log)
     backend, precision = backend or "onnxruntime", precision or "fp32"
-    if precision != "fp32" and backend != "openvino":
-        raise InputError(f"precision {precision!r} is an OpenVINO inference precision: backend='openvino'")
     if backend == "openvino" or graph_file.suffix == ".xml":     # an OpenVINO IR export runs on OpenVINO
         if device != "cpu" or tensorrt:
             raise InputError("the OpenVINO backend runs on the CPU (device='cpu', no TensorRT)")
@@ -67,19 +67,17 @@ def open_model(path: str | Path, backend: str | None = None, *, family: str | No
     return core, tokenizer, spec
 
 
-def preferred_runtime(path: Path, manifest: Manifest, precision: str | None, log: Any) -> tuple[str, str | None]:
-    """(backend, precision) for an export loaded without a backend named: its manifest's
-    `runtime` where this machine can run it; else ONNX Runtime, saying why (to `log`, else
-    as a warning): the same graph, so the same results within fp32's tolerance, only slower.
-    A `precision` named by the caller (bf16) means OpenVINO."""
-    if precision not in (None, "fp32"):
-        return "openvino", precision
+def preferred_runtime(path: Path, manifest: Manifest, log: Any) -> tuple[str, str]:
+    """(backend, precision) for an export loaded without a backend or precision named: its
+    manifest's `runtime` where this machine can run it; else ONNX Runtime, saying why (to
+    `log`, else as a warning): the same graph, so the same results within fp32's
+    tolerance, only slower."""
     runtime = manifest.runtime
-    if runtime is None or runtime == Runtime("onnxruntime"):
-        return "onnxruntime", precision
+    if runtime is None:
+        return "onnxruntime", "fp32"
     why = runtime_missing(runtime)
     if why is None:
-        return runtime.backend, precision or runtime.precision
+        return runtime.backend, runtime.precision
     message = (f"{path}: its export prefers {runtime} (picked by prune export --precision auto), but {why}; "
                "running ONNX Runtime fp32 on the same graph instead")
     if log is not None:
@@ -99,9 +97,9 @@ def runtime_missing(runtime: Runtime) -> str | None:
     except ImportError:
         return "OpenVINO is not installed (pip install 'prune-engine[openvino]')"
     if runtime.precision == "bf16":
-        from engine.backends.openvino import bf16_supported
+        from engine.backends.openvino import BF16_MISSING, bf16_supported
         if not bf16_supported():
-            return "this CPU does not compute bf16 (avx512_bf16 or amx_bf16)"
+            return BF16_MISSING
     return None
 
 

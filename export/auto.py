@@ -8,13 +8,15 @@ OpenVINO's bf16 inference of the fp32 graph (ov-bf16: the fp32 export whose mani
 prefers that runtime, which `Pruner.load` honours) and of what the static INT8 IR keeps
 float (ov-int8-bf16: the IR, preferring bf16). OpenVINO's f32 inference is not a
 candidate: it runs the fp32 graph at ONNX Runtime's fp32 speed (docs/performance.md), and
-a tie would tie the export to OpenVINO for nothing. The gate is `prune fidelity`'s (engine.tools.fidelity.GATE):
-at least 99% of sentence decisions the same as fp32's at the family's threshold, and a
-Spearman correlation of the reranking scores of at least 0.99. It is measured on
-`gate_data` (a JSONL that `prune fidelity --data` reads: bring your own domain's), else on
-the built-in generic calls below (never the calibration text, never evaluation data).
-Speed: each candidate's model alone over the same padded batches of those calls,
-interleaved rounds, medians, on this machine's cores.
+a tie would tie the export to OpenVINO for nothing.
+
+The gate is `prune fidelity`'s (engine.tools.fidelity.GATE): at least 99% of sentence
+decisions the same as fp32's at the family's threshold, and a Spearman correlation of
+the reranking scores of at least 0.99. It is measured on `gate_data` (a JSONL that
+`prune fidelity --data` reads: bring your own domain's), else on the built-in generic
+calls below (never the calibration text, never evaluation data). Speed: each candidate's
+model alone over the same padded batches of those calls, interleaved rounds, medians, on
+this machine's cores.
 """
 from __future__ import annotations
 
@@ -150,14 +152,13 @@ def choose_precision(checkpoint: str | Path, out: str | Path, *, export_args: di
             log("auto: quantizing ov-int8 (NNCF static INT8 for OpenVINO) ...")
             quantize(folders["fp32"], Path(tmp) / "ov-int8", texts=calibration, progress=progress, log=_indent(log))
             folders["ov-int8"] = Path(tmp) / "ov-int8"
-            from engine.backends.openvino import bf16_supported
+            from engine.backends.openvino import BF16_MISSING, bf16_supported
             if bf16_supported():
                 for name, graph in (("ov-bf16", "fp32"), ("ov-int8-bf16", "ov-int8")):
                     runtimes[name] = Runtime("openvino", "bf16")
                     folders[name] = folders[graph]
             else:
-                log("auto: ov-bf16 and ov-int8-bf16 not tried (this CPU does not compute bf16: avx512_bf16 or "
-                    "amx_bf16)")
+                log(f"auto: ov-bf16 and ov-int8-bf16 not tried ({BF16_MISSING})")
         pruners = {p: Pruner.load(f, threads=threads, **_load_args(runtimes.get(p))) for p, f in folders.items()}
         reference = pruners["fp32"]
         candidates: dict[str, dict[str, Any]] = {}

@@ -31,13 +31,14 @@ from pathlib import Path
 
 from engine.backends.onnxruntime import SHRINK_ABOVE_TOKENS
 from engine.errors import ExportError
+from engine.spec import RUNTIMES as MANIFEST_RUNTIMES
 from engine.spec import Manifest
 from triton_models import CORE, TEXT, template
 from engine.triton.wire import DEFAULT_MAX_CHARS, DEFAULT_MAX_PASSAGES, DESCRIBE_OUTPUTS, TEXT_INPUTS, TEXT_OUTPUTS
 
 TARGETS = ("cpu", "cpu-openvino", "gpu-onnx", "gpu-tensorrt")
 #: what the cpu target's python core model can run the graph with
-RUNTIMES = ("onnxruntime", "openvino")
+RUNTIMES = tuple(MANIFEST_RUNTIMES)
 TEXT_SUFFIX = "_text"
 _TRITON_TYPES = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32", "INT32": "TYPE_INT32", "INT64": "TYPE_INT64",
                  "BOOL": "TYPE_BOOL"}
@@ -262,8 +263,9 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
         raise ExportError(f"join_requests must be auto, always or never, got {opts.join_requests!r}")
     if opts.runtime not in RUNTIMES:
         raise ExportError(f"runtime must be one of {RUNTIMES}, got {opts.runtime!r}")
-    if opts.inference_precision not in ("fp32", "bf16"):
-        raise ExportError(f"inference_precision must be fp32 or bf16, got {opts.inference_precision!r}")
+    if opts.inference_precision not in MANIFEST_RUNTIMES["openvino"]:
+        raise ExportError(f"inference_precision must be one of {MANIFEST_RUNTIMES['openvino']}, "
+                          f"got {opts.inference_precision!r}")
     if opts.runtime != "onnxruntime" and opts.target != "cpu":
         raise ExportError(f"runtime {opts.runtime} is the cpu target's python core; --target cpu-openvino "
                           "is Triton's own openvino backend")

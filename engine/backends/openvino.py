@@ -28,10 +28,13 @@ import numpy as np
 from engine.backends.base import Backend
 from engine.batching import ModelBatch
 from engine.errors import BackendError, ModelLoadError
+from engine.spec import RUNTIMES
 
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = RUNTIMES["openvino"]
 #: the CPU flags that give bf16 arithmetic (/proc/cpuinfo)
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+#: why a bf16 path is not run on this CPU
+BF16_MISSING = f"this CPU does not compute bf16 ({' or '.join(BF16_FLAGS)})"
 
 
 def cpu_flags() -> set[str]:

@@ -10,6 +10,7 @@ from engine.errors import PruneError
 from engine.families import FAMILIES
 from engine.inputs import OPTION_NAMES, WINDOWS, CallOptions, option_choices, option_help, option_type
 from engine.settings import SETTINGS, help_text, setting
+from engine.spec import RUNTIMES
 
 
 def add_setting(p, name: str, extra: str = "", **kwargs) -> None:
@@ -156,6 +157,6 @@ def add_openvino(p, backends: tuple[str, ...]) -> None:
                    + ("; torch: a checkpoint (the fp32 reference)" if "torch" in backends else "")
                    + ". Default: the runtime the export's manifest prefers (prune export --precision auto), "
                      "else onnxruntime")
-    p.add_argument("--inference-precision", choices=["fp32", "bf16"], default=None,
+    p.add_argument("--inference-precision", choices=list(RUNTIMES["openvino"]), default=None,
                    help="OpenVINO: bf16 inference of the fp32 graph (CPUs with AVX512_BF16 or AMX); "
                         "default: the export's preferred runtime's, else fp32")

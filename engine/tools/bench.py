@@ -276,9 +276,9 @@ def _text_model(c: int):
 def _bf16(name: str, make: Callable[[Session], Any]) -> Callable[[Session], Runner | None]:
     """A path computing in bf16 on OpenVINO: `make(session)`'s pruner, where the CPU has bf16."""
     def start(s: Session) -> Runner | None:
-        from engine.backends.openvino import bf16_supported
+        from engine.backends.openvino import BF16_MISSING, bf16_supported
         if not bf16_supported():
-            s.log(f"{name}: this CPU does not compute bf16 (avx512_bf16 / amx_bf16)")
+            s.log(f"{name}: {BF16_MISSING}")
             return None
         return _sequential(make)(s)
     return start
