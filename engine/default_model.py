@@ -5,9 +5,9 @@ weights); where a hub is reachable and the package is absent, from
 `sentence-transformers/all-MiniLM-L6-v2`. It is exported once, on first use, into a
 cache folder (`$PRUNE_CACHE`, else `$XDG_CACHE_HOME/prune-engine`, else
 `~/.cache/prune-engine`) and loaded from there afterwards, at the precision
-`PRUNE_DEFAULT_PRECISION` says: fp32 (the default: the same scores on every machine),
-int8, or auto (`prune export --precision auto`: the fastest precision that passes the
-fidelity gate on this CPU, its pick printed and recorded in the manifest).
+`PRUNE_DEFAULT_PRECISION` says: auto (the default: `prune export --precision auto`, the
+fastest precision that passes the fidelity gate on this CPU, its pick printed and
+recorded in the manifest), fp32 (the reference: the same scores on every machine) or int8.
 """
 from __future__ import annotations
 
@@ -61,7 +61,8 @@ def ensure_default_model(log: Callable[[str], None] | None = None, precision: st
     if precision == "auto":
         choose = exporter("export.auto", "choose_precision", "the default model", "pass --model")
         log(f"first use: exporting the default model {DEFAULT_MODEL} from {source} to {target}, at the fastest "
-            "precision that passes the fidelity gate here (PRUNE_DEFAULT_PRECISION=auto; once, about a minute) ...")
+            "precision that passes the fidelity gate on this CPU (once, about a minute; PRUNE_DEFAULT_PRECISION=fp32 "
+            "for the reference) ...")
         return export_into_cache(target, MANIFEST, lambda staging: choose(
             source, staging, export_args={}, progress=False,
             log=lambda m: log("  " + m.replace(str(staging), str(target)))))

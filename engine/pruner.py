@@ -104,8 +104,10 @@ class Pruner:
         return connect(url, model, **kwargs)
 
     def describe(self) -> str:
-        """What runs the model, in words."""
-        return self.backend.describe()
+        """What runs the model, in words: the runtime, and the export's precision (and
+        whether `prune export --precision auto` picked it)."""
+        picked = " (auto's pick)" if self.spec.auto_pick else ""
+        return f"{self.backend.describe()}, {self.spec.precision} export{picked}"
 
     async def aprune(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None,
                      **kwargs: Any) -> list[PruneResult]:

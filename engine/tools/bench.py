@@ -335,6 +335,11 @@ def registry(o: BenchOptions, family: str) -> list[BenchPath]:
         if family == "embedding":
             paths += [BenchPath(name, "peer", _peer(pid), pid, "int8" if pid.endswith("int8") else "fp32", "peer")
                       for pid, name in PEERS.items()]
+    if "default" in o.models:
+        pick = default_pick(o.models["default"])
+        # the default model's work per token is the fp32 graph's: its share is computed on that
+        paths.append(BenchPath(f"default ({pick[0]}: Pruner.load('default'), no flags)", "in-process",
+                               _sequential(lambda s: s.pruner("default", backend=None)), "fp32", pick[1]))
     paths += [BenchPath(f"onnxruntime{on}-fp32", "in-process", _sequential(lambda s: s.pruner("fp32")), "fp32"),
               BenchPath(f"onnxruntime{on}-fp32, fixed batches of 8 in input order", "in-process",
                         _sequential(lambda s: s.pruner("fp32", batching=fixed)), "fp32", batches="fixed")]
@@ -376,6 +381,17 @@ def registry(o: BenchOptions, family: str) -> list[BenchPath]:
         paths += [BenchPath(f"deployment-api c{c}", "deployment", _concurrent(_rerank(url=o.api_url), c))
                   for c in cs]
     return paths
+
+
+def default_pick(folder: Path) -> tuple[str, str]:
+    """(what the default model's export is, the arithmetic its share is computed on): its
+    `--precision auto` pick where it has one; "not exported yet" for `--list`."""
+    from engine.spec import MANIFEST, Manifest
+    if not (Path(folder) / MANIFEST).is_file():
+        return "not exported yet", "fp32"
+    manifest = Manifest.read(folder)
+    picked = manifest.data.get("auto", {}).get("picked") or manifest.precision or "fp32"
+    return picked, "int8" if "int8" in picked else "bf16" if "bf16" in picked else "fp32"
 
 
 def select(paths: list[BenchPath], only: str | None) -> list[BenchPath]:

@@ -47,8 +47,9 @@ def machine_info(device: str = "cpu") -> dict[str, Any]:
                     break
     except OSError:
         pass
-    from engine.backends.openvino import cpu_flags      # /proc/cpuinfo's flags (no OpenVINO needed)
-    info["cpu_flags"] = sorted(f for f in cpu_flags() if f.startswith(("avx", "amx")))
+    from engine.cpu import CpuKind
+    kind = CpuKind.here()
+    info["cpu_flags"], info["cpu_kind"] = kind.shown_flags(), kind.name
     try:
         import torch
         info["torch"] = torch.__version__

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from engine.cli import main
+from engine.cpu import AUTO_PRECISIONS, CpuKind
 from engine.errors import ModelLoadError
 from engine.pruner import Pruner
 from tests.utils import FAMILY_NAMES, PASSAGES, QUESTION
@@ -298,8 +299,10 @@ def _check_auto(out):
     from export.auto import pick
     manifest = json.loads((out / "manifest.json").read_text())
     auto = manifest["auto"]
-    assert set(auto["candidates"]) == {"fp32", "int8", "ov-int8"} | (
-        {"ov-bf16", "ov-int8-bf16"} if bf16_supported() else set())
+    tried = {p for p, why in CpuKind.here().auto_candidates(openvino=True).items() if why is None}
+    if not bf16_supported():
+        tried -= {"ov-bf16", "ov-int8-bf16"}
+    assert set(auto["candidates"]) == tried and set(auto["not_tried"]) == set(AUTO_PRECISIONS) - tried
     for name, c in auto["candidates"].items():
         assert c["seconds"] > 0 and isinstance(c["passed"], bool), name
         if name != "fp32":
@@ -315,6 +318,33 @@ def _check_auto(out):
     assert ("bf16 inference" in p.describe()) == bf16
     assert p.prune(QUESTION, PASSAGES)[0].sentences
     return auto
+
+
+AVX2 = {"avx", "avx2", "fma"}
+ZEN4 = AVX2 | {"avx512f", "avx512_vnni", "avx512_bf16"}
+AMX = ZEN4 | {"amx_tile", "amx_int8", "amx_bf16"}
+
+
+@pytest.mark.parametrize("flags, exported", [(AVX2, {"fp32", "int8"}), (AVX2 | {"avx_vnni"}, {"fp32", "int8", "ov-int8"}),
+                                             (AMX, {"fp32", "int8", "ov-int8"})])
+def test_auto_tries_what_the_cpus_flags_make_worth_trying(checkpoints, tmp_path, flags, exported):
+    """The candidates follow the CPU's kind (faked here): no OpenVINO static INT8 without int8
+    dot products, bf16 only where the CPU computes it and OpenVINO's plugin agrees (so on this
+    machine a faked AMX CPU still gets no bf16 candidate unless the real one has bf16)."""
+    from export.auto import choose_precision
+    kind = CpuKind(frozenset(flags))
+    manifest = choose_precision(checkpoints["embedding"], tmp_path / "auto", export_args={}, progress=False,
+                                log=lambda m: None, cpu=kind)
+    auto = manifest.data["auto"]
+    if kind.bf16 and bf16_supported():
+        exported = exported | {"ov-bf16", "ov-int8-bf16"}
+    assert set(auto["candidates"]) == exported
+    assert set(auto["not_tried"]) == set(AUTO_PRECISIONS) - exported
+    assert auto["machine"]["cpu_kind"] == kind.name and auto["picked"] in exported
+    if "ov-int8" not in exported:
+        assert "no int8 dot products" in auto["not_tried"]["ov-int8"]
+    if kind.bf16 and not bf16_supported():
+        assert "OpenVINO's CPU plugin" in auto["not_tried"]["ov-bf16"]
 
 
 @pytest.mark.skipif(not bf16_supported(), reason=f"this CPU does not compute bf16 ({' / '.join(BF16_FLAGS)})")
@@ -333,16 +363,16 @@ def test_the_bf16_candidate_is_the_fp32_graph_on_openvino_bf16(checkpoints, tmp_
 
 
 def test_the_default_models_first_use_picks_as_auto_does(checkpoints, tmp_path, monkeypatch, capsys):
-    """PRUNE_DEFAULT_PRECISION=auto: the first use exports the default model (here the
+    """By default (PRUNE_DEFAULT_PRECISION unset: auto) the first use exports the default model (here the
     embedding test checkpoint in its place) as `prune export --precision auto` does, into a
     folder of its own, and `--model default` runs the pick."""
     import engine.default_model as dm
     monkeypatch.setattr(dm, "default_checkpoint", lambda: str(checkpoints["embedding"]))
     monkeypatch.setenv("PRUNE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("PRUNE_DEFAULT_PRECISION", "auto")
+    monkeypatch.delenv("PRUNE_DEFAULT_PRECISION", raising=False)       # the default: auto
     assert main(["run", "--model", "default", "--question", QUESTION, "--context", PASSAGES[0]]) == 0
     printed = capsys.readouterr()
-    assert "PRUNE_DEFAULT_PRECISION=auto" in printed.err and "<- picked" in printed.err
+    assert "the fastest precision that passes the fidelity gate" in printed.err and "<- picked" in printed.err
     (folder,) = (tmp_path / "cache").iterdir()
     assert folder.name.endswith("-auto") and folder == dm.default_model_dir("auto")
     _check_auto(folder)
@@ -353,7 +383,8 @@ def test_the_default_models_first_use_picks_as_auto_does(checkpoints, tmp_path, 
 
 def test_export_flags_that_do_not_go_together(checkpoints, tmp_path, capsys):
     ck = str(checkpoints["embedding"])
-    assert main(["export", "--model", ck, "--out", str(tmp_path / "a"), "--gate-data", "x.jsonl", "-q"]) != 0
+    assert main(["export", "--model", ck, "--out", str(tmp_path / "a"), "--precision", "int8", "--gate-data", "x.jsonl",
+                 "-q"]) != 0
     assert "--gate-data is for --precision auto" in capsys.readouterr().err
     assert main(["export", "--model", ck, "--out", str(tmp_path / "b"), "--precision", "auto", "--tensorrt"]) != 0
     assert "not from --precision auto" in capsys.readouterr().err

@@ -97,6 +97,7 @@ def test_default_is_accepted_wherever_a_model_is(default_pruner, monkeypatch, ca
     from engine.cli import main
     from engine.pruner import Pruner
     monkeypatch.setenv("PRUNE_CACHE", str(default_pruner.backend.graph.parent.parent))
+    monkeypatch.setenv("PRUNE_DEFAULT_PRECISION", "fp32")      # the fixture's export, the reference
     q, passage, answer = OBVIOUS[0]
     expected = default_pruner.prune(q, [passage])[0]
     got = Pruner.load("default").prune(q, [passage])[0]

@@ -101,8 +101,9 @@ def test_wheel_in_a_fresh_venv_runs_the_whole_first_use_path(checkpoints, wheel,
     first = prune_cmd("run", "--question", "What goes on the bottom of Shepherd's pie?",
                       "--context", "Shepherd's pie has minced lamb at the bottom. Mashed potato goes on top. "
                                    "It is baked in an oven.")
-    assert "first use: exporting the default model" in first.stderr
-    assert ".tmp-" not in first.stderr and "exported embedding to " + str(tmp_path / "cache") in first.stderr
+    assert "first use: exporting the default model" in first.stderr      # as --precision auto picks
+    assert ".tmp-" not in first.stderr and "auto: picked " in first.stderr
+    assert "; wrote " + str(tmp_path / "cache") in first.stderr
     assert "pruned_context:\nShepherd's pie has minced lamb at the bottom." in first.stdout, first.stdout
     prune_cmd("export", "--model", str(checkpoints["opensearch"]), "--out", "exported")
     prune_cmd("repository", "--target", "cpu", "--model", "exported", "--name", "hl", "--out", "repo",

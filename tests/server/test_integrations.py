@@ -269,7 +269,7 @@ def test_the_docs_pipelines_print_what_the_page_shows(default_cache, framework, 
     code, output = blocks[1].removeprefix("python\n"), blocks[3].strip("\n")
     script = root / "examples" / f"{framework}_pipeline.py"
     assert code.strip("\n") == script.read_text().strip("\n")
-    env = {**os.environ, "PRUNE_CACHE": str(default_cache["cache"]), "HAYSTACK_TELEMETRY_ENABLED": "False"}
+    env = {**os.environ, **default_cache["env"], "HAYSTACK_TELEMETRY_ENABLED": "False"}
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env,
                          cwd=root)
     assert run.returncode == 0, run.stderr[-3000:]

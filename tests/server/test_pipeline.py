@@ -217,7 +217,8 @@ def test_bad_input_gets_clear_errors(rag, tmp_path):
 
 def test_cli_index_and_ask(default_cache, tmp_path, monkeypatch, capsys):
     from engine.cli import main
-    monkeypatch.setenv("PRUNE_CACHE", str(default_cache["cache"]))
+    for k, v in default_cache["env"].items():
+        monkeypatch.setenv(k, v)
     db = tmp_path / "examples.db"
     assert main(["index", "--db", str(db), "--data", "examples/documents.jsonl", "-q"]) == 0
     assert "indexed 8 documents as 8 chunks" in capsys.readouterr().out

@@ -116,3 +116,21 @@ def test_openvino_adds_its_paths_beside_onnxruntime():
                                                                  "openvino-int8-nncf-static",
                                                                  "openvino-int8-nncf-static-bf16-rest"]
     assert not [p for p in registry(BenchOptions(MODELS, Path("d")), "provence") if p.id.startswith("openvino")]
+
+
+def test_what_a_user_gets_without_flags_is_the_first_in_process_path(tmp_path):
+    """The default model as `Pruner.load("default")` loads it (`prune bench` passes its
+    auto export as models["default"]): its path comes before the engine's other in-process
+    paths, named by the precision auto picked and measured on that pick's arithmetic."""
+    import json
+    default = tmp_path / "default"
+    listed = registry(BenchOptions({**MODELS, "default": default}, Path("d")), "embedding")
+    assert [p.group for p in listed][0] == "in-process" and listed[0].name.startswith("default (not exported yet")
+    default.mkdir()
+    (default / "manifest.json").write_text(json.dumps({
+        "format": "prune-engine/1", "family": "embedding", "max_length": 512, "graph": "model.xml", "precision": "ov-int8",
+        "tokenizer": {"file": "tokenizer.json", "cls_id": 101, "sep_id": 102, "pad_id": 0},
+        "auto": {"picked": "ov-int8-bf16"}}))
+    first = registry(BenchOptions({**MODELS, "default": default}, Path("d")), "embedding")[0]
+    assert first.id.startswith("default-ov-int8-bf16") and first.precision == "int8" and first.graph == "fp32"
+    assert not [p for p in registry(BenchOptions(MODELS, Path("d")), "embedding") if p.name.startswith("default")]

@@ -107,7 +107,7 @@ def test_the_layout_has_the_documented_packages():
 #: the layers, lowest first (docs/development.md): a module imports its own layer and the
 #: ones below, never one above; a name matches a module and everything under it
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("the spine's parts", ("engine", "engine.errors", "engine.settings", "engine.inputs", "engine.lexical",
+    ("the spine's parts", ("engine", "engine.errors", "engine.settings", "engine.cpu", "engine.inputs", "engine.lexical",
                            "engine.text", "engine.families", "engine.spec", "engine.encode", "engine.batching",
                            "engine.decide", "engine.protocol")),
     ("cores and transports", ("engine.backends", "engine.pytorch", "engine.triton.client", "engine.triton.replicas",
