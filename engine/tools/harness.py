@@ -62,7 +62,9 @@ def machine_info(device: str = "cpu") -> dict[str, Any]:
 
 def machine_line(info: dict[str, Any]) -> str:
     """One line for a report: CPU, cores and the runtimes' versions."""
-    parts = [f"{info.get('cpu_model', info['processor'])}, {info['cpus']} CPUs", f"Python {info['python']}",
+    kind = f" ({info['cpu_kind']}: {' '.join(info.get('cpu_flags') or []) or 'no AVX flags'})" \
+        if info.get("cpu_kind") else ""
+    parts = [f"{info.get('cpu_model', info['processor'])}{kind}, {info['cpus']} CPUs", f"Python {info['python']}",
              f"onnxruntime {info['onnxruntime']}"]
     if "torch" in info:
         parts.append(f"torch {info['torch']}")
