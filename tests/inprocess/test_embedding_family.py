@@ -36,7 +36,9 @@ def _norm(v):
 
 
 def _export(ck, out, *options):
-    assert main(["export", "--model", str(ck), "--out", str(out), *options]) == 0
+    # the fp32 reference: these compare the export with PyTorch at fp32 tolerances (the CLI's
+    # default, auto, may pick a reduced precision)
+    assert main(["export", "--model", str(ck), "--out", str(out), "--precision", "fp32", *options]) == 0
     return Pruner.load(out, threads=1)
 
 
