@@ -24,6 +24,8 @@ BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 #: the flags that give int8 dot products (VNNI, or AMX's int8 tiles)
 INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 AMX_FLAGS = ("amx_int8", "amx_bf16")
+#: why a bf16 path is not run on this CPU
+BF16_MISSING = f"this CPU does not compute bf16 ({' or '.join(BF16_FLAGS)})"
 
 #: every precision `--precision auto` knows, in the order it tries them
 AUTO_PRECISIONS = ("fp32", "int8", "ov-int8", "ov-bf16", "ov-int8-bf16")
@@ -85,5 +87,5 @@ class CpuKind:
                                    f"no int8 dot products on this CPU ({' or '.join(INT8_DOT_FLAGS)}): "
                                    "OpenVINO's static INT8 ran slower than ONNX Runtime fp32 on such a CPU")
         for name in ("ov-bf16", "ov-int8-bf16"):
-            why[name] = no_ov or (None if self.bf16 else f"this CPU does not compute bf16 ({' or '.join(BF16_FLAGS)})")
+            why[name] = no_ov or (None if self.bf16 else BF16_MISSING)
         return why

@@ -97,7 +97,8 @@ def runtime_missing(runtime: Runtime) -> str | None:
     except ImportError:
         return "OpenVINO is not installed (pip install 'prune-engine[openvino]')"
     if runtime.precision == "bf16":
-        from engine.backends.openvino import BF16_MISSING, bf16_supported
+        from engine.backends.openvino import bf16_supported
+        from engine.cpu import BF16_MISSING
         if not bf16_supported():
             return BF16_MISSING
     return None

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from engine.cpu import CpuKind
+from engine.cpu import BF16_MISSING, CpuKind
 from engine.errors import ExportError
 from engine.spec import Manifest, Runtime
 
@@ -146,8 +146,13 @@ def choose_precision(checkpoint: str | Path, out: str | Path, *, export_args: di
         log("auto: exporting fp32 ...")
         folders["fp32"] = Path(tmp) / "fp32"
         export_model(checkpoint, folders["fp32"], precision="fp32", log=_indent(log), **export_args)
-        log("auto: quantizing int8 (ONNX Runtime dynamic INT8 of the fp32 graph) ...")
-        folders["int8"] = int8_from(folders["fp32"], Path(tmp) / "int8", export_args)
+        folders["int8"] = Path(tmp) / "int8"
+        if Manifest.read(folders["fp32"]).external_data:     # over 2 GB: the exporter writes its data files
+            log("auto: exporting int8 ...")
+            export_model(checkpoint, folders["int8"], precision="int8", log=_indent(log), **export_args)
+        else:
+            log("auto: quantizing int8 (ONNX Runtime dynamic INT8 of the fp32 graph) ...")
+            int8_from(folders["fp32"], folders["int8"], export_args)
         kind = cpu or CpuKind.here()
         not_tried = {p: why for p, why in kind.auto_candidates(_openvino_installed()).items() if why}
         if "ov-int8" not in not_tried:
@@ -159,7 +164,7 @@ def choose_precision(checkpoint: str | Path, out: str | Path, *, export_args: di
             if name not in not_tried and graph not in folders:
                 not_tried[name] = f"{graph} was not tried"
             elif name not in not_tried:
-                from engine.backends.openvino import BF16_MISSING, bf16_supported
+                from engine.backends.openvino import bf16_supported
                 if bf16_supported():                       # the flags say so; OpenVINO's plugin must agree
                     runtimes[name] = Runtime("openvino", "bf16")
                     folders[name] = folders[graph]
@@ -215,7 +220,7 @@ def int8_from(fp32: Path, out: Path, export_args: dict[str, Any]) -> Path:
     from export.optimize import quantize_int8
     manifest = Manifest.read(fp32)
     if manifest.external_data:
-        raise ExportError("auto: an fp32 graph with external data is not quantized here")
+        raise ExportError(f"{fp32}: its graph keeps its weights apart; export int8 with export_model")
     shutil.copytree(fp32, out, ignore=shutil.ignore_patterns(manifest.graph))
     details = quantize_int8(fp32 / manifest.graph, out / manifest.graph,
                             export_args.get("int8_weight_type", "QInt8"), export_args.get("int8_per_channel", True))

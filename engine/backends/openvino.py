@@ -32,8 +32,6 @@ from engine.errors import BackendError, ModelLoadError
 from engine.spec import RUNTIMES
 
 PRECISIONS = RUNTIMES["openvino"]
-#: why a bf16 path is not run on this CPU
-BF16_MISSING = f"this CPU does not compute bf16 ({' or '.join(BF16_FLAGS)})"
 
 
 def openvino_core():

@@ -276,7 +276,8 @@ def _text_model(c: int):
 def _bf16(name: str, make: Callable[[Session], Any]) -> Callable[[Session], Runner | None]:
     """A path computing in bf16 on OpenVINO: `make(session)`'s pruner, where the CPU has bf16."""
     def start(s: Session) -> Runner | None:
-        from engine.backends.openvino import BF16_MISSING, bf16_supported
+        from engine.backends.openvino import bf16_supported
+        from engine.cpu import BF16_MISSING
         if not bf16_supported():
             s.log(f"{name}: {BF16_MISSING}")
             return None

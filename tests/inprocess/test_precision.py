@@ -267,3 +267,37 @@ def test_int8_answer_does_not_depend_on_concurrent_calls(variants, name):
         together = list(pool.map(answer, order))
     differing = [i for i, got in together if got != alone[i]]
     assert not differing, f"{len(differing)} of {len(together)} concurrent answers differ from the call alone"
+
+
+@pytest.mark.parametrize("external_data", ["never", "always"])
+def test_auto_int8_from_the_fp32_export_or_exported_again_when_its_weights_lie_apart(checkpoints, tmp_path,
+                                                                                   external_data):
+    """`--precision auto` quantizes its INT8 candidate from its fp32 export's graph; a graph
+    whose weights lie apart (over 2 GB, or asked) is exported at int8 again instead. Either
+    way the candidate is gated against fp32."""
+    from engine.cpu import CpuKind
+    from export.auto import choose_precision
+    messages: list[str] = []
+    choose_precision(checkpoints["embedding"], tmp_path / "auto", export_args={"external_data": external_data},
+                     progress=False, log=messages.append, cpu=CpuKind(frozenset()))
+    assert any("quantizing int8" in m for m in messages) == (external_data == "never"), messages
+    assert any(m.startswith("auto: int8: ") and "the gate" in m for m in messages), messages
+
+
+def test_int8_from_an_fp32_export_is_the_exporters_int8_graph(checkpoints, tmp_path):
+    """export.auto.int8_from: the same dynamic INT8 graph `export_model(precision="int8")`
+    writes, from the fp32 export's optimized graph, without tracing the checkpoint again."""
+    import json
+
+    from export.auto import int8_from
+    export_model(checkpoints["embedding"], tmp_path / "fp32", log=lambda m: None)
+    export_model(checkpoints["embedding"], tmp_path / "exported", precision="int8", log=lambda m: None)
+    made = int8_from(tmp_path / "fp32", tmp_path / "int8", {})
+    manifest = json.loads((made / "manifest.json").read_text())
+    assert manifest["precision"] == "int8" and "verification" not in manifest
+    ops = [n.op_type for n in onnx.load(str(made / "model.onnx")).graph.node]
+    assert ops == [n.op_type for n in onnx.load(str(tmp_path / "exported" / "model.onnx")).graph.node]
+    a = Pruner.load(made, threads=1).prune(QUESTION, PASSAGES)
+    b = Pruner.load(tmp_path / "exported", threads=1).prune(QUESTION, PASSAGES)
+    for x, y in zip(a, b):
+        assert [s.probability for s in x.sentences] == pytest.approx([s.probability for s in y.sentences], abs=1e-6)
