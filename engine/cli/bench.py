@@ -21,6 +21,10 @@ def add(new) -> None:
     b.add_argument("--openvino", action="store_true", help="also OpenVINO: fp32, bf16 inference (where the CPU has "
                    "it) and static INT8 (--ov-int8, else quantized here from --model with NNCF); [openvino] extra")
     b.add_argument("--ov-int8", help="an `prune export --precision ov-int8` folder for --openvino")
+    b.add_argument("--peer-python", metavar="PYTHON", help="also sentence-transformers' ONNX and OpenVINO backends, "
+                   "each with its own int8 export, run by this interpreter of an environment with "
+                   "sentence-transformers[onnx,openvino] and datasets (their optimum pins transformers<4.58: "
+                   "docs/installing.md)")
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: PyTorch fp32/fp16 and ONNX Runtime's CUDA provider (fp32, fp16) on the GPU "
                         "(pip install 'prune-engine[gpu]')")
@@ -96,7 +100,7 @@ def run(args) -> int:
                            perf_analyzer=args.perf_analyzer, perf_window_ms=args.perf_analyzer_window,
                            replicas=args.replicas, device=args.device,
                            server_url=args.server, text_model=args.text_model or "default_text", api_url=args.api,
-                           openvino=args.openvino or bool(args.ov_int8))
+                           openvino=args.openvino or bool(args.ov_int8), peer_python=args.peer_python)
     if args.list:                  # nothing is exported, started or measured
         from engine.spec import Manifest
         family = Manifest.read(models["fp32"]).family if args.model else "embedding"   # the default model's

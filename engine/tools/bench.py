@@ -91,6 +91,7 @@ class BenchOptions:
     text_model: str = "default_text"
     api_url: str | None = None
     openvino: bool = False                  # OpenVINO fp32, bf16 (where the CPU has it) and static INT8
+    peer_python: str | None = None          # an interpreter with sentence-transformers[onnx,openvino]
 
     def __post_init__(self):
         if self.device not in ("cpu", "cuda"):
@@ -229,6 +230,19 @@ class Session:
             return {pid: by_name[name] for pid, name in PEERS.items() if name in by_name}
         return self.once("peers", make)
 
+    def remote_peer(self, backend: str) -> Any:
+        """sentence-transformers' `backend` (onnx, openvino) in `peer_python`'s environment,
+        its export in a folder that lives until the end, its worker closed at the end."""
+        from engine.tools.peers import remote_peers
+        o = self.options
+
+        def make():
+            folder = Path(self.stack.enter_context(tempfile.TemporaryDirectory(prefix="prune-bench-st-")))
+            ((peer, worker),) = remote_peers(o.peer_python, o.checkpoint, folder, self.log, (backend,)).values()
+            self.stack.callback(worker.close)
+            return peer
+        return self.once(("remote-peer", backend), make)
+
 
 def _sequential(pruner_of: Callable[["Session"], Any], per_passage: bool = False):
     def start(s: Session) -> Runner:
@@ -249,6 +263,13 @@ def _peer(pid: str):
         peer = s.peers().get(pid)
         if peer is None:
             return None
+        return lambda r: run_sequential(peer, s.queries, r)
+    return start
+
+
+def _remote_peer(backend: str):
+    def start(s: Session) -> Runner:
+        peer = s.remote_peer(backend)
         return lambda r: run_sequential(peer, s.queries, r)
     return start
 
@@ -336,6 +357,10 @@ def registry(o: BenchOptions, family: str) -> list[BenchPath]:
         if family == "embedding":
             paths += [BenchPath(name, "peer", _peer(pid), pid, "int8" if pid.endswith("int8") else "fp32", "peer")
                       for pid, name in PEERS.items()]
+            if o.peer_python:
+                from engine.tools.peers import REMOTE_PEERS
+                paths += [BenchPath(name, "peer", _remote_peer(backend), f"st-{backend}", "int8", "peer")
+                          for backend, name in REMOTE_PEERS.items()]
     if "default" in o.models:
         pick = default_pick(o.models["default"])
         # the default model's work per token is the fp32 graph's: its share is computed on that

@@ -12,12 +12,16 @@ embedding family's job without the decisions.
   Runtime's `quantize_dynamic` at its defaults: int8 weights per tensor, what optimum's
   avx512_vnni configuration writes): [bench] installs it.
 
-sentence-transformers' own ONNX backend needs optimum-onnx, which pins transformers<4.58
-(the export needs 5.x): it does not install beside the engine and is not a peer here.
+- sentence-transformers' ONNX backend with its own dynamic INT8 export, and its OpenVINO
+  backend with its own static INT8 export: they need optimum (optimum-onnx, optimum-intel),
+  which pins transformers<4.58 (the engine's export needs 5.x), so they run in an
+  environment of their own, `prune bench --peer-python PYTHON` (`remote_peer`, one process
+  each, engine/tools/peer_worker.py; docs/installing.md says how to make it).
 """
 from __future__ import annotations
 
 import json
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -98,6 +102,85 @@ def fastembed_peer(folder: Path, pooling: str = "mean", threads: int | None = No
                 for chunk in (texts[i:i + BATCH] for i in range(0, len(texts), BATCH))]
     return CosinePeer(lambda texts: np.stack(list(model.embed(texts, batch_size=BATCH))), shapes,
                       folder / "model.onnx", precision)
+
+
+#: what the `--peer-python` environment holds (docs/installing.md): torch pinned as the
+#: engine's is (a looser pin may pull a CUDA build), optimum through sentence-transformers'
+#: extras (it resolves to the last release whose extras install: 5.7 with transformers 4.57),
+#: `datasets` for the OpenVINO export's calibration set
+PEER_ENV = ("torch==2.13.0", "sentence-transformers[onnx,openvino]", "datasets")
+
+#: sentence-transformers' backends run by `--peer-python`: bench path name -> peer_worker's --backend
+REMOTE_PEERS = {
+    "onnx": "peer: sentence-transformers ONNX backend (its dynamic int8 export, optimum; encode + cosine, "
+            "no decisions)",
+    "openvino": "peer: sentence-transformers OpenVINO backend (its static int8 export, NNCF; encode + cosine, "
+                "no decisions)",
+}
+
+
+class RemotePeer:
+    """peer_worker.py in another interpreter: texts out, normalised embeddings back, one
+    JSON line each way (the pipe's cost is part of what is timed: about a millisecond a
+    call against tens of milliseconds of encoding)."""
+
+    def __init__(self, python: str, checkpoint: str, backend: str, work: Path, int8_config: str = "avx2",
+                 calibration: Path | None = None, timeout: float = 900.0):
+        worker = Path(__file__).with_name("peer_worker.py")
+        cmd = [python, str(worker), "--checkpoint", str(checkpoint), "--backend", backend, "--work", str(work),
+               "--int8-config", int8_config] + (["--calibration", str(calibration)] if calibration else [])
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+        line = self.proc.stdout.readline()
+        if not line:
+            err = self.proc.communicate(timeout=timeout)[1]
+            raise RuntimeError(f"peer {backend} ({python}) did not start:\n{err[-3000:]}")
+        self.model = json.loads(line)["model"]
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """The worker's embeddings of `texts`, [n, dim] float32."""
+        import base64
+        self.proc.stdin.write(json.dumps({"texts": texts}) + "\n")
+        self.proc.stdin.flush()
+        got = json.loads(self.proc.stdout.readline())
+        return np.frombuffer(base64.b64decode(got["emb"]), dtype=np.float32).reshape(got["n"], got["dim"])
+
+    def close(self) -> None:
+        """End the worker."""
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(60)
+
+
+def int8_config() -> str:
+    """sentence-transformers' dynamic INT8 configuration for this CPU (its documentation
+    names one per instruction set: avx512_vnni, avx512, avx2, arm64)."""
+    from engine.cpu import CpuKind
+    kind = CpuKind.here()
+    if kind.int8_dot and "avx512f" in kind.flags:
+        return "avx512_vnni"
+    return "avx512" if "avx512f" in kind.flags else "avx2"
+
+
+def remote_peers(python: str, checkpoint: str, folder: Path, log: Callable[[str], None] = print,
+                 backends: tuple[str, ...] = tuple(REMOTE_PEERS)) -> dict[str, tuple[CosinePeer, RemotePeer]]:
+    """sentence-transformers' ONNX and OpenVINO backends in the environment of `python`, by
+    bench path name, each with its worker (to close). The OpenVINO one calibrates on the
+    engine's generic calibration text, split into sentences (never evaluation data)."""
+    from engine.text import split_sentences
+    from export.openvino import CALIBRATION_QUESTIONS, CALIBRATION_TEXTS
+    calibration = folder / "calibration" / "train.jsonl"
+    calibration.parent.mkdir(parents=True, exist_ok=True)
+    sentences = [t[a:b] for t in CALIBRATION_TEXTS for a, b in split_sentences(t)] + list(CALIBRATION_QUESTIONS)
+    calibration.write_text("".join(json.dumps({"text": s}) + "\n" for s in sentences))
+    peers = {}
+    for backend in backends:
+        log(f"peers: sentence-transformers {backend} backend in {python}: its own export and int8 ...")
+        remote = RemotePeer(python, checkpoint, backend, folder / f"st-{backend}", int8_config(),
+                            calibration if backend == "openvino" else None)
+        log(f"peers: sentence-transformers {backend}: {remote.model}")
+        peers[REMOTE_PEERS[backend]] = (CosinePeer(remote.embed, lambda texts: [], None, "int8"), remote)
+    return peers
 
 
 def embedding_peers(checkpoint: str, folder: Path, device: str = "cpu", threads: int | None = None,

@@ -98,3 +98,25 @@ def test_plain_export_is_the_backbone_and_quantizes(checkpoints, tmp_path):
     ops = {n.op_type for n in onnx.load(str(int8 / "model.onnx")).graph.node}
     assert "MatMulInteger" in ops and (int8 / "tokenizer.json").is_file()
     assert fastembed_peer(int8, threads=1) is not None and sentence_transformers_peer(ck) is not None
+
+
+def test_a_peer_in_another_interpreter_answers_as_in_this_one(checkpoints, tmp_path):
+    """`--peer-python`'s worker (engine/tools/peer_worker.py), here with this interpreter and
+    sentence-transformers' torch backend: the embeddings that come back over the pipe are
+    the in-process peer's, call after call; a worker that cannot start says why."""
+    import sys
+
+    from engine.tools.peers import CosinePeer, RemotePeer
+    ck = str(checkpoints["embedding"])
+    remote = RemotePeer(sys.executable, ck, "torch", tmp_path / "w")
+    try:
+        assert remote.model == "torch fp32"
+        peer, local = CosinePeer(remote.embed, lambda t: []), sentence_transformers_peer(ck)
+        for passages in (PASSAGES, PASSAGES[:1]):
+            for a, b in zip(peer.prune(QUESTION, passages), local.prune(QUESTION, passages)):
+                np.testing.assert_allclose(a, b, atol=1e-5)
+    finally:
+        remote.close()
+    assert remote.proc.returncode == 0
+    with pytest.raises(RuntimeError, match="did not start"):
+        RemotePeer(sys.executable, str(tmp_path / "missing"), "torch", tmp_path / "w2")

@@ -30,6 +30,11 @@ def test_the_registry_lists_what_the_flags_make_possible():
         "peer-fastembed-onnx-runtime-int8-dynamic-per-tensor-weights-embed-cosine-no-decisions",
         "peer-sentence-transformers-torch-fp32-encode-cosine-no-decisions"]
     assert "triton-text-grpc 2 replicas c16 (int8)" in names(full)
+    # sentence-transformers' own ONNX and OpenVINO int8 exports, from an environment of their own
+    remote = registry(BenchOptions(MODELS, Path("d"), checkpoint="ck", peer_python="py"), "embedding")
+    assert [p.id for p in remote if p.group == "peer"][3:] == [
+        "peer-sentence-transformers-onnx-backend-its-dynamic-int8-export-optimum-encode-cosine-no-decisions",
+        "peer-sentence-transformers-openvino-backend-its-static-int8-export-nncf-encode-cosine-no-decisions"]
     assert "api-text-grpc c4 (int8)" in names(full)
     # peers belong to the embedding family only; a deployment adds its own paths
     assert not [p for p in registry(BenchOptions(MODELS, Path("d"), checkpoint="ck"), "provence") if p.group == "peer"]
