@@ -58,7 +58,8 @@ def ensure_default_model(log: Callable[[str], None] | None = None, precision: st
         return target
     log = log or stderr_log
     source = default_checkpoint()
-    if precision == "auto":
+    export_model = exporter("export.onnx", "export_model", "the default model", "pass --model")
+    if precision == "auto":                # export.auto imports the exporter only when it runs
         choose = exporter("export.auto", "choose_precision", "the default model", "pass --model")
         log(f"first use: exporting the default model {DEFAULT_MODEL} from {source} to {target}, at the fastest "
             "precision that passes the fidelity gate on this CPU (once, about a minute; PRUNE_DEFAULT_PRECISION=fp32 "
@@ -66,7 +67,6 @@ def ensure_default_model(log: Callable[[str], None] | None = None, precision: st
         return export_into_cache(target, MANIFEST, lambda staging: choose(
             source, staging, export_args={}, progress=False,
             log=lambda m: log("  " + m.replace(str(staging), str(target)))))
-    export_model = exporter("export.onnx", "export_model", "the default model", "pass --model")
     log(f"first use: exporting the default model {DEFAULT_MODEL} from {source} to {target} "
         "(once, about 10 s) ...")
     return export_into_cache(target, MANIFEST, lambda staging: export_model(
