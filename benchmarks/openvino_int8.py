@@ -58,10 +58,10 @@ def main(argv: list[str] | None = None) -> int:
             quantize(fp32, out, s, log=lambda m: None)
             p = Pruner.load(out, threads=args.threads)
             got = run_model(p, docs, False, name)
-            thresholds = (0.1, 0.5, p.family.threshold)
-            rep = fidelity_report(ref[0], got[0], ref[1], got[1], ref[2], got[2], p.family.keep_rule,
+            thresholds = (0.1, 0.5, p.family.rules.threshold)
+            rep = fidelity_report(ref[0], got[0], ref[1], got[1], ref[2], got[2], p.family.rules.keep_rule,
                                   thresholds=thresholds)
-            default = rep["decision_agreement"][str(p.family.threshold)]
+            default = rep["decision_agreement"][str(p.family.rules.threshold)]
             rep.update(setting=name, settings=s.__dict__,
                        passes=default >= 0.99 and rep["rerank_spearman"] >= 0.99)
             rows.append(rep)

@@ -49,8 +49,8 @@ def main(argv=None) -> int:
             export_model(args.model, folder, log=lambda m: None, **kw)
             pruners[name] = pruner = Pruner.load(folder, threads=args.threads)
             got = run_model(pruner, docs, False, name)
-            rep = fidelity_report(ref[0], got[0], ref[1], got[1], ref[2], got[2], pruner.family.keep_rule,
-                                  thresholds=(0.1, 0.3, 0.5, pruner.family.threshold))
+            rep = fidelity_report(ref[0], got[0], ref[1], got[1], ref[2], got[2], pruner.family.rules.keep_rule,
+                                  thresholds=(0.1, 0.3, 0.5, pruner.family.rules.threshold))
             rep.update(variant=name)
             rows.append(rep)
             log(format_report(name, rep))

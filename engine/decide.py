@@ -34,8 +34,9 @@ from typing import Any
 import numpy as np
 
 from engine import lexical
-from engine.families import Family, Rules
+from engine.families import Family
 from engine.inputs import TITLE_RULES, CallOptions, check_threshold, check_top_k  # noqa: F401  (re-exported)
+from engine.rules import Rules
 
 
 
@@ -91,7 +92,7 @@ def keep_mask(probs: np.ndarray, family: Family, threshold: float, title: str,
               alpha: float | None) -> np.ndarray:
     """The kept flags of one passage's sentences (rules in the module docstring)."""
     n = len(probs)
-    kept = probs > threshold if family.keep_rule == "gt" else probs >= threshold
+    kept = probs > threshold if family.rules.keep_rule == "gt" else probs >= threshold
     kept = np.asarray(kept, dtype=bool).copy()
     use_title = title == "first_sentence" and n > 1
     body = slice(1, None) if use_title else slice(0, None)
@@ -156,7 +157,6 @@ def emptied(result: PruneResult) -> PruneResult:
 
 def order_results(results: list[PruneResult], reorder: bool, top_k: int | None) -> list[PruneResult]:
     """Input order by default; by reranking score (best first) with reorder or top_k."""
-    check_top_k(top_k)
     if not reorder and top_k is None:
         return results
     ranked = sorted(results, key=lambda r: (r.reranking_score is None,
@@ -238,7 +238,7 @@ def fuse_lexical(scored: list[Scored], question: str, passages: Sequence[str],
     return scored
 
 
-def decide_passages(family: Family, rules: Rules, options: CallOptions, question: str, passages: Sequence[str],
+def decide_passages(family: Family, rules: Rules, question: str, passages: Sequence[str],
                     spans: Sequence[Sequence[tuple[int, int]]], scored: list[Scored]) -> list[PruneResult]:
     """A call's results from its passages' scores: the lexical fusion, then per passage
     the sentence rules (or the token windows' own decisions) and the family's zero-rerank
@@ -252,4 +252,4 @@ def decide_passages(family: Family, rules: Rules, options: CallOptions, question
         rerank = 0.0 if family.zero_rerank_when_empty and sc.rerank is not None and not kept.any() else sc.rerank
         results.append(build_result(i, p, sp, sc.probs, kept, rerank, rules.threshold, sc.blocks,
                                     windows=rules.windows, lexical_weight=rules.lexical_weight))
-    return order_results(gate_passages(results, rules.passage_margin), options.reorder, options.top_k)
+    return order_results(gate_passages(results, rules.passage_margin), rules.reorder, rules.top_k)

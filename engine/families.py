@@ -15,8 +15,12 @@ from typing import Any
 
 from engine.errors import ModelLoadError
 from engine.inputs import WINDOWS, CallOptions  # noqa: F401  (WINDOWS re-exported)
+from engine.rules import Rules
 
-
+#: a Family's attributes before engine.rules, and what they are now (Family.__getattr__)
+_RENAMED = {"threshold": "threshold", "keep_rule": "keep_rule", "title": "title", "backoff_alpha": "alpha",
+            "windows": "windows", "lexical_weight": "lexical_weight", "lexical_threshold": "lexical_threshold",
+            "passage_margin": "passage_margin", "default_threshold": "threshold_at", "gate_margin": "resolve"}
 
 
 @dataclass(frozen=True)
@@ -28,22 +32,18 @@ class Family:
     has_rerank_head: bool
     uses_token_type_ids: bool
     seps_between: int             # separator tokens between question and context
-    threshold: float              # default keep threshold
-    keep_rule: str                # "gt": prob > threshold; "ge": prob >= threshold
-    title: str                    # "first_sentence" or "none"
-    backoff_alpha: float | None   # keep the best sentence if none passes and best >= alpha
+    rules: Rules                  # the decision rules' defaults (engine.rules)
     description: str
     sentence_specials: bool = False  # each sentence wrapped in its own [CLS] ... [SEP]
     rerank_merge: str = "first"      # passage score from the "first" block, or the "max" over blocks
     rerank_transform: str = "logit"  # the score as the head gives it, or its "sigmoid"
     zero_rerank_when_empty: bool = False  # a passage with nothing kept scores 0.0
-    # How a passage longer than the window is cut (`windows=`): "sentences", blocks of whole
-    # sentences, one decision per passage; "reference", as the family's own code. Families
-    # whose code cuts at sentences have window_tokens 0 and both values mean the same; the
-    # OpenSearch pipeline runs token windows of `window_tokens` (special tokens included)
-    # overlapping by `window_stride`, decides per window (threshold and backoff) and keeps
-    # the union.
-    windows: str = "sentences"
+    # How a passage longer than the window is cut (`rules.windows`): "sentences", blocks of
+    # whole sentences, one decision per passage; "reference", as the family's own code.
+    # Families whose code cuts at sentences have window_tokens 0 and both values mean the
+    # same; the OpenSearch pipeline runs token windows of `window_tokens` (special tokens
+    # included) overlapping by `window_stride`, decides per window (threshold and backoff)
+    # and keeps the union.
     window_tokens: int = 0
     window_stride: int = 0
     # With windows="reference", a sentence longer than max_length // fragment_divisor tokens
@@ -54,17 +54,6 @@ class Family:
     # The tokenizer this family's published checkpoints use, named when a checkpoint's own
     # is missing or degenerate (prune export --tokenizer).
     usual_tokenizer: str = ""
-    # The weight of the in-passage lexical score fused with the model's (engine.lexical):
-    # 0 leaves the model's scores as they are. A manifest's defaults may set it.
-    lexical_weight: float = 0.0
-    # The default threshold when the fusion is on (weight > 0): the fused score is another
-    # score than the model's, with a threshold of its own; None: `threshold` either way.
-    lexical_threshold: float | None = None
-    # The passage gate (engine.decide.gate_passages): a passage keeps sentences only when its
-    # reranking score is at least the call's best minus this margin (in the reranking
-    # score's own units); None: no gate. A call may set another margin, or a negative one
-    # for none.
-    passage_margin: float | None = None
     # What the reranking score is, which fixes what the HTTP API's `score` and
     # `relevance_score` mean (rank_score): "logit", the rerank head's logit; "probability",
     # already its sigmoid; "cosine", a cosine in [-1, 1]; "none", no rerank head (0.0).
@@ -91,81 +80,60 @@ class Family:
             return s if raw else (1.0 + s) / 2.0
         return s
 
-    def rules(self, options: CallOptions) -> "Rules":
-        """The decision rules a call with `options` runs with (its options over the defaults)."""
-        threshold, weight = self.call_settings(options.threshold, options.lexical_weight)
-        alpha = self.backoff_alpha if options.alpha is None else (None if options.alpha < 0 else options.alpha)
-        return Rules(threshold=threshold, title=options.title or self.title, alpha=alpha,
-                     windows=options.windows or self.windows, lexical_weight=weight,
-                     passage_margin=self.gate_margin(options.passage_margin))
+    def __getattr__(self, name: str) -> Any:
+        """The decision settings' old names (before engine.rules): each still read, with a
+        DeprecationWarning naming the new one."""
+        new = _RENAMED.get(name)
+        if new is None or name.startswith("__"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        import warnings
+        warnings.warn(f"Family.{name} is Family.rules.{new} now", DeprecationWarning, stacklevel=2)
+        rules = object.__getattribute__(self, "rules")
+        if name == "gate_margin":
+            return lambda margin: rules.resolve(CallOptions.of(passage_margin=margin)).passage_margin
+        return getattr(rules, new)
 
-    def gate_margin(self, passage_margin: float | None) -> float | None:
-        """The gate's margin a call runs with: the family's when it passes None, none
-        (None) when it passes a negative number."""
-        if passage_margin is None:
-            return self.passage_margin
-        return None if passage_margin < 0 else float(passage_margin)
-
-    def default_threshold(self, lexical_weight: float | None) -> float:
-        """The keep threshold a call gets when it passes none, at `lexical_weight`."""
-        if lexical_weight and self.lexical_threshold is not None:
-            return self.lexical_threshold
-        return self.threshold
-
-    def call_settings(self, threshold: float | None, lexical_weight: float | None) -> tuple[float, float]:
-        """(threshold, lexical_weight) a call runs with, from the ones it passed (None: the defaults)."""
-        weight = self.lexical_weight if lexical_weight is None else lexical_weight
-        return (self.default_threshold(weight) if threshold is None else threshold), weight
+    def token_windows(self, windows: str) -> bool:
+        """Whether `windows` means token windows for this family (decided per window)."""
+        return windows == "reference" and self.window_tokens > 0
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, as JSON-ready values."""
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class Rules:
-    """The decision rules one call runs with: its CallOptions resolved against the family."""
-    threshold: float
-    title: str
-    alpha: float | None              # None: no backoff
-    windows: str
-    lexical_weight: float
-    passage_margin: float | None     # None: no passage gate
-
+_PROVENCE = Family(
+    name="provence", backbone="deberta-v2", sentence_pooling="token_probs",
+    has_rerank_head=True, uses_token_type_ids=False, seps_between=1,
+    rules=Rules(threshold=0.1, keep_rule="gt", title="first_sentence"),
+    description="naver/provence-reranker-debertav3-v1: DeBERTa-v3 + rerank and token heads",
+    usual_tokenizer="naver/provence-reranker-debertav3-v1 (DeBERTa-v3's, microsoft/deberta-v3-large)",
+)
 
 FAMILIES: dict[str, Family] = {
-    "provence": Family(
-        name="provence", backbone="deberta-v2", sentence_pooling="token_probs",
-        has_rerank_head=True, uses_token_type_ids=False, seps_between=1,
-        threshold=0.1, keep_rule="gt", title="first_sentence", backoff_alpha=None,
-        description="naver/provence-reranker-debertav3-v1: DeBERTa-v3 + rerank and token heads",
-        usual_tokenizer="naver/provence-reranker-debertav3-v1 (DeBERTa-v3's, microsoft/deberta-v3-large)",
-    ),
-    "xprovence": Family(
-        name="xprovence", backbone="xlm-roberta", sentence_pooling="token_probs",
-        has_rerank_head=True, uses_token_type_ids=False, seps_between=1,
-        threshold=0.1, keep_rule="gt", title="first_sentence", backoff_alpha=None,
-        description="naver/xprovence-reranker-bgem3: XLM-RoBERTa + rerank and token heads",
-        usual_tokenizer="BAAI/bge-reranker-v2-m3 (XLM-RoBERTa's)",
-    ),
+    "provence": _PROVENCE,
+    # Provence's heads and rules on XLM-RoBERTa
+    "xprovence": replace(_PROVENCE, name="xprovence", backbone="xlm-roberta",
+                         description="naver/xprovence-reranker-bgem3: XLM-RoBERTa + rerank and token heads",
+                         usual_tokenizer="BAAI/bge-reranker-v2-m3 (XLM-RoBERTa's)"),
     "open_provence": Family(
         name="open_provence", backbone="xlm-roberta", sentence_pooling="token_probs",
         has_rerank_head=True, uses_token_type_ids=False, seps_between=2,
         # as OpenProvenceModel.process(): the config's `default_threadshold` (sic) or 0.1; the
         # reranking score is the sigmoid of the logit, the best over the passage's blocks,
         # and 0.0 when no sentence is kept
-        threshold=0.1, keep_rule="gt", title="none", backoff_alpha=None,
+        rules=Rules(threshold=0.1, keep_rule="gt", windows="reference"),
         description="zilliz/semantic-highlight-bilingual-v1 and OpenProvence checkpoints",
         rerank_merge="max", rerank_transform="sigmoid", zero_rerank_when_empty=True, score_kind="probability",
-        windows="reference", fragment_divisor=2,
+        fragment_divisor=2,
         usual_tokenizer="the base model's (BAAI/bge-m3 for zilliz/semantic-highlight-bilingual-v1)",
     ),
     "opensearch": Family(
         name="opensearch", backbone="bert", sentence_pooling="hidden",
         has_rerank_head=False, uses_token_type_ids=True, seps_between=1,
-        threshold=0.5, keep_rule="ge", title="none", backoff_alpha=0.05,
+        rules=Rules(threshold=0.5, keep_rule="ge", alpha=0.05, windows="reference"),
         description="opensearch-project/opensearch-semantic-highlighter-v1: BERT sentence tagger",
-        windows="reference", window_tokens=510, window_stride=128, score_kind="none",
+        window_tokens=510, window_stride=128, score_kind="none",
         usual_tokenizer="bert-base-uncased",
     ),
     "embedding": Family(
@@ -178,8 +146,8 @@ FAMILIES: dict[str, Family] = {
         # chosen on squad-dev-rag and a RAG-shaped coqa-dev (docs/quality.md), so that the
         # passages of a call that do not answer come back empty.
         has_rerank_head=True, uses_token_type_ids=False, seps_between=1,
-        threshold=0.87, keep_rule="gt", title="none", backoff_alpha=0.0,
-        lexical_weight=0.5, lexical_threshold=0.83, passage_margin=0.1,
+        rules=Rules(threshold=0.87, keep_rule="gt", alpha=0.0, lexical_weight=0.5, lexical_threshold=0.83,
+                    passage_margin=0.1),
         description="any sentence-embedding encoder (e.g. all-MiniLM-L6-v2): cosine of "
                     "question and sentence embeddings, mapped to a probability",
         sentence_specials=True, rerank_merge="max", score_kind="cosine",
@@ -204,7 +172,7 @@ def with_threshold(fam: Family, value: Any) -> Family:
     """The family with `value` as its default threshold when it is a number in [0, 1]
     (a checkpoint's own default); otherwise the family as it is."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0:
-        return replace(fam, threshold=float(value))
+        return replace(fam, rules=replace(fam.rules, threshold=float(value)))
     return fam
 
 

@@ -4,6 +4,8 @@ the pieces a `Pruner` is made of (its core, tokenizer and spec). The Triton half
 loading, `Pruner.connect`, is `engine.triton.connect`."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -11,56 +13,118 @@ from engine.backends.base import Backend
 from engine.batching import BatchingConfig
 from engine.encode import manifest_tokenizer
 from engine.errors import InputError, ModelLoadError
+from engine.settings import setting
 from engine.spec import Manifest, ModelSpec, Runtime
 
 BACKENDS = ("onnxruntime", "openvino", "torch")
 DTYPES = ("float32", "float16", "bfloat16")
 ATTENTIONS = ("eager", "sdpa")
+ARENAS = ("shrink", "keep", "off")
+PRECISIONS = ("fp32", "bf16")
 
 
-def open_model(path: str | Path, backend: str | None = None, *, family: str | None = None,
-               threads: int | None = None, providers: list[str] | None = None,
-               batching: BatchingConfig | None = None, graph: str | None = None, device: str = "cpu",
-               options: dict[str, Any] | None = None, tensorrt: bool | str | Path = False, log: Any = None,
-               dtype: str = "float32", attn: str = "eager", precision: str | None = None,
-               shape_cache: int | None = None) -> tuple[Backend, Any, ModelSpec]:
+@dataclass(frozen=True)
+class LoadOptions:
+    """How a model is opened: the one definition of `Pruner.load`'s options, checked when
+    made (InputError). The settings that have a `PRUNE_*` variable (threads, arena, the
+    batcher's budget) are read from the environment once, by `from_env`, where a process
+    starts (the CLI, the API, `Pruner.load` without options), and passed down from there."""
+    backend: str | None = None        # onnxruntime, openvino, torch; None: the export's runtime, else onnxruntime
+    precision: str | None = None      # OpenVINO's inference precision, fp32 or bf16 (bf16 needs backend openvino)
+    threads: int | None = None        # intra-op threads (ONNX Runtime, OpenVINO, torch); None: every core
+    device: str = "cpu"               # cpu, or cuda (ONNX Runtime's CUDA provider; torch: any of its devices)
+    providers: tuple[Any, ...] | None = None   # ONNX Runtime's providers, as it takes them (device cpu)
+    tensorrt: bool = False            # ONNX Runtime's TensorRT provider first (device cuda; fp16)
+    tensorrt_cache: Path | None = None  # where its engines are kept; None: the model folder's trt-cache/
+    arena: str = "shrink"             # ONNX Runtime's CPU arena after a large batch: shrink, keep, off
+    graph: str | None = None          # another graph of the folder than its manifest's
+    shape_cache: int | None = None    # OpenVINO: compiled shapes kept (0: none)
+    family: str | None = None         # torch: the checkpoint's family when it cannot be told
+    module_options: Mapping[str, Any] | None = None   # torch: the family module's options (embedding: mode, ...)
+    dtype: str = "float32"            # torch: float32, float16, bfloat16
+    attn: str = "eager"               # torch: eager or sdpa
+    batching: BatchingConfig = field(default_factory=BatchingConfig)   # how blocks become batches
+
+    def __post_init__(self) -> None:
+        # a bad argument is an InputError, a setting the runtime cannot take a ModelLoadError (as the backends say)
+        for name, allowed, error in (("backend", BACKENDS, InputError), ("dtype", DTYPES, InputError),
+                                     ("attn", ATTENTIONS, InputError), ("arena", ARENAS, ModelLoadError),
+                                     ("precision", PRECISIONS, ModelLoadError)):
+            value = getattr(self, name)
+            if value is not None and value not in allowed:
+                raise error(f"unknown backend {value!r}: onnxruntime, openvino or torch (Triton: Pruner.connect)"
+                            if name == "backend" else f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+        if self.precision == "bf16" and self.backend not in (None, "openvino"):
+            raise InputError("precision 'bf16' is an OpenVINO inference precision: backend='openvino'")
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
+                                         or self.threads < 0):
+            raise ModelLoadError(f"threads must be at least 1 (None or 0: every core), got {self.threads!r}")
+        if self.threads == 0:
+            object.__setattr__(self, "threads", None)
+        if self.tensorrt and self.device != "cuda":
+            raise ModelLoadError("ONNX Runtime's TensorRT provider needs device='cuda' (--device cuda)")
+
+    @property
+    def runtime(self) -> str | None:
+        """The backend these options name: `backend`, or openvino for a bf16 precision."""
+        return "openvino" if self.precision == "bf16" else self.backend
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **given: Any) -> LoadOptions:
+        """The options `given` (None: not given) over the `PRUNE_*` variables in force
+        (PRUNE_INTRA_OP_THREADS, PRUNE_ORT_ARENA, PRUNE_MAX_BATCH_TOKENS,
+        PRUNE_MAX_BATCH_SIZE) and the defaults. `tensorrt` may be a folder: the provider
+        on, its engines kept there. An unknown name is an InputError."""
+        unknown = sorted(set(given) - {f.name for f in fields(cls)})
+        if unknown:
+            raise InputError(f"unknown load option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))};"
+                             f" the options are {', '.join(f.name for f in fields(cls))}")
+        given = {k: v for k, v in given.items() if v is not None}
+        env = None if environ is None else dict(environ)
+        if isinstance(given.get("tensorrt"), (str, Path)):
+            given["tensorrt_cache"], given["tensorrt"] = Path(given["tensorrt"]), True
+        if given.get("providers") is not None:
+            given["providers"] = tuple(given["providers"])
+        given.setdefault("threads", setting("threads", env))
+        given.setdefault("arena", setting("ort_arena", env))
+        given.setdefault("batching", BatchingConfig(max_batch_tokens=setting("max_batch_tokens", env),
+                                                    max_batch_size=setting("max_batch_size", env)))
+        return cls(**given)
+
+    def with_changes(self, **changes: Any) -> LoadOptions:
+        """These options with `changes`, checked."""
+        return replace(self, **changes)
+
+
+def open_model(path: str | Path, options: LoadOptions, log: Any = None) -> tuple[Backend, Any, ModelSpec]:
     """(core, tokenizer, spec) of an exported model folder (ONNX Runtime or OpenVINO) or a
-    checkpoint (backend="torch"); the arguments are `Pruner.load`'s. With no `backend`, an
-    export runs where its manifest's `runtime` says (`prune export --precision auto`'s
-    pick), else on ONNX Runtime."""
-    if backend is not None and backend not in BACKENDS:
-        raise InputError(f"unknown backend {backend!r}: onnxruntime, openvino or torch (Triton: Pruner.connect)")
-    if precision not in (None, "fp32"):              # bf16: an OpenVINO inference precision
-        if backend not in (None, "openvino"):
-            raise InputError(f"precision {precision!r} is an OpenVINO inference precision: backend='openvino'")
-        backend = "openvino"
+    checkpoint (backend torch), opened as `options` say; `log` hears what was chosen
+    instead of what was asked. With no backend, an export runs where its manifest's
+    `runtime` says (`prune export --precision auto`'s pick), else on ONNX Runtime."""
+    o = options
     if str(path) == "default" and not Path("default").exists():
         from engine.default_model import default_checkpoint, ensure_default_model
-        path = default_checkpoint() if backend == "torch" else ensure_default_model()
+        path = default_checkpoint() if o.runtime == "torch" else ensure_default_model()
     path = Path(path)
-    if backend == "torch":
+    if o.runtime == "torch":
         from engine.backends.torch import TorchBackend
-        if dtype not in DTYPES:
-            raise InputError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
-        if attn not in ATTENTIONS:
-            raise InputError(f"attn must be eager or sdpa, got {attn!r}")
-        return TorchBackend.from_checkpoint(path, family=family, options=options, attn=attn, threads=threads,
-                                            device=device, dtype=dtype)
+        return TorchBackend.from_checkpoint(path, family=o.family, options=dict(o.module_options or {}), attn=o.attn,
+                                            threads=o.threads, device=o.device, dtype=o.dtype)
     manifest = Manifest.read(path)
     spec = manifest.spec(name=path.name)
     tokenizer = manifest_tokenizer(path, manifest, spec.family)
-    graph_file = path / (graph or manifest.graph)
-    if backend is None and graph is None and device == "cpu" and not tensorrt:
+    graph_file = path / (o.graph or manifest.graph)
+    backend, precision = o.runtime, o.precision
+    if backend is None and o.graph is None and o.device == "cpu" and not o.tensorrt:
         backend, precision = preferred_runtime(path, manifest, log)
-    backend, precision = backend or "onnxruntime", precision or "fp32"
-    if backend == "openvino" or graph_file.suffix == ".xml":     # an OpenVINO IR export runs on OpenVINO
-        if device != "cpu" or tensorrt:
+    if (backend or "onnxruntime") == "openvino" or graph_file.suffix == ".xml":   # an IR export runs on OpenVINO
+        if o.device != "cpu" or o.tensorrt:
             raise InputError("the OpenVINO backend runs on the CPU (device='cpu', no TensorRT)")
         from engine.backends.openvino import OpenVinoBackend
-        core: Backend = OpenVinoBackend(graph_file, precision=precision, threads=threads, shape_cache=shape_cache)
+        core: Backend = OpenVinoBackend(graph_file, precision=precision or "fp32", threads=o.threads,
+                                        shape_cache=o.shape_cache)
     else:
-        core = _onnxruntime(path, graph_file, spec, manifest, threads=threads, providers=providers,
-                            batching=batching, device=device, tensorrt=tensorrt, log=log)
+        core = _onnxruntime(path, graph_file, spec, manifest, o, log)
     missing = set(spec.input_names) - set(core.input_names)
     if missing:
         raise ModelLoadError(f"{path}: graph lacks inputs {sorted(missing)}")
@@ -104,14 +168,13 @@ def runtime_missing(runtime: Runtime) -> str | None:
     return None
 
 
-def _onnxruntime(path: Path, graph_file: Path, spec: ModelSpec, manifest: Manifest, *, threads, providers, batching,
-                 device, tensorrt, log) -> Backend:
+def _onnxruntime(path: Path, graph_file: Path, spec: ModelSpec, manifest: Manifest, o: LoadOptions,
+                 log: Any) -> Backend:
     from engine.backends.onnxruntime import OnnxRuntimeBackend
     trt = None
-    if tensorrt:
+    if o.tensorrt:
         from engine.backends.onnxruntime import tensorrt_options
         trt = tensorrt_options(list(spec.input_names), list(manifest.buckets or [spec.max_length]),
-                               (batching or BatchingConfig()).max_batch_size,
-                               Path(tensorrt) if isinstance(tensorrt, (str, Path)) else path / "trt-cache")
-    return OnnxRuntimeBackend(graph_file, intra_op_threads=threads, providers=providers, device=device,
-                              tensorrt=trt, log=log)
+                               o.batching.max_batch_size, o.tensorrt_cache or path / "trt-cache")
+    return OnnxRuntimeBackend(graph_file, intra_op_threads=o.threads, providers=None if o.providers is None
+                              else list(o.providers), arena=o.arena, device=o.device, tensorrt=trt, log=log)

@@ -20,13 +20,17 @@ from engine.spec import ModelSpec
 
 @runtime_checkable
 class PrunerProtocol(Protocol):
-    """What every pruner offers (in-process, Triton text model, HTTP): prune, aprune, family, limits."""
-    spec: ModelSpec                 # family, window, special tokens
+    """What every pruner offers (in-process, Triton text model, HTTP): prune, aprune, family,
+    max_length, limits."""
     limits: Limits                  # what one call may hold (engine.inputs)
 
     @property
     def family(self) -> Family:
         """The model's family with the defaults it runs with."""
+
+    @property
+    def max_length(self) -> int:
+        """The model's window in tokens."""
 
     def prune(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None, *,
               sentences: Any = None, **changes: Any) -> list[PruneResult]:
@@ -52,3 +56,19 @@ class PrunerProtocol(Protocol):
     def __enter__(self) -> Any: ...
 
     def __exit__(self, *exc: Any) -> None: ...
+
+
+class FromSpec:
+    """`family` and `max_length` of a pruner that holds its model's ModelSpec as `spec`
+    (the in-process Pruner, the Triton text model's)."""
+    spec: ModelSpec
+
+    @property
+    def family(self) -> Family:
+        """The model's family with the defaults it runs with."""
+        return self.spec.family
+
+    @property
+    def max_length(self) -> int:
+        """The model's window in tokens."""
+        return self.spec.max_length

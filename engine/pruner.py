@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,11 +23,14 @@ from engine.batching import BatchingConfig, ModelBatch, collate, plan
 from engine.decide import PruneResult, Scored, decide_passages, merge_blocks, window_decisions
 from engine.encode import Block, Encoder
 from engine.errors import BackendError, InputError, PruneError
-from engine.families import Rules
-from engine.inputs import CallOptions, Limits, check_call, check_sentences, check_windows, default_limits
+from engine.inputs import CallOptions, Limits, check_call, check_sentences, default_limits
+from engine.rules import Rules
 from engine.settings import DEFAULTS
-from engine.protocol import PrunerProtocol
+from engine.protocol import FromSpec, PrunerProtocol
 from engine.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from engine.loading import LoadOptions
 
 log = logging.getLogger(__name__)
 
@@ -40,18 +43,20 @@ MAX_CALL_CHARS = DEFAULTS.max_call_chars
 
 @dataclass
 class Call:
-    """One prepared `prune` call: the checked inputs, its options and the rules they give,
-    the sentence spans of every passage, its blocks and the padded batches the core must run."""
+    """One prepared `prune` call: the checked inputs, the rules it runs with (its options
+    resolved once, engine.rules) and how its passages are cut, the sentence spans of every
+    passage, its blocks and the padded batches the core must run."""
     passages: list[str]
     spans: list[list[tuple[int, int]]]
     blocks: list[Block]
     batches: list[ModelBatch]
-    options: CallOptions
     rules: Rules
     question: str = ""
+    token_windows: bool = False     # decided per token window (the family's reference windows)
+    fragment: int | None = None     # OpenProvence's fragment tokens under its reference windows
 
 
-class Pruner:
+class Pruner(FromSpec):
     """Context pruning in-process: tokenization, batching, a core (ONNX Runtime, PyTorch,
     Triton) and the family's decisions."""
 
@@ -69,30 +74,37 @@ class Pruner:
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def load(cls, path: str | Path, backend: str | None = None, *, batching: BatchingConfig | None = None,
-             **kwargs: Any) -> "Pruner":
-        """Load an exported model folder (ONNX Runtime, or OpenVINO: backend="openvino"), or a
-        checkpoint (backend="torch"). An `ov-int8` export (OpenVINO IR) runs on OpenVINO; with
-        no `backend`, an export runs on the runtime its manifest prefers (`prune export
-        --precision auto` may pick OpenVINO's bf16 inference of the fp32 graph) where this
-        machine has it, else on ONNX Runtime (saying why, to `log` or as a warning).
+    def load(cls, path: str | Path, backend: "str | LoadOptions | None" = None, options: "LoadOptions | None" = None, *,
+             log: Any = None, **shortcuts: Any) -> "Pruner":
+        """Load an exported model folder (ONNX Runtime, or OpenVINO), or a checkpoint
+        (backend="torch"); `"default"` is the default model (all-MiniLM-L6-v2: its export,
+        made on first use, or its checkpoint for torch). With no backend, an export runs on
+        the runtime its manifest prefers (`prune export --precision auto`'s pick) where this
+        machine has it, else on ONNX Runtime, saying why (to `log`, else as a warning).
 
-        Keywords (engine.loading.open_model): `threads` (ONNX Runtime's intra-op threads, or
-        torch's), `device="cuda"` (ONNX Runtime's CUDA provider with IO binding, from
-        onnxruntime-gpu, or torch on the GPU), `tensorrt` (cuda, ONNX Runtime: its TensorRT
-        provider first, fp16, engines cached in the model folder's `trt-cache/` or the folder
-        given, falling back to CUDA with a message to `log` where the provider is absent),
-        `providers`, `graph` (another graph of the folder), and for torch `family`, `options`,
-        `dtype` (float32, float16, bfloat16) and `attn` (eager, sdpa: the checkpoint's
-        backbone must offer it; DeBERTa-v2/v3 does not); for openvino `precision` ("fp32", or
-        "bf16" inference where the CPU has it) and `shape_cache` (compiled shapes kept; 0:
-        none, memory stays flat). `"default"` is the default model
-        (all-MiniLM-L6-v2): its export (made on first use) for ONNX Runtime, its checkpoint
-        for torch.
-        """
-        from engine.loading import open_model
-        core, tokenizer, spec = open_model(path, backend, batching=batching, **kwargs)
-        return cls(core, tokenizer, spec, batching)
+        How it is opened is `options` (also taken as the second argument), an
+        `engine.loading.LoadOptions` (backend, precision, threads, device, providers,
+        tensorrt, arena, graph, shape_cache, batching; for torch family, module_options,
+        dtype, attn: each field says what it does). Its field names are keyword shortcuts
+        here (`threads=2`, `device="cuda"`, `tensorrt=True` or a cache folder), over
+        `options` or, without it, over the `PRUNE_*` variables in force
+        (`LoadOptions.from_env`)."""
+        from engine.loading import LoadOptions, open_model
+        if isinstance(backend, LoadOptions):              # Pruner.load(path, options)
+            backend, options = None, backend
+        if options is not None and not isinstance(options, LoadOptions):     # the old torch keyword
+            import warnings
+            warnings.warn("Pruner.load(options={...}) for the family module's options is now module_options=",
+                          DeprecationWarning, stacklevel=2)
+            shortcuts["module_options"], options = options, None
+        if backend is not None:
+            shortcuts["backend"] = backend
+        if options is None:
+            options = LoadOptions.from_env(**shortcuts)
+        elif shortcuts:                                   # over the options given, the environment aside
+            options = LoadOptions.from_env({}, **{**vars(options), **shortcuts})
+        core, tokenizer, spec = open_model(path, options, log)
+        return cls(core, tokenizer, spec, options.batching)
 
     @classmethod
     def connect(cls, url: str | Sequence[str], model: str, **kwargs: Any) -> PrunerProtocol:
@@ -115,11 +127,6 @@ class Pruner:
         remote calls block), so the event loop stays free."""
         import asyncio
         return await asyncio.to_thread(self.prune, question, passages, options, **kwargs)
-
-    @property
-    def family(self):
-        """The model's family with the defaults it runs with."""
-        return self.spec.family
 
     # ------------------------------------------------------------------ prune
     def prune(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None, *,
@@ -144,24 +151,28 @@ class Pruner:
         `prune` is `finish(prepare(...), backend.infer_many(call.batches))`; a caller that
         runs the core itself (the Triton text model, over BLS) uses the two halves."""
         question, passages = check_call(question, passages, self.limits)
-        options = CallOptions.of(options, **changes)
         check_sentences(sentences, len(passages))
-        rules = self.spec.family.rules(options)
-        spans = [textmod.spans_from_sentences(p, sentences[i]) if sentences is not None
-                 else textmod.split_sentences(p) for i, p in enumerate(passages)]
-        if rules.lexical_weight and self._token_windows(rules.windows):
+        return self.prepare_checked(question, passages, CallOptions.of(options, **changes), sentences)
+
+    def prepare_checked(self, question: str, passages: list[str], options: CallOptions,
+                        sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None,
+                        batched: bool = True) -> "Call":
+        """`prepare` of a call already checked (engine.inputs; the Triton text model's
+        request is checked as it is read); without `batched`, no batches (`prune_many`
+        packs the blocks of several calls together)."""
+        rules = self.spec.family.rules.resolve(options)
+        token_windows = self.spec.family.token_windows(rules.windows)
+        if rules.lexical_weight and token_windows:
             raise InputError("lexical_weight applies to sentence windows; windows='reference' decides per "
                              "token window as the family's own code does (pass windows='sentences')")
-        blocks = self.encode(question, passages, spans, rules.windows) if passages else []
-        return Call(passages=passages, spans=spans, blocks=blocks, batches=self.batches(blocks),
-                    options=options, rules=rules, question=question)
-
-    def windows_mode(self, windows: str | None) -> str:
-        """The windowing a call runs: the family's default, or `windows` when valid."""
-        return self.spec.family.windows if windows is None else str(check_windows(windows))
-
-    def _token_windows(self, windows: str) -> bool:
-        return windows == "reference" and self.spec.family.window_tokens > 0
+        spans = [textmod.spans_from_sentences(p, sentences[i]) if sentences is not None
+                 else textmod.split_sentences(p) for i, p in enumerate(passages)]
+        call = Call(passages=passages, spans=spans, blocks=[], batches=[], rules=rules, question=question,
+                    token_windows=token_windows, fragment=self._fragment_tokens(rules.windows))
+        if passages:
+            call.blocks = self._blocks(call)
+            call.batches = self.batches(call.blocks) if batched else []
+        return call
 
     def finish(self, call: "Call", outputs: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[PruneResult]:
         """Everything after the model: merge blocks, decide, build and order results.
@@ -170,7 +181,7 @@ class Pruner:
 
     def finish_blocks(self, call: "Call", per_block: Sequence[tuple[float, np.ndarray]]) -> list[PruneResult]:
         """`finish` from the outputs of each block of the call (rerank score, slot probabilities)."""
-        return decide_passages(self.spec.family, call.rules, call.options, call.question, call.passages, call.spans,
+        return decide_passages(self.spec.family, call.rules, call.question, call.passages, call.spans,
                                self.scores(call, per_block))
 
     def scores(self, call: "Call", per_block: Sequence[tuple[float, np.ndarray]]) -> list[Scored]:
@@ -178,8 +189,8 @@ class Pruner:
         windows, each window's own decisions at the call's threshold and backoff)."""
         fam, rules = self.spec.family, call.rules
         scored = merge_blocks(fam, len(call.passages), call.spans, call.blocks, per_block,
-                              unweighted=self._fragment_tokens(rules.windows) is not None)
-        if self._token_windows(rules.windows):
+                              unweighted=call.fragment is not None)
+        if call.token_windows:
             scored = window_decisions(fam, scored, call.blocks, per_block, rules.threshold, rules.alpha)
         return scored
 
@@ -192,7 +203,11 @@ class Pruner:
         for q in queries:
             try:
                 q = dict(q)
-                calls.append(self.prepare(q.pop("question"), q.pop("passages"), **q))
+                question, passages = check_call(q.pop("question"), q.pop("passages"), self.limits)
+                sentences = q.pop("sentences", None)
+                check_sentences(sentences, len(passages))
+                calls.append(self.prepare_checked(question, passages, CallOptions.of(q.pop("options", None), **q),
+                                                  sentences, batched=False))
             except (PruneError, TypeError, KeyError) as exc:
                 calls.append(exc if isinstance(exc, PruneError) else InputError(f"bad query: {exc!r}"))
         good = [c for c in calls if isinstance(c, Call)]
@@ -209,24 +224,31 @@ class Pruner:
         return out
 
     # ------------------------------------------------------------------ model
-    def encode(self, question: str, passages: Sequence[str],
-               spans: Sequence[Sequence[tuple[int, int]]], windows: str | None = None) -> list[Block]:
+    def _blocks(self, call: "Call") -> list[Block]:
         """All blocks of a call (sentences of every passage tokenized in one batch), cut
-        the way `windows` says (the family's default if None)."""
-        windows = self.windows_mode(windows)
-        q_ids = self.encoder.question_ids(question)
-        flat = [p[s:e] for p, sp in zip(passages, spans) for s, e in sp]
-        token_windows = self._token_windows(windows)
-        ids = self.encoder.tokenize_words(flat) if token_windows else self.encoder.tokenize(flat)
-        fragment = self._fragment_tokens(windows)
+        as the call's rules say."""
+        q_ids = self.encoder.question_ids(call.question)
+        flat = [p[s:e] for p, sp in zip(call.passages, call.spans) for s, e in sp]
+        ids = self.encoder.tokenize_words(flat) if call.token_windows else self.encoder.tokenize(flat)
         blocks: list[Block] = []
         pos = 0
-        for i, sp in enumerate(spans):
+        for i, sp in enumerate(call.spans):
             part = ids[pos:pos + len(sp)]
-            blocks.extend(self.encoder.windows(q_ids, i, part) if token_windows
-                          else self.encoder.blocks(q_ids, i, part, fragment))
+            blocks.extend(self.encoder.windows(q_ids, i, part) if call.token_windows
+                          else self.encoder.blocks(q_ids, i, part, call.fragment))
             pos += len(sp)
         return blocks
+
+    def encode(self, question: str, passages: Sequence[str],
+               spans: Sequence[Sequence[tuple[int, int]]], windows: str | None = None) -> list[Block]:
+        """All blocks of a call on the given sentence spans, cut the way `windows` says
+        (the family's default if None): what the bench's tools measure."""
+        return self.prepare_checked(question, list(passages), CallOptions.of(windows=windows, lexical_weight=0.0),
+                                    [list(sp) for sp in spans], batched=False).blocks
+
+    def windows_mode(self, windows: str | None) -> str:
+        """The windowing a call that passes `windows` runs (None: the model's default)."""
+        return self.spec.family.rules.resolve(CallOptions.of(windows=windows)).windows
 
     def _fragment_tokens(self, windows: str) -> int | None:
         """OpenProvence's fragment size under its reference windows (None: the engine's way)."""

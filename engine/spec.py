@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ModelLoadError
-from engine.families import Family, get_family, with_threshold
+from engine.families import Family, get_family
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "prune-engine/1"
@@ -59,10 +59,6 @@ def special_ids(tokenizer: Any) -> dict[str, int]:
 #: bucket outside it, is refused before the client pads anything to it.
 MAX_WINDOW = 32_768
 
-#: a manifest default left out: the family's own (for passage_margin, null means "none")
-FAMILYS = ...
-
-
 @dataclass(frozen=True)
 class TokenizerInfo:
     """The manifest's `tokenizer`: its file in the folder and the special token ids."""
@@ -71,16 +67,6 @@ class TokenizerInfo:
     pad_id: int
     file: str = "tokenizer.json"
     seps_between: int | None = None   # separators between question and context, when not the family's
-
-
-@dataclass(frozen=True)
-class ManifestDefaults:
-    """The decision defaults an export records (`defaults`): None (passage_margin: `...`)
-    when the manifest leaves one out, which means the family's."""
-    threshold: float | None = None
-    lexical_weight: float | None = None
-    lexical_threshold: float | None = None
-    passage_margin: Any = FAMILYS     # float, None (no gate) or FAMILYS
 
 
 @dataclass(frozen=True)
@@ -124,7 +110,9 @@ class Manifest:
     inputs: tuple[str, ...] = ()
     buckets: tuple[int, ...] = ()
     precision: str | None = None
-    defaults: ManifestDefaults = ManifestDefaults()
+    # the decision rules' defaults this export records over its family's (engine.rules:
+    # the names of Rules.recorded; a name left out is the family's)
+    defaults: dict[str, Any] = field(default_factory=dict)
     embedding_rows: int = 0             # input_ids must stay below this (0: unknown)
     source: Source | None = None
     options: dict[str, Any] = field(default_factory=dict)
@@ -163,7 +151,7 @@ class Manifest:
             if key not in data:
                 raise ModelLoadError(f"{where}: manifest lacks {key!r}")
         try:
-            tok, d, src = data["tokenizer"], data.get("defaults") or {}, data.get("source")
+            tok, src = data["tokenizer"], data.get("source")
             rows = data.get("embedding_rows")
             manifest = cls(
                 family=str(data["family"]), max_length=int(data["max_length"]),
@@ -174,10 +162,7 @@ class Manifest:
                 graph=str(data["graph"]), external_data=data.get("external_data") or None,
                 inputs=tuple(str(n) for n in data.get("inputs") or ()),
                 buckets=tuple(int(b) for b in data.get("buckets") or ()), precision=data.get("precision"),
-                defaults=ManifestDefaults(
-                    threshold=_number(d.get("threshold")), lexical_weight=_number(d.get("lexical_weight")),
-                    lexical_threshold=_number(d.get("lexical_threshold")),
-                    passage_margin=_number(d["passage_margin"]) if "passage_margin" in d else FAMILYS),
+                defaults=dict(data.get("defaults") or {}),
                 embedding_rows=rows if isinstance(rows, int) and not isinstance(rows, bool) else 0,
                 source=None if not isinstance(src, dict) else Source(
                     checkpoint=str(src.get("checkpoint", "")), weights_sha256=src.get("weights_sha256"),
@@ -186,22 +171,21 @@ class Manifest:
                 runtime=_runtime(data.get("runtime"), where), data=dict(data))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ModelLoadError(f"{where}: manifest is incomplete: {exc}") from exc
-        manifest.spec()           # its values checked
+        try:
+            manifest.spec()           # its values checked
+        except ModelLoadError as exc:
+            raise ModelLoadError(f"{where}: {exc}") from None
         return manifest
 
     # ------------------------------------------------------------------ using
     def spec(self, name: str = "model") -> ModelSpec:
         """What the client needs: the family with this export's defaults, the window, the
         special tokens; ModelLoadError when a value is out of bounds."""
-        d = self.defaults
-        family = with_threshold(get_family(self.family), d.threshold)        # the checkpoint's own
-        if d.lexical_weight is not None:
-            family = replace(family, lexical_weight=d.lexical_weight)
-        if d.lexical_threshold is not None:
-            family = replace(family, lexical_threshold=d.lexical_threshold)
-        if d.passage_margin is not FAMILYS:      # null: no passage gate; absent: the family's
-            margin = d.passage_margin
-            family = replace(family, passage_margin=None if margin is None or margin < 0 else float(margin))
+        family = get_family(self.family)
+        try:
+            family = replace(family, rules=family.rules.overridden(self.defaults))
+        except (TypeError, ValueError) as exc:
+            raise ModelLoadError(f"manifest defaults: {exc}") from None
         seps = self.tokenizer.seps_between
         if seps is not None and seps != family.seps_between:
             family = replace(family, seps_between=seps)          # e.g. OpenProvence on ModernBERT
@@ -231,14 +215,7 @@ class Manifest:
         if self.tokenizer.seps_between is not None:
             tok["seps_between"] = self.tokenizer.seps_between
         out["tokenizer"] = tok
-        d = dict(out.get("defaults") or {})
-        d.update(threshold=self.defaults.threshold, lexical_weight=self.defaults.lexical_weight,
-                 lexical_threshold=self.defaults.lexical_threshold)
-        if self.defaults.passage_margin is not FAMILYS:
-            d["passage_margin"] = self.defaults.passage_margin
-        else:
-            d.pop("passage_margin", None)
-        out["defaults"] = d
+        out["defaults"] = dict(self.defaults)
         if self.source is not None:
             out["source"] = {**(out.get("source") or {}), **{k: v for k, v in asdict(self.source).items()
                                                             if v is not None}}
@@ -270,7 +247,3 @@ def _runtime(value: Any, where: str) -> Runtime | None:
         raise ModelLoadError(f"{where}: {runtime.backend} runs at {', '.join(RUNTIMES[runtime.backend])}, "
                              f"not {runtime.precision!r}")
     return runtime
-
-
-def _number(value: Any) -> float | None:
-    return None if value is None else float(value)

@@ -11,7 +11,7 @@ float (ov-int8-bf16: the IR, preferring bf16). OpenVINO's f32 inference is not a
 candidate: it runs the fp32 graph at ONNX Runtime's fp32 speed (docs/performance.md), and
 a tie would tie the export to OpenVINO for nothing.
 
-The gate is `prune fidelity`'s (engine.tools.fidelity.GATE): at least 99% of sentence
+The gate is `prune fidelity`'s (engine.fidelity.GATE): at least 99% of sentence
 decisions the same as fp32's at the family's threshold, and a Spearman correlation of
 the reranking scores of at least 0.99. It is measured on `gate_data` (a JSONL that
 `prune fidelity --data` reads: bring your own domain's), else on the built-in generic
@@ -21,9 +21,11 @@ this machine's cores.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -113,13 +115,23 @@ GATE_CALLS: list[tuple[str, list[str]]] = [
 def gate_docs(gate_data: str | Path | None = None):
     """The documents the gate is measured on: `gate_data` (`prune fidelity --data`'s formats)
     or the built-in calls, one document per passage."""
-    from engine.tools.fidelity import Doc, load_docs
+    from engine.fidelity import Doc, load_docs
     if gate_data is not None:
         docs = load_docs(gate_data)
         if not docs:
             raise ExportError(f"{gate_data}: no documents to measure the gate on")
         return docs
     return [Doc(q, p, None) for q, passages in GATE_CALLS for p in passages]
+
+
+@dataclass
+class Candidates:
+    """The candidates exported for a CPU of `kind`: each one's folder, the runtime of those
+    that run a graph another way than its export says, and what was not tried, and why."""
+    kind: CpuKind
+    folders: dict[str, Path] = field(default_factory=dict)
+    runtimes: dict[str, Runtime] = field(default_factory=dict)
+    not_tried: dict[str, str] = field(default_factory=dict)
 
 
 def choose_precision(checkpoint: str | Path, out: str | Path, *, export_args: dict[str, Any],
@@ -131,86 +143,127 @@ def choose_precision(checkpoint: str | Path, out: str | Path, *, export_args: di
     flags), gate and time each, and write the fastest that passes into `out`; its manifest,
     whose `auto` records the candidates' figures and what was not tried, and why."""
     from engine.pruner import Pruner
-    from engine.tools.fidelity import gate, measure
-    from engine.tools.harness import interleave, machine_info, medians, model_passes
-    from engine.tools.measure import workload_batches
-    from export.onnx import export_model
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ExportError(f"{out} exists and is not empty: choose another --out, or --overwrite to write into it")
     docs = gate_docs(gate_data)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="prune-auto-") as tmp:
-        folders: dict[str, Path] = {}
-        runtimes: dict[str, Runtime] = {}      # a candidate that is the fp32 graph on another runtime
-        log("auto: exporting fp32 ...")
-        folders["fp32"] = Path(tmp) / "fp32"
-        export_model(checkpoint, folders["fp32"], precision="fp32", log=_indent(log), **export_args)
-        folders["int8"] = Path(tmp) / "int8"
-        if Manifest.read(folders["fp32"]).external_data:     # over 2 GB: the exporter writes its data files
-            log("auto: exporting int8 ...")
-            export_model(checkpoint, folders["int8"], precision="int8", log=_indent(log), **export_args)
-        else:
-            log("auto: quantizing int8 (ONNX Runtime dynamic INT8 of the fp32 graph) ...")
-            int8_from(folders["fp32"], folders["int8"], export_args)
-        kind = cpu or CpuKind.here()
-        not_tried = {p: why for p, why in kind.auto_candidates(_openvino_installed()).items() if why}
-        if "ov-int8" not in not_tried:
-            from export.openvino import quantize
-            log("auto: quantizing ov-int8 (NNCF static INT8 for OpenVINO) ...")
-            quantize(folders["fp32"], Path(tmp) / "ov-int8", texts=calibration, progress=progress, log=_indent(log))
-            folders["ov-int8"] = Path(tmp) / "ov-int8"
-        for name, graph in (("ov-bf16", "fp32"), ("ov-int8-bf16", "ov-int8")):
-            if name not in not_tried and graph not in folders:
-                not_tried[name] = f"{graph} was not tried"
-            elif name not in not_tried:
-                from engine.backends.openvino import bf16_supported
-                if bf16_supported():                       # the flags say so; OpenVINO's plugin must agree
-                    runtimes[name] = Runtime("openvino", "bf16")
-                    folders[name] = folders[graph]
-                else:
-                    not_tried[name] = f"OpenVINO's CPU plugin: {BF16_MISSING}"
-        for name, why in not_tried.items():
-            log(f"auto: {name} not tried ({why})")
-        pruners = {p: Pruner.load(f, threads=threads, **_load_args(runtimes.get(p))) for p, f in folders.items()}
-        reference = pruners["fp32"]
-        candidates: dict[str, dict[str, Any]] = {}
-        for precision, pruner in pruners.items():
-            entry: dict[str, Any] = {"runtime": pruner.backend.describe()}
-            if precision != "fp32":
-                report = measure(pruner, reference, docs, progress=False, log=lambda m: None)
-                entry.update(gate(report, pruner.family.threshold))
-            else:
-                entry.update(passed=True, reason="the reference")
-            candidates[precision] = entry
-            log(f"auto: {precision}: {'passes' if entry['passed'] else 'fails'} the gate ({entry['reason']})")
-        calls = [SimpleNamespace(question=q, passages=ps) for q, ps in _calls(docs)]
-        batches = workload_batches(reference, calls)
-        log(f"auto: timing {len(pruners)} precisions over {len(batches)} batches, {repeats} interleaved rounds ...")
-        times = medians(interleave(model_passes(pruners, batches), repeats, log=lambda m: None, warmup=True))
-        for precision, seconds in times.items():
-            candidates[precision].update(seconds=round(seconds, 4), speedup=round(times["fp32"] / seconds, 3))
+        found = export_candidates(checkpoint, Path(tmp), cpu or CpuKind.here(), export_args, calibration,
+                                  progress, log)
+        pruners = {p: Pruner.load(f, threads=threads, **_load_args(found.runtimes.get(p)))
+                   for p, f in found.folders.items()}
+        candidates = gate_candidates(pruners, docs, log)
+        batches = time_candidates(pruners, docs, repeats, candidates, log)
         picked = pick(candidates)
         passing = [p for p in candidates if candidates[p]["passed"]]
-        width = max(map(len, candidates))
-        for precision in candidates:
-            c = candidates[precision]
-            log(f"  {precision:{width}s} {c['seconds'] * 1000:8.1f} ms  {c['speedup']:.2f}x  "
-                f"{'gate passed' if c['passed'] else 'gate FAILED'}{'  <- picked' if precision == picked else ''}")
-        machine = machine_info()
+        _log_table(candidates, picked, log)
         record = {"picked": picked, "why": f"the fastest of {', '.join(passing)} (passed the gate) on this CPU",
                   "candidates": candidates, "gate_data": str(gate_data) if gate_data else "built-in generic calls",
-                  "gate_documents": len(docs), "batches": len(batches), "threads": threads, "not_tried": not_tried,
-                  "machine": {**{k: machine.get(k) for k in ("cpu_model", "cpus") if k in machine},
-                              "cpu_kind": kind.name, "cpu_flags": kind.shown_flags()}}
+                  "gate_documents": len(docs), "batches": batches, "threads": threads,
+                  "not_tried": found.not_tried, "machine": _machine(found.kind)}
         if out.exists():
             shutil.rmtree(out)
-        shutil.copytree(folders[picked], out)
+        shutil.copytree(found.folders[picked], out)
         manifest = Manifest.read(out)
-        manifest.with_changes(runtime=runtimes.get(picked),
+        manifest.with_changes(runtime=found.runtimes.get(picked),
                               data={**manifest.data, "auto": record}).write(out)
     log(f"auto: picked {picked} ({record['why']}); wrote {out} in {time.perf_counter() - t0:.1f} s")
     return Manifest.read(out)
+
+
+def export_candidates(checkpoint: str | Path, tmp: Path, kind: CpuKind, export_args: dict[str, Any],
+                      calibration: list[str] | None, progress: bool, log: Callable[[str], None]) -> Candidates:
+    """Every candidate worth trying on a CPU of `kind`, exported into `tmp`: fp32 (checked
+    against PyTorch), its dynamic INT8, and with OpenVINO the static INT8 IR and the bf16
+    inference of both where they are worth it; what was not tried is logged, with why."""
+    from export.onnx import export_model
+    found = Candidates(kind, {"fp32": tmp / "fp32", "int8": tmp / "int8"})
+    log("auto: exporting fp32 ...")
+    export_model(checkpoint, found.folders["fp32"], precision="fp32", log=_indent(log), **export_args)
+    if Manifest.read(found.folders["fp32"]).external_data:     # over 2 GB: the exporter writes its data files
+        log("auto: exporting int8 ...")
+        export_model(checkpoint, found.folders["int8"], precision="int8", log=_indent(log), **export_args)
+    else:
+        log("auto: quantizing int8 (ONNX Runtime dynamic INT8 of the fp32 graph) ...")
+        int8_from(found.folders["fp32"], found.folders["int8"], export_args)
+    found.not_tried = {p: why for p, why in kind.auto_candidates(_openvino_installed()).items() if why}
+    if "ov-int8" not in found.not_tried:
+        from export.openvino import quantize
+        log("auto: quantizing ov-int8 (NNCF static INT8 for OpenVINO) ...")
+        quantize(found.folders["fp32"], tmp / "ov-int8", texts=calibration, progress=progress, log=_indent(log))
+        found.folders["ov-int8"] = tmp / "ov-int8"
+    _bf16_candidates(found)
+    for name, why in found.not_tried.items():
+        log(f"auto: {name} not tried ({why})")
+    return found
+
+
+def _bf16_candidates(found: Candidates) -> None:
+    """OpenVINO's bf16 inference of the fp32 graph (ov-bf16) and of what the static INT8 IR
+    keeps float (ov-int8-bf16), added to `found` where their graph was exported and
+    OpenVINO's plugin computes bf16 here; else to its `not_tried`, with why."""
+    folders, not_tried = found.folders, found.not_tried
+    for name, graph in (("ov-bf16", "fp32"), ("ov-int8-bf16", "ov-int8")):
+        if name not in not_tried and graph not in folders:
+            not_tried[name] = f"{graph} was not tried"
+        elif name not in not_tried:
+            from engine.backends.openvino import bf16_supported
+            if bf16_supported():                       # the flags say so; OpenVINO's plugin must agree
+                found.runtimes[name] = Runtime("openvino", "bf16")
+                folders[name] = folders[graph]
+            else:
+                not_tried[name] = f"OpenVINO's CPU plugin: {BF16_MISSING}"
+
+
+def gate_candidates(pruners: dict[str, Any], docs, log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """Each candidate's runtime and its gate against fp32 on `docs` (engine.fidelity); fp32
+    passes as the reference."""
+    from engine.fidelity import gate, measure
+    reference = pruners["fp32"]
+    candidates: dict[str, dict[str, Any]] = {}
+    for precision, pruner in pruners.items():
+        entry: dict[str, Any] = {"runtime": pruner.backend.describe()}
+        if precision != "fp32":
+            report = measure(pruner, reference, docs, progress=False, log=lambda m: None)
+            entry.update(gate(report, pruner.family.rules.threshold))
+        else:
+            entry.update(passed=True, reason="the reference")
+        candidates[precision] = entry
+        log(f"auto: {precision}: {'passes' if entry['passed'] else 'fails'} the gate ({entry['reason']})")
+    return candidates
+
+
+def time_candidates(pruners: dict[str, Any], docs, repeats: int, candidates: dict[str, dict[str, Any]],
+                    log: Callable[[str], None]) -> int:
+    """Each candidate's model alone over the same padded batches of the gate's calls,
+    interleaved rounds, medians (engine.timing): its `seconds` and `speedup` over fp32, in
+    its entry of `candidates`; the number of batches."""
+    from engine.timing import interleave, medians, model_passes, workload_batches
+    calls = [SimpleNamespace(question=q, passages=ps) for q, ps in _calls(docs)]
+    batches = workload_batches(pruners["fp32"], calls)
+    log(f"auto: timing {len(pruners)} precisions over {len(batches)} batches, {repeats} interleaved rounds ...")
+    times = medians(interleave(model_passes(pruners, batches), repeats, log=lambda m: None, warmup=True))
+    for precision, seconds in times.items():
+        candidates[precision].update(seconds=round(seconds, 4), speedup=round(times["fp32"] / seconds, 3))
+    return len(batches)
+
+
+def _log_table(candidates: dict[str, dict[str, Any]], picked: str, log: Callable[[str], None]) -> None:
+    """The candidates' times, speed-ups and gates, one line each; the pick marked."""
+    width = max(map(len, candidates))
+    for precision in candidates:
+        c = candidates[precision]
+        log(f"  {precision:{width}s} {c['seconds'] * 1000:8.1f} ms  {c['speedup']:.2f}x  "
+            f"{'gate passed' if c['passed'] else 'gate FAILED'}{'  <- picked' if precision == picked else ''}")
+
+
+def _machine(kind: CpuKind) -> dict[str, Any]:
+    """The machine in the record: the CPU's model (where it says), its cores, kind and flags."""
+    from engine.timing import cpu_model
+    model = cpu_model()
+    return {**({"cpu_model": model} if model is not None else {}), "cpus": os.cpu_count(),
+            "cpu_kind": kind.name, "cpu_flags": kind.shown_flags()}
 
 
 def int8_from(fp32: Path, out: Path, export_args: dict[str, Any]) -> Path:

@@ -34,6 +34,7 @@ from engine.errors import ExportError
 from engine.spec import RUNTIMES as MANIFEST_RUNTIMES
 from engine.spec import Manifest
 from triton_models import CORE, TEXT, template
+from engine.settings import DEFAULTS
 from engine.triton.wire import DEFAULT_MAX_CHARS, DEFAULT_MAX_PASSAGES, DESCRIBE_OUTPUTS, TEXT_INPUTS, TEXT_OUTPUTS
 
 TARGETS = ("cpu", "cpu-openvino", "gpu-onnx", "gpu-tensorrt")
@@ -49,8 +50,8 @@ class RepositoryOptions:
     """What `prune repository` writes: target, batching, instances, threads, the text model."""
     target: str = "cpu"
     name: str | None = None
-    max_batch_size: int = 64
-    max_batch_tokens: int = 16384
+    max_batch_size: int = DEFAULTS.max_batch_size
+    max_batch_tokens: int = DEFAULTS.max_batch_tokens
     max_queue_delay_us: int = 2000
     preferred_batch_sizes: list[int] | None = None
     instances: int = 1

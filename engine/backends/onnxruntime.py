@@ -9,7 +9,6 @@ import numpy as np
 from engine.backends.base import Backend
 from engine.batching import ModelBatch
 from engine.errors import BackendError, ModelLoadError
-from engine.settings import setting
 
 
 #: What ONNX Runtime's CPU arena does after a run (env PRUNE_ORT_ARENA): "shrink" (default:
@@ -25,11 +24,12 @@ ARENA_MODES = ("shrink", "keep", "off")
 SHRINK_ABOVE_TOKENS = 4096
 
 
-def arena_mode(value: str | None = None) -> str:
-    """The arena mode a session runs with: `value`, else the PRUNE_ORT_ARENA setting; checked."""
-    mode = (value or setting("ort_arena")).strip().lower()
+def arena_mode(value: str = "shrink") -> str:
+    """The arena mode `value`, checked (PRUNE_ORT_ARENA is read where a process starts:
+    engine.loading.LoadOptions.from_env)."""
+    mode = value.strip().lower()
     if mode not in ARENA_MODES:
-        raise ModelLoadError(f"PRUNE_ORT_ARENA must be one of {ARENA_MODES}, got {mode!r}")
+        raise ModelLoadError(f"the ONNX Runtime arena must be one of {ARENA_MODES}, got {mode!r}")
     return mode
 
 
@@ -117,13 +117,11 @@ class ArenaRuns:
 
 
 def session_options(ort: Any, intra_op_threads: int | None = None, inter_op_threads: int | None = None,
-                    arena: str | None = None) -> tuple[Any, ArenaRuns]:
+                    arena: str = "shrink") -> tuple[Any, ArenaRuns]:
     """(SessionOptions, ArenaRuns) as every engine session uses them: all graph
-    optimizations, threads (`PRUNE_INTRA_OP_THREADS` when not given), the arena mode."""
+    optimizations, threads (None: every core), the arena mode."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if intra_op_threads is None:
-        intra_op_threads = setting("threads")
     if intra_op_threads:
         opts.intra_op_num_threads = int(intra_op_threads)
     if inter_op_threads:
@@ -149,6 +147,36 @@ def tensorrt_options(input_names: list[str], buckets: list[int], max_batch: int,
             "trt_profile_max_shapes": shapes(max_batch, buckets[-1])}
 
 
+def session_providers(ort: Any, device: str, providers: list[Any] | None, tensorrt: dict[str, Any] | None,
+                      say: Any) -> list[Any]:
+    """The providers a session is made with: the CPU's for device "cpu" (even where
+    onnxruntime-gpu offers CUDA first) unless `providers` are given; CUDA's (TensorRT's
+    first when asked for and present, else saying so) for "cuda"."""
+    if device != "cuda":
+        return ["CPUExecutionProvider"] if providers is None else providers
+    # use_tf32 0: ONNX Runtime's CUDA provider runs fp32 MatMuls in TF32 by default and
+    # PyTorch does not, so fp32 rows would compare unlike things (fp16 graphs are unaffected)
+    chosen: list[Any] = [("CUDAExecutionProvider", {"device_id": 0, "use_tf32": 0}), "CPUExecutionProvider"]
+    if tensorrt is not None:
+        if "TensorrtExecutionProvider" in ort.get_available_providers():
+            chosen.insert(0, ("TensorrtExecutionProvider", tensorrt))
+        else:
+            say(TENSORRT_FALLBACK)
+    return chosen
+
+
+def check_cuda_ran(ran: str, providers: list[str], missing: list[str]) -> None:
+    """ModelLoadError when a device="cuda" session fell back to the CPU (onnxruntime-gpu
+    does when CUDA's libraries do not load), naming what is missing."""
+    if ran in ("CUDAExecutionProvider", "TensorrtExecutionProvider"):
+        return
+    raise ModelLoadError(
+        f"device='cuda': ONNX Runtime's CUDA provider did not load and the session fell back to {providers}; "
+        + (f"not found or not loadable: {', '.join(missing)} (" if missing else "(")
+        + "pip install 'onnxruntime-gpu[cuda,cudnn]' brings them as pip packages, found on sys.path; "
+        "or put CUDA's and cuDNN's lib folders on LD_LIBRARY_PATH)")
+
+
 class OnnxRuntimeBackend(Backend):
     """`device="cuda"` runs ONNX Runtime's CUDA provider (onnxruntime-gpu) with IO binding:
     the inputs are copied to the GPU once per batch, and only the small pooled outputs
@@ -158,7 +186,7 @@ class OnnxRuntimeBackend(Backend):
 
     def __init__(self, graph: str | Path, *, intra_op_threads: int | None = None,
                  inter_op_threads: int | None = None, providers: list[Any] | None = None,
-                 arena: str | None = None, device: str = "cpu", io_binding: bool | None = None,
+                 arena: str = "shrink", device: str = "cpu", io_binding: bool | None = None,
                  tensorrt: dict[str, Any] | None = None, log: Any = None):
         try:
             import onnxruntime as ort
@@ -168,48 +196,31 @@ class OnnxRuntimeBackend(Backend):
         graph = Path(graph)
         if not graph.is_file():
             raise ModelLoadError(f"{graph}: no ONNX graph")
-        opts, self.runs = session_options(ort, intra_op_threads, inter_op_threads, arena)
-        self.arena = arena_mode(arena)
         if device not in DEVICES:
             raise ModelLoadError(f"device must be one of {DEVICES}, got {device!r}")
         if tensorrt is not None and device != "cuda":
             raise ModelLoadError("ONNX Runtime's TensorRT provider needs device='cuda' (--device cuda)")
+        self.arena = arena_mode(arena)
+        opts, self.runs = session_options(ort, intra_op_threads, inter_op_threads, self.arena)
         self.device = device
-        available = ort.get_available_providers()
         say = log or (lambda m: None)
         missing: list[str] = []
         if device == "cuda":
             require_cuda()
             missing = preload_cuda_libraries(ort)
-            # use_tf32 0: ONNX Runtime's CUDA provider runs fp32 MatMuls in TF32 by default and
-            # PyTorch does not, so fp32 rows would compare unlike things (fp16 graphs are unaffected)
-            providers = [("CUDAExecutionProvider", {"device_id": 0, "use_tf32": 0}), "CPUExecutionProvider"]
-            if tensorrt is not None:
-                if "TensorrtExecutionProvider" in available:
-                    providers.insert(0, ("TensorrtExecutionProvider", tensorrt))
-                else:
-                    say(TENSORRT_FALLBACK)
-        elif providers is None:
-            # device "cpu" means the CPU, even where onnxruntime-gpu offers CUDA first
-            providers = ["CPUExecutionProvider"]
         try:
-            self.session = ort.InferenceSession(str(graph), sess_options=opts, providers=providers)
+            self.session = ort.InferenceSession(str(graph), sess_options=opts,
+                                                providers=session_providers(ort, device, providers, tensorrt, say))
         except Exception as exc:
             raise ModelLoadError(f"{graph}: ONNX Runtime cannot load the graph "
                                  f"({type(exc).__name__}: {exc})") from exc
-        if device == "cuda" and self.session.get_providers()[0] not in ("CUDAExecutionProvider",
-                                                                        "TensorrtExecutionProvider"):
-            # onnxruntime-gpu falls back to the CPU when CUDA's libraries do not load
-            raise ModelLoadError(
-                f"device='cuda': ONNX Runtime's CUDA provider did not load and the session fell back to "
-                f"{self.session.get_providers()}; "
-                + (f"not found or not loadable: {', '.join(missing)} (" if missing else "(")
-                + "pip install 'onnxruntime-gpu[cuda,cudnn]' brings them as pip packages, found on sys.path; "
-                "or put CUDA's and cuDNN's lib folders on LD_LIBRARY_PATH)")
+        ran = self.session.get_providers()[0]
+        if device == "cuda":
+            check_cuda_ran(ran, self.session.get_providers(), missing)
         #: the TensorRT provider was asked for but is not what runs (its libraries did not
         #: load and ONNX Runtime quietly fell back to CUDA): a "tensorrt" figure would be CUDA's
-        self.tensorrt_fallback = tensorrt is not None and self.session.get_providers()[0] != "TensorrtExecutionProvider"
-        if self.tensorrt_fallback and "TensorrtExecutionProvider" in available:
+        self.tensorrt_fallback = tensorrt is not None and ran != "TensorrtExecutionProvider"
+        if self.tensorrt_fallback and "TensorrtExecutionProvider" in ort.get_available_providers():
             say(TENSORRT_FALLBACK)
         self.io_binding = (device == "cuda") if io_binding is None else bool(io_binding)
         self.input_names = [i.name for i in self.session.get_inputs()]

@@ -24,8 +24,7 @@ COMMANDS = (export, run, eval, fidelity, repository, api, serve, bench, capacity
 def build_parser() -> argparse.ArgumentParser:
     """The `prune` command's parser, every subcommand with its flags."""
     import engine
-    p = argparse.ArgumentParser(prog="prune", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="prune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"prune-engine {engine.__version__}")
     # also before the subcommand (`prune -q run ...`); own names, or the subcommand's defaults win
     top = p.add_mutually_exclusive_group()
@@ -45,6 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
     for command in COMMANDS:
         command.add(new)
     return p
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser (the subcommands' too) with its errors on one line, as every other
+    input error of `prune` (`prune run: error: ...`, exit 2): the usage is --help's."""
+
+    def error(self, message: str):
+        """Print `prog: error: message` and a pointer to --help on one line; exit 2."""
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help shows the usage)\n")
 
 
 def _logger(args):
@@ -92,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         return 0
-    except (PruneError, ValueError) as exc:   # ValueError: invalid batching settings and the like
+    except (PruneError, ValueError, OSError) as exc:
+        # ValueError: invalid batching settings and the like; OSError: a file that cannot be read or
+        # written (the commands check theirs first; this catches what a check cannot foresee)
         if args.verbose:
             import traceback
             traceback.print_exc()

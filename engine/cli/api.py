@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.cli.common import add_batching, add_openvino, add_setting, api_imports, batching, model_path
+from engine.cli.common import (add_batching, add_openvino, add_setting, api_imports, batching, model_path,
+                               port_number, positive_float)
 
 
 def add(new) -> None:
@@ -15,11 +16,11 @@ def add(new) -> None:
                                     "or dns:///name:port), instead of an in-process model")
     add_setting(h, "text_model")
     add_setting(h, "host")
-    add_setting(h, "port")
+    add_setting(h, "port", type=port_number)
     add_setting(h, "api_key")
     add_setting(h, "workers")
     add_setting(h, "max_concurrent")
-    add_setting(h, "request_timeout")
+    add_setting(h, "request_timeout", type=positive_float)
     add_setting(h, "max_body_bytes")
     add_openvino(h, ("onnxruntime", "openvino"))
     add_batching(h)

@@ -5,6 +5,7 @@ import json
 
 from engine.cli.common import add_db, add_renamed, add_setting, load_models, pipeline
 from engine.errors import PruneError
+from engine.inputs import CallOptions
 
 
 def add(new) -> None:
@@ -35,6 +36,7 @@ def run(args) -> int:
     """Run `prune ask`; the exit status."""
     if not args.question or not args.question.strip():
         raise PruneError("--question is empty")
+    CallOptions.of(threshold=args.threshold)      # checked before any model loads
     with pipeline(args) as pipe:
         pipe.about()                      # a missing database or collection fails before models load
         load_models(args, pipe, with_pruner=True)

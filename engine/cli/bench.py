@@ -7,7 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from engine.cli.common import add_setting
+from engine.cli.common import add_setting, input_file, output_folder
+from engine.settings import positive_int
 
 
 def add(new) -> None:
@@ -29,9 +30,9 @@ def add(new) -> None:
                    help="cuda: PyTorch fp32/fp16 and ONNX Runtime's CUDA provider (fp32, fp16) on the GPU "
                         "(pip install 'prune-engine[gpu]')")
     b.add_argument("--checkpoint", help="the checkpoint, for the PyTorch reference paths")
-    b.add_argument("--queries", type=int, default=30, help="queries per path and repeat")
-    b.add_argument("--repeats", type=int, default=3, help="interleaved repeats (medians are reported)")
-    b.add_argument("--threads", type=int, help="intra-op threads (default: all cores)")
+    b.add_argument("--queries", type=positive_int, default=30, help="queries per path and repeat")
+    b.add_argument("--repeats", type=positive_int, default=3, help="interleaved repeats (medians are reported)")
+    b.add_argument("--threads", type=positive_int, help="intra-op threads (default: all cores)")
     b.add_argument("--triton", action="store_true", help="also serve the model with tritonserver and "
                    "measure gRPC/HTTP at concurrency 1/4/16 and perf_analyzer")
     b.add_argument("--paths", help="only the paths whose names or ids match this regular expression "
@@ -39,13 +40,14 @@ def add(new) -> None:
                    "case with '-' for the rest: triton-text-grpc-c16-int8)")
     b.add_argument("--concurrencies", default="1,4,16", type=_concurrencies,
                    help="client concurrencies of the concurrent paths and perf_analyzer (default 1,4,16)")
-    b.add_argument("--text-instances", type=int, default=4, help="instances of the served text model (default 4)")
+    b.add_argument("--text-instances", type=positive_int, default=4,
+                   help="instances of the served text model (default 4)")
     b.add_argument("--no-perf-analyzer", action="store_true", help="skip perf_analyzer (with --triton)")
-    b.add_argument("--perf-analyzer-window", type=int, default=8000, metavar="MS",
+    b.add_argument("--perf-analyzer-window", type=positive_int, default=8000, metavar="MS",
                    help="perf_analyzer's measurement window (it takes 3 to 6 until they agree; default 8000 ms)")
     b.add_argument("--perf-analyzer", metavar="PATH", help="Triton's perf_analyzer binary (default: beside this "
                    "Python, then on PATH; docs/installing.md says how to install it apart)")
-    b.add_argument("--replicas", type=int, default=1,
+    b.add_argument("--replicas", type=positive_int, default=1,
                    help="with --triton: start this many servers and also measure one client over all of them")
     b.add_argument("--server", help="measure an existing Triton deployment: host:port (gRPC), its text model "
                                     "(--text-model) at concurrency 1/4/16; alone, only its paths run")
@@ -75,6 +77,14 @@ def run(args) -> int:
     from engine.tools.bench_report import markdown, plot
     from engine.default_model import default_checkpoint, default_model_dir, ensure_default_model
     log = args.log
+    # bad input is reported before any model is exported or loaded
+    input_file(args.data, "--data")
+    for flag in ("peer_python", "perf_analyzer"):
+        input_file(getattr(args, flag), "--" + flag.replace("_", "-"))
+    if not args.list:
+        output_folder(args.out, "--out")
+        from engine.tools.datasets import load_rag_data
+        load_rag_data(args.data, args.queries)      # the queries bench reads, checked
     if args.device == "cuda" and not args.list:   # the CUDA provider is checked before any export or measurement
         from engine.backends.onnxruntime import require_cuda
         require_cuda()

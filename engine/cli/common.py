@@ -1,15 +1,17 @@
 """What several commands share: flags from engine.settings, the batching and call-option
-flags, the embedding family's export options, the default model, the RAG database."""
+flags, the embedding family's export options, the default model, the RAG database, and the
+checks of files and numbers that make a bad input one line and exit 2 before any model loads."""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from engine.errors import PruneError
 from engine.families import FAMILIES
 from engine.inputs import OPTION_NAMES, WINDOWS, CallOptions, option_choices, option_help, option_type
-from engine.settings import SETTINGS, help_text, setting
+from engine.settings import SETTINGS, help_text, positive_int, setting
 from engine.spec import RUNTIMES
 
 
@@ -22,6 +24,89 @@ def add_setting(p, name: str, extra: str = "", **kwargs) -> None:
     if s.choices:
         kwargs.setdefault("choices", s.choices)
     p.add_argument(s.flag, default=setting(name), help=help_text(name, extra), **kwargs)
+
+
+def input_file(path: str | None, flag: str) -> None:
+    """A PruneError (one line) unless `path` is a file this process can read; None and '-'
+    (stdin) pass. Commands check their files with this before any model loads."""
+    if path is None or path == "-":
+        return
+    p = Path(path)
+    if not p.exists():
+        raise PruneError(f"{flag} {path}: no such file")
+    if p.is_dir():
+        raise PruneError(f"{flag} {path}: is a folder, not a file")
+    if not os.access(p, os.R_OK):
+        raise PruneError(f"{flag} {path}: cannot be read (permission denied)")
+
+
+def output_file(path: str | None, flag: str, make_folders: bool = False) -> None:
+    """A PruneError (one line) unless a file can be written at `path`: not a folder, its
+    folder a writable one (or, with `make_folders`, one the command makes: its nearest
+    existing parent writable); None and '-' (stdout) pass."""
+    if path is None or path == "-":
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise PruneError(f"{flag} {path}: is a folder; give a file name")
+    if make_folders:
+        output_folder(str(p.parent), flag, path)
+    else:
+        _writable_folder(p.parent, flag, path)
+
+
+def output_folder(path: str | None, flag: str, named: str | None = None) -> None:
+    """A PruneError (one line) unless `path` is a folder, or one the command can make: not
+    a file, and its nearest existing parent a writable folder."""
+    if path is None:
+        return
+    named = named or path
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise PruneError(f"{flag} {named}: " + ("" if named == path else f"{path} ") + "is a file, not a folder")
+    parent = p if p.exists() else next(a for a in p.parents if a.exists())
+    _writable_folder(parent, flag, named)
+
+
+def _writable_folder(folder: Path, flag: str, path: str) -> None:
+    if not folder.is_dir():
+        raise PruneError(f"{flag} {path}: no folder {folder} (make it first)" if not folder.exists()
+                         else f"{flag} {path}: {folder} is a file, not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PruneError(f"{flag} {path}: cannot write into {folder} (permission denied)")
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a number > 0."""
+    value = float(text)
+    if not value > 0:
+        raise ValueError(text)
+    return value
+
+
+positive_float.__name__ = "positive number"     # what argparse's error calls it
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an int >= 0."""
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
+non_negative_int.__name__ = "non-negative integer"
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 0 to 65535."""
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError(text)
+    return value
+
+
+port_number.__name__ = "port (0-65535)"
 
 
 class _Renamed(argparse.Action):
@@ -51,7 +136,7 @@ def add_windows(p: argparse.ArgumentParser) -> None:
                         "windows with stride 128 and a decision per window; OpenProvence's fragments of half "
                         "the window averaged without weights) or sentence-aligned blocks with one decision per "
                         "passage and token-weighted pieces (default: the family's own: " +
-                        ", ".join(f"{f.name} {f.windows}" for f in FAMILIES.values()) + ")")
+                        ", ".join(f"{f.name} {f.rules.windows}" for f in FAMILIES.values()) + ")")
 
 
 def add_call_options(p: argparse.ArgumentParser) -> None:
@@ -67,9 +152,9 @@ def add_call_options(p: argparse.ArgumentParser) -> None:
 
 def call_options(args) -> "CallOptions":
     """The CallOptions of `prune run`'s flags (checked: a bad value is an error before any
-    model loads)."""
+    model loads). Unset is None (a switch's False); 0 is a value (`--lexical-weight 0`)."""
     return CallOptions.of(**{name: getattr(args, name) for name in OPTION_NAMES
-                             if getattr(args, name) not in (None, False)})
+                             if getattr(args, name) is not None and getattr(args, name) is not False})
 
 
 def batching(args):
@@ -146,7 +231,7 @@ def add_db(x: argparse.ArgumentParser) -> None:
     x.add_argument("--token", help="a Milvus server's token, user:password (env MILVUS_TOKEN)")
     x.add_argument("--encoder", default="default", help="exported encoder folder (prune export --encoder), "
                    "or 'default' (all-MiniLM-L6-v2's, exported on first use)")
-    x.add_argument("--threads", type=int, help="intra-op threads of ONNX Runtime")
+    x.add_argument("--threads", type=positive_int, help="intra-op threads of ONNX Runtime")
 
 
 def add_openvino(p, backends: tuple[str, ...]) -> None:

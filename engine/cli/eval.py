@@ -5,8 +5,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from engine.cli.common import add_batching, add_windows, batching
+from engine.cli.common import add_batching, add_windows, batching, input_file, output_folder
 from engine.errors import PruneError
+from engine.settings import positive_int
 
 
 def add(new) -> None:
@@ -16,8 +17,8 @@ def add(new) -> None:
     v.add_argument("--data", help="JSONL with question, context, sentences, labels")
     v.add_argument("--rag-data", help="JSONL with question, passages, gold (an index or a list of them): what "
                    "each model keeps of a RAG call's passages at its defaults, and reranking MRR")
-    v.add_argument("--limit", type=int, help="first N documents of --data")
-    v.add_argument("--rag-limit", type=int, help="first N queries of --rag-data")
+    v.add_argument("--limit", type=positive_int, help="first N documents of --data")
+    v.add_argument("--rag-limit", type=positive_int, help="first N queries of --rag-data")
     v.add_argument("--out", help="folder for eval.json, eval.md and pr_curve.png")
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_windows(v)
@@ -31,13 +32,22 @@ def run(args) -> int:
     from engine.tools.quality_report import domain_table, rag_table, rerank_table, table, write_report
     from engine.default_model import ensure_default_model
     from engine.pruner import Pruner
+    # bad input is reported before any model loads (the default one is exported on first use)
+    if not args.data and not args.rag_data:
+        raise PruneError("give --data (sentence labels) and/or --rag-data (reranking)")
+    input_file(args.data, "--data")
+    input_file(args.rag_data, "--rag-data")
+    output_folder(args.out, "--out")
+    from engine.tools.datasets import load_prune_data, load_rag_data
+    if args.data:
+        load_prune_data(args.data, args.limit)      # read again by evaluate(): a bad record is named now
+    if args.rag_data:
+        load_rag_data(args.rag_data, args.rag_limit)
     models = {}
     for m in args.model or [None]:
         path = m or str(ensure_default_model(args.log))
         name = Path(path).name if m else "all-MiniLM-L6-v2 (default)"
         models[name] = Pruner.load(path, threads=args.threads, batching=batching(args))
-    if not args.data and not args.rag_data:
-        raise PruneError("give --data (sentence labels) and/or --rag-data (reranking)")
     report = evaluate(models, args.data, args.rag_data, limit=args.limit, rag_limit=args.rag_limit,
                       progress=not (args.no_progress or args.quiet), log=args.log, windows=args.windows)
     rows = report.get("_rows")

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.cli.common import add_embedding_options, embedding_options
+from engine.cli.common import add_embedding_options, embedding_options, input_file, output_folder
 from engine.errors import PruneError
 from engine.families import FAMILIES
+from engine.settings import positive_int
 
 
 def add(new) -> None:
@@ -15,9 +16,10 @@ def add(new) -> None:
     e.add_argument("--out", required=True, help="output folder")
     e.add_argument("--family", help=f"override the detected family: {', '.join(FAMILIES)} (zilliz: open_provence)")
     e.add_argument("--tokenizer", help="tokenizer folder or hub id, if the checkpoint has none")
-    e.add_argument("--max-length", type=int, help="model window in tokens (default: 512, or the checkpoint's if "
-                   "shorter; at most what its position embeddings allow, e.g. 8192 for BGE-M3-based models)")
-    e.add_argument("--opset", type=int, default=17, help="ONNX opset of the exported graph")
+    e.add_argument("--max-length", type=positive_int,
+                   help="model window in tokens (default: 512, or the checkpoint's if shorter; at most what its "
+                        "position embeddings allow, e.g. 8192 for BGE-M3-based models)")
+    e.add_argument("--opset", type=positive_int, default=17, help="ONNX opset of the exported graph")
     e.add_argument("--external-data", choices=["auto", "always", "never"], default="auto",
                    help="store weights beside the graph (auto: when over 2 GB)")
     e.add_argument("--no-verify", action="store_true", help="skip the parity check against PyTorch")
@@ -42,7 +44,7 @@ def add(new) -> None:
     e.add_argument("--tensorrt", action="store_true",
                    help="also build a TensorRT plan (needs TensorRT: NVIDIA's TensorRT or Triton container); "
                         "writes build_tensorrt.sh either way")
-    e.add_argument("--max-batch-size", type=int, default=64, help="largest batch of the TensorRT profiles")
+    e.add_argument("--max-batch-size", type=positive_int, default=64, help="largest batch of the TensorRT profiles")
     e.add_argument("--encoder", action="store_true",
                    help="export a sentence-embedding checkpoint's text encoder for retrieval (prune index "
                         "--encoder) instead of a pruning model")
@@ -55,25 +57,30 @@ def run(args) -> int:
     if args.model == "default":
         from engine.default_model import default_checkpoint
         args.model = default_checkpoint()
+    # bad input is reported before any work starts: flags that do not go together, then files
+    if args.precision is None:
+        args.precision = "fp32" if args.tensorrt or args.encoder else "auto"
+    if args.gate_data and args.precision != "auto":
+        raise PruneError("--gate-data is for --precision auto")
+    if args.calibration and args.precision not in ("ov-int8", "auto"):
+        raise PruneError("--calibration is for --precision ov-int8 or auto")
+    _checkpoint(args.model, "--model")
+    input_file(args.calibration, "--calibration")
+    input_file(args.gate_data, "--gate-data")
+    output_folder(args.out, "--out")
     try:
         from export.embedder import export_encoder
         from export.onnx import export_model
     except ImportError as exc:
         raise PruneError(f"prune export needs PyTorch, transformers and onnx (missing here: {exc.name}): "
                          "pip install 'prune-engine[export]'") from exc
-    if args.precision is None:
-        args.precision = "fp32" if args.tensorrt or args.encoder else "auto"
     if args.encoder:
         export_encoder(args.model, args.out, overwrite=args.overwrite, opset=args.opset, log=args.log)
         return 0
     if args.precision == "auto":
         return _auto(args)
-    if args.gate_data:
-        raise PruneError("--gate-data is for --precision auto")
     if args.precision == "ov-int8":
         return _openvino_int8(args)
-    if args.calibration:
-        raise PruneError("--calibration is for --precision ov-int8 or auto")
     export_model(args.model, args.out, overwrite=args.overwrite, precision=args.precision,
                  tensorrt_graph=args.tensorrt, log=args.log, **_export_args(args))
     if args.tensorrt:
@@ -92,15 +99,26 @@ def _export_args(args) -> dict:
                 int8_per_channel=args.int8_per_channel)
 
 
+def _checkpoint(name: str, flag: str) -> None:
+    """A PruneError unless `name` is an existing path or looks like a hub id ('org/name'),
+    as the exporter's loader takes them (engine.pytorch.modeling.resolve_checkpoint)."""
+    if not Path(name).exists() and (name.count("/") != 1 or name.startswith((".", "/"))):
+        raise PruneError(f"{flag} {name}: no such folder (and not a hub id like 'org/name')")
+
+
 def _calibration(args) -> list[str] | None:
     """--calibration's passages (None: the built-in generic text)."""
-    import json
     if not args.calibration:
         return None
-    raw = Path(args.calibration).read_text(encoding="utf-8")
     if args.calibration.endswith(".jsonl"):
-        texts = [json.loads(line)["text"] for line in raw.splitlines() if line.strip()]
+        from engine.tools.datasets import read_jsonl
+        texts = []
+        for n, row in enumerate(read_jsonl(args.calibration), 1):
+            if not (isinstance(row, dict) and isinstance(row.get("text"), str)):
+                raise PruneError(f"--calibration {args.calibration}: record {n} is not an object with a text string")
+            texts.append(row["text"])
     else:
+        raw = Path(args.calibration).read_text(encoding="utf-8")
         texts = [t.strip() for t in raw.split("\n\n") if t.strip()]
     if not texts:
         raise PruneError(f"--calibration {args.calibration}: no text in it")

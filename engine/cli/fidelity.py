@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.cli.common import add_batching, add_openvino, add_windows, batching
+from engine.cli.common import add_batching, add_openvino, add_windows, batching, input_file, output_file
 from engine.errors import PruneError
+from engine.settings import positive_int
 from engine.spec import Manifest
 
 
@@ -14,7 +15,7 @@ def add(new) -> None:
     f.add_argument("--model", required=True, help="exported folder (any precision)")
     f.add_argument("--reference", help="the checkpoint (default: the manifest's source)")
     f.add_argument("--data", required=True, help="JSONL: sentence-labelled (context, sentences) or RAG (passages)")
-    f.add_argument("--limit", type=int, help="first N documents")
+    f.add_argument("--limit", type=positive_int, help="first N documents")
     f.add_argument("--out", help="write the report as JSON here")
     f.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_windows(f)
@@ -27,6 +28,9 @@ def run(args) -> int:
     """Run `prune fidelity`; the exit status."""
     from engine.tools.fidelity import format_report, gate, load_docs, measure, save
     from engine.pruner import Pruner
+    input_file(args.data, "--data")       # bad input is reported before any model loads
+    output_file(args.out, "--out", make_folders=True)
+    docs = load_docs(args.data, args.limit)
     candidate = Pruner.load(args.model, args.backend, threads=args.threads, batching=batching(args),
                             precision=args.inference_precision)
     manifest = Manifest.read(args.model)
@@ -37,13 +41,12 @@ def run(args) -> int:
                          "there; pass --reference CHECKPOINT (the checkpoint the model was exported from)")
     reference = Pruner.load(source, backend="torch",
                             family=manifest.family, threads=args.threads, batching=batching(args),
-                            options={k: v for k, v in manifest.options.items()
-                                     if k in ("mode", "scale", "shift", "rerank", "pooling")})
-    docs = load_docs(args.data, args.limit)
+                            module_options={k: v for k, v in manifest.options.items()
+                                            if k in ("mode", "scale", "shift", "rerank", "pooling")})
     rep = measure(candidate, reference, docs, progress=not (args.no_progress or args.quiet),
                   log=args.log, windows=args.windows)
     rep.update(model=args.model, precision=manifest.precision, data=args.data, runtime=candidate.describe())
-    rep["gate"] = gate(rep, candidate.family.threshold)
+    rep["gate"] = gate(rep, candidate.family.rules.threshold)
     print(format_report(f"{Path(args.model).name} ({candidate.describe()}, windows "
                         f"{rep['windows']})", rep))
     print(f"gate: {'passed' if rep['gate']['passed'] else 'FAILED'}: {rep['gate']['reason']}")

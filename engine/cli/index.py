@@ -1,7 +1,7 @@
 """`prune index`: chunk, embed and store documents in Milvus for `prune ask`."""
 from __future__ import annotations
 
-from engine.cli.common import add_db, add_setting, load_models, pipeline
+from engine.cli.common import add_db, add_setting, input_file, load_models, output_file, pipeline
 
 
 def add(new) -> None:
@@ -17,7 +17,10 @@ def add(new) -> None:
 def run(args) -> int:
     """Run `prune index`; the exit status."""
     from engine.rag.pipeline import read_documents
-    docs = read_documents(args.data)      # bad input is reported before any model loads
+    input_file(args.data, "--data")       # bad input is reported before any model loads
+    if "://" not in args.db:              # a Milvus Lite file, not a server's URI
+        output_file(args.db, "--db")
+    docs = read_documents(args.data)
     with pipeline(args) as pipe:
         load_models(args, pipe, with_pruner=False)
         report = pipe.index(docs, chunk_tokens=args.chunk_tokens, overwrite=args.overwrite)

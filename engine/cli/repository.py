@@ -1,7 +1,8 @@
 """`prune repository`: an exported model into a Triton model repository."""
 from __future__ import annotations
 
-from engine.cli.common import add_openvino, add_setting
+from engine.cli.common import add_openvino, add_setting, non_negative_int, output_folder
+from engine.settings import positive_int
 
 
 def add(new) -> None:
@@ -16,13 +17,13 @@ def add(new) -> None:
     g.add_argument("--name", help="model name in the repository (default: the folder's name)")
     add_setting(g, "max_batch_size", "; here the largest batch the core model accepts")
     add_setting(g, "max_batch_tokens", "; here the budget the preferred batch sizes are derived from")
-    g.add_argument("--max-queue-delay-us", type=int, default=2000,
+    g.add_argument("--max-queue-delay-us", type=non_negative_int, default=2000,
                    help="how long the dynamic batcher waits to fill a batch")
-    g.add_argument("--preferred-batch-sizes", type=int, nargs="+",
+    g.add_argument("--preferred-batch-sizes", type=positive_int, nargs="+",
                    help="dynamic batcher's preferred sizes (default: derived from --max-batch-tokens)")
-    g.add_argument("--instances", type=int, default=1, help="model instances")
+    g.add_argument("--instances", type=positive_int, default=1, help="model instances")
     add_openvino(g, ("onnxruntime", "openvino"))
-    g.add_argument("--intra-op-threads", type=int,
+    g.add_argument("--intra-op-threads", type=non_negative_int,
                    help="threads per instance (cpu: ONNX Runtime's or OpenVINO's; cpu-openvino: OpenVINO's)")
     add_setting(g, "ort_arena", "; cpu target")
     add_setting(g, "join_requests")
@@ -31,7 +32,7 @@ def add(new) -> None:
     g.add_argument("--overwrite", action="store_true", help="replace models of the same name in --out")
     t = g.add_argument_group("text model <name>_text (text in, pruned text out; python backend on CPU)")
     t.add_argument("--no-text-model", action="store_true", help="write only the core model")
-    t.add_argument("--text-instances", type=int, default=4,
+    t.add_argument("--text-instances", type=positive_int, default=4,
                    help="text-model instances: text requests served at once (default 4)")
     add_setting(t, "text_max_passages")
     add_setting(t, "text_max_chars")
@@ -42,6 +43,7 @@ def run(args) -> int:
     """Run `prune repository`; the exit status."""
     from export.triton import RepositoryOptions, build_repository
     from engine.default_model import ensure_default_model
+    output_folder(args.out, "--out")        # bad input is reported before the default model is exported
     is_default = args.model in (None, "default")
     model = str(ensure_default_model(args.log)) if is_default else args.model
     opts = RepositoryOptions(target=args.target, name=args.name or ("default" if is_default else None),

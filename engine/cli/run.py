@@ -7,9 +7,10 @@ import time
 from pathlib import Path
 
 from engine.cli.common import (add_batching, add_call_options, add_openvino, add_renamed, add_setting, batching,
-                               call_options, model_path)
+                               call_options, input_file, model_path, output_file)
 from engine.errors import PruneError
 from engine.inputs import CallOptions
+from engine.settings import positive_int
 
 
 def add(new) -> None:
@@ -47,7 +48,7 @@ def add(new) -> None:
                    "threshold, title, alpha, top_k, windows, lexical_weight, passage_margin), - for stdin; "
                    "one result line per input line")
     r.add_argument("--output", help="where the JSONL results go with --input (default: stdout)")
-    r.add_argument("--group", type=int, default=64,
+    r.add_argument("--group", type=positive_int, default=64,
                    help="queries read, batched together and written at a time with --input (bounds memory)")
     r.add_argument("--pre", default="<em>", help="tag before a kept sentence (--highlight)")
     r.add_argument("--post", default="</em>", help="tag after a kept sentence (--highlight)")
@@ -64,8 +65,8 @@ def run(args) -> int:
         if args.question or args.context or args.context_file or args.passages_file:
             raise PruneError("--input takes the questions and passages from the file: "
                              "drop --question/--context/--context-file/--passages-file")
-        if args.input != "-" and not Path(args.input).is_file():
-            raise PruneError(f"--input {args.input}: no such file")
+        input_file(args.input, "--input")
+        output_file(args.output, "--output")
     else:
         if args.question is None:
             raise PruneError("give --question (with --context/--context-file/--passages-file), or --input FILE.jsonl")
@@ -123,10 +124,13 @@ def _read_contexts(args) -> list[str]:
         if str(f) == "-":
             contexts.append(sys.stdin.read())
             continue
-        if not path.is_file():
-            raise PruneError(f"--context-file {f}: no such file")
-        contexts.append(path.read_text(encoding="utf-8"))
+        input_file(f, "--context-file")
+        try:
+            contexts.append(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise PruneError(f"--context-file {f}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     for f in args.passages_file or []:
+        input_file(f, "--passages-file")
         contexts.extend(_read_passages_file(f))
     if not contexts:
         raise PruneError("give at least one --context, --context-file or --passages-file")

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from engine.cli.api import api_app
-from engine.cli.common import add_setting, api_imports
+from engine.cli.common import add_setting, api_imports, non_negative_int, port_number, positive_float
 from engine.errors import PruneError
 
 
@@ -15,21 +15,22 @@ def add(new) -> None:
     s.add_argument("--model-repository", required=True, help="the folder `prune repository` wrote")
     add_setting(s, "host")
     add_setting(s, "triton_host")
-    add_setting(s, "http_port")
-    add_setting(s, "grpc_port")
-    add_setting(s, "metrics_port")
+    add_setting(s, "http_port", type=port_number)
+    add_setting(s, "grpc_port", type=port_number)
+    add_setting(s, "metrics_port", type=port_number)
     add_setting(s, "triton_http")
-    s.add_argument("--ready-timeout", type=float, default=120.0, help="seconds to wait for readiness (default 120)")
+    s.add_argument("--ready-timeout", type=positive_float, default=120.0,
+                   help="seconds to wait for readiness (default 120)")
     add_setting(s, "admin_key")
     s.add_argument("--no-restart", action="store_true",
                    help="exit when the server dies or a model's stub dies, instead of restarting it")
-    add_setting(s, "max_restarts")
+    add_setting(s, "max_restarts", type=non_negative_int)
     s.add_argument("--open-admin-apis", action="store_true",
                    help="leave those APIs open to every client (not recommended beyond loopback)")
     api = s.add_argument_group("the HTTP API (prune api's, in front of the served text model)")
-    add_setting(api, "api_port")
+    add_setting(api, "api_port", type=port_number)
     for name in ("text_model", "api_key", "workers", "max_concurrent", "request_timeout", "max_body_bytes"):
-        add_setting(api, name)
+        add_setting(api, name, **({"type": positive_float} if name == "request_timeout" else {}))
     s.set_defaults(func=run)
 
 
@@ -41,6 +42,9 @@ def run(args) -> int:
     def on_signal(signum, frame):
         raise _Stop(_signal.Signals(signum).name)
 
+    if not Path(args.model_repository).is_dir():      # before any note about it
+        raise PruneError(f"--model-repository {args.model_repository}: no such folder (prune repository "
+                         "--out FOLDER writes one)")
     text_model = _text_model(args) if args.api_port else None
     if args.api_port and text_model is None:
         args.log(f"prune serve: {args.model_repository} has no text model (prune repository writes one unless "

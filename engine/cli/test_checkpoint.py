@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engine.cli.common import output_folder
 from engine.errors import PruneError
 
 
@@ -22,6 +23,7 @@ def run(args) -> int:
     from engine.families import FAMILIES
     from export.checkpoints import make_test_checkpoint
     names = list(FAMILIES) if args.family == "all" else [args.family]
+    output_folder(args.out, "--out")
     if args.backbone and names != ["open_provence"]:
         raise PruneError("--backbone modernbert is for --family open_provence")
     for name in names:

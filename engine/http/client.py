@@ -23,6 +23,7 @@ from engine.decide import PruneResult, Sentence
 from engine.errors import BackendError, InputError
 from engine.families import Family, get_family
 from engine.inputs import CallOptions, Limits, check_call
+from engine.rules import Rules
 
 
 def result_from_dict(d: dict[str, Any]) -> PruneResult:
@@ -72,12 +73,13 @@ class HttpPruner:
     def family(self) -> Family:
         """The server's family with the defaults its model runs with (from `/info`)."""
         fam = get_family(self.info["family"])
-        d = self.info.get("defaults")
-        if not d:
-            return fam
-        return replace(fam, threshold=d["threshold_without_lexical"], lexical_weight=d["lexical_weight"],
-                       lexical_threshold=d["threshold"], title=d["title"], backoff_alpha=d["alpha"],
-                       passage_margin=d.get("passage_margin"))
+        rules = self.info.get("rules")      # a server before `rules` was sent: the family's defaults
+        return replace(fam, rules=Rules.from_dict(rules)) if rules else fam
+
+    @property
+    def max_length(self) -> int:
+        """The server's model window in tokens (from `/info`)."""
+        return int(self.info["max_length"])
 
     @property
     def limits(self) -> Limits:

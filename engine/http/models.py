@@ -8,13 +8,16 @@ shows every field of every body.
 """
 from __future__ import annotations
 
+from dataclasses import MISSING, fields
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, Literal, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from engine.decide import PruneResult
-from engine.inputs import option_fields
+from engine.families import Family
+from engine.inputs import CallOptions, option_fields
+from engine.rules import Rules
 
 # --------------------------------------------------------------------------- errors
 
@@ -27,22 +30,23 @@ class ErrorBody(BaseModel):
 
 
 class ApiError(Enum):
-    """Every error the API answers with: its status, TEI's `error_type`, and what it means.
-    One place decides both the status and the kind of each error."""
-    UNREADABLE = (400, "Validation", "the body cannot be read (not UTF-8, a bad Content-Length)")
-    UNAUTHORIZED = (401, "Unauthorized", "a missing or wrong API key")
-    NOT_FOUND = (404, "Validation", "no such route")
-    NOT_ALLOWED = (405, "Validation", "the route does not take this method")
-    BODY_TIMEOUT = (408, "Validation", "the body arrived too slowly")
-    TOO_LARGE = (413, "Validation", "the body is over --max-body-bytes")
-    INVALID = (422, "Validation", "invalid input, naming the field")
-    OVERLOADED = (429, "Overloaded", "too many requests in flight (Retry-After)")
-    SERVER = (500, "Server", "an unexpected server error")
-    BACKEND = (503, "Backend", "the engine failed")
-    UNHEALTHY = (503, "Unhealthy", "the engine did not answer")
-    TIMEOUT = (504, "Timeout", "no answer within --request-timeout")
+    """Every error the API answers with: its status, what it means, and TEI's `error_type`
+    ("Validation", TEI's kind of a request at fault, unless another is named). One place
+    decides both the status and the kind of each error."""
+    UNREADABLE = (400, "the body cannot be read (not UTF-8, a bad Content-Length)")
+    UNAUTHORIZED = (401, "a missing or wrong API key", "Unauthorized")
+    NOT_FOUND = (404, "no such route")
+    NOT_ALLOWED = (405, "the route does not take this method")
+    BODY_TIMEOUT = (408, "the body arrived too slowly")
+    TOO_LARGE = (413, "the body is over --max-body-bytes")
+    INVALID = (422, "invalid input, naming the field")
+    OVERLOADED = (429, "too many requests in flight (Retry-After)", "Overloaded")
+    SERVER = (500, "an unexpected server error", "Server")
+    BACKEND = (503, "the engine failed", "Backend")
+    UNHEALTHY = (503, "the engine did not answer", "Unhealthy")
+    TIMEOUT = (504, "no answer within --request-timeout", "Timeout")
 
-    def __init__(self, status: int, error_type: str, meaning: str):
+    def __init__(self, status: int, meaning: str, error_type: str = "Validation"):
         self.status, self.error_type, self.meaning = status, error_type, meaning
 
     def body(self, message: str) -> dict[str, str]:
@@ -217,27 +221,33 @@ class HealthResponse(BaseModel):
                     "of its own answered")
 
 
-class Defaults(BaseModel):
-    """The decision settings a call gets when it passes none."""
-    threshold: float
-    lexical_weight: float
-    threshold_without_lexical: float
-    title: str
-    alpha: float | None
-    windows: str
-    passage_margin: float | None
-    keep_rule: Literal["gt", "ge"] = Field(description="'gt': probability > threshold; 'ge': >=")
-    score_kind: str = Field(description="what reranking_score is: logit, probability, cosine or none")
-    zero_rerank_when_empty: bool = Field(False, description="a passage with nothing kept scores 0.0")
-    decides_per_window: bool = Field(False, description="a long passage is decided per token window (the "
-                                                        "union of the windows' decisions), not from its "
-                                                        "sentences' merged probabilities")
+def _rules_fields() -> dict[str, tuple[Any, Any]]:
+    """engine.rules.Rules' settings as pydantic fields: the one definition, by its names."""
+    hints = get_type_hints(Rules)
+    return {f.name: (hints[f.name], ... if f.default is MISSING else f.default) for f in fields(Rules)}
+
+
+RulesBody = create_model("RulesBody", __doc__="The model's decision rules (engine.rules.Rules): its family's "
+                         "defaults with its export's; threshold applies to the model's scores alone, "
+                         "lexical_threshold (when not null) to the fused ones.", **_rules_fields())
+
+Defaults = create_model(
+    "Defaults", __base__=RulesBody,
+    __doc__="The decision settings a call gets when it passes none: the model's rules resolved for such a call "
+            "(engine.rules.Rules.resolve; `threshold` the one it runs with), and what they mean.",
+    threshold_without_lexical=(float, Field(description="the threshold of a call that sets lexical_weight 0")),
+    score_kind=(str, Field(description="what reranking_score is: logit, probability, cosine or none")),
+    zero_rerank_when_empty=(bool, Field(False, description="a passage with nothing kept scores 0.0")),
+    decides_per_window=(bool, Field(False, description="a long passage is decided per token window (the union of "
+                                                       "the windows' decisions), not from its sentences' merged "
+                                                       "probabilities")))
 
 
 class InfoResponse(BaseModel):
     """`/info`'s answer: the model, its family and defaults, the engine, the limits."""
     model: str
     family: str
+    rules: RulesBody
     defaults: Defaults
     engine: str
     max_length: int
@@ -246,3 +256,12 @@ class InfoResponse(BaseModel):
     max_concurrent: int
     request_timeout: float
     version: str
+
+
+def info_rules(family: Family) -> tuple[RulesBody, Defaults]:
+    """`/info`'s `rules` and `defaults` for a model of `family` (with its export's defaults)."""
+    rules = family.rules
+    defaults = Defaults(**rules.resolve(CallOptions()).to_dict(), threshold_without_lexical=rules.threshold_at(0.0),
+                        score_kind=family.score_kind, zero_rerank_when_empty=family.zero_rerank_when_empty,
+                        decides_per_window=family.token_windows(rules.windows))
+    return RulesBody(**rules.to_dict()), defaults

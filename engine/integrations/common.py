@@ -19,7 +19,9 @@ Rules (docs/integrations.md):
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -105,6 +107,16 @@ def renamed(data: Any, rename: dict[str, str], owner: str) -> Any:
     return data
 
 
+@contextlib.contextmanager
+def framework(module: str, package: str, extra: str) -> Iterator[None]:
+    """The imports of adapter `module`'s framework: a missing one is an ImportError that
+    says which extra installs it."""
+    try:
+        yield
+    except ImportError as exc:  # pragma: no cover - the message is the point
+        raise ImportError(f"{module} needs {package}: pip install 'prune-engine[{extra}]'") from exc
+
+
 def relevance(engine: Any, result: PruneResult) -> float:
     """The score a framework's reranker reports: the passage's reranking score in [0, 1],
     as the HTTP API's `relevance_score` (engine.families.Family.rank_score)."""
@@ -160,6 +172,11 @@ class Outcome:
     result: PruneResult | None
     skipped: str | None = None
 
+    def note(self, opts: PruneOptions) -> dict[str, Any]:
+        """What the document's metadata gets under `metadata_key`: its pruning, or why it was
+        passed through."""
+        return {"skipped": self.skipped} if self.result is None else pruning_metadata(self.result, opts)
+
 
 def _plan(contents: list[Any]) -> tuple[list[int], list[str], list[Outcome]]:
     run, texts, passed = [], [], []
@@ -195,3 +212,27 @@ async def aprune_contents(pruner: Any, query: str, contents: list[Any], opts: Pr
     run, texts, passed = _plan(contents)
     results = await pruner.aprune(query, texts, opts.call) if texts else []
     return _finish(run, results, passed, opts)
+
+
+class Adapter:
+    """What each adapter's class adds to its framework's: the documents of one query pruned
+    in one call, each then remade by the adapter's `_remade` from its Outcome, in the order
+    the framework gets them back. The adapter holds the pruner as `_engine`."""
+
+    def _contents(self, documents: Sequence[Any]) -> list[Any]:
+        """Each document's content (what is not text is passed through)."""
+        raise NotImplementedError
+
+    def _remade(self, document: Any, outcome: Outcome, opts: PruneOptions) -> Any:
+        """The document as the framework gets it back, from its outcome."""
+        raise NotImplementedError
+
+    def _pruned(self, query: str, documents: Sequence[Any], opts: PruneOptions) -> list[Any]:
+        """The documents pruned for `query`, remade."""
+        outcomes = prune_contents(self._engine, query, self._contents(documents), opts)
+        return [self._remade(documents[o.index], o, opts) for o in outcomes]
+
+    async def _apruned(self, query: str, documents: Sequence[Any], opts: PruneOptions) -> list[Any]:
+        """`_pruned` for asyncio code."""
+        outcomes = await aprune_contents(self._engine, query, self._contents(documents), opts)
+        return [self._remade(documents[o.index], o, opts) for o in outcomes]

@@ -19,18 +19,15 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-try:
-    from haystack import Document, component, default_from_dict, default_to_dict
-except ImportError as exc:  # pragma: no cover - the message is the point
-    raise ImportError("engine.integrations.haystack needs haystack-ai 2.x: "
-                      "pip install 'prune-engine[haystack]'") from exc
+from engine.integrations.common import (Adapter, Outcome, PruneOptions, check_pruner, framework, relevance,
+                                        resolve_pruner)
 
-from engine.integrations.common import (Outcome, PruneOptions, aprune_contents, check_pruner, prune_contents,
-                                        pruning_metadata, relevance, resolve_pruner)
+with framework(__name__, "haystack-ai 2.x", "haystack"):
+    from haystack import Document, component, default_from_dict, default_to_dict
 
 
 @component
-class PruneRanker:
+class PruneRanker(Adapter):
     """Sentence-level pruning (and, with top_k or reorder, reranking) of documents.
 
     `pruner`: an exported folder, 'default', the HTTP API's URL, or a pruner object. The
@@ -72,31 +69,23 @@ class PruneRanker:
         self.warm_up()
         return self.options.with_top_k(top_k)
 
-    def _shape(self, documents: list[Document], outcomes: list[Outcome],
-               opts: PruneOptions) -> dict[str, list[Document]]:
-        out = []
-        for o in outcomes:
-            doc = documents[o.index]
-            meta = dict(doc.meta)
-            if o.result is None:
-                meta[opts.metadata_key] = {"skipped": o.skipped}
-                out.append(dataclasses.replace(doc, meta=meta))
-            else:
-                meta[opts.metadata_key] = pruning_metadata(o.result, opts)
-                out.append(dataclasses.replace(doc, content=o.result.pruned_context, meta=meta,
-                                               score=relevance(self._engine, o.result)))
-        return {"documents": out}
-
     @component.output_types(documents=list[Document])
     def run(self, query: str, documents: list[Document], top_k: int | None = None) -> dict[str, list[Document]]:
         """The documents pruned for `query` (ranked with top_k or reorder)."""
-        opts = self._opts(top_k)
-        return self._shape(documents, prune_contents(self._engine, query, [d.content for d in documents], opts), opts)
+        return {"documents": self._pruned(query, documents, self._opts(top_k))}
 
     @component.output_types(documents=list[Document])
     async def run_async(self, query: str, documents: list[Document],
                         top_k: int | None = None) -> dict[str, list[Document]]:
         """`run` for asyncio pipelines."""
-        opts = self._opts(top_k)
-        outcomes = await aprune_contents(self._engine, query, [d.content for d in documents], opts)
-        return self._shape(documents, outcomes, opts)
+        return {"documents": await self._apruned(query, documents, self._opts(top_k))}
+
+    def _contents(self, documents: list[Document]) -> list[Any]:
+        return [d.content for d in documents]
+
+    def _remade(self, doc: Document, o: Outcome, opts: PruneOptions) -> Document:
+        meta = {**doc.meta, opts.metadata_key: o.note(opts)}
+        if o.result is None:
+            return dataclasses.replace(doc, meta=meta)
+        return dataclasses.replace(doc, content=o.result.pruned_context, meta=meta,
+                                   score=relevance(self._engine, o.result))

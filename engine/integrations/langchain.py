@@ -19,16 +19,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-try:
+from engine.integrations.common import Outcome, PruneOptions, framework, relevance
+
+with framework(__name__, "langchain-core", "langchain"):
     from langchain_core.callbacks import Callbacks
     from langchain_core.documents import Document
     from langchain_core.documents.compressor import BaseDocumentCompressor
     from langchain_core.embeddings import Embeddings
-except ImportError as exc:  # pragma: no cover - the message is the point
-    raise ImportError("engine.integrations.langchain needs langchain-core: "
-                      "pip install 'prune-engine[langchain]'") from exc
-from engine.integrations.common import (TOP_N, Outcome, PruneOptions, aprune_contents, options_of, prune_contents,
-                                        pruning_metadata, relevance)
+# after the framework: the adapter is a pydantic model, and pydantic comes with the framework
 from engine.integrations.pydantic_adapter import PrunerModel, with_options
 
 
@@ -36,33 +34,25 @@ class _Compressor(PrunerModel, BaseDocumentCompressor):
     """PruneCompressor's methods; its fields (every CallOptions option, `top_k` named
     `top_n` as LangChain's rerankers say, and the adapter's own) are added below."""
 
-    def _shape(self, documents: Sequence[Document], outcomes: list[Outcome], opts: PruneOptions) -> list[Document]:
-        out = []
-        for o in outcomes:
-            doc = documents[o.index]
-            meta = dict(doc.metadata)
-            if o.result is None:
-                meta[opts.metadata_key] = {"skipped": o.skipped}
-                out.append(Document(page_content=doc.page_content, metadata=meta, id=doc.id))
-            else:
-                meta[opts.metadata_key] = pruning_metadata(o.result, opts)
-                meta["relevance_score"] = relevance(self._engine, o.result)
-                out.append(Document(page_content=o.result.pruned_context, metadata=meta, id=doc.id))
-        return out
-
     def compress_documents(self, documents: Sequence[Document], query: str,
                            callbacks: Callbacks | None = None) -> Sequence[Document]:
         """The documents pruned for `query` (ranked with top_n or reorder)."""
-        opts = options_of(self, TOP_N)
-        return self._shape(documents, prune_contents(self._engine, query, [d.page_content for d in documents], opts),
-                           opts)
+        return self._pruned(query, documents, self._options())
 
     async def acompress_documents(self, documents: Sequence[Document], query: str,
                                   callbacks: Callbacks | None = None) -> Sequence[Document]:
         """`compress_documents` for asyncio code."""
-        opts = options_of(self, TOP_N)
-        outcomes = await aprune_contents(self._engine, query, [d.page_content for d in documents], opts)
-        return self._shape(documents, outcomes, opts)
+        return await self._apruned(query, documents, self._options())
+
+    def _contents(self, documents: Sequence[Document]) -> list[Any]:
+        return [d.page_content for d in documents]
+
+    def _remade(self, doc: Document, o: Outcome, opts: PruneOptions) -> Document:
+        meta = {**doc.metadata, opts.metadata_key: o.note(opts)}
+        if o.result is None:
+            return Document(page_content=doc.page_content, metadata=meta, id=doc.id)
+        meta["relevance_score"] = relevance(self._engine, o.result)
+        return Document(page_content=o.result.pruned_context, metadata=meta, id=doc.id)
 
 
 PruneCompressor = with_options(

@@ -14,17 +14,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-try:
+from engine.integrations.common import Outcome, PruneOptions, framework, relevance
+
+with framework(__name__, "llama-index-core", "llamaindex"):
     from llama_index.core.base.embeddings.base import BaseEmbedding
     from llama_index.core.bridge.pydantic import PrivateAttr
     from llama_index.core.postprocessor.types import BaseNodePostprocessor
     from llama_index.core.schema import NodeWithScore, QueryBundle
-except ImportError as exc:  # pragma: no cover - the message is the point
-    raise ImportError("engine.integrations.llamaindex needs llama-index-core: "
-                      "pip install 'prune-engine[llamaindex]'") from exc
-
-from engine.integrations.common import (TOP_N, Outcome, PruneOptions, aprune_contents, options_of, prune_contents,
-                                        pruning_metadata, relevance)
+# after the framework: the adapter is a pydantic model, and pydantic comes with the framework
 from engine.integrations.pydantic_adapter import PrunerModel, with_options
 
 
@@ -36,46 +33,33 @@ class _Postprocessor(PrunerModel, BaseNodePostprocessor):
     def class_name(cls) -> str:
         return "PrunePostprocessor"
 
+    def _postprocess_nodes(self, nodes: list[NodeWithScore],
+                           query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
+        return self._pruned(self._query(query_bundle), nodes, self._options())
+
+    async def _apostprocess_nodes(self, nodes: list[NodeWithScore],
+                                  query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
+        return await self._apruned(self._query(query_bundle), nodes, self._options())
+
     @staticmethod
     def _query(query_bundle: QueryBundle | None) -> str:
         if query_bundle is None:
             raise ValueError("PrunePostprocessor needs the query: pass query_bundle (or query_str)")
         return query_bundle.query_str
 
-    @staticmethod
-    def _contents(nodes: list[NodeWithScore]) -> list[Any]:
+    def _contents(self, nodes: list[NodeWithScore]) -> list[Any]:
         return [getattr(n.node, "text", None) for n in nodes]     # an image or index node has no text
 
-    def _shape(self, nodes: list[NodeWithScore], outcomes: list[Outcome], opts: PruneOptions) -> list[NodeWithScore]:
-        out = []
-        for o in outcomes:
-            n = nodes[o.index]
-            node = n.node.model_copy(deep=True)
-            key = opts.metadata_key
-            if o.result is None:
-                node.metadata[key] = {"skipped": o.skipped}
-                score = n.score
-            else:
-                node.metadata[key] = pruning_metadata(o.result, opts)
-                node.set_content(o.result.pruned_context)
-                score = relevance(self._engine, o.result)
-            for excluded in (node.excluded_llm_metadata_keys, node.excluded_embed_metadata_keys):
-                if key not in excluded:
-                    excluded.append(key)
-            out.append(NodeWithScore(node=node, score=score))
-        return out
-
-    def _postprocess_nodes(self, nodes: list[NodeWithScore],
-                           query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
-        opts = options_of(self, TOP_N)
-        return self._shape(nodes, prune_contents(self._engine, self._query(query_bundle), self._contents(nodes), opts),
-                           opts)
-
-    async def _apostprocess_nodes(self, nodes: list[NodeWithScore],
-                                  query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
-        opts = options_of(self, TOP_N)
-        outcomes = await aprune_contents(self._engine, self._query(query_bundle), self._contents(nodes), opts)
-        return self._shape(nodes, outcomes, opts)
+    def _remade(self, n: NodeWithScore, o: Outcome, opts: PruneOptions) -> NodeWithScore:
+        node, key, score = n.node.model_copy(deep=True), opts.metadata_key, n.score
+        node.metadata[key] = o.note(opts)
+        if o.result is not None:
+            node.set_content(o.result.pruned_context)
+            score = relevance(self._engine, o.result)
+        for excluded in (node.excluded_llm_metadata_keys, node.excluded_embed_metadata_keys):
+            if key not in excluded:
+                excluded.append(key)
+        return NodeWithScore(node=node, score=score)
 
 
 PrunePostprocessor = with_options(

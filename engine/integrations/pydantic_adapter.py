@@ -7,11 +7,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field, PrivateAttr, create_model, model_validator
 
-from engine.integrations.common import TOP_N, adapter_fields, renamed, resolve_pruner
+from engine.integrations.common import (TOP_N, Adapter, PruneOptions, adapter_fields, options_of, renamed,
+                                        resolve_pruner)
 
 
-class PrunerModel(BaseModel):
-    """The `pruner` an adapter is given, opened once when the adapter is made."""
+class PrunerModel(Adapter, BaseModel):
+    """The `pruner` an adapter is given, opened once when the adapter is made, and the
+    options it holds as fields."""
 
     pruner: Any = Field(description="a Pruner (in-process or Pruner.connect), an HttpPruner, the HTTP API's "
                                     "URL, an exported folder, or 'default'")
@@ -25,6 +27,10 @@ class PrunerModel(BaseModel):
     def model_post_init(self, __context: Any) -> None:
         """Open the pruner."""
         self._engine = resolve_pruner(self.pruner)
+
+    def _options(self) -> PruneOptions:
+        """The options the adapter's fields hold (`top_k` named `top_n`)."""
+        return options_of(self, TOP_N)
 
 
 def with_options(base: type, name: str, doc: str) -> type:

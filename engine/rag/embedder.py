@@ -74,7 +74,9 @@ class Embedder:
             raise ModelLoadError("onnxruntime is not installed: pip install 'prune-engine[cpu]'") from exc
         from tokenizers import Tokenizer
         from engine.backends.onnxruntime import session_options
-        opts, runs = session_options(ort, threads)
+        from engine.loading import LoadOptions
+        o = LoadOptions.from_env(threads=threads)          # PRUNE_INTRA_OP_THREADS, PRUNE_ORT_ARENA
+        opts, runs = session_options(ort, o.threads, arena=o.arena)
         session = ort.InferenceSession(str(folder / manifest["graph"]), sess_options=opts,
                                        providers=["CPUExecutionProvider"])
         tokenizer = Tokenizer.from_file(str(folder / manifest["tokenizer"]))

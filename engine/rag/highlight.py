@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from engine.decide import PruneResult, check_threshold
+from engine.decide import PruneResult
+from engine.inputs import check_threshold
 from engine.errors import InputError
 
 

@@ -14,22 +14,30 @@ blocks are packed into batches together, so the core runs full batches on every 
 served text model gets the group's queries concurrently.
 
 An error record carries the line's own `id` whenever the line is a JSON object with one
-(whatever else is wrong with it), else the line number.
+(whatever else is wrong with it), else the line number. A line's options go through
+`CallOptions.of`, as the Python API's keywords do: a misspelt option (`treshold`: a field
+close to an option's name) is that line's error (`unknown option 'treshold'`), never a
+silent default; other fields (an evaluation file's `answers`, `labels`, `source`) are the
+line's own data and are left alone.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import sys
 import time
 from collections.abc import Iterator
 from typing import IO, Any
 
+from engine.datafiles import json_error
 from engine.errors import InputError
 from engine.inputs import OPTION_NAMES, CallOptions
 from engine.protocol import PrunerProtocol
 
 #: the fields of a line that are the call's options (engine.inputs.CallOptions)
 OPTIONS = OPTION_NAMES
+#: the fields of a line that are not options: every other field must be one
+FIELDS = ("id", "question", "passages", "context")
 
 
 class LineError(InputError):
@@ -46,7 +54,7 @@ def parse_line(text: str, number: int, options: CallOptions | None = None) -> tu
     try:
         row = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise LineError(f"not valid JSON ({exc.msg} at column {exc.colno})", number) from None
+        raise LineError(f"not valid JSON ({json_error(exc, text)})", number) from None
     if not isinstance(row, dict):
         raise LineError(f"expected a JSON object, got a JSON {type(row).__name__}", number)
     ident = row.get("id", number)
@@ -67,8 +75,15 @@ def _query(row: dict[str, Any], options: CallOptions | None = None) -> dict[str,
         raise InputError("the line has neither passages nor context")
     if "question" not in row:
         raise InputError("the line has no question")
-    return {"question": row["question"], "passages": passages,
-            "options": CallOptions.of(options, **{k: row[k] for k in OPTIONS if k in row})}
+    return {"question": row["question"], "passages": passages, "options": CallOptions.of(options, **_options(row))}
+
+
+def _options(row: dict[str, Any]) -> dict[str, Any]:
+    """A line's options: its fields named as CallOptions' options, and those that look
+    like one misspelt (so `CallOptions.of` refuses them); other fields are the line's own
+    data (an evaluation file's labels, a source) and are left alone."""
+    return {k: v for k, v in row.items()
+            if k not in FIELDS and (k in OPTION_NAMES or difflib.get_close_matches(k, OPTION_NAMES, n=1, cutoff=0.8))}
 
 
 def _n(count: int, noun: str) -> str:

@@ -1,15 +1,18 @@
 """The evaluation data files: sentence-labelled prune files and RAG files (JSONL), read
-and checked, with a clear error when one is the other; and the progress bar of long runs.
-`prune eval`, `prune fidelity`, `prune bench` and the benchmarks read their data here.
+and checked, with a clear error when one is the other (on engine.datafiles' JSONL reader, whose
+progress bar is offered here too). `prune eval`, `prune fidelity`, `prune bench` and the
+benchmarks read their data here.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
+
+from engine.datafiles import progress  # noqa: F401 (re-exported: the tools' progress bar)
+from engine.datafiles import read_jsonl
 
 
 # --------------------------------------------------------------------------- data
@@ -33,20 +36,6 @@ class RagSample:
     passages: list[str]
     gold: list[int]              # the passages that hold the answer
     source: str = ""
-
-
-def read_jsonl(path: str | Path) -> Iterable[dict[str, Any]]:
-    """The records of a JSONL file (blank lines skipped); an error naming the line."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such data file")
-    with path.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{n}: not JSON ({exc})") from exc
 
 
 PRUNE_FIELDS = ("question", "context", "sentences", "labels")
@@ -102,17 +91,3 @@ def load_rag_data(path: str | Path, limit: int | None = None) -> list[RagSample]
             raise ValueError(f"{path}: record {i + 1} has gold {row['gold']!r} outside its {len(passages)} passages")
         out.append(RagSample(str(row.get("id", i)), row["question"], passages, gold, str(row.get("source") or "")))
     return out
-
-
-
-def progress(iterable, total: int, desc: str, enabled: bool):
-    """`iterable` with a progress bar on stderr when `enabled` and tqdm is installed."""
-    if not enabled:
-        return iterable
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return iterable
-    return tqdm(iterable, total=total, desc=desc, unit="doc", mininterval=1.0)
-
-

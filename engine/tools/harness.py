@@ -2,8 +2,9 @@
 benchmarks/ (benchmarks/README.md indexes them).
 
 - `machine_info` / `machine_line`: the machine, in a report's words;
-- `interleave`: rounds in which every variant runs once, so that drift (turbo, a
-  neighbour's load) hits them alike; each variant's seconds per round;
+- `interleave`, `medians`, `model_passes`, `stderr`: the engine's own timing
+  (engine.timing, which `prune export --precision auto` times with), offered here beside
+  the rest;
 - `Study`: a study's command line, its machine, and its report written as `NAME.json`
   (the figures, the command, the machine, the date) and `NAME.md` (the command and the
   machine above the study's own table).
@@ -15,18 +16,13 @@ import json
 import os
 import platform
 import shlex
-import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-Log = Callable[[str], None]
-
-
-def stderr(message: str) -> None:
-    """A study's progress line (stderr: stdout carries the report)."""
-    print(message, file=sys.stderr, flush=True)
+from engine.timing import cpu_model
+from engine.timing import interleave, medians, model_passes, stderr  # noqa: F401 (re-exported for the studies)
 
 
 def machine_info(device: str = "cpu") -> dict[str, Any]:
@@ -39,14 +35,9 @@ def machine_info(device: str = "cpu") -> dict[str, Any]:
         info["onnxruntime"] = onnxruntime.__version__
     except ImportError:
         info["onnxruntime"] = "-"
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    info["cpu_model"] = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    model = cpu_model()
+    if model is not None:
+        info["cpu_model"] = model
     from engine.cpu import CpuKind
     kind = CpuKind.here()
     info["cpu_flags"], info["cpu_kind"] = kind.shown_flags(), kind.name
@@ -71,44 +62,6 @@ def machine_line(info: dict[str, Any]) -> str:
     if "gpu" in info:
         parts.append(info["gpu"])
     return "; ".join(parts)
-
-
-def interleave(variants: dict[str, Callable[[], float | None]], repeats: int, log: Log = stderr,
-               warmup: bool = False, abba: bool = False) -> dict[str, list[float]]:
-    """Run every variant once per round, `repeats` rounds; each variant's seconds per round.
-
-    A variant returns its own seconds (when it times only part of its work) or None (the
-    harness times the whole call). `warmup`: one untimed round first. `abba`: every other
-    round in reverse order (A B, B A, ...), so that neither variant always runs first."""
-    if repeats < 1:
-        raise ValueError(f"repeats must be at least 1, got {repeats}")
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for rnd in range(-1 if warmup else 0, repeats):
-        order = list(variants.items())
-        for name, run in (order[::-1] if abba and rnd % 2 else order):
-            t0 = time.perf_counter()
-            own = run()
-            seconds = time.perf_counter() - t0 if own is None else float(own)
-            if rnd < 0:
-                continue
-            times[name].append(seconds)
-            log(f"round {rnd + 1}/{repeats} {name}: {seconds:.3f} s")
-    return times
-
-
-def model_passes(pruners: dict[str, Any], batches: list) -> dict[str, Callable[[], None]]:
-    """For `interleave`: each pruner's model alone over the same padded batches, one pass."""
-    def one_pass(pruner) -> Callable[[], None]:
-        def run() -> None:
-            for b in batches:
-                pruner.backend.infer(b)
-        return run
-    return {name: one_pass(p) for name, p in pruners.items()}
-
-
-def medians(times: dict[str, list[float]]) -> dict[str, float]:
-    """Each variant's median."""
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def parser(doc: str | None, out: str | None = None, repeats: int = 5) -> argparse.ArgumentParser:

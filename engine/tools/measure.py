@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from engine.timing import workload_batches
 
 
 @dataclass
@@ -39,15 +40,6 @@ class PathResult:
                 "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)),
                 "p99_ms": float(np.percentile(lat, 99)),
                 "speedup_vs_reference": (baseline / t) if baseline else None, **self.extra}
-
-
-def workload_batches(pruner, queries) -> list:
-    """The padded batches the engine sends for the workload (one call per query)."""
-    from engine.text import split_sentences
-    out = []
-    for q in queries:
-        out += pruner.batches(pruner.encode(q.question, q.passages, [split_sentences(p) for p in q.passages]))
-    return out
 
 
 def run_sequential(pruner, queries, res: PathResult, per_passage: bool = False) -> float:
@@ -207,8 +199,8 @@ def client_share(pruner, queries) -> dict[str, float]:
         pruner.batches(blocks)
         for p, sp in zip(q.passages, spans):
             probs = np.full(len(sp), 0.5)
-            build_result(0, p, sp, probs, keep_mask(probs, fam, fam.threshold, fam.title, fam.backoff_alpha),
-                         0.0, fam.threshold, 1)
+            build_result(0, p, sp, probs, keep_mask(probs, fam, fam.rules.threshold, fam.rules.title, fam.rules.alpha),
+                         0.0, fam.rules.threshold, 1)
         n += len(q.passages)
     el = time.perf_counter() - t0
     return {"client_seconds": el, "client_passages_per_s_one_core": n / el}

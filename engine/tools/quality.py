@@ -132,16 +132,16 @@ def keep_all_baseline(labels: Sequence[np.ndarray]) -> GridResult:
 #: family's default (engine.families): the weight of the in-passage lexical score
 #: (engine.lexical) and the keep threshold and backoff with it. prune eval scores every
 #: family's model at it (the trained families' own default weight is 0).
-HYBRID = {"lexical_weight": FAMILIES["embedding"].lexical_weight,
-          "threshold": FAMILIES["embedding"].lexical_threshold, "alpha": FAMILIES["embedding"].backoff_alpha}
+HYBRID = {"lexical_weight": FAMILIES["embedding"].rules.lexical_weight,
+          "threshold": FAMILIES["embedding"].rules.lexical_threshold, "alpha": FAMILIES["embedding"].rules.alpha}
 
 
 def hybrid_setting(family) -> dict[str, Any]:
     """The lexical weight, threshold and alpha `family` fuses with: its own defaults when
     its default weight is not 0, else HYBRID."""
-    if family.lexical_weight:
-        return {"lexical_weight": family.lexical_weight,
-                "threshold": family.default_threshold(family.lexical_weight), "alpha": family.backoff_alpha}
+    if family.rules.lexical_weight:
+        return {"lexical_weight": family.rules.lexical_weight,
+                "threshold": family.rules.threshold_at(family.rules.lexical_weight), "alpha": family.rules.alpha}
     return dict(HYBRID)
 
 
@@ -160,7 +160,7 @@ def hybrid_rows(name: str, pruner, samples: Sequence[PruneSample], scores: Seque
     at = sentence_metrics([sweep_keep(f, setting["threshold"], setting["alpha"], strict) for f in fused], labels)
     rows = [grid_search(f"{name} + lexical (weight {w})", fused, labels, strict=strict),
             GridResult(f"{name} + lexical (weight {w}) at threshold {setting['threshold']}, alpha {setting['alpha']}"
-                       + (" (its defaults)" if pruner.family.lexical_weight else ""), at, setting)]
+                       + (" (its defaults)" if pruner.family.rules.lexical_weight else ""), at, setting)]
     half = len(samples) // 2
     if half >= 10:    # as for the model alone: the threshold chosen on the first half, scored on the second
         tuned = grid_search(name, fused[:half], labels[:half], strict=strict).setting
@@ -260,10 +260,10 @@ def default_predictions(pruner, samples: Sequence[PruneSample], scores: Sequence
     fam = pruner.family
     if any(k is not None for k in kept):
         return list(kept)
-    w = fam.lexical_weight if windows == "sentences" else 0.0
+    w = fam.rules.lexical_weight if windows == "sentences" else 0.0
     if w:
         scores = [lexical.fuse(s, lx, w) for s, lx in zip(scores, passage_lexical_scores(samples))]
-    return [sweep_keep(s, fam.default_threshold(w), fam.backoff_alpha, strict) for s in scores]
+    return [sweep_keep(s, fam.rules.threshold_at(w), fam.rules.alpha, strict) for s in scores]
 
 
 def domain_rows(samples: Sequence[PruneSample], defaults: dict[str, list[np.ndarray]]) -> dict[str, Any]:
@@ -305,19 +305,20 @@ def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: st
         defaults: dict[str, list[np.ndarray]] = {}
         for name, pruner in models.items():
             log(f"scoring {len(samples)} documents with {name} (windows {report['windows'][name]}) ...")
-            strict = pruner.family.keep_rule == "gt"
+            strict = pruner.family.rules.keep_rule == "gt"
             kept: list = []
             scores = model_sentence_scores(pruner, samples, progress, windows=windows, kept=kept)
             defaults[name] = default_predictions(pruner, samples, scores, kept, strict, report["windows"][name])
             rows.append(grid_search(name, scores, labels, strict=strict))
             fam = pruner.family
             # the model's own scores at its own threshold: its defaults unless it fuses by default
-            label = (f"{name} with lexical_weight 0 at threshold {fam.threshold}"
-                     if fam.lexical_weight and report["windows"][name] == "sentences" else f"{name} at its defaults")
+            fused = fam.rules.lexical_weight and report["windows"][name] == "sentences"
+            label = f"{name} with lexical_weight 0 at threshold {fam.rules.threshold}" if fused \
+                else f"{name} at its defaults"
             rows.append(GridResult(label, sentence_metrics(
-                [k if k is not None else sweep_keep(s, fam.threshold, fam.backoff_alpha, strict)
+                [k if k is not None else sweep_keep(s, fam.rules.threshold, fam.rules.alpha, strict)
                  for s, k in zip(scores, kept)], labels),
-                {"threshold": fam.threshold, "alpha": fam.backoff_alpha, "lexical_weight": 0.0}))
+                {"threshold": fam.rules.threshold, "alpha": fam.rules.alpha, "lexical_weight": 0.0}))
             if report["windows"][name] == "sentences":
                 rows += hybrid_rows(name, pruner, samples, scores, labels, strict)
             if half >= 10:
@@ -343,7 +344,7 @@ def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: st
             log(f"running {len(rag)} RAG calls with {name} ...")
             # one pass without the gate; the family's gate (engine.decide) then gives the defaults
             ungated = rag_calls(pruner, rag, progress, f"{name}: RAG calls", windows=windows, passage_margin=-1.0)
-            margin = fam.gate_margin(None)
+            margin = fam.rules.passage_margin
             at_defaults = [gate_passages(results, margin) for results in ungated]
             pruning[f"{name} at its defaults"] = rag_pruning_metrics(at_defaults, rag)
             if margin is not None:
@@ -353,7 +354,7 @@ def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: st
                 alone = rag_calls(pruner, rag, progress, f"{name}: reranking, lexical_weight 0", windows=windows,
                                   lexical_weight=0.0)
                 rr[name] = reranking_metrics(rankings_of(alone), golds)
-                fused = ungated if fam.lexical_weight == w else rag_calls(
+                fused = ungated if fam.rules.lexical_weight == w else rag_calls(
                     pruner, rag, progress, f"{name}: reranking, lexical_weight {w}", windows=windows, lexical_weight=w)
                 rr[f"{name} + lexical (weight {w})"] = reranking_metrics(rankings_of(fused), golds)
             else:

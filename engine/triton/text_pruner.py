@@ -23,13 +23,14 @@ import numpy as np
 from engine.decide import PruneResult, gate_passages, order_results
 from engine.errors import BackendError, InputError, PruneError
 from engine.inputs import CallOptions, Limits, check_call, default_limits
+from engine.protocol import FromSpec
 from engine.spec import Manifest, ModelSpec
 from engine.triton.client import Transport
 from engine.triton.wire import (DEFAULT_MAX_CHARS, DEFAULT_MAX_PASSAGES, TEXT_INPUTS, TEXT_OUTPUTS, input_error,
                                options_to_tensors, tensors_to_results)
 
 
-class TritonTextPruner:
+class TritonTextPruner(FromSpec):
     """The Pruner API on a Triton text model: the server tokenizes, runs and decides; this client sends text."""
     def __init__(self, transport: Transport, limits: Limits | None = None):
         self.transport = client = transport
@@ -41,11 +42,6 @@ class TritonTextPruner:
         #: what one call may hold: as in-process (engine.inputs)
         self.limits = limits or default_limits()
         self._many: ThreadPoolExecutor | None = None
-
-    @property
-    def family(self):
-        """The served model's family with the defaults it runs with."""
-        return self.spec.family
 
     def describe(self) -> str:
         """The server and model, in words."""
@@ -112,7 +108,7 @@ class TritonTextPruner:
                              "connect to the core model to pass your own sentences")
         if not passages:
             return []
-        rules = self.spec.family.rules(options)
+        rules = self.spec.family.rules.resolve(options)
         # the server orders nothing: order and top_k apply over the whole call, here
         sent = replace(options, reorder=False, top_k=None)
         chunks = self._chunks(question, passages)
@@ -124,7 +120,7 @@ class TritonTextPruner:
                                           lexical_weight=rules.lexical_weight)
         if len(results) != len(passages):
             raise BackendError(f"the text model returned {len(results)} results for {len(passages)} passages")
-        return order_results(gate_passages(results, rules.passage_margin), options.reorder, options.top_k)
+        return order_results(gate_passages(results, rules.passage_margin), rules.reorder, rules.top_k)
 
     def prune_many(self, queries: Sequence[dict[str, Any]]) -> list[list[PruneResult] | Exception]:
         """Several calls at once (`Pruner.prune_many`): each query is sent as its own call,

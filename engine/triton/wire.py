@@ -99,12 +99,7 @@ def byte_offsets(text: str, positions: Sequence[int]) -> list[int]:
     """UTF-8 byte offsets of ascending code point `positions` in `text` (one pass)."""
     if text.isascii():
         return list(positions)
-    out, pos, acc = [], 0, 0
-    for p in positions:
-        acc += len(text[pos:p].encode("utf-8"))
-        pos = p
-        out.append(acc)
-    return out
+    return _running(positions, lambda a, b: len(text[a:b].encode("utf-8")))
 
 
 def char_offsets(text: str, positions: Sequence[int]) -> list[int]:
@@ -112,9 +107,14 @@ def char_offsets(text: str, positions: Sequence[int]) -> list[int]:
     if text.isascii():
         return list(positions)
     data = text.encode("utf-8")
+    return _running(positions, lambda a, b: len(data[a:b].decode("utf-8")))
+
+
+def _running(positions: Sequence[int], size: Callable[[int, int], int]) -> list[int]:
+    """The running total of `size(previous, position)` over ascending `positions`."""
     out, pos, acc = [], 0, 0
     for p in positions:
-        acc += len(data[pos:p].decode("utf-8"))
+        acc += size(pos, p)
         pos = p
         out.append(acc)
     return out

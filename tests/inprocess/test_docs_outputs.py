@@ -157,3 +157,48 @@ def _close(a, b, tol=1e-5) -> bool:
     if isinstance(a, float) or isinstance(b, float):
         return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= tol
     return a == b
+
+
+def test_the_text_models_pasted_output(default_cache, monkeypatch):
+    """docs/triton.md's curl call to the default text model: the outputs it pastes are the
+    engine's on that request now. The text model runs the in-process Pruner and writes its
+    results with `results_to_tensors` (tests/server/test_text_model.py holds the two equal),
+    so the default model in process gives what the server sent, without a server here."""
+    import json
+    from engine.pruner import Pruner
+    from engine.triton.wire import results_to_tensors
+    for k, v in default_cache["env"].items():
+        monkeypatch.setenv(k, v)
+    page = (ROOT / "docs" / "triton.md").read_text(encoding="utf-8")
+    (call,), (pasted,) = _blocks_after("One request is one question", page=page), _blocks_after("Real output", page=page)
+    body = " ".join(call).split(" -d ", 1)[1]
+    request = json.loads(shlex.split(body)[0])
+    inputs = {i["name"]: i["data"] for i in request["inputs"]}
+    outputs = {o["name"]: o for o in json.loads("".join(pasted))["outputs"]}
+    results = Pruner.load("default").prune(inputs["question"][0], inputs["passages"])
+    tensors = results_to_tensors(results)
+    assert list(outputs) == list(tensors)
+    for name, got in tensors.items():
+        values = [v.decode() for v in got.ravel()] if got.dtype == object else got.ravel().tolist()
+        assert list(got.shape) == outputs[name]["shape"], name
+        assert _close(values, outputs[name]["data"]), (name, values)
+
+
+def test_the_readmes_python_runs_as_written(default_cache, monkeypatch, capsys):
+    """The README's "From Python" block, run from the repository's root, prints a line per
+    passage of the main job: the same reranking scores and pruned passages as `prune run`
+    (whose output test_the_main_jobs_pasted_output checks)."""
+    for k, v in default_cache["env"].items():
+        monkeypatch.setenv(k, v)
+    start = README.index("## From Python")
+    (block,) = _blocks(README[start:README.index("\n## ", start + 1)])
+    monkeypatch.chdir(ROOT)
+    exec(compile("\n".join(block), "README.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    (shown,) = _blocks_after("Real output (first run")
+    scores = [line.split("reranking_score ")[1].split(",")[0] for line in shown if line.startswith("## passage")]
+    assert [int(line.split()[0]) for line in printed] == list(range(len(scores))), printed
+    assert all(abs(float(line.split()[1]) - float(s)) < 6e-4 for line, s in zip(printed, scores)), printed
+    kept = [line for line in shown if line.startswith("  [x]")]
+    texts = [line.split(maxsplit=2)[2] for line in printed if not line.endswith("(emptied)")]
+    assert len(texts) == len(kept) and all(t.startswith(k.split(maxsplit=2)[2]) for t, k in zip(texts, kept)), printed

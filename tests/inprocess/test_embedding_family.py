@@ -106,7 +106,7 @@ def test_roberta_backbone_positions_start_after_padding(checkpoints, tmp_path):
 def test_passage_mode_onnx_equals_pytorch(checkpoints, tmp_path):
     ck = checkpoints["embedding"]
     onnx_p = _export(ck, tmp_path / "passage", "--embedding-mode", "passage")
-    torch_p = Pruner.load(ck, backend="torch", options={"mode": "passage"})
+    torch_p = Pruner.load(ck, backend="torch", module_options={"mode": "passage"})
     a, b = onnx_p.prune(Q, [DOC]), torch_p.prune(Q, [DOC])
     np.testing.assert_allclose([s.probability for s in a[0].sentences], [s.probability for s in b[0].sentences],
                                atol=1e-5)

@@ -67,6 +67,35 @@ def test_family_override_and_max_length(checkpoints, tmp_path):
         export_model(checkpoints["opensearch"], tmp_path / "o2", max_length=4096, log=lambda s: None)
 
 
+def test_the_export_steps_run_alone(checkpoints, exported, tmp_path):
+    """export_model's steps one at a time: the options' checks, load, trace and the fp32
+    graph, its parity with PyTorch, and the defaults the manifest records."""
+    from export.onnx import DEFAULT_OPSET, ExportOptions, load, manifest_defaults, save_fp32, trace
+    from export.parity import PARITY_TOLERANCE, Parity
+    with pytest.raises(ExportError, match="precision must be one of"):
+        ExportOptions(precision="fp8").check(tmp_path / "new")
+    with pytest.raises(ExportError, match="external_data must be"):
+        ExportOptions(external_data="sometimes").check(tmp_path / "new")
+    source = load(checkpoints["opensearch"], ExportOptions(max_length=128), log=lambda m: None)
+    assert source.family.name == "opensearch" and source.model.spec.max_length == 128 and not source.external
+    raw, fp32 = tmp_path / "raw" / "model.onnx", tmp_path / "fp32" / "model.onnx"
+    raw.parent.mkdir()
+    fp32.parent.mkdir()
+    trace(source, raw, DEFAULT_OPSET, log=lambda m: None)
+    save_fp32(raw, fp32, source)
+    graph = onnx.load(str(fp32))
+    assert [i.name for i in graph.graph.input] == ["input_ids", "attention_mask", "token_type_ids", "sentence_ids"]
+    assert {p.key: p.value for p in graph.metadata_props}["family"] == "opensearch"
+    parity = Parity.against(source.model, source.encoder, True, lambda m: None)
+    parity.check(fp32, "fp32", PARITY_TOLERANCE)
+    with pytest.raises(ExportError, match="the fp32 graph disagrees with PyTorch"):
+        parity.check(fp32, "fp32", -1.0)
+    assert [r["step"] for r in parity.reports] == ["fp32", "fp32"]
+    Parity.against(source.model, source.encoder, False, lambda m: None).check(fp32, "fp32", -1.0)   # not verifying
+    recorded = json.loads((exported["opensearch"] / "manifest.json").read_text())["defaults"]
+    assert manifest_defaults(source.family) == recorded
+
+
 def test_cli_end_to_end(tmp_path, capsys):
     ck = tmp_path / "ck"
     assert main(["test-checkpoint", "--family", "opensearch", "--out", str(ck)]) == 0

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from engine.errors import ModelLoadError
-from engine.spec import FAMILYS, Manifest
+from engine.spec import Manifest
 
 pytestmark = pytest.mark.inprocess
 
@@ -34,7 +34,7 @@ def test_a_manifest_from_before_the_later_keys_still_loads_and_prunes_alike(expo
     (old / "manifest.json").write_text(json.dumps(first))
     manifest = Manifest.read(old)
     assert manifest.buckets == () and manifest.embedding_rows == 0 and manifest.source is None
-    assert manifest.tokenizer.file == "tokenizer.json" and manifest.defaults.passage_margin is FAMILYS
+    assert manifest.tokenizer.file == "tokenizer.json" and manifest.defaults == {}
     q, docs = "When was the stadium built?", ["The stadium was built in 1923. It holds 80,000 people.",
                                               "Paris is the capital of France."]
     want = pruners["xprovence"][0].prune(q, docs, threshold=0.3)

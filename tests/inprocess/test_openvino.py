@@ -137,7 +137,7 @@ def test_bad_settings_are_clear_errors(exported):
     with pytest.raises(ModelLoadError, match="must be one of"):
         Pruner.load(exported["opensearch"], backend="openvino", precision="int4")
     with pytest.raises(ModelLoadError, match="threads must be at least 1"):
-        Pruner.load(exported["opensearch"], backend="openvino", threads=0)
+        Pruner.load(exported["opensearch"], backend="openvino", threads=-1)
     with pytest.raises(InputError, match="runs on the CPU"):
         Pruner.load(exported["opensearch"], backend="openvino", device="cuda")
 

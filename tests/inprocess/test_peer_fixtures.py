@@ -86,7 +86,7 @@ def test_open_provence_decides_as_its_process_does(tmp_path):
     family = "open_provence"
     export_model(PEER / family / "checkpoint", tmp_path / family, log=lambda m: None)
     pruner = Pruner.load(tmp_path / family, threads=1)
-    assert pruner.family.windows == "reference"
+    assert pruner.family.rules.windows == "reference"
     keep_zero = Pruner.load(tmp_path / family, threads=1)
     keep_zero.spec = dataclasses.replace(keep_zero.spec, family=dataclasses.replace(
         keep_zero.spec.family, zero_rerank_when_empty=False))
@@ -97,7 +97,7 @@ def test_open_provence_decides_as_its_process_does(tmp_path):
     runs = (("default", pruner, "peer_sentences", {}), ("t05", pruner, "peer_sentences", {"threshold": 0.5}),
             ("noempty0", keep_zero, "peer_sentences", {}), ("strip", keep_zero, "peer_sentences_strip", {}))
     for doc in docs:
-        assert pruner.family.threshold == doc["threshold_default"]
+        assert pruner.family.rules.threshold == doc["threshold_default"]
         if max(len(t) for t in pruner.encoder.tokenize(doc["peer_sentences"])) > half:
             long_docs.add(doc["id"])
         for run, engine, key, options in runs:
@@ -130,7 +130,7 @@ def test_opensearch_windows_decide_as_its_pipeline_does(tmp_path):
     family = "opensearch"
     export_model(PEER / family / "checkpoint", tmp_path / family, log=lambda m: None)
     pruner = Pruner.load(tmp_path / family, threads=1)
-    assert pruner.family.windows == "reference"
+    assert pruner.family.rules.windows == "reference"
     from engine.decide import keep_mask
     windows_seen, differ, total, ties = 0, 0, 0, []
     for name in ("full", "short"):
@@ -148,7 +148,7 @@ def test_opensearch_windows_decide_as_its_pipeline_does(tmp_path):
                 sents = [u[0] for u in block.units]
                 assert (sents[0], sents[-1], len(block)) == (w["first"], w["last"], w["len"]), (name, doc["id"])
                 np.testing.assert_allclose(probs, w["probs"], atol=1e-5, rtol=0, err_msg=f"{name} {doc['id']}")
-                mine = keep_mask(probs, pruner.family, 0.5, "none", pruner.family.backoff_alpha)
+                mine = keep_mask(probs, pruner.family, 0.5, "none", pruner.family.rules.alpha)
                 got = {sents[k] for k in np.flatnonzero(mine)}
                 # a probability within float error of the threshold may fall either side
                 # (random weights put one at 0.5 - 1e-6 here, where PyTorch gave 0.5)

@@ -79,6 +79,7 @@ BROKEN = [
     ({"id": 7, "question": 5, "passages": ["A passage."]}, "question must be a str, got int"),
     ({"id": "bad-option", "question": "q?", "passages": ["x."], "top_k": 0}, "top_k must be a positive integer"),
     ({"question": "q?", "passages": ["x."], "title": "always"}, "title must be one of"),   # no id: the line number
+    ({"id": "typo", "question": "q?", "passages": ["x."], "treshold": 0.2}, "unknown option 'treshold'"),  # as in Python
 ]
 
 

@@ -259,12 +259,16 @@ def test_onnxruntime_gives_memory_back_by_default(exported, monkeypatch, tmp_pat
         default.infer(ModelBatch(input_ids=ones * 5, attention_mask=ones, sentence_ids=ones * 0,
                                  token_type_ids=ones * 0, blocks=list(range(rows))))
     assert seen == [False, True]       # the small batch keeps the arena, the large one shrinks it
+    from engine.loading import LoadOptions      # the variable is read where a process starts
     monkeypatch.setenv("PRUNE_ORT_ARENA", "keep")
-    kept = OnnxRuntimeBackend(graph)
+    kept = OnnxRuntimeBackend(graph, arena=LoadOptions.from_env().arena)
     assert not _shrinks(kept.runs(10 ** 6))
+    assert Pruner.load(exported["opensearch"]).backend.arena == "keep"
     monkeypatch.setenv("PRUNE_ORT_ARENA", "bogus")
     with pytest.raises(SettingError, match="PRUNE_ORT_ARENA must be one of"):
-        OnnxRuntimeBackend(graph)
+        LoadOptions.from_env()
+    with pytest.raises(SettingError, match="PRUNE_ORT_ARENA must be one of"):
+        Pruner.load(exported["opensearch"])
     build_repository(exported["opensearch"], tmp_path, RepositoryOptions(name="m"), log=lambda m: None)
     config = (tmp_path / "m" / "config.pbtxt").read_text()
     assert 'key: "ort_arena"\n  value: { string_value: "shrink" }' in config

@@ -260,6 +260,20 @@ def test_hostile_requests_get_4xx_and_the_server_keeps_serving(guarded, case):
     assert httpx.get(f"{url}/health", timeout=30).status_code == 200
 
 
+@pytest.mark.parametrize("route, body", [("/v1/prune", {"question": Q, "passages": TEXTS[:2]}),
+                                         ("/rerank", {"query": Q, "texts": TEXTS[:2]})])
+def test_json_sent_as_a_form_is_told_the_content_type(guarded, route, body):
+    """`curl -d '{...}'` without -H sends its JSON as application/x-www-form-urlencoded: the
+    422 (the usual error body) says to send it with Content-Type: application/json."""
+    r = httpx.post(f"{guarded}{route}", content=json.dumps(body).encode(), timeout=30,
+                   headers={**KEY, "content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 422, r.text
+    error = r.json()
+    assert set(error) == {"error", "error_type", "message"} and error["error_type"] == "Validation"
+    assert "Content-Type: application/json" in error["error"] and "x-www-form-urlencoded" in error["error"]
+    assert error["message"] == error["error"]
+
+
 def test_past_max_concurrent_the_answer_is_429_with_retry_after(pruners):
     """Requests beyond `max_concurrent` in flight are refused at once, not queued without bound."""
     base = pruners["opensearch"][0]

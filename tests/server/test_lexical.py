@@ -60,7 +60,7 @@ def test_the_default_family_fuses_by_default_and_weight_zero_is_the_model_at_its
     from engine.families import get_family
     p = pruners["embedding"][0]
     fam = get_family("embedding")
-    assert (fam.lexical_weight, fam.lexical_threshold, fam.threshold) == (0.5, 0.83, 0.87)
+    assert (fam.rules.lexical_weight, fam.rules.lexical_threshold, fam.rules.threshold) == (0.5, 0.83, 0.87)
     defaults = json.loads((exported["embedding"] / "manifest.json").read_text())["defaults"]
     assert defaults["lexical_weight"] == 0.5 and defaults["lexical_threshold"] == 0.83
     q = "When was the stadium built?"
@@ -95,11 +95,11 @@ def test_a_manifest_sets_or_clears_the_default(exported):
         return Manifest.from_dict(d).spec()
     manifest = json.loads((exported["embedding"] / "manifest.json").read_text())
     manifest["defaults"].update(lexical_weight=0.0)
-    assert spec_from_manifest(manifest).family.default_threshold(0.0) == 0.87
-    assert spec_from_manifest(manifest).family.lexical_weight == 0.0
+    assert spec_from_manifest(manifest).family.rules.threshold_at(0.0) == 0.87
+    assert spec_from_manifest(manifest).family.rules.lexical_weight == 0.0
     manifest["defaults"].update(lexical_weight=0.3, lexical_threshold=0.8)
     fam = spec_from_manifest(manifest).family
-    assert (fam.lexical_weight, fam.default_threshold(fam.lexical_weight)) == (0.3, 0.8)
+    assert (fam.rules.lexical_weight, fam.rules.threshold_at(fam.rules.lexical_weight)) == (0.3, 0.8)
 
 
 def test_the_default_family_text_model_and_http_api_run_the_same_default(pruners, server):
@@ -117,7 +117,7 @@ def test_the_default_family_text_model_and_http_api_run_the_same_default(pruners
         assert [(r.pruned_context, r.threshold, r.lexical_weight) for r in got] == \
                [(r.pruned_context, r.threshold, r.lexical_weight) for r in want]
         with serve_api(remote) as url, HttpPruner(url) as http:
-            assert http.family.lexical_weight == 0.5 and http.family.default_threshold(0.5) == 0.83
+            assert http.family.rules.lexical_weight == 0.5 and http.family.rules.threshold_at(0.5) == 0.83
             over = http.prune(q, docs)
             assert [(r.pruned_context, r.threshold, r.lexical_weight) for r in over] == \
                    [(r.pruned_context, r.threshold, r.lexical_weight) for r in want]

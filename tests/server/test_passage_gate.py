@@ -92,7 +92,7 @@ def test_the_trained_families_decide_as_before_unless_a_call_asks(pruners):
             "The river flows to the sea. The stadium opened in 1924.", ""]
     for name in ("provence", "xprovence", "open_provence", "opensearch"):
         p = pruners[name][0]
-        assert p.family.passage_margin is None
+        assert p.family.rules.passage_margin is None
         assert [r.to_dict() for r in p.prune(q, docs)] == [r.to_dict() for r in p.prune(q, docs, passage_margin=-1)]
     p = pruners["xprovence"][0]
     off = p.prune(q, docs, threshold=0.0)                   # every sentence kept: the gate's effect is visible
@@ -131,7 +131,7 @@ def test_the_text_model_gates_a_call_cut_into_requests_as_in_process(pruners, se
     assert not any(r.pruned_context for r in want[2 * TEXT_MAX_PASSAGES:])
     assert any(r.pruned_context for r in want[:2])
     with Pruner.connect(server.grpc_url, "embedding_text") as remote:
-        assert remote.family.passage_margin == 0.1
+        assert remote.family.rules.passage_margin == 0.1
         got = remote.prune(q, docs)
         assert _decisions(got) == _decisions(want)
         for margin in (0.0, 0.3, -1.0):
@@ -150,7 +150,7 @@ def test_the_http_api_and_its_client_gate_as_in_process(pruners):
     local = pruners["embedding"][0]
     q, docs = _call()
     with serve_api(local) as url, HttpPruner(url) as http:
-        assert http.family.passage_margin == 0.1
+        assert http.family.rules.passage_margin == 0.1
         with urllib.request.urlopen(url + "/info") as r:
             assert json.load(r)["defaults"]["passage_margin"] == 0.1
         for margin in (None, 0.0, -1.0):
@@ -190,15 +190,15 @@ def test_a_manifest_sets_or_clears_the_gate(exported):
         return Manifest.from_dict(d).spec()
     manifest = json.loads((exported["embedding"] / "manifest.json").read_text())
     assert manifest["defaults"]["passage_margin"] == 0.1              # written by the export
-    assert spec_from_manifest(manifest).family.passage_margin == 0.1
+    assert spec_from_manifest(manifest).family.rules.passage_margin == 0.1
     del manifest["defaults"]["passage_margin"]                        # an export made before the gate
-    assert spec_from_manifest(manifest).family.passage_margin == 0.1
+    assert spec_from_manifest(manifest).family.rules.passage_margin == 0.1
     manifest["defaults"]["passage_margin"] = None                     # the model's own choice: no gate
-    assert spec_from_manifest(manifest).family.passage_margin is None
+    assert spec_from_manifest(manifest).family.rules.passage_margin is None
     manifest["defaults"]["passage_margin"] = 0.25
-    assert spec_from_manifest(manifest).family.gate_margin(None) == 0.25
+    assert spec_from_manifest(manifest).family.rules.passage_margin == 0.25
     trained = json.loads((exported["provence"] / "manifest.json").read_text())
-    assert spec_from_manifest(trained).family.passage_margin is None
+    assert spec_from_manifest(trained).family.rules.passage_margin is None
 
 
 def test_the_adapters_drop_the_emptied_documents_and_take_the_margin(pruners):

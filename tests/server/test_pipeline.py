@@ -140,7 +140,7 @@ def test_ask_reranks_by_the_pruners_score_and_prunes_as_prune_does(rag, squad, p
             assert r.highlighted == one.highlight("<em>", "</em>")
             assert r.reranking_score == pytest.approx(one.reranking_score, abs=1e-5)
         # the passage gate emptied what scores more than its margin below the best
-        floor = max(scores) - pruner.family.passage_margin
+        floor = max(scores) - pruner.family.rules.passage_margin
         assert all(bool(r.pruned_context) == (r.reranking_score >= floor) for r in answer.results
                    if abs(r.reranking_score - floor) > 1e-5)
         top1 += answer.results[0].id == gold

@@ -128,3 +128,81 @@ def test_recorded_commands_paste_into_a_shell():
             if re.search(r"[*?()\[\]{}|&;<>`]", bare):
                 bad.append(f"{page.relative_to(ROOT)}: {command}")
     assert not bad, "\n".join(bad)
+
+
+#: the flags whose value a documented command reads from the disk, and those it writes
+READS = ("--model", "--data", "--rag-data", "--input", "--reference", "--int8", "--fp16", "--ov-int8", "--bench",
+         "--model-repository", "--passages-file", "--context-file", "--checkpoint", "--calibration", "--gate-data",
+         "--rag", "--prune-data", "--peer-python", "--tokenizer", "--encoder")
+WRITES = ("--out", "--output", "--db")
+LOCAL = ("build/", "tests/", "examples/", "benchmarks/", "deploy/", "docs/", "./", "../", "~/", "/")
+
+
+def _reads_and_writes(line: str) -> tuple[list[str], list[str]] | None:
+    """(paths read, paths written) of a `prune` or `python -m` command line, None for others."""
+    line = re.sub(r"^\s*(\$ )?([A-Z_]+=\S+ )*", "", line)
+    if not line.startswith(("prune ", "python -m ", "python3 -m venv ")):
+        return None
+    words = shlex.split(line, comments=True)
+    if words[:3] == ["python3", "-m", "venv"]:
+        return [], [w for w in words[3:] if not w.startswith("-")][:1]
+    pairs = list(zip(words, words[1:]))
+    return [v for f, v in pairs if f in READS], [v for f, v in pairs if f in WRITES]
+
+
+def test_documented_commands_read_files_a_fresh_clone_has():
+    """What a code block's command reads (--data, --model, ...) is in the repository, or an
+    earlier command of the same page writes it (or a folder above it), or a venv a page makes:
+    a new user who runs a page's commands in order from a fresh clone finds every file.
+    Placeholders (CHECKPOINT, docs.jsonl: no folder), `default` and hub ids (org/name) pass;
+    nothing points outside the clone (`../shared/...`)."""
+    venvs = {w for page in PAGES for line in _code_block_lines(page.read_text())
+             for w in ((_reads_and_writes(line) or ([], []))[1] if "venv" in line else [])}
+    bad = [f"{page.name}: names ../shared/, which a clone does not have" for page in PAGES
+           if "../shared/" in page.read_text()]
+    for page in PAGES:
+        made = set(venvs)
+        for line in _code_block_lines(page.read_text()):
+            found = _reads_and_writes(line)
+            if found is None:
+                continue
+            reads, writes = found
+            for path in reads:
+                if path.startswith(("../", "/")):          # outside the clone (there may be one here)
+                    bad.append(f"{page.name}: {line.strip()[:80]}...: reads {path}, outside a clone")
+                elif path.startswith(LOCAL) and not (ROOT / path).exists() and not any(
+                        path == m or path.startswith(m.rstrip("/") + "/") for m in made):
+                    bad.append(f"{page.name}: {line.strip()[:80]}...: reads {path}, which nothing made")
+            made.update(writes)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_readme_is_under_8_kb():
+    """First contact only: tables, figures and details live on their docs pages, the README
+    links them (issue #46)."""
+    size = len((ROOT / "README.md").read_bytes())
+    assert size < 8192, f"README.md is {size} bytes; move what is not first-contact material to its docs page"
+
+
+def test_the_capacity_examples_pasted_output(capsys, monkeypatch):
+    """docs/scaling.md's `prune capacity` run on a committed bench.json: what it pastes is
+    what the command prints now, line for line (no model: it is arithmetic)."""
+    from engine.cli import main
+    block = next(b for b in _fenced_blocks((ROOT / "docs" / "scaling.md").read_text())
+                 if b and b[0].startswith("$ prune capacity "))
+    monkeypatch.chdir(ROOT)
+    assert main(shlex.split(block[0][2:])[1:]) == 0
+    assert capsys.readouterr().out.splitlines() == block[1:]
+
+
+def _fenced_blocks(text: str) -> list[list[str]]:
+    """The fenced code blocks of `text`, each as its lines."""
+    blocks, current = [], None
+    for line in text.splitlines():
+        if line.startswith("```"):
+            if current is not None:
+                blocks.append(current)
+            current = None if current is not None else []
+        elif current is not None:
+            current.append(line)
+    return blocks

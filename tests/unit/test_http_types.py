@@ -44,6 +44,32 @@ def test_one_error_enum_fixes_status_and_kind():
     assert len({(k.status, k.error_type) for k in ApiError}) == len(ApiError)
 
 
+def test_in_flight_refuses_past_its_limit_and_gives_its_places_back():
+    from engine.http.state import Busy, InFlight
+
+    class Gauge:
+        value = 0
+
+        def inc(self):
+            self.value += 1
+
+        def dec(self):
+            self.value -= 1
+    held = InFlight(2, Gauge())
+    with held.slot(), held.slot():
+        assert (held.count, held.gauge.value) == (2, 2)
+        with pytest.raises(Busy, match="2 requests are in flight"), held.slot():
+            pass
+    assert (held.count, held.gauge.value) == (0, 0)
+
+
+def test_a_body_not_sent_as_json_is_told_the_content_type():
+    from engine.http.app import not_json_message
+    for sent in ("application/x-www-form-urlencoded", None):
+        message = not_json_message(sent)
+        assert "Content-Type: application/json" in message and (sent or "no Content-Type") in message
+
+
 def test_the_wire_result_carries_every_field_of_the_engines():
     r = PruneResult(index=2, context="A b. C d.", pruned_context="A b.", reranking_score=None,
                     sentences=[Sentence("A b.", 0, 4, 0.9, True), Sentence("C d.", 5, 9, 0.1, False)],

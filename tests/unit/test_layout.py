@@ -66,6 +66,8 @@ RULES = {
           if "integrations" not in p.relative_to(ROOT).parts], FRAMEWORKS),
     "nothing installed imports the benchmarks (a clone's studies, not in the wheel)":
         (_modules("engine/**/*.py", "export/*.py", "triton_models/*/model.py"), ("benchmarks",)),
+    "the exporter never imports the offline tools (--precision auto gates and times with the engine's own)":
+        (_modules("export/*.py"), ("engine.tools",)),
 }
 
 
@@ -105,20 +107,23 @@ def test_the_layout_has_the_documented_packages():
 # ---------------------------------------------------------------------- import direction
 
 #: the layers, lowest first (docs/development.md): a module imports its own layer and the
-#: ones below, never one above; a name matches a module and everything under it
+#: ones below, never one above. An entry names one module, or ends in ".*" for a package
+#: whose modules are all of its layer; the spine's modules (and those of the packages split
+#: across layers) are named one by one, so a module nobody placed has no layer
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("the spine's parts", ("engine", "engine.errors", "engine.settings", "engine.cpu", "engine.inputs", "engine.lexical",
-                           "engine.text", "engine.families", "engine.spec", "engine.encode", "engine.batching",
-                           "engine.decide", "engine.protocol")),
-    ("cores and transports", ("engine.backends", "engine.pytorch", "engine.triton.client", "engine.triton.replicas",
+    ("the spine's parts", ("engine", "engine.errors", "engine.settings", "engine.cpu", "engine.inputs", "engine.rules",
+                           "engine.lexical", "engine.text", "engine.families", "engine.spec", "engine.encode", "engine.batching",
+                           "engine.decide", "engine.protocol", "engine.datafiles", "engine.fidelity", "engine.timing",
+                           "engine.triton", "engine.http")),     # the last two: their packages' empty __init__
+    ("cores and transports", ("engine.backends.*", "engine.pytorch.*", "engine.triton.client", "engine.triton.replicas",
                               "engine.triton.wire", "engine.triton.watchdog", "engine.triton.server")),
     ("the pruner and its loading", ("engine.pruner", "engine.loading", "engine.default_model")),
     ("remote pruners", ("engine.triton.text_pruner", "engine.triton.connect", "engine.triton.probe",
                         "engine.http.client")),
-    ("the HTTP API", ("engine.http.models", "engine.http.app", "engine.http.server")),
-    ("the applications and the exporter", ("engine.tools", "engine.rag", "engine.integrations", "export",
-                                           "triton_models")),
-    ("the command line", ("engine.cli", "engine.__main__")),
+    ("the HTTP API", ("engine.http.models", "engine.http.state", "engine.http.app", "engine.http.server")),
+    ("the applications and the exporter", ("engine.tools.*", "engine.rag.*", "engine.integrations.*", "export.*",
+                                           "triton_models.*")),
+    ("the command line", ("engine.cli.*", "engine.__main__")),
 ]
 #: imports upward on purpose: `Pruner.connect`, the public API's door to engine.triton.connect
 UPWARD_DOORS = {("engine.pruner", "engine.triton.connect")}
@@ -129,14 +134,15 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _places(entry: str, name: str) -> bool:
+    """Whether LAYERS' `entry` places module `name`: it names it, or it is "package.*" and
+    `name` is that package or one of its modules."""
+    return name == entry or entry.endswith(".*") and (name + ".").startswith(entry[:-1])
+
+
 def layer_of(name: str) -> int | None:
-    """The layer of module `name` (the longest matching prefix decides), None if outside."""
-    best, found = -1, None
-    for k, (_, names) in enumerate(LAYERS):
-        for n in names:
-            if (name == n or name.startswith(n + ".")) and len(n) > best:
-                best, found = len(n), k
-    return found
+    """The layer of module `name`, None if no entry places it."""
+    return next((k for k, (_, entries) in enumerate(LAYERS) if any(_places(e, name) for e in entries)), None)
 
 
 PACKAGE = _modules("engine/**/*.py", "export/*.py", "triton_models/*/model.py")
@@ -163,10 +169,22 @@ def test_every_module_has_a_layer():
     assert [n for n in _graph() if layer_of(n) is None] == []
 
 
+def test_a_module_has_a_layer_only_where_an_entry_places_it():
+    """A new module of the spine, or of a package split across layers, has none until it is
+    named; a package entry ("engine.tools.*") places its package and every module in it."""
+    assert layer_of("engine.new_module") is None and layer_of("engine.triton.new_module") is None
+    assert layer_of("engine.toolsmith") is None
+    assert layer_of("engine.tools") == layer_of("engine.tools.new_module") == layer_of("export.onnx")
+    assert layer_of("engine.timing") == layer_of("engine.errors") == 0
+
+
 def test_no_module_imports_a_layer_above_its_own():
-    upward = sorted(f"{m} ({LAYERS[layer_of(m)][0]}) imports {d} ({LAYERS[layer_of(d)][0]})"
-                    for m, deps in _graph().items() for d in deps
-                    if layer_of(d) > layer_of(m) and (m, d) not in UPWARD_DOORS)
+    """(A module without a layer is test_every_module_has_a_layer's to report.)"""
+    graph = _graph()
+    placed = {m: layer_of(m) for m in graph}
+    upward = sorted(f"{m} ({LAYERS[placed[m]][0]}) imports {d} ({LAYERS[placed[d]][0]})"
+                    for m, deps in graph.items() for d in deps
+                    if None not in (placed[m], placed[d]) and placed[d] > placed[m] and (m, d) not in UPWARD_DOORS)
     assert upward == []
 
 

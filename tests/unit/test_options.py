@@ -43,13 +43,13 @@ def test_defaults_checks_and_one_meaning_of_off():
 
 def test_a_family_resolves_the_options_into_the_rules_a_call_runs():
     emb, os_ = get_family("embedding"), get_family("opensearch")
-    r = emb.rules(CallOptions())
+    r = emb.rules.resolve(CallOptions())
     assert (r.threshold, r.alpha, r.lexical_weight, r.passage_margin, r.windows, r.title) == \
            (0.83, 0.0, 0.5, 0.1, "sentences", "none")
-    r = emb.rules(CallOptions.of(lexical_weight=0, alpha=-1, passage_margin=-1, title="first_sentence"))
+    r = emb.rules.resolve(CallOptions.of(lexical_weight=0, alpha=-1, passage_margin=-1, title="first_sentence"))
     assert (r.threshold, r.alpha, r.lexical_weight, r.passage_margin, r.title) == \
            (0.87, None, 0.0, None, "first_sentence")
-    r = os_.rules(CallOptions.of(alpha=0.2, threshold=0.4))
+    r = os_.rules.resolve(CallOptions.of(alpha=0.2, threshold=0.4))
     assert (r.threshold, r.alpha, r.windows, r.passage_margin) == (0.4, 0.2, "reference", None)
 
 
@@ -83,6 +83,12 @@ def test_every_surface_takes_every_option_by_its_name():
         for method in ("prune", "aprune"):
             params = inspect.signature(getattr(cls, method)).parameters
             assert "options" in params and any(p.kind is p.VAR_KEYWORD for p in params.values()), (cls, method)
+    # and every pruner has every member the protocol names (its attributes set in __init__)
+    members = {n for n in vars(PrunerProtocol) if not n.startswith("_") or n in ("__enter__", "__exit__")}
+    members |= set(PrunerProtocol.__annotations__)
+    for cls in (Pruner, TritonTextPruner, HttpPruner):
+        missing = {m for m in members if not hasattr(cls, m) and f"self.{m} =" not in inspect.getsource(cls.__init__)}
+        assert not missing, (cls.__name__, missing)
 
 
 def test_every_adapter_takes_every_option():

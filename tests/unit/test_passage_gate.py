@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from engine.decide import PruneResult, Sentence, gate_passages
 from engine.errors import InputError
 from engine.families import get_family
-from engine.inputs import check_passage_margin
+from engine.inputs import CallOptions, check_passage_margin
 
 pytestmark = pytest.mark.unit
 
@@ -58,9 +58,12 @@ def test_a_call_cut_into_parts_and_gated_again_whole_equals_the_whole_call(score
 
 def test_margins_are_checked_and_resolved():
     emb, prov = get_family("embedding"), get_family("provence")
-    assert emb.passage_margin == 0.1 and prov.passage_margin is None
-    assert emb.gate_margin(None) == 0.1 and emb.gate_margin(0.3) == 0.3 and emb.gate_margin(-1) is None
-    assert prov.gate_margin(None) is None and prov.gate_margin(0.0) == 0.0
+    assert emb.rules.passage_margin == 0.1 and prov.rules.passage_margin is None
+
+    def margin(fam, value):
+        return fam.rules.resolve(CallOptions.of(passage_margin=value)).passage_margin
+    assert margin(emb, None) == 0.1 and margin(emb, 0.3) == 0.3 and margin(emb, -1) is None
+    assert margin(prov, None) is None and margin(prov, 0.0) == 0.0
     assert check_passage_margin(None) is None and check_passage_margin(np.float32(0.5)) == 0.5
     for bad in (math.nan, math.inf, True, "0.1", [0.1]):
         with pytest.raises(InputError, match="passage_margin"):

@@ -14,8 +14,8 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
-#: not studies: the old name of `prune capacity`, and the converter that builds a RAG file
-NOT_STUDIES = {"__init__", "capacity", "rag_from_prune"}
+#: not a study: the converter that builds a RAG file
+NOT_STUDIES = {"__init__", "rag_from_prune"}
 STUDIES = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in NOT_STUDIES)
 
 

@@ -25,7 +25,7 @@ import os
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-PAD = {"input_ids": None, "attention_mask": 0, "token_type_ids": 0, "sentence_ids": -1}
+PAD = {"input_ids": 0, "attention_mask": 0, "token_type_ids": 0, "sentence_ids": -1}
 
 
 class _OnnxRuntime:
@@ -105,7 +105,7 @@ class TritonPythonModel:
         # false: each request of a dynamic batch runs alone, so its answer never depends on
         # the requests beside it (INT8 scales are taken per batch; export/triton.py)
         self.join = params.get("join_requests", "true") == "true"
-        PAD["input_ids"] = int(params.get("pad_id", "0"))
+        self.pad = {**PAD, "input_ids": int(params.get("pad_id", "0"))}
         # read raw: this core model runs in Triton without the engine installed (engine.spec.Manifest)
         manifest = json.loads(params.get("prune_manifest", "{}"))
         # Bounds a request must respect (graph-independent: checked before allocation).
@@ -177,7 +177,7 @@ class TritonPythonModel:
         longest; returns [(index, response)]."""
         rows = sum(a["input_ids"].shape[0] for _, a in parsed)
         length = max(a["input_ids"].shape[1] for _, a in parsed)
-        batch = {n: np.full((rows, length), PAD[n], dtype=np.int64) for n in self.input_names}
+        batch = {n: np.full((rows, length), self.pad[n], dtype=np.int64) for n in self.input_names}
         spans, pos = [], 0
         for i, arrays in parsed:
             b, width = arrays["input_ids"].shape

@@ -23,6 +23,7 @@ from engine.batching import BatchingConfig
 from engine.encode import manifest_tokenizer
 from engine.errors import BackendError, InputError, PruneError
 from engine.pruner import Pruner
+from engine.settings import DEFAULTS
 from engine.spec import Manifest
 from engine.inputs import Limits
 from engine.triton.wire import INPUT_ERROR_PREFIX, describe_tensors, read_request, results_to_tensors
@@ -68,7 +69,7 @@ class TritonPythonModel:
             self.tokenizer_json = fh.read()
         core = _BLSCore(params["core_model"], spec.input_names, int(params["core_max_batch_size"]),
                         int(params.get("core_timeout_ms", "60000")) * 1000)
-        batching = BatchingConfig(max_batch_tokens=int(params.get("max_batch_tokens", "16384")),
+        batching = BatchingConfig(max_batch_tokens=int(params.get("max_batch_tokens", DEFAULTS.max_batch_tokens)),
                                   max_batch_size=core.max_batch_size)
         self.pruner = Pruner(core, manifest_tokenizer(folder, self.manifest, spec.family), spec, batching)
         self.limits = Limits(max_passages=int(params["max_passages"]), max_chars=int(params["max_chars"]))
@@ -95,7 +96,7 @@ class TritonPythonModel:
                 if args is None:
                     responses[i] = self._response(describe_tensors(self.manifest.to_dict(), self.tokenizer_json))
                     continue
-                calls.append((i, self.pruner.prepare(args.question, args.passages, args.options)))
+                calls.append((i, self.pruner.prepare_checked(args.question, args.passages, args.options)))
             except InputError as exc:       # bad input: this request only; the client raises InputError
                 responses[i] = self._error(INPUT_ERROR_PREFIX + str(exc))
             except PruneError as exc:

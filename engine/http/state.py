@@ -1,0 +1,176 @@
+"""The HTTP API's state: what its handlers serve from (`engine.http.app` puts an `ApiState`
+on `app.state.api`), each part a plain object a test can make and drive alone: the config,
+the engine's health, the metrics, the requests in flight and the worker pool the pruner
+runs in."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from engine.decide import PruneResult
+from engine.errors import InputError, PruneError
+from engine.families import Family
+from engine.inputs import CallOptions
+from engine.protocol import PrunerProtocol
+from engine.settings import DEFAULTS
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    """How the API serves: the key, worker threads, limits and the model's public name."""
+    api_key: str | None = None
+    workers: int = 1
+    max_concurrent: int = DEFAULTS.max_concurrent
+    request_timeout: float = DEFAULTS.request_timeout
+    max_body_bytes: int = DEFAULTS.max_body_bytes
+    body_timeout: float = 10.0            # seconds the body may take to arrive
+    model_name: str = "prune-engine"
+
+
+#: seconds a successful request vouches for the engine's health (docs/http-api.md)
+HEALTH_FRESH_S = 2.0
+
+
+class Busy(Exception):
+    """A request refused because `max_concurrent` requests are in flight (429)."""
+
+    def __init__(self, limit: int):
+        super().__init__(f"{limit} requests are in flight; retry shortly")
+
+
+class Health:
+    """What `/health` knows of the engine. A request that succeeded within HEALTH_FRESH_S
+    vouches for it (and no engine failure since); otherwise a real inference of its own
+    answers, on a thread of its own, never queued behind user requests in the worker pool,
+    one at a time (concurrent checks share it), within the request timeout. So readiness
+    does not flap when the server is busy, and still turns 503 when the engine fails."""
+
+    def __init__(self, pruner: PrunerProtocol, timeout: float):
+        self.pruner, self.timeout = pruner, timeout
+        self.ok_at: float | None = None
+        self.failed_at: float | None = None
+        self._probe: asyncio.Future | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prune-health")
+
+    def succeeded(self) -> None:
+        """A request was answered now."""
+        self.ok_at = time.monotonic()
+
+    def failed(self, exc: BaseException) -> None:
+        """The engine failed a request now."""
+        self.failed_at = time.monotonic()
+
+    async def check(self) -> str:
+        """'requests' or 'probe' when the engine answers; raises when it does not."""
+        now = time.monotonic()
+        if (self.ok_at is not None and now - self.ok_at < HEALTH_FRESH_S
+                and (self.failed_at is None or self.failed_at < self.ok_at)):
+            return "requests"
+        if self._probe is None or self._probe.done():
+            loop = asyncio.get_running_loop()
+            self._probe = loop.run_in_executor(
+                self._pool, lambda: self.pruner.prune("Is the engine up?", ["The engine is up."]))
+        await asyncio.wait_for(asyncio.shield(self._probe), self.timeout)
+        self.failed_at = None          # the engine answers again; only user requests vouch for it
+        return "probe"
+
+    def close(self) -> None:
+        """Stop the probe's thread (a probe under way is not waited for)."""
+        self._pool.shutdown(wait=False)
+
+
+class Metrics:
+    """The API's Prometheus metrics, in a registry of the app's own."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        self.registry = CollectorRegistry()
+        self.requests = Counter("prune_api_requests", "HTTP requests by route and status", ["route", "status"],
+                                registry=self.registry)
+        self.latency = Histogram("prune_api_request_seconds", "request latency by route", ["route"],
+                                 registry=self.registry,
+                                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.passages = Counter("prune_api_passages", "passages pruned", registry=self.registry)
+        self.in_flight = Gauge("prune_api_in_flight", "requests being served", registry=self.registry)
+
+    def text(self) -> bytes:
+        """Every metric in Prometheus' text format."""
+        from prometheus_client import generate_latest
+        return generate_latest(self.registry)
+
+
+class InFlight:
+    """The requests being served: at most `limit` at once, counted on the event loop (so
+    without a lock) and mirrored in the metrics' gauge."""
+
+    def __init__(self, limit: int, gauge: Any):
+        self.limit, self.gauge, self.count = limit, gauge, 0
+
+    @contextlib.contextmanager
+    def slot(self):
+        """One of the `limit` places, held for the with-block; Busy when every one is taken."""
+        if self.count >= self.limit:
+            raise Busy(self.limit)
+        self.count += 1
+        self.gauge.inc()
+        try:
+            yield
+        finally:
+            self.count -= 1
+            self.gauge.dec()
+
+
+@dataclass
+class ApiState:
+    """What the handlers serve from (`app.state.api`): the pruner and its family, the config,
+    the worker pool, health, metrics, the requests in flight, and the app's routes (the
+    metrics' label values)."""
+    pruner: PrunerProtocol
+    family: Family
+    config: ApiConfig
+    pool: ThreadPoolExecutor
+    health: Health
+    metrics: Metrics
+    in_flight: InFlight
+    routes: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, pruner: PrunerProtocol, config: ApiConfig, routes: frozenset[str] = frozenset()) -> ApiState:
+        """The state of an app serving `pruner` as `config` says."""
+        metrics = Metrics()
+        return cls(pruner=pruner, family=pruner.family, config=config, routes=routes,
+                   pool=ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="prune-api"),
+                   health=Health(pruner, timeout=config.request_timeout), metrics=metrics,
+                   in_flight=InFlight(config.max_concurrent, metrics.in_flight))
+
+    async def prune(self, question: str, texts: list[str], options: CallOptions | None = None) -> list[PruneResult]:
+        """One call of the pruner in the worker pool, at most `max_concurrent` at once (Busy
+        past it), within the deadline (asyncio.TimeoutError past it)."""
+        with self.in_flight.slot():
+            future = asyncio.get_running_loop().run_in_executor(self.pool, self._prune_now, question, texts, options)
+            return await asyncio.wait_for(future, self.config.request_timeout)
+
+    def _prune_now(self, question: str, texts: list[str], options: CallOptions | None) -> list[PruneResult]:
+        """The call itself, on a worker thread; health and the passages' count are told."""
+        try:
+            results = self.pruner.prune(question, texts, options)
+        except PruneError as exc:
+            if not isinstance(exc, InputError):
+                self.health.failed(exc)
+            raise
+        self.health.succeeded()
+        self.metrics.passages.inc(len(texts))
+        return results
+
+    def score(self, r: PruneResult, raw: bool) -> float:
+        """A result's score as the rerank endpoints give it (in [0, 1] unless `raw`)."""
+        return self.family.rank_score(r.reranking_score, raw)
+
+    def close(self) -> None:
+        """Drain the worker pool (what is in flight finishes) and stop the health probe."""
+        self.pool.shutdown(wait=True)
+        self.health.close()

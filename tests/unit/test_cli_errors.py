@@ -1,0 +1,168 @@
+"""Every input error of every `prune` subcommand is one line on stderr and exit status 2, as
+argparse's own errors (`prune run: error: ...`): a missing or unreadable input file, an
+output path in a missing folder or where a folder stands, a bad value. Each is found before
+any model is exported or loaded, so a user hears of a typo at once, never after a first-use
+export, and never as a traceback."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.cli import COMMANDS, main
+
+pytestmark = pytest.mark.unit
+
+BATCH = json.dumps({"question": "Who built it?", "passages": ["It was built in 1923."]})
+
+# (subcommand and its flags, a piece of the one line it must print); run in a folder that
+# holds q.jsonl (a good batch file), folder/ (a folder), bad.txt (not UTF-8), cut.jsonl (a
+# line cut short) and nothing else
+CASES = [
+    # run
+    ("run --input missing.jsonl", "--input missing.jsonl: no such file"),
+    ("run --input folder", "--input folder: is a folder, not a file"),
+    ("run --input q.jsonl --output nodir/r.jsonl", "--output nodir/r.jsonl: no folder nodir"),
+    ("run --input q.jsonl --output folder", "--output folder: is a folder"),
+    ("run --question q --context-file missing.txt", "--context-file missing.txt: no such file"),
+    ("run --question q --context-file bad.txt", "--context-file bad.txt: not UTF-8 text"),
+    ("run --question q --passages-file folder", "--passages-file folder: is a folder"),
+    ("run --question q --passages-file cut.jsonl", "cut.jsonl:1: not JSON"),
+    ("run --input q.jsonl --group 0", "argument --group: invalid positive integer value: '0'"),
+    ("run --question q --context c --top-k 0", "top_k must be a positive integer"),
+    ("run --question q --context c --threshold 2", "threshold must be in [0, 1]"),
+    ("run --question q --context c --max-batch-tokens 0", "argument --max-batch-tokens"),
+    ("run --model missing-model --question q --context c", "missing-model: no such model folder"),
+    ("run --question q", "give at least one --context"),
+    # eval
+    ("eval --data missing.jsonl", "--data missing.jsonl: no such file"),
+    ("eval --rag-data folder", "--rag-data folder: is a folder"),
+    ("eval --data q.jsonl", "q.jsonl: record 1 lacks context, sentences, labels"),
+    ("eval --rag-data cut.jsonl", "cut.jsonl:1: not JSON"),
+    ("eval --rag-data q.jsonl --out q.jsonl", "--out q.jsonl: is a file, not a folder"),
+    ("eval --rag-data q.jsonl --rag-limit 0", "argument --rag-limit: invalid positive integer"),
+    ("eval", "give --data (sentence labels) and/or --rag-data"),
+    # fidelity
+    ("fidelity --model m --data missing.jsonl", "--data missing.jsonl: no such file"),
+    ("fidelity --model m --data q.jsonl --out folder", "--out folder: is a folder"),
+    ("fidelity --model m --data q.jsonl --limit -1", "argument --limit: invalid positive integer"),
+    ("fidelity --model missing-model --data q.jsonl", "missing-model: no such model folder"),
+    ("fidelity --data q.jsonl", "the following arguments are required: --model"),
+    # export
+    ("export --model missing-model --out ex", "--model missing-model: no such folder"),
+    ("export --model folder --out ex --calibration missing.txt", "--calibration missing.txt: no such file"),
+    ("export --model folder --out ex --gate-data folder", "--gate-data folder: is a folder"),
+    ("export --model folder --out q.jsonl", "--out q.jsonl: is a file, not a folder"),
+    ("export --model folder --out ex --opset 0", "argument --opset: invalid positive integer"),
+    # repository
+    ("repository --model missing-model --out repo", "missing-model: no such model folder"),
+    ("repository --out q.jsonl", "--out q.jsonl: is a file, not a folder"),
+    ("repository --out repo --instances 0", "argument --instances: invalid positive integer"),
+    # api
+    ("api --model missing-model", "missing-model: no such model folder"),
+    ("api --port 70000", "argument --port: invalid port (0-65535) value: '70000'"),
+    ("api --request-timeout 0", "argument --request-timeout: invalid positive number"),
+    # serve
+    ("serve --model-repository missing-repo", "--model-repository missing-repo: no such folder"),
+    ("serve --model-repository folder --grpc-port -1", "argument --grpc-port: invalid port"),
+    # bench
+    ("bench --data missing.jsonl", "--data missing.jsonl: no such file"),
+    ("bench --data q.jsonl", "q.jsonl: record 1 lacks gold: not a RAG file"),
+    ("bench --data cut.jsonl", "cut.jsonl:1: not JSON"),
+    ("bench --data q.jsonl --queries 0", "argument --queries: invalid positive integer"),
+    ("bench --data q.jsonl --out q.jsonl", "--out q.jsonl: is a file, not a folder"),
+    ("bench --data q.jsonl --peer-python missing/python", "--peer-python missing/python: no such file"),
+    # capacity
+    ("capacity --bench missing.json", "--bench missing.json: not a readable bench.json"),
+    ("capacity --bench q.jsonl --p99 0", "--rates and --p99 must be positive"),
+    # index
+    ("index --db x.db --data missing.jsonl", "--data missing.jsonl: no such file"),
+    ("index --db nodir/x.db --data q.jsonl", "--db nodir/x.db: no folder nodir"),
+    ("index --db x.db --data q.jsonl --chunk-tokens 0", "argument --chunk-tokens: invalid positive integer"),
+    # ask
+    ("ask --db missing.db --question q", "missing.db: no such Milvus Lite database"),
+    ("ask --db x.db --question ' '", "--question is empty"),
+    ("ask --db x.db --question q --threshold 2", "threshold must be in [0, 1]"),
+    ("ask --db x.db --question q --k 0", "argument --k: invalid positive integer"),
+    # test-checkpoint
+    ("test-checkpoint --family nope --out tc", "unknown family 'nope'"),
+    ("test-checkpoint --out q.jsonl/tc", "--out q.jsonl/tc: q.jsonl is a file, not a folder"),
+    # prune itself
+    ("nope", "invalid choice: 'nope'"),
+    ("run --no-such-flag", "unrecognized arguments: --no-such-flag"),
+]
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """A folder with the files CASES name, as the current folder; a model export or load
+    on first use (the default model, the retrieval encoder) fails the test."""
+    (tmp_path / "q.jsonl").write_text(BATCH + "\n")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "bad.txt").write_bytes(b"\xff\xfe not UTF-8")
+    (tmp_path / "cut.jsonl").write_text(BATCH[:-1] + "\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PRUNE_CACHE", str(tmp_path / "cache"))
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was exported or loaded before the input was checked")
+    import engine.default_model
+    import engine.rag.embedder
+    monkeypatch.setattr(engine.default_model, "ensure_default_model", no_model)
+    monkeypatch.setattr(engine.rag.embedder, "ensure_default_encoder", no_model)
+    return tmp_path
+
+
+def _run(words: list[str], capsys) -> tuple[int, str]:
+    try:
+        code = main(words)
+    except SystemExit as exc:           # argparse's errors
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+def test_every_subcommand_is_walked():
+    walked = {c.split()[0] for c, _ in CASES}
+    assert {m.__name__.rsplit(".", 1)[1].replace("_", "-") for m in COMMANDS} <= walked
+
+
+@pytest.mark.parametrize("command,message", CASES, ids=[c for c, _ in CASES])
+def test_an_input_error_is_one_line_and_exit_2(command, message, workdir, capsys):
+    import shlex
+    code, err = _run(shlex.split(command), capsys)
+    assert "Traceback" not in err, err
+    assert code == 2 and len(err.splitlines()) == 1 and message in err, (code, err)
+    assert err.startswith("prune") and ": error: " in err, err
+
+
+def test_a_real_process_prints_one_line_too(tmp_path):
+    """The issue's case: `prune fidelity --data missing.jsonl` printed a traceback (exit 1)."""
+    prune = Path(sys.executable).parent / "prune"
+    out = subprocess.run([str(prune), "fidelity", "--model", "m", "--data", "missing.jsonl"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stderr) == (2, "prune fidelity: error: --data missing.jsonl: no such file\n")
+
+
+@pytest.mark.parametrize("flag,value", [("--lexical-weight", 0.0), ("--threshold", 0.0), ("--passage-margin", 0.0)])
+def test_a_zero_option_is_a_value_not_unset(flag, value):
+    """`prune run --lexical-weight 0` is the model alone, not the model's default (0 was
+    dropped as if unset)."""
+    from engine.cli import build_parser
+    from engine.cli.common import call_options
+    args = build_parser().parse_args(["run", "--question", "q", "--context", "c", flag, "0"])
+    assert getattr(call_options(args), flag[2:].replace("-", "_")) == value
+
+
+def test_a_file_error_no_check_foresaw_is_one_line_too(workdir, capsys, monkeypatch):
+    """A disk that fills, a file removed between the check and its use: main() reports any
+    OSError as the checks do (a traceback only with -v)."""
+    import engine.cli.capacity
+
+    def fails(args):
+        raise PermissionError(13, "Permission denied", "out/r.jsonl")
+    monkeypatch.setattr(engine.cli.capacity, "run", fails)
+    code, err = _run(["capacity", "--bench", "b.json"], capsys)
+    assert (code, err) == (2, "prune capacity: error: [Errno 13] Permission denied: 'out/r.jsonl'\n")
