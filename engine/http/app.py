@@ -42,6 +42,7 @@ try:
     from fastapi.responses import JSONResponse, PlainTextResponse, Response
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
+    from engine.http import opensearch
     from engine.http.models import (POST_ERRORS, ApiError, CohereDocumentOut, CohereRerankRequest,
                                     CohereRerankResponse, CohereResult, ErrorBody, HealthResponse,
                                     InfoResponse, PrunedPassage, PruneRequest, PruneResponse, TeiRank,
@@ -174,6 +175,20 @@ async def prune_endpoint(req: PruneRequest, api: Api):
     tagged = req.pre is not None or req.post is not None
     return PruneResponse(model=api.config.model_name, results=[
         PrunedPassage.of(r, r.highlight(req.pre or "", req.post or "") if tagged else None) for r in results])
+
+
+@router.post(opensearch.PATHS[0], response_model=opensearch.OpenSearchResponse, responses=POST_ERRORS,
+             summary="OpenSearch's semantic highlighter: the remote model's contract (UTF-16 offsets)")
+@router.post(opensearch.PATHS[1], response_model=opensearch.OpenSearchResponse, responses=POST_ERRORS,
+             summary="The same at TorchServe's path, as OpenSearch's own connector names it")
+async def opensearch_highlight(req: opensearch.OpenSearchRequest, api: Api):  # type: ignore[valid-type]
+    """OpenSearch's remote semantic-highlighting model: each document's kept sentences as
+    UTF-16 spans, one list per document of a batch (engine/http/opensearch.py)."""
+    calls, batch = opensearch.queries(req)
+    if len(calls) > api.pruner.limits.max_passages:
+        raise InputError(f"{len(calls)} documents in one request; the limit is {api.pruner.limits.max_passages}")
+    spans = [opensearch.highlights(results[0]) for results in await api.prune_many(calls)]
+    return opensearch.OpenSearchResponse(highlights=spans if batch else spans[0])
 
 
 @router.get("/health", response_model=HealthResponse,

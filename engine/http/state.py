@@ -166,6 +166,27 @@ class ApiState:
         self.metrics.passages.inc(len(texts))
         return results
 
+    async def prune_many(self, queries: list[dict[str, Any]]) -> list[list[PruneResult]]:
+        """Several calls at once (`prune_many`: their blocks batched together) as one request
+        in the pool, under the same limit and deadline; the first bad call's error raised."""
+        with self.in_flight.slot():
+            future = asyncio.get_running_loop().run_in_executor(self.pool, self._prune_many_now, queries)
+            return await asyncio.wait_for(future, self.config.request_timeout)
+
+    def _prune_many_now(self, queries: list[dict[str, Any]]) -> list[list[PruneResult]]:
+        try:
+            out = self.pruner.prune_many(queries)
+            failed = next((o for o in out if isinstance(o, Exception)), None)
+            if failed is not None:
+                raise failed
+        except PruneError as exc:
+            if not isinstance(exc, InputError):
+                self.health.failed(exc)
+            raise
+        self.health.succeeded()
+        self.metrics.passages.inc(sum(len(q["passages"]) for q in queries))
+        return out  # type: ignore[return-value]
+
     def score(self, r: PruneResult, raw: bool) -> float:
         """A result's score as the rerank endpoints give it (in [0, 1] unless `raw`)."""
         return self.family.rank_score(r.reranking_score, raw)
