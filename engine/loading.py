@@ -5,7 +5,7 @@ loading, `Pruner.connect`, is `engine.triton.connect`."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -90,10 +90,6 @@ class LoadOptions:
         given.setdefault("batching", BatchingConfig(max_batch_tokens=setting("max_batch_tokens", env),
                                                     max_batch_size=setting("max_batch_size", env)))
         return cls(**given)
-
-    def with_changes(self, **changes: Any) -> LoadOptions:
-        """These options with `changes`, checked."""
-        return replace(self, **changes)
 
 
 def open_model(path: str | Path, options: LoadOptions, log: Any = None) -> tuple[Backend, Any, ModelSpec]:

@@ -15,13 +15,12 @@ results report. Torch-free.
 """
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from engine.inputs import WINDOWS, CallOptions, check_alpha, check_passage_margin, check_title, check_top_k
+from engine.inputs import (CallOptions, check_alpha, check_passage_margin, check_threshold, check_title,
+                           check_top_k, check_windows)
 
 KEEP_RULES = ("gt", "ge")
 
@@ -47,16 +46,14 @@ class Rules:
     reorder: bool = False                     # return the passages best first
 
     def __post_init__(self) -> None:
+        """Each value checked as a call's option is (engine.inputs: InputError, a ValueError)."""
         for name in ("threshold", "lexical_weight", "lexical_threshold", "alpha"):
-            value = getattr(self, name)
-            if value is not None and not (_number(value) and 0.0 <= value <= 1.0):
-                raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
-        if self.passage_margin is not None and not _number(self.passage_margin):
-            raise ValueError(f"passage_margin must be a finite number or null, got {self.passage_margin!r}")
+            if getattr(self, name) is not None:
+                check_threshold(getattr(self, name), name)
+        check_passage_margin(self.passage_margin)
         if self.keep_rule not in KEEP_RULES:
             raise ValueError(f"keep_rule must be one of {KEEP_RULES}, got {self.keep_rule!r}")
-        if self.windows not in WINDOWS:
-            raise ValueError(f"windows must be one of {WINDOWS}, got {self.windows!r}")
+        check_windows(self.windows)
         check_title(self.title)
         check_top_k(self.top_k)
 
@@ -105,7 +102,3 @@ class Rules:
         """Rules from `to_dict`'s form (names it does not know are left out)."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
-
-
-def _number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)

@@ -15,7 +15,7 @@ How a passage is cut, outermost first:
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import nupunkt
 
@@ -117,3 +117,14 @@ def uncovered(text: str, spans: Sequence[Span]) -> str:
     for s, e in spans:
         mask[s:e] = b"\x01" * (e - s)
     return "".join(ch for ch, m in zip(text, mask) if not m and not _SPACE.match(ch))
+
+
+def running_offsets(positions: Sequence[int], size: Callable[[int, int], int]) -> list[int]:
+    """The running total of `size(previous, position)` over ascending `positions`: code point
+    offsets made into another unit's (UTF-8 bytes for the text model, UTF-16 for OpenSearch)."""
+    out, pos, acc = [], 0, 0
+    for p in positions:
+        acc += size(pos, p)
+        pos = p
+        out.append(acc)
+    return out

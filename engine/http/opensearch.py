@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from engine.decide import PruneResult
 from engine.errors import InputError
 from engine.inputs import OPTION_NAMES, CallOptions, option_fields
+from engine.text import running_offsets
 
 PATHS = ("/opensearch/highlight", "/predictions/semantic_highlighter")
 
@@ -82,9 +83,4 @@ def utf16_offsets(text: str, positions: Sequence[int]) -> list[int]:
     a character outside the Basic Multilingual Plane counts two."""
     if all(ord(c) < 0x10000 for c in text):
         return list(positions)
-    out, pos, acc = [], 0, 0
-    for p in positions:
-        acc += sum(2 if ord(c) > 0xFFFF else 1 for c in text[pos:p])
-        pos = p
-        out.append(acc)
-    return out
+    return running_offsets(positions, lambda a, b: len(text[a:b].encode("utf-16-le")) // 2)

@@ -44,6 +44,7 @@ from engine.decide import PruneResult, Sentence
 from engine.errors import InputError
 from engine.inputs import OPTION_NAMES, CallOptions, Limits, check_call, option_type
 from engine.settings import DEFAULTS
+from engine.text import running_offsets
 
 #: the Triton datatype of each option type (engine.inputs.option_type)
 OPTION_DATATYPES = {float: "FP32", int: "INT32", bool: "BOOL", str: "BYTES"}
@@ -99,7 +100,7 @@ def byte_offsets(text: str, positions: Sequence[int]) -> list[int]:
     """UTF-8 byte offsets of ascending code point `positions` in `text` (one pass)."""
     if text.isascii():
         return list(positions)
-    return _running(positions, lambda a, b: len(text[a:b].encode("utf-8")))
+    return running_offsets(positions, lambda a, b: len(text[a:b].encode("utf-8")))
 
 
 def char_offsets(text: str, positions: Sequence[int]) -> list[int]:
@@ -107,17 +108,7 @@ def char_offsets(text: str, positions: Sequence[int]) -> list[int]:
     if text.isascii():
         return list(positions)
     data = text.encode("utf-8")
-    return _running(positions, lambda a, b: len(data[a:b].decode("utf-8")))
-
-
-def _running(positions: Sequence[int], size: Callable[[int, int], int]) -> list[int]:
-    """The running total of `size(previous, position)` over ascending `positions`."""
-    out, pos, acc = [], 0, 0
-    for p in positions:
-        acc += size(pos, p)
-        pos = p
-        out.append(acc)
-    return out
+    return running_offsets(positions, lambda a, b: len(data[a:b].decode("utf-8")))
 
 
 # ---------------------------------------------------------------------- server side
