@@ -71,21 +71,40 @@ class PruneResult:
         return [{"text": s.text, "start": s.start, "end": s.end, "probability": s.probability}
                 for s in self.sentences if s.kept]
 
-    def highlight(self, pre: str = "<em>", post: str = "</em>") -> str:
-        """The passage with every kept sentence wrapped in `pre` ... `post`."""
+    def highlight(self, pre: str | Sequence[str] = "<em>", post: str | Sequence[str] = "</em>") -> str:
+        """The passage with every kept sentence wrapped in `pre` ... `post`; lists of tags
+        rotate by match (the k-th kept sentence takes pre[k % len(pre)], as Milvus's
+        pre_tags and post_tags do)."""
         out, pos = [], 0
-        for s in self.sentences:
-            if s.kept:
-                out += [self.context[pos:s.start], pre, self.context[s.start:s.end], post]
-                pos = s.end
+        for k, s in enumerate(s for s in self.sentences if s.kept):
+            out += [self.context[pos:s.start], _tag(pre, k), self.context[s.start:s.end], _tag(post, k)]
+            pos = s.end
         out.append(self.context[pos:])
         return "".join(out)
+
+    def fragments(self, pre: str | Sequence[str] = "<em>", post: str | Sequence[str] = "</em>",
+                  whole: bool = False) -> tuple[list[str], list[float]]:
+        """Milvus's semantic-highlight fragments and their scores: each kept sentence tagged,
+        with its probability; `whole`: one fragment, the passage as `highlight` tags it,
+        scored by its best kept sentence. Nothing kept: no fragments."""
+        kept = [s for s in self.sentences if s.kept]
+        if not kept:
+            return [], []
+        if whole:
+            return [self.highlight(pre, post)], [max(float(s.probability) for s in kept)]
+        return ([_tag(pre, k) + self.context[s.start:s.end] + _tag(post, k) for k, s in enumerate(kept)],
+                [float(s.probability) for s in kept])
 
     def to_dict(self) -> dict[str, Any]:
         """The result as JSON-ready values (what `prune run --json` prints)."""
         return asdict(self)
 
 
+
+
+def _tag(tags: str | Sequence[str], k: int) -> str:
+    """The tag of the k-th match: `tags` itself, or its items in rotation."""
+    return tags if isinstance(tags, str) else tags[k % len(tags)]
 
 
 def keep_mask(probs: np.ndarray, family: Family, threshold: float, title: str,

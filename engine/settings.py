@@ -124,6 +124,9 @@ _ALL = [
     Setting("max_concurrent", 64, "requests the HTTP API serves at once; past it, 429 with Retry-After",
             positive_int),
     Setting("request_timeout", 60.0, "seconds an HTTP API request may take; past it, 504", float),
+    Setting("model_service_port", None, "serve Milvus's model service (gRPC: Highlight, Rerank, Embedding) on "
+            "this port beside the HTTP API, for Milvus's SemanticHighlighter (docs/milvus.md); default: off",
+            int),
     Setting("max_body_bytes", 16_000_000, "bytes an HTTP API request body may hold; past it, 413", positive_int),
     # ---- files
     Setting("cache", None, "where the default model is exported on first use (default: "

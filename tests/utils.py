@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 FAMILY_NAMES = ["provence", "xprovence", "open_provence", "opensearch", "embedding"]
@@ -93,12 +98,12 @@ def fresh_venv(path: Path, *requirements: str, with_pip: bool = False, timeout: 
 
 
 @contextlib.contextmanager
-def serve_api(pruner, config=None):
+def serve_api(pruner, config=None, embedder=None):
     """The app on a free loopback port, in a thread; yields its base URL."""
     from engine.http.app import ApiConfig, create_app
     from engine.http.server import ApiThread
     (port,) = free_ports(1)
-    with ApiThread(create_app(pruner, config or ApiConfig()), port=port) as api:
+    with ApiThread(create_app(pruner, config or ApiConfig(), embedder), port=port) as api:
         yield api.url
 
 
@@ -124,3 +129,47 @@ def write_tiny_data(root: Path) -> Path:
     (root / "prune.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prune_rows))
     (root / "rag.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rag_rows))
     return root
+
+
+class ApiProcess:
+    """A `prune api` process on a free loopback port."""
+
+    def __init__(self, model, *extra: str, key=None, env=None):
+        (self.port,) = free_ports(1)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.key = key
+        cmd = [sys.executable, "-m", "engine", "api", "--model", str(model), "--port", str(self.port), "-q", *extra]
+        if key:
+            cmd += ["--api-key", key]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"prune api exited: {self.proc.stderr.read()[-2000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError("prune api did not come up in 120 s")
+
+    def prune(self, **body):
+        req = urllib.request.Request(self.url + "/v1/prune", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json",
+                                      **({"Authorization": f"Bearer {self.key}"} if self.key else {})})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())["results"]
+
+    def close(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def milvus_calls(address: str, calls: list[dict]) -> list[dict]:
+    """`calls` made to a model service by the Milvus-like client (tests/server/milvus_client.py)
+    in a process of its own; its answers."""
+    done = subprocess.run([sys.executable, "-m", "tests.server.milvus_client", address], input=json.dumps(calls),
+                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)

@@ -22,6 +22,8 @@ def add(new) -> None:
     add_setting(h, "max_concurrent")
     add_setting(h, "request_timeout", type=positive_float)
     add_setting(h, "max_body_bytes")
+    add_setting(h, "model_service_port", type=port_number)
+    add_encoder(h)
     add_openvino(h, ("onnxruntime", "openvino"))
     add_batching(h)
     h.set_defaults(func=run)
@@ -41,9 +43,10 @@ def run(args) -> int:
         pruner = Pruner.load(model, args.backend, threads=args.threads, batching=batching(args),
                              precision=args.inference_precision)
         label = Path(model).name if args.model and args.model != "default" else "default"
-    app = api_app(args, pruner, label, remote=bool(args.server))
+    app = api_app(args, pruner, label, remote=bool(args.server),
+                  default_encoder=not args.server and model_is_default(args))
     args.log(f"prune api: {label} ({pruner.family.name}, {pruner.describe()}) on http://{args.host}:{args.port}"
-             + ("" if args.api_key else "; no API key"))
+             + service_note(args) + ("" if args.api_key else "; no API key"))
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info",
                     timeout_graceful_shutdown=int(args.request_timeout))
@@ -52,10 +55,41 @@ def run(args) -> int:
     return 0
 
 
-def api_app(args, pruner, label: str, remote: bool):
-    """The ASGI app of `prune api` for `pruner`, with the API's settings from `args`."""
+def add_encoder(p) -> None:
+    """--encoder: the retrieval encoder the model service's Embedding calls use."""
+    p.add_argument("--encoder", help="exported encoder folder (prune export --encoder) that Milvus's Embedding calls "
+                                     "use (--model-service-port); default: the default model's encoder when --model "
+                                     "is default, else none (Embedding answers UNIMPLEMENTED)")
+
+
+def model_is_default(args) -> bool:
+    """Whether --model names the default model."""
+    return not args.model or args.model == "default"
+
+
+def api_app(args, pruner, label: str, remote: bool, default_encoder: bool = False):
+    """The ASGI app of `prune api` for `pruner`, with the API's settings from `args` (and
+    Milvus's model service when --model-service-port is given)."""
     _, ApiConfig, create_app = api_imports()
     workers = args.workers or (16 if remote else 1)
+    port = getattr(args, "model_service_port", None)
+    service = None
+    embedder = None
+    if port is not None:
+        from engine.http.milvus import address, proto_modules
+        proto_modules()                          # grpcio-tools is there, before anything starts
+        service = address(args.host, port)
+        encoder = getattr(args, "encoder", None) or ("default" if default_encoder else None)
+        if encoder:
+            from engine.rag.embedder import Embedder
+            embedder = Embedder.load(encoder, threads=getattr(args, "threads", None), log=args.log)
     config = ApiConfig(api_key=args.api_key, workers=workers, max_concurrent=args.max_concurrent,
-                       request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes, model_name=label)
-    return create_app(pruner, config)
+                       request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes, model_name=label,
+                       model_service=service)
+    return create_app(pruner, config, embedder)
+
+
+def service_note(args) -> str:
+    """What the start line says of the model service."""
+    port = getattr(args, "model_service_port", None)
+    return "" if port is None else f", Milvus's model service on {args.host}:{port} (gRPC)"

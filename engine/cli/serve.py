@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from engine.cli.api import api_app
+from engine.cli.api import add_encoder, api_app, service_note
 from engine.cli.common import add_setting, api_imports, non_negative_int, port_number, positive_float
 from engine.errors import PruneError
 
@@ -29,8 +29,11 @@ def add(new) -> None:
                    help="leave those APIs open to every client (not recommended beyond loopback)")
     api = s.add_argument_group("the HTTP API (prune api's, in front of the served text model)")
     add_setting(api, "api_port", type=port_number)
-    for name in ("text_model", "api_key", "workers", "max_concurrent", "request_timeout", "max_body_bytes"):
-        add_setting(api, name, **({"type": positive_float} if name == "request_timeout" else {}))
+    for name in ("text_model", "api_key", "workers", "max_concurrent", "request_timeout", "max_body_bytes",
+                 "model_service_port"):
+        add_setting(api, name, **({"type": positive_float} if name == "request_timeout" else
+                                   {"type": port_number} if name == "model_service_port" else {}))
+    add_encoder(api)
     s.set_defaults(func=run)
 
 
@@ -77,7 +80,8 @@ def run(args) -> int:
             api = ApiThread(api_app(args, pruner, text_model, remote=True), args.host, args.api_port,
                             log_level="warning" if args.quiet else "info", graceful_s=args.request_timeout).start()
             print(f"HTTP API ready: {api.url} ({text_model}; TEI /rerank, Cohere /v1/rerank /v2/rerank, "
-                  "/v1/prune, /health, /docs)" + ("" if args.api_key else "; no API key"), flush=True)
+                  "/v1/prune, /health, /docs)" + service_note(args) + ("" if args.api_key else "; no API key"),
+                  flush=True)
         stopped = server.supervise(ready_timeout=args.ready_timeout, restart=not args.no_restart,
                                    max_restarts=args.max_restarts, alive=lambda: api is None or api.alive(),
                                    log=args.log)

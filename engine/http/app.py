@@ -180,15 +180,19 @@ async def prune_endpoint(req: PruneRequest, api: Api):
 @router.post(opensearch.PATHS[0], response_model=opensearch.OpenSearchResponse, responses=POST_ERRORS,
              summary="OpenSearch's semantic highlighter: the remote model's contract (UTF-16 offsets)")
 @router.post(opensearch.PATHS[1], response_model=opensearch.OpenSearchResponse, responses=POST_ERRORS,
+             summary="The same (the path earlier releases served)")
+@router.post(opensearch.PATHS[2], response_model=opensearch.OpenSearchResponse, responses=POST_ERRORS,
              summary="The same at TorchServe's path, as OpenSearch's own connector names it")
 async def opensearch_highlight(req: opensearch.OpenSearchRequest, api: Api):  # type: ignore[valid-type]
     """OpenSearch's remote semantic-highlighting model: each document's kept sentences as
     UTF-16 spans, one list per document of a batch (engine/http/opensearch.py)."""
+    t0 = time.perf_counter()
     calls, batch = opensearch.queries(req)
     if len(calls) > api.pruner.limits.max_passages:
         raise InputError(f"{len(calls)} documents in one request; the limit is {api.pruner.limits.max_passages}")
     spans = [opensearch.highlights(results[0]) for results in await api.prune_many(calls)]
-    return opensearch.OpenSearchResponse(highlights=spans if batch else spans[0])
+    return opensearch.OpenSearchResponse(highlights=spans if batch else spans[0],
+                                         processing_time_ms=round(1000 * (time.perf_counter() - t0), 3))
 
 
 @router.get("/health", response_model=HealthResponse,
@@ -312,12 +316,23 @@ async def guard(request: Request, call_next):
 
 @contextlib.asynccontextmanager
 async def _lifespan(app):
-    yield
-    app.state.api.close()
+    api = app.state.api
+    service = None
+    if api.config.model_service:
+        from engine.http import milvus
+        service = await milvus.start(api, api.config.model_service, api.embedder)
+    try:
+        yield
+    finally:
+        if service is not None:
+            await service.stop(api.config.request_timeout)
+        api.close()
 
 
-def create_app(pruner: PrunerProtocol, config: ApiConfig = ApiConfig()) -> Any:
-    """The ASGI app serving `pruner` (which it does not close: its owner does)."""
+def create_app(pruner: PrunerProtocol, config: ApiConfig = ApiConfig(), embedder: Any = None) -> Any:
+    """The ASGI app serving `pruner` (which it does not close: its owner does), and, when
+    `config.model_service` is set, Milvus's model service beside it (engine/http/milvus.py;
+    `embedder` answers its Embedding calls)."""
     app = FastAPI(title="prune-engine", version=_version(), lifespan=_lifespan, exception_handlers=EXCEPTION_HANDLERS,
                   description="Context pruning and semantic highlighting: TEI- and Cohere-compatible rerank, "
                               "and the engine's own prune endpoint (docs/http-api.md).")
@@ -325,7 +340,7 @@ def create_app(pruner: PrunerProtocol, config: ApiConfig = ApiConfig()) -> Any:
     app.include_router(router)
     for path in PAGE_FILES:
         app.get(path, include_in_schema=False)(page_handler(path))
-    app.state.api = ApiState.of(pruner, config, routes=route_paths(app))
+    app.state.api = ApiState.of(pruner, config, routes=route_paths(app), embedder=embedder)
     return _BodyLimit(app, config.max_body_bytes, config.body_timeout)
 
 

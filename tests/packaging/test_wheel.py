@@ -40,7 +40,7 @@ def wheel(tmp_path_factory) -> Path:
 def test_wheel_ships_the_templates_and_repository_works_from_it(exported, wheel, tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"triton_models/python_core/model.py", "triton_models/python_text/model.py",
-            "engine/py.typed"} <= names
+            "engine/py.typed", "engine/http/proto/model_service.proto"} <= names
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     work = tmp_path / "elsewhere"
@@ -55,6 +55,11 @@ def test_wheel_ships_the_templates_and_repository_works_from_it(exported, wheel,
     for model in ("opensearch", "opensearch_text"):
         assert (work / "repo" / model / "1" / "model.py").is_file()
     assert (work / "repo" / "opensearch_text" / "1" / "tokenizer.json").is_file()
+    proto = subprocess.run([sys.executable, "-c", "from engine.http.milvus import proto_modules; "
+                            "print(proto_modules()[0].HighlightResult.DESCRIPTOR.full_name)"], cwd=work,
+                           env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                           timeout=120)
+    assert proto.stdout.strip() == "milvus.proto.modelservice.HighlightResult", proto.stderr  # the model service's
 
 
 def _wait_for_line(proc, needle: str, timeout: float) -> str:

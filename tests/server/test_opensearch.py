@@ -31,7 +31,7 @@ SAGEMAKER = '{ "question": "${parameters.question:-}", "context": "${parameters.
 
 QUESTION = "When was the stadium built?"
 DOCS = ["The stadium was built in 1923. It holds 80,000 people. 🏟️ Its roof, called \"the lid\", came later.",
-        "😀 Émile said 中文句子 twice. The stadium was built in 1923 by the city. Paris is in France.",
+        "😀 Émile said 中文句子 twice, humming 𝄞𝅘𝅥𝅮. The stadium was built in 1923 by the city. Paris is in France.",
         "Nothing here answers. The weather was fine."]
 
 
@@ -83,7 +83,7 @@ def _kept(client: httpx.Client, question: str, context: str, **options) -> list[
 
 
 @pytest.mark.parametrize("template", [TORCHSERVE, SAGEMAKER], ids=["torchserve", "sagemaker"])
-@pytest.mark.parametrize("path", ["/predictions/semantic_highlighter", "/opensearch/highlight"])
+@pytest.mark.parametrize("path", ["/predictions/semantic_highlighter", "/v1/highlight", "/opensearch/highlight"])
 def test_one_document_as_opensearch_sends_it(served, template, path):
     _, client = served
     for doc in DOCS:
@@ -114,7 +114,7 @@ def test_a_batch_answers_one_list_per_input_in_order(served, template):
 def test_offsets_count_utf16_code_units_outside_the_basic_plane(served):
     _, client = served
     doc = "😀😀 The stadium was built in 1923. 🏟️ It holds people."
-    r = client.post("/opensearch/highlight", json={"question": QUESTION, "context": doc, "threshold": 0.0})
+    r = client.post("/v1/highlight", json={"question": QUESTION, "context": doc, "threshold": 0.0})
     spans = r.json()["highlights"]
     end = doc.index("people.") + len("people.")             # in code points; three emoji before it
     assert spans and spans[-1]["end"] == len(utf16(doc[:end])) // 2 == end + 3
@@ -126,9 +126,9 @@ def test_bad_requests_are_clear_errors_and_the_server_keeps_answering(served):
     for body, status in (({"context": "text only"}, 422), ({"question": "q", "context": "c", "threshold": 2}, 422),
                          ({"inputs": [{"question": "q"}]}, 422), ("not json", 422),
                          ({"inputs": [{"question": "q", "context": "c"}] * 10_001}, 422)):
-        r = client.post("/opensearch/highlight", **({"content": body, "headers": {"Content-Type": "application/json"}}
+        r = client.post("/v1/highlight", **({"content": body, "headers": {"Content-Type": "application/json"}}
                                                     if isinstance(body, str) else {"json": body}))
         assert r.status_code == status, (body, r.text)
         assert r.json()["error"], r.text
-    ok = client.post("/opensearch/highlight", json={"question": QUESTION, "context": DOCS[0]})
+    ok = client.post("/v1/highlight", json={"question": QUESTION, "context": DOCS[0]})
     assert ok.status_code == 200

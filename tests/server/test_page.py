@@ -11,19 +11,15 @@ and a key-protected server's page must work once the key is given, without the k
 reaching the URL. The screenshot of the first test goes to $PRUNE_PAGE_SCREENSHOT (docs/
 page.png is one).
 """
-import json
 import os
 import shutil
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 
 import pytest
 
-from tests.utils import free_ports
+from tests.utils import ApiProcess
 
 pytestmark = pytest.mark.server
 
@@ -46,44 +42,10 @@ HOSTILE = ("<script>window.__pwned = 1</script> The crust is brown. "
            "<img src=x onerror=\"window.__pwned = 2\"> It is baked at a high heat.")
 
 
-class Api:
-    """A `prune api` process on a free loopback port."""
-
-    def __init__(self, model, key=None):
-        (self.port,) = free_ports(1)
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.key = key
-        cmd = [sys.executable, "-m", "engine", "api", "--model", str(model), "--port", str(self.port), "-q"]
-        if key:
-            cmd += ["--api-key", key]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prune api exited: {self.proc.stderr.read()[-2000:]}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2):
-                    return
-            except OSError:
-                time.sleep(0.2)
-        raise RuntimeError("prune api did not come up in 120 s")
-
-    def prune(self, **body):
-        req = urllib.request.Request(self.url + "/v1/prune", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json",
-                                      **({"Authorization": f"Bearer {self.key}"} if self.key else {})})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return json.loads(r.read())["results"]
-
-    def close(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def apis(default_cache, exported):
-    started = {"default": Api(default_cache["model"]), "provence": Api(exported["provence"]),
-               "locked": Api(exported["provence"], key="s3cret-key")}
+    started = {"default": ApiProcess(default_cache["model"]), "provence": ApiProcess(exported["provence"]),
+               "locked": ApiProcess(exported["provence"], key="s3cret-key")}
     yield started
     for a in started.values():
         a.close()

@@ -17,7 +17,7 @@ import pytest
 
 from engine.triton.server import TritonServer
 from export.triton import RepositoryOptions, build_repository
-from tests.utils import free_ports, processes_under
+from tests.utils import free_ports, milvus_calls, processes_under
 
 pytestmark = pytest.mark.server
 
@@ -239,8 +239,9 @@ def test_a_dead_stub_turns_the_apis_health_503_and_back(small_repository, pruner
     server."""
     pytest.importorskip("fastapi")
     import httpx
-    ports = free_ports(4)
-    proc, lines = _start_serve(small_repository, ports[:3], ports[3], "--triton-http", "off", "--host", "0.0.0.0")
+    ports = free_ports(5)
+    proc, lines = _start_serve(small_repository, ports[:3], ports[3], "--triton-http", "off", "--host", "0.0.0.0",
+                               "--model-service-port", str(ports[4]))
     url = f"http://127.0.0.1:{ports[3]}"
     try:
         assert any("HTTP off" in line for line in lines), "".join(lines)
@@ -281,6 +282,13 @@ def test_a_dead_stub_turns_the_apis_health_503_and_back(small_repository, pruner
         doc = ["The stadium was built in 1923. It holds 80,000 people."]
         got = httpx.post(f"{url}/v1/prune", json={"question": "When?", "passages": doc}, timeout=30).json()
         assert got["results"][0]["pruned_context"] == pruners["opensearch"][0].prune("When?", doc)[0].pruned_context
+        # Milvus's model service beside the API, on the same text model
+        (answer,) = milvus_calls(f"127.0.0.1:{ports[4]}", [{"rpc": "Highlight", "query": "When?", "documents": doc,
+                                                             "params": {"threshold": "0.0"}}])
+        want = httpx.post(f"{url}/v1/prune", json={"question": "When?", "passages": doc, "threshold": 0.0}).json()
+        assert answer["code"] == "OK", answer
+        assert answer["results"][0]["sentences"] == [f"<em>{s['text']}</em>" for s in want["results"][0]["sentences"]
+                                                     if s["kept"]] != []
         print(f"\n/health: 503 {down:.1f} s after the stub was killed, 200 again after {up:.1f} s")
     finally:
         proc.send_signal(signal.SIGTERM)

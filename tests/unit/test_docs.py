@@ -33,7 +33,7 @@ def _code_block_lines(text: str):
 
 def _command(line: str) -> list[str] | None:
     line = re.sub(r"^\s*(\$ )?([A-Z_]+=\S+ )*", "", line)
-    if not line.startswith("prune "):
+    if not line.startswith("prune ") or re.match(r"prune [\w-]+: ", line):     # "prune api: ..." is output
         return None
     words = shlex.split(line, comments=True)
     for stop in ("|", ">", "&&", ";", "&"):
