@@ -1,28 +1,41 @@
-"""How the passage gate's margin was chosen (docs/quality.md): the default model's RAG
-calls run once without the gate, then the engine's own gate (engine.decide.gate_passages)
-applied at each margin, on every RAG file given, domain by domain:
+"""How the passage gate was chosen (docs/quality.md): the default model's RAG calls run
+once without the gate, then each candidate gate applied to the same ungated results, on
+every RAG file given, domain by domain:
 
     python -m benchmarks.rag_from_prune --data ../shared/data/coqa-dev-prune.jsonl --out build/coqa-dev-rag.jsonl
+    python -m benchmarks.rag_from_prune --data ../shared/data/coqa-dev-prune.jsonl --chars 600 \\
+        --out build/coqa-dev-rag-600.jsonl
     python -m benchmarks.passage_gate --rag ../shared/data/squad-dev-rag.jsonl --rag build/coqa-dev-rag.jsonl \\
-        --out benchmarks/results/passage-gate
+        --rag build/coqa-dev-rag-600.jsonl --out benchmarks/results/passage-gate
 
-Reported per domain (a record's `source`, else the file's name) and margin: the share of
-non-gold passages emptied, of gold passages with something kept, and the F1 and F2 of
-"the passage keeps something" against "the passage is gold" (F2 weighs a lost answer
-passage four times an irrelevant one kept: a RAG prompt can carry a spare passage, not a
-missing answer). The margin chosen: among the margins that keep 95% of squad-dev-rag's gold
-passages, the largest whose mean F2 over the domains is within 1 point of the best (F2
-differences under a point are a few calls either way; the larger margin loses fewer
-answers)."""
+A domain is a file's stem and a record's `source` (coqa-dev's seven domains in each cut
+shape are fourteen). Reported per domain and gate: the share of non-gold passages emptied,
+of gold passages with something kept, and the F2 of "the passage keeps something" against
+"the passage is gold" (F2 weighs a lost answer passage four times a spare one kept); and,
+per domain, how often the gold passage ranks first, in the top 2, in the top 3 by
+reranking score: what no gate on that score can beat.
+
+The gates tried: the margin below the call's best (the engine's, engine.decide.gate_passages);
+the margin scaled by the call's spread (best minus median, best minus mean) or its standard
+deviation; the top n passages always kept, n fixed or a share of the call, beside a margin;
+a margin that grows as the call's best score falls (vague questions score low everywhere);
+a ratio of the best. The rule that chooses: first, at least 95% of the gold passages keep
+something on every domain; among the gates that do, the best mean F2, and among those
+within a point of it the one with fewest parameters (then the smallest margin).
+"""
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
 
 from engine.tools.harness import Study, parser
-from pathlib import Path
 
-MARGINS = (0.0, 0.02, 0.04, 0.06, 0.08, 0.1, 0.12, 0.15, 0.2, 0.25, 0.3)
+Gate = Callable[[np.ndarray], np.ndarray]        # a call's scores -> which passages pass
 
 
 def fbeta(tp: int, fp: int, fn: int, beta: float) -> float:
@@ -30,66 +43,129 @@ def fbeta(tp: int, fp: int, fn: int, beta: float) -> float:
     return (1 + b2) * tp / ((1 + b2) * tp + b2 * fn + fp) if tp else 0.0
 
 
+def _top(s: np.ndarray, n: int) -> np.ndarray:
+    keep = np.zeros(len(s), dtype=bool)
+    keep[np.argsort(-s, kind="stable")[:n]] = True
+    return keep
+
+
+def gates() -> dict[str, tuple[int, Gate]]:
+    """Every candidate: name -> (its number of parameters, the gate)."""
+    out: dict[str, tuple[int, Gate]] = {}
+    for m in (0.05, 0.1, 0.15, 0.2, 0.22, 0.24, 0.26, 0.28, 0.3, 0.35):
+        out[f"margin {m}"] = (1, lambda s, m=m: s >= np.float32(s.max()) - np.float32(m))
+    for k in (0.3, 0.5, 0.7, 1.0, 1.5):
+        out[f"margin {k} x (best - median)"] = (1, lambda s, k=k: s >= s.max() - k * (s.max() - np.median(s)))
+        out[f"margin {k} x (best - mean)"] = (1, lambda s, k=k: s >= s.max() - k * (s.max() - s.mean()))
+    for k in (0.5, 1.0, 1.5, 2.0):
+        out[f"margin {k} x std"] = (1, lambda s, k=k: s >= s.max() - k * s.std())
+    for n in (2, 3):
+        for m in (0.05, 0.1, 0.15):
+            out[f"top {n}, else margin {m}"] = (2, lambda s, n=n, m=m: _top(s, n) | (s >= s.max() - m))
+    for share in (0.2, 0.3, 0.5):
+        for m in (0.1, 0.15):
+            out[f"top {share:.0%} of the call, else margin {m}"] = (
+                2, lambda s, f=share, m=m: _top(s, max(1, math.ceil(f * len(s)))) | (s >= s.max() - m))
+    for a in (0.05, 0.1, 0.15):
+        for c in (0.2, 0.3, 0.5):
+            out[f"margin {a} + {c} x (1 - best)"] = (2, lambda s, a=a, c=c: s >= s.max() - a - c * max(0.0, 1 - s.max()))
+    for r in (0.7, 0.8, 0.9):
+        out[f"{r} x best"] = (1, lambda s, r=r: s >= r * s.max())
+    return out
+
+
+def score(calls: list[tuple[list[int], np.ndarray, np.ndarray]], gate: Gate) -> dict[str, float]:
+    """A gate on one domain's calls (gold indices, reranking scores, passages with something kept ungated)."""
+    tp = fp = fn = tn = 0
+    for gold_idx, s, some in calls:
+        gold = np.zeros(len(s), dtype=bool)
+        gold[gold_idx] = True
+        keep = gate(s) & some
+        tp, fp = tp + int((keep & gold).sum()), fp + int((keep & ~gold).sum())
+        fn, tn = fn + int((~keep & gold).sum()), tn + int((~keep & ~gold).sum())
+    return {"non_gold_emptied": tn / max(tn + fp, 1), "gold_kept": tp / max(tp + fn, 1),
+            "f2": fbeta(tp, fp, fn, 2), "gold_lost": fn}
+
+
+def ceilings(calls: list[tuple[list[int], np.ndarray, np.ndarray]]) -> dict[str, float]:
+    """How often a gold passage ranks first, in the top 2, in the top 3 of its call."""
+    ranks = [1 + int((s > s[g]).sum()) for gold, s, _ in calls for g in gold]
+    return {f"top{k}": float(np.mean([r <= k for r in ranks])) for k in (1, 2, 3)}
+
+
+def choose(table: dict[str, dict[str, dict[str, float]]], params: dict[str, int]) -> str | None:
+    """The rule of the module docstring."""
+    mean_f2 = {g: float(np.mean([d[g]["f2"] for d in table.values()])) for g in params}
+    ok = [g for g in params if all(d[g]["gold_kept"] >= 0.95 for d in table.values())]
+    if not ok:
+        return None
+    best = max(mean_f2[g] for g in ok)
+    near = [g for g in ok if mean_f2[g] >= best - 0.01]
+    return min(near, key=lambda g: (params[g], g))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__, repeats=1)
     p.add_argument("--rag", action="append", required=True, help="a RAG JSONL (question, passages, gold); repeatable")
     p.add_argument("--model", default="default", help="a model folder, or 'default'")
-    p.add_argument("--margins", default=",".join(map(str, MARGINS)), help="comma-separated margins")
     p.add_argument("--limit", type=int, help="first N calls of each file")
     args = p.parse_args(argv)
     study = Study("passage-gate", "benchmarks.passage_gate", argv)
-    margins = [float(m) for m in args.margins.split(",")]
 
-    from engine.decide import gate_passages
     from engine.pruner import Pruner
     from engine.tools.quality import load_rag_data, rag_calls
 
     pruner = Pruner.load(args.model, threads=args.threads)
-    calls_by_domain: dict[str, list] = defaultdict(list)      # domain -> [(sample, ungated results)]
+    by_domain: dict[str, list] = defaultdict(list)
     t0 = time.perf_counter()
     for path in args.rag:
         samples = load_rag_data(path, args.limit)
         ungated = rag_calls(pruner, samples, progress=True, desc=Path(path).name, passage_margin=-1.0)
         for s, results in zip(samples, ungated):
-            calls_by_domain[s.source or Path(path).stem].append((s, results))
+            results = sorted(results, key=lambda r: r.index)
+            scores = np.array([r.reranking_score if r.reranking_score is not None else -np.inf for r in results],
+                              dtype=np.float32)
+            some = np.array([any(x.kept for x in r.sentences) for r in results])
+            by_domain[f"{Path(path).stem}: {s.source}" if s.source else Path(path).stem].append(
+                (list(s.gold), scores, some))
     seconds = time.perf_counter() - t0
 
-    table: dict[str, dict[str, dict[str, float]]] = {}
-    for domain, pairs in sorted(calls_by_domain.items()):
-        table[domain] = {}
-        for m in margins:
-            tp = fp = fn = tn = 0
-            for s, results in pairs:
-                for r in gate_passages(results, m):
-                    some, gold = any(x.kept for x in r.sentences), r.index in s.gold
-                    tp += some and gold
-                    fp += some and not gold
-                    fn += gold and not some
-                    tn += not some and not gold
-            table[domain][str(m)] = {"non_gold_emptied": tn / max(tn + fp, 1), "gold_kept": tp / max(tp + fn, 1),
-                                     "f1": fbeta(tp, fp, fn, 1), "f2": fbeta(tp, fp, fn, 2), "calls": len(pairs)}
-    mean_f2 = {str(m): sum(t[str(m)]["f2"] for t in table.values()) / len(table) for m in margins}
-    squad = next((d for d in table if "squad" in d), None)
-    allowed = [str(m) for m in margins if squad is None or table[squad][str(m)]["gold_kept"] >= 0.95]
-    best = max((mean_f2[m] for m in allowed), default=None)
-    chosen = max((m for m in allowed if mean_f2[m] >= best - 0.01), key=float) if allowed else None
-
-    report = {"model": pruner.describe(), "seconds": round(seconds, 1), "margins": margins,
-              "domains": table, "mean_f2": mean_f2, "chosen": chosen}
-    md = study.header("The passage gate's margin")
-    md += ["Per domain and margin: non-gold passages emptied / gold passages with something kept, and F2 of "
-           "\"keeps something\" against \"is gold\" (the default model, one call per question, the gate applied "
-           "to the same ungated results at each margin).", "",
-           "| margin | " + " | ".join(table) + " | mean F2 |", "|---|" + "---|" * (len(table) + 1)]
-    for m in margins:
-        cells = [f"{100 * t[str(m)]['non_gold_emptied']:.0f}% / {100 * t[str(m)]['gold_kept']:.0f}% "
-                 f"(F2 {100 * t[str(m)]['f2']:.1f})" for t in table.values()]
-        md.append(f"| {m}{' (chosen)' if str(m) == chosen else ''} | " + " | ".join(cells)
-                  + f" | {100 * mean_f2[str(m)]:.1f} |")
-    md += ["", "Calls per domain: " + ", ".join(f"{d} {next(iter(t.values()))['calls']}" for d, t in table.items())
-           + f". {report['seconds']} s."]
-    study.write(args.out, report, md)
+    candidates = gates()
+    table = {d: {g: score(calls, gate) for g, (_, gate) in candidates.items()} for d, calls in sorted(by_domain.items())}
+    chosen = choose(table, {g: n for g, (n, _) in candidates.items()})
+    report = {"model": pruner.describe(), "seconds": round(seconds, 1), "domains": table, "chosen": chosen,
+              "calls": {d: len(c) for d, c in by_domain.items()},
+              "ceilings": {d: ceilings(c) for d, c in sorted(by_domain.items())}}
+    study.write(args.out, report, _markdown(study, report, list(candidates)))
     return 0
+
+
+def _markdown(study: Study, report: dict, names: list[str]) -> list[str]:
+    table, chosen = report["domains"], report["chosen"]
+    md = study.header("The passage gate")
+    md += ["Each candidate gate on the same ungated calls of the default model: the worst domain's share of gold "
+           "passages with something kept, the worst and mean share of non-gold passages emptied, the mean F2 over "
+           "the domains. Chosen: " + (f"**{chosen}**" if chosen else "none keeps 95% of the gold passages on every "
+                                      "domain") + ".", "",
+           "| gate | worst gold kept | worst non-gold emptied | mean non-gold emptied | mean F2 |", "|---|---|---|---|---|"]
+    for g in sorted(names, key=lambda g: -min(d[g]["gold_kept"] for d in table.values())):
+        vals = [d[g] for d in table.values()]
+        md.append(f"| {g}{' (chosen)' if g == chosen else ''} | {100 * min(v['gold_kept'] for v in vals):.1f}% | "
+                  f"{100 * min(v['non_gold_emptied'] for v in vals):.1f}% | "
+                  f"{100 * np.mean([v['non_gold_emptied'] for v in vals]):.1f}% | "
+                  f"{100 * np.mean([v['f2'] for v in vals]):.1f} |")
+    shown = [g for g in (chosen, "margin 0.1") if g]
+    md += ["", "Per domain: " + ", ".join(f"gold kept / non-gold emptied at {g}" for g in shown)
+           + "; where the gold passage ranks (no gate on this score keeps more than a top-k share).", "",
+           "| domain | calls | " + " | ".join(shown) + " | gold first | in the top 2 | in the top 3 |",
+           "|---|---|" + "---|" * (len(shown) + 3)]
+    for d, row in table.items():
+        c = report["ceilings"][d]
+        md.append(f"| {d} | {report['calls'][d]} | " + " | ".join(
+            f"{100 * row[g]['gold_kept']:.1f}% / {100 * row[g]['non_gold_emptied']:.1f}%" for g in shown)
+            + f" | {100 * c['top1']:.1f}% | {100 * c['top2']:.1f}% | {100 * c['top3']:.1f}% |")
+    md += ["", f"{report['seconds']} s for the ungated calls."]
+    return md
 
 
 if __name__ == "__main__":

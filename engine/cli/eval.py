@@ -29,7 +29,8 @@ def add(new) -> None:
 def run(args) -> int:
     """Run `prune eval`; the exit status."""
     from engine.tools.quality import evaluate
-    from engine.tools.quality_report import domain_table, rag_table, rerank_table, table, write_report
+    from engine.tools.quality_report import (domain_table, rag_domain_table, rag_table, rerank_table, table,
+                                            write_report)
     from engine.default_model import ensure_default_model
     from engine.pruner import Pruner
     # bad input is reported before any model loads (the default one is exported on first use)
@@ -59,6 +60,8 @@ def run(args) -> int:
     if report.get("rag"):
         print()
         print(rag_table(report["rag"]["metrics"]))
+        print()
+        print(rag_domain_table(report["rag"]["by_domain"]))
     if report.get("reranking"):
         print()
         print(rerank_table(report["reranking"]["metrics"]))

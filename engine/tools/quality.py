@@ -249,6 +249,30 @@ def rag_pruning_metrics(calls: Sequence[Sequence[Any]], samples: Sequence[RagSam
             "non_gold_passages": nongold, "gold_passages": golds}
 
 
+def lost_answers(calls: Sequence[Sequence[Any]], samples: Sequence[RagSample]) -> dict[str, Any]:
+    """Per domain (a sample's `source`, else "all"): the RAG metrics of its calls, and the
+    answer passages that kept nothing with the calls where it happened (id, question, the
+    lost passages with their reranking score and rank, the call's best score)."""
+    out: dict[str, Any] = {}
+    for d in sorted({s.source or "all" for s in samples}):
+        idx = [i for i, s in enumerate(samples) if (s.source or "all") == d]
+        lost_calls = [lost for i in idx if (lost := _lost_in(calls[i], samples[i]))]
+        out[d] = {**rag_pruning_metrics([calls[i] for i in idx], [samples[i] for i in idx]),
+                  "gold_lost": sum(len(c["lost"]) for c in lost_calls), "lost_calls": lost_calls}
+    return out
+
+
+def _lost_in(results: Sequence[Any], sample: RagSample) -> dict[str, Any] | None:
+    """The answer passages of one call that kept nothing (None when none did)."""
+    scores = [r.reranking_score for r in results if r.reranking_score is not None]
+    lost = [r for r in results if r.index in sample.gold and not any(x.kept for x in r.sentences)]
+    if not lost:
+        return None
+    return {"id": sample.id, "question": sample.question, "passages": len(results), "best_score": max(scores),
+            "lost": [{"index": r.index, "reranking_score": r.reranking_score,
+                      "rank": 1 + sum(x > r.reranking_score for x in scores)} for r in lost]}
+
+
 # --------------------------------------------------------------------------- report
 
 def default_predictions(pruner, samples: Sequence[PruneSample], scores: Sequence[np.ndarray],
@@ -339,6 +363,7 @@ def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: st
         golds = [s.gold for s in rag]
         rr = {"BM25 (passage vs question)": reranking_metrics(bm25_rankings(rag), golds)}
         pruning: dict[str, dict[str, float]] = {}
+        by_domain: dict[str, dict[str, Any]] = {}
         for name, pruner in models.items():
             fam = pruner.family
             log(f"running {len(rag)} RAG calls with {name} ...")
@@ -347,6 +372,7 @@ def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: st
             margin = fam.rules.passage_margin
             at_defaults = [gate_passages(results, margin) for results in ungated]
             pruning[f"{name} at its defaults"] = rag_pruning_metrics(at_defaults, rag)
+            by_domain[name] = lost_answers(at_defaults, rag)
             if margin is not None:
                 pruning[f"{name} without the passage gate (passage_margin -1)"] = rag_pruning_metrics(ungated, rag)
             if report["windows"][name] == "sentences":
@@ -361,5 +387,5 @@ def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: st
                 rr[name] = reranking_metrics(rankings_of(ungated), golds)
         report["reranking"] = {"data": str(rag_data), "metrics": rr}
         report["rag"] = {"data": str(rag_data), "queries": len(rag),
-                         "passages": sum(len(s.passages) for s in rag), "metrics": pruning}
+                         "passages": sum(len(s.passages) for s in rag), "metrics": pruning, "by_domain": by_domain}
     return report

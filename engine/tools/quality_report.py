@@ -86,6 +86,18 @@ def rag_table(metrics: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def rag_domain_table(by_domain: dict[str, dict[str, Any]]) -> str:
+    """Per model and domain: the answer passages lost at the defaults (the calls: eval.json)."""
+    lines = ["| model | domain | calls | gold passages with something kept | lost | non-gold emptied | MRR@10 |",
+             "|---|---|---|---|---|---|---|"]
+    for name, domains in by_domain.items():
+        for d, m in domains.items():
+            lines.append(f"| {name} | {d} | {m['queries']} | {100 * m['gold_with_something_kept']:.1f}% | "
+                         f"{m['gold_lost']} of {m['gold_passages']} | {100 * m['non_gold_emptied']:.1f}% | "
+                         f"{m['mrr@10']:.4f} |")
+    return "\n".join(lines)
+
+
 def write_report(report: dict[str, Any], out_dir: str | Path, title: str, command: str) -> dict[str, Path]:
     """The report as JSON and markdown in `out_dir`; the paths written."""
     out_dir = Path(out_dir)
@@ -113,6 +125,9 @@ def write_report(report: dict[str, Any], out_dir: str | Path, title: str, comman
         rg = report["rag"]
         md += [f"## RAG calls: {rg['data']}", "", f"{rg['queries']} calls, {rg['passages']} passages; each model at "
                "its defaults, one call per question with all its passages.", "", rag_table(rg["metrics"]), ""]
+        if rg.get("by_domain"):
+            md += ["Answer passages lost, per domain (each lost one with its call: `rag.by_domain` in eval.json):",
+                   "", rag_domain_table(rg["by_domain"]), ""]
     if report.get("reranking"):
         md += [f"## Reranking: {report['reranking']['data']}", "", rerank_table(report["reranking"]["metrics"]), ""]
     paths["markdown"].write_text("\n".join(md))

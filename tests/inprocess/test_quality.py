@@ -129,12 +129,17 @@ def test_eval_reports_domains_and_rag_calls_as_the_engine_decides(default_pruner
         rag_calls(default_pruner, rag, progress=False), rag)
     off = report["rag"]["metrics"]["m without the passage gate (passage_margin -1)"]
     assert off["non_gold_emptied"] == 0.0 < report["rag"]["metrics"]["m at its defaults"]["non_gold_emptied"]
+    (domain,) = report["rag"]["by_domain"]["m"].values()       # squad-dev-rag: one domain
+    assert domain["gold_lost"] == sum(len(c["lost"]) for c in domain["lost_calls"])
+    assert domain["gold_with_something_kept"] == report["rag"]["metrics"]["m at its defaults"][
+        "gold_with_something_kept"]
     by = report["pruning"]["by_domain"]
     assert len(by["domains"]) == 7 and all(d["documents"] == 3 for d in by["domains"].values())
     worst = by["worst"]["m"]
     assert worst["over_bm25"] == min(d["models"]["m"]["over_bm25"] for d in by["domains"].values())
     md = write_report(report, tmp_path, "t", "prune eval ...")["markdown"].read_text()
     assert "### By domain" in md and "| coqa/reddit | 3 |" in md and "## RAG calls" in md
+    assert "| m | squad-v1.1-dev | 8 |" in md                  # the answer passages lost, per domain
 
 
 def test_eval_and_fidelity_record_the_windows(pruners):

@@ -133,3 +133,43 @@ def test_dataset_loads_with_its_own_spans():
     for s in samples:
         assert len(s.spans) == len(s.labels) and s.labels.any()
         assert all(0 <= a < b <= len(s.context) for a, b in s.spans)
+
+
+def test_lost_answers_lists_each_domains_lost_gold_passages_with_their_calls():
+    from engine.decide import PruneResult, Sentence
+    from engine.tools.quality import RagSample, lost_answers
+
+    def res(i, score, kept):
+        sents = [Sentence("x" * 10, 10 * k, 10 * k + 10, 0.5, bool(x)) for k, x in enumerate(kept)]
+        return PruneResult(i, "x" * (10 * len(kept)), "", score, sents, 0.0, 0.5)
+    samples = [RagSample("a", "qa", ["p0", "p1", "p2"], [0, 2], "news"), RagSample("b", "qb", ["p0", "p1"], [1], "news"),
+               RagSample("c", "qc", ["p0", "p1"], [0], "forum")]
+    calls = [[res(0, 0.9, [1]), res(1, 0.5, [0]), res(2, 0.4, [0, 0])],     # gold 2 lost, third of three
+             [res(0, 0.7, [1]), res(1, 0.6, [1])],                           # nothing lost
+             [res(0, 0.2, [0]), res(1, 0.8, [1])]]                           # gold 0 lost, second
+    out = lost_answers(calls, samples)
+    assert set(out) == {"news", "forum"}
+    assert out["news"]["queries"] == 2 and out["news"]["gold_lost"] == 1 and out["news"]["gold_passages"] == 3
+    assert out["news"]["gold_with_something_kept"] == pytest.approx(2 / 3)
+    assert out["news"]["lost_calls"] == [{"id": "a", "question": "qa", "passages": 3, "best_score": 0.9,
+                                          "lost": [{"index": 2, "reranking_score": 0.4, "rank": 3}]}]
+    assert out["forum"]["lost_calls"][0]["lost"] == [{"index": 0, "reranking_score": 0.2, "rank": 2}]
+
+
+def test_the_gate_study_scores_gates_and_chooses_constraint_first():
+    """benchmarks/passage_gate.py: a gate's figures by hand, the rank ceilings, and the rule
+    that chooses (95% of gold kept on every domain first, then mean F2, then fewest parameters)."""
+    from benchmarks.passage_gate import ceilings, choose, score
+    calls = [([0], np.array([0.9, 0.5, 0.85], np.float32), np.array([True, True, True])),
+             ([1], np.array([0.9, 0.7, 0.2], np.float32), np.array([True, True, True]))]
+    m = score(calls, lambda s: s >= s.max() - 0.1)
+    # call 1 keeps 0 and 2 (gold 0 kept, one spare), call 2 keeps 0 only (gold 1 lost)
+    assert m["gold_kept"] == 0.5 and m["non_gold_emptied"] == pytest.approx(2 / 4) and m["gold_lost"] == 1
+    assert ceilings(calls) == {"top1": 0.5, "top2": 1.0, "top3": 1.0}
+    row = {"gold_kept": 1.0, "non_gold_emptied": 0.5}
+    table = {"a": {"wide": {**row, "f2": 0.80}, "two": {**row, "f2": 0.805}, "tight": {**row, "gold_kept": 0.9,
+                                                                                       "f2": 0.95}},
+             "b": {"wide": {**row, "f2": 0.80}, "two": {**row, "f2": 0.805}, "tight": {**row, "f2": 0.95}}}
+    # "tight" has the best F2 but loses answers on a; "two" beats "wide" by half a point: fewer parameters win
+    assert choose(table, {"wide": 1, "two": 2, "tight": 1}) == "wide"
+    assert choose({"a": {"tight": table["a"]["tight"]}}, {"tight": 1}) is None
