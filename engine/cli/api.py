@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engine.errors import PruneError
+
 from engine.cli.common import (add_batching, add_openvino, add_setting, api_imports, batching, model_path,
                                port_number, positive_float)
 
@@ -33,6 +35,7 @@ def run(args) -> int:
     """Run `prune api`; the exit status."""
     uvicorn, _, _ = api_imports()
     from engine.pruner import Pruner
+    check_model_service(args)
     if args.server:
         name = args.text_model or "default_text"
         args.log(f"connecting to the text model {name!r} on {args.server} (gRPC) ...")
@@ -62,6 +65,18 @@ def add_encoder(p) -> None:
                                      "is default, else none (Embedding answers UNIMPLEMENTED)")
 
 
+def check_model_service(args) -> None:
+    """A PruneError (one line) before anything loads when --model-service-port cannot serve:
+    grpcio-tools missing, or the port taken."""
+    port = getattr(args, "model_service_port", None)
+    if port is None:
+        return
+    from engine.http.milvus import port_is_free, proto_modules
+    proto_modules()
+    if port and not port_is_free(args.host, port):
+        raise PruneError(f"--model-service-port {port}: {args.host}:{port} is in use; choose another port")
+
+
 def model_is_default(args) -> bool:
     """Whether --model names the default model."""
     return not args.model or args.model == "default"
@@ -76,8 +91,7 @@ def api_app(args, pruner, label: str, remote: bool, default_encoder: bool = Fals
     service = None
     embedder = None
     if port is not None:
-        from engine.http.milvus import address, proto_modules
-        proto_modules()                          # grpcio-tools is there, before anything starts
+        from engine.http.milvus import address
         service = address(args.host, port)
         encoder = getattr(args, "encoder", None) or ("default" if default_encoder else None)
         if encoder:

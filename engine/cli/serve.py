@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from engine.cli.api import add_encoder, api_app, service_note
+from engine.cli.api import add_encoder, api_app, check_model_service, service_note
 from engine.cli.common import add_setting, api_imports, non_negative_int, port_number, positive_float
 from engine.errors import PruneError
 
@@ -48,6 +48,7 @@ def run(args) -> int:
     if not Path(args.model_repository).is_dir():      # before any note about it
         raise PruneError(f"--model-repository {args.model_repository}: no such folder (prune repository "
                          "--out FOLDER writes one)")
+    check_model_service(args)
     text_model = _text_model(args) if args.api_port else None
     if args.api_port and text_model is None:
         args.log(f"prune serve: {args.model_repository} has no text model (prune repository writes one unless "
@@ -59,6 +60,8 @@ def run(args) -> int:
             args.log(f"prune serve: {exc}: no HTTP API (--api-port 0 says so without this note)")
             text_model = None
     api_on = text_model is not None
+    if args.model_service_port is not None and not api_on:
+        args.log("prune serve: Milvus's model service runs beside the HTTP API, which is off: no model service")
     triton_host = args.triton_host or ("127.0.0.1" if api_on else args.host)
     server = TritonServer(args.model_repository, host=triton_host, http_port=args.http_port,
                           grpc_port=args.grpc_port, metrics_port=args.metrics_port, forward_logs=not args.quiet,

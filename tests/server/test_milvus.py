@@ -207,3 +207,18 @@ def test_prune_api_with_the_default_model_serves_milvus(default_cache):
         assert len(embedding["dense"][0]) == 384                           # all-MiniLM-L6-v2
     finally:
         api.close()
+
+
+def test_a_taken_port_is_one_clear_line_before_the_model_loads(exported, capsys):
+    import socket
+    from engine.cli import main
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["api", "--model", str(exported["opensearch"]), "--port", str(free_ports(1)[0]),
+                     "--model-service-port", str(port)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == [f"prune api: error: --model-service-port {port}: 127.0.0.1:{port} is in use; "
+                                 "choose another port"], \
+        (code, err)
