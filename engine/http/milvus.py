@@ -43,8 +43,6 @@ from engine.http.state import ApiState, Busy
 PACKAGE = "milvus.proto.modelservice"
 #: what Milvus's client sends and accepts at most: the server takes as much
 MILVUS_MAX_MESSAGE = 100 * 1024 * 1024
-#: params of a Highlight call the server reads; the others Milvus forwards are ignored
-HIGHLIGHT_PARAMS = ("threshold", "pre_tags", "post_tags", "highlight_only")
 DEFAULT_TAGS = (["<em>"], ["</em>"])     # Milvus's highlighters' own default tags
 
 
@@ -209,8 +207,10 @@ def _authorized(context: Any, key: str) -> bool:
     return hmac.compare_digest(given.encode(), f"Bearer {key}".encode())
 
 
-ROUTES = {"HighlightService": ("Highlight", "highlight"), "RerankService": ("Rerank", "rerank"),
-          "TextEmbeddingService": ("Embedding", "embedding")}
+#: service -> (its RPC, the ModelService handler, the request and response messages)
+ROUTES = {"HighlightService": ("Highlight", "highlight", "HighlightRequest", "HighlightResponse"),
+          "RerankService": ("Rerank", "rerank", "TextRerankRequest", "TextRerankResponse"),
+          "TextEmbeddingService": ("Embedding", "embedding", "TextEmbeddingRequest", "TextEmbeddingResponse")}
 
 
 async def start(api: ApiState, address: str, embedder: Any = None) -> Any:
@@ -225,8 +225,8 @@ async def start(api: ApiState, address: str, embedder: Any = None) -> Any:
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ("grpc.http2.max_ping_strikes", 0)])
     handlers = []
-    for name, (method, attr) in ROUTES.items():
-        request, response = _messages(pb, method)
+    for name, (method, attr, request_name, response_name) in ROUTES.items():
+        request, response = getattr(pb, request_name), getattr(pb, response_name)
         rpc = grpc.unary_unary_rpc_method_handler(
             _guarded(api, f"/{PACKAGE}.{name}/{method}", getattr(service, attr)),
             request_deserializer=request.FromString, response_serializer=response.SerializeToString)
@@ -240,13 +240,6 @@ async def start(api: ApiState, address: str, embedder: Any = None) -> Any:
         raise PruneError(f"the model service cannot listen on {address} (in use?)")
     await server.start()
     return server
-
-
-def _messages(pb: Any, method: str) -> tuple[Any, Any]:
-    """The request and response message classes of an RPC."""
-    return {"Highlight": (pb.HighlightRequest, pb.HighlightResponse),
-            "Rerank": (pb.TextRerankRequest, pb.TextRerankResponse),
-            "Embedding": (pb.TextEmbeddingRequest, pb.TextEmbeddingResponse)}[method]
 
 
 def port_is_free(host: str, port: int) -> bool:
