@@ -19,7 +19,12 @@ The gates tried: the margin below the call's best (the engine's, engine.decide.g
 the margin scaled by the call's spread (best minus median, best minus mean) or its standard
 deviation; the top n passages always kept, n fixed or a share of the call, beside a margin;
 a margin that grows as the call's best score falls (vague questions score low everywhere);
-a ratio of the best. The rule that chooses: first, at least 95% of the gold passages keep
+a ratio of the best. Each gate on several passage scores (`rankers`): the engine's reranking
+score (the model's cosine fused half and half with the share of the question's words a
+passage holds), the cosine alone, and the cosine or the engine's score fused with the
+passage's BM25 against the question among the call's passages (IDF from the call's
+passages, divided by the call's best: a score the whole call decides, as the gate is). The
+rule that chooses: first, at least 95% of the gold passages keep
 something on every domain; among the gates that do, the best mean F2, and among those
 within a point of it the one with fewest parameters (then the smallest margin).
 """
@@ -74,6 +79,31 @@ def gates() -> dict[str, tuple[int, Gate]]:
     return out
 
 
+Ranker = Callable[[str, list[str], np.ndarray], np.ndarray]   # (question, passages, engine's scores) -> scores
+
+
+def rankers(weight: float) -> dict[str, Ranker]:
+    """The passage scores a gate may compare (module docstring); `weight`: the lexical
+    weight the engine's reranking scores were fused with, to recover the cosine."""
+    from engine.lexical import passage_score, sentence_scores
+
+    def cosine(q: str, ps: list[str], s: np.ndarray) -> np.ndarray:
+        lex = np.array([passage_score(q, p) for p in ps], dtype=np.float32)
+        return ((s - weight * lex) / (1 - weight)).astype(np.float32)
+
+    def bm25(q: str, ps: list[str], s: np.ndarray) -> np.ndarray:
+        return sentence_scores(q, ps).astype(np.float32)
+
+    out: dict[str, Ranker] = {"engine": lambda q, ps, s: s, "cosine": cosine}
+    for a in (0.3, 0.5, 0.7):
+        out[f"{a} cosine + {1 - a:.1f} call BM25"] = (
+            lambda q, ps, s, a=a: (a * cosine(q, ps, s) + (1 - a) * bm25(q, ps, s)).astype(np.float32))
+    for a in (0.5, 0.7):
+        out[f"{a} engine + {1 - a:.1f} call BM25"] = (
+            lambda q, ps, s, a=a: (a * s + (1 - a) * bm25(q, ps, s)).astype(np.float32))
+    return out
+
+
 def score(calls: list[tuple[list[int], np.ndarray, np.ndarray]], gate: Gate) -> dict[str, float]:
     """A gate on one domain's calls (gold indices, reranking scores, passages with something kept ungated)."""
     tp = fp = fn = tn = 0
@@ -104,39 +134,69 @@ def choose(table: dict[str, dict[str, dict[str, float]]], params: dict[str, int]
     return min(near, key=lambda g: (params[g], g))
 
 
+def ungated(args) -> tuple[dict[str, list], str, float]:
+    """Each domain's calls as the model answers them without a gate: (gold indices, the
+    engine's reranking scores, passages with something kept, question, passages); the
+    model's description; seconds. Read from `--cache` when it holds them, else run and saved there."""
+    import json
+
+    from engine.tools.quality import load_rag_data, rag_calls
+    key = {"rag": args.rag, "model": args.model, "limit": args.limit}
+    cache = Path(args.cache) if args.cache else None
+    saved = json.loads(cache.read_text()) if cache and cache.exists() else None
+    by_domain: dict[str, list] = defaultdict(list)
+    if saved and saved["key"] == key:
+        runs, described, seconds = saved["runs"], saved["model"], saved["seconds"]
+    else:
+        from engine.pruner import Pruner
+        pruner = Pruner.load(args.model, threads=args.threads)
+        runs, described, t0 = {}, pruner.describe(), time.perf_counter()
+        for path in args.rag:
+            samples = load_rag_data(path, args.limit)
+            rows = []
+            for results in rag_calls(pruner, samples, progress=True, desc=Path(path).name, passage_margin=-1.0):
+                results = sorted(results, key=lambda r: r.index)
+                rows.append(([r.reranking_score if r.reranking_score is not None else -math.inf for r in results],
+                             [any(x.kept for x in r.sentences) for r in results]))
+            runs[path] = rows
+        seconds = time.perf_counter() - t0
+        if cache:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps({"key": key, "model": described, "seconds": seconds, "runs": runs}))
+    for path in args.rag:
+        for s, (scores, some) in zip(load_rag_data(path, args.limit), runs[path]):
+            by_domain[f"{Path(path).stem}: {s.source}" if s.source else Path(path).stem].append(
+                (list(s.gold), np.array(scores, dtype=np.float32), np.array(some), s.question, s.passages))
+    return by_domain, described, seconds
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__, repeats=1)
     p.add_argument("--rag", action="append", required=True, help="a RAG JSONL (question, passages, gold); repeatable")
     p.add_argument("--model", default="default", help="a model folder, or 'default'")
     p.add_argument("--limit", type=int, help="first N calls of each file")
+    p.add_argument("--cache", help="a JSON file keeping the ungated calls between runs (read when it matches)")
     args = p.parse_args(argv)
     study = Study("passage-gate", "benchmarks.passage_gate", argv)
 
-    from engine.pruner import Pruner
-    from engine.tools.quality import load_rag_data, rag_calls
-
-    pruner = Pruner.load(args.model, threads=args.threads)
-    by_domain: dict[str, list] = defaultdict(list)
-    t0 = time.perf_counter()
-    for path in args.rag:
-        samples = load_rag_data(path, args.limit)
-        ungated = rag_calls(pruner, samples, progress=True, desc=Path(path).name, passage_margin=-1.0)
-        for s, results in zip(samples, ungated):
-            results = sorted(results, key=lambda r: r.index)
-            scores = np.array([r.reranking_score if r.reranking_score is not None else -np.inf for r in results],
-                              dtype=np.float32)
-            some = np.array([any(x.kept for x in r.sentences) for r in results])
-            by_domain[f"{Path(path).stem}: {s.source}" if s.source else Path(path).stem].append(
-                (list(s.gold), scores, some))
-    seconds = time.perf_counter() - t0
-
+    from engine.families import FAMILIES
+    by_domain, described, seconds = ungated(args)
     candidates = gates()
-    table = {d: {g: score(calls, gate) for g, (_, gate) in candidates.items()} for d, calls in sorted(by_domain.items())}
-    chosen = choose(table, {g: n for g, (n, _) in candidates.items()})
-    report = {"model": pruner.describe(), "seconds": round(seconds, 1), "domains": table, "chosen": chosen,
-              "calls": {d: len(c) for d, c in by_domain.items()},
-              "ceilings": {d: ceilings(c) for d, c in sorted(by_domain.items())}}
-    study.write(args.out, report, _markdown(study, report, list(candidates)))
+    table: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
+    params, ceiling = {}, {}
+    for rname, rank in rankers(FAMILIES["embedding"].rules.lexical_weight).items():
+        calls = {d: [(g, rank(q, ps, s), some) for g, s, some, q, ps in c] for d, c in sorted(by_domain.items())}
+        ceiling[rname] = {d: ceilings(c) for d, c in calls.items()}
+        for g, (n, gate) in candidates.items():
+            name = g if rname == "engine" else f"{rname}: {g}"
+            params[name] = n + (rname != "engine")
+            for d, c in calls.items():
+                table[d][name] = score(c, gate)
+    chosen = choose(table, params)
+    report = {"model": described, "seconds": round(seconds, 1), "domains": table, "chosen": chosen,
+              "calls": {d: len(c) for d, c in by_domain.items()}, "ceilings": ceiling["engine"],
+              "ranker_ceilings": ceiling}
+    study.write(args.out, report, _markdown(study, report, list(params)))
     return 0
 
 
@@ -148,7 +208,9 @@ def _markdown(study: Study, report: dict, names: list[str]) -> list[str]:
            "the domains. Chosen: " + (f"**{chosen}**" if chosen else "none keeps 95% of the gold passages on every "
                                       "domain") + ".", "",
            "| gate | worst gold kept | worst non-gold emptied | mean non-gold emptied | mean F2 |", "|---|---|---|---|---|"]
-    for g in sorted(names, key=lambda g: -min(d[g]["gold_kept"] for d in table.values())):
+    ranked = sorted(names, key=lambda g: (-min(d[g]["gold_kept"] for d in table.values()),
+                                          -np.mean([d[g]["f2"] for d in table.values()])))
+    for g in [g for i, g in enumerate(ranked) if i < 40 or g in ("margin 0.1", chosen)]:
         vals = [d[g] for d in table.values()]
         md.append(f"| {g}{' (chosen)' if g == chosen else ''} | {100 * min(v['gold_kept'] for v in vals):.1f}% | "
                   f"{100 * min(v['non_gold_emptied'] for v in vals):.1f}% | "
@@ -164,6 +226,14 @@ def _markdown(study: Study, report: dict, names: list[str]) -> list[str]:
         md.append(f"| {d} | {report['calls'][d]} | " + " | ".join(
             f"{100 * row[g]['gold_kept']:.1f}% / {100 * row[g]['non_gold_emptied']:.1f}%" for g in shown)
             + f" | {100 * c['top1']:.1f}% | {100 * c['top2']:.1f}% | {100 * c['top3']:.1f}% |")
+    md += ["", f"The first 40 of {len(names)} gates shown (all are in the JSON); a score other than the engine's "
+           "names itself before the gate.", "",
+           "Where the gold passage ranks by each score: the worst domain's and the mean share first, in the top 2, "
+           "in the top 3.", "", "| score | first (worst / mean) | top 2 | top 3 |", "|---|---|---|---|"]
+    for rname, per in report["ranker_ceilings"].items():
+        md.append(f"| {rname} | " + " | ".join(
+            f"{100 * min(c[k] for c in per.values()):.1f}% / {100 * np.mean([c[k] for c in per.values()]):.1f}%"
+            for k in ("top1", "top2", "top3")) + " |")
     md += ["", f"{report['seconds']} s for the ungated calls."]
     return md
 

@@ -173,3 +173,20 @@ def test_the_gate_study_scores_gates_and_chooses_constraint_first():
     # "tight" has the best F2 but loses answers on a; "two" beats "wide" by half a point: fewer parameters win
     assert choose(table, {"wide": 1, "two": 2, "tight": 1}) == "wide"
     assert choose({"a": {"tight": table["a"]["tight"]}}, {"tight": 1}) is None
+
+
+def test_the_gate_studys_passage_scores_recover_the_cosine_and_fuse_the_calls_bm25():
+    """benchmarks/passage_gate.py's rankers: the cosine is the engine's score less its lexical
+    half; the call's BM25 is each passage's BM25 among the call's passages over the best."""
+    from benchmarks.passage_gate import rankers
+    q = "When did the volcano erupt?"
+    ps = ["The volcano erupted in 1980.", "Paella is a rice dish.", "The volcano is tall."]
+    cos = np.array([0.6, 0.1, 0.5], np.float32)
+    overlap = np.array([2 / 5, 0.0, 2 / 5], np.float32)       # "the", "volcano" of 5 words; erupt != erupted
+    engine = 0.5 * cos + 0.5 * overlap
+    r = rankers(0.5)
+    np.testing.assert_allclose(r["engine"](q, ps, engine), engine)
+    np.testing.assert_allclose(r["cosine"](q, ps, engine), cos, atol=1e-6)
+    bm25 = r["0.5 cosine + 0.5 call BM25"](q, ps, engine) * 2 - cos
+    assert bm25[1] == pytest.approx(0.0, abs=1e-6) and max(bm25) == pytest.approx(1.0)
+    assert bm25[2] > bm25[0]          # same words matched, the shorter passage scores higher (BM25's b)
