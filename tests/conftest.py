@@ -24,14 +24,29 @@ os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
 LAYERS = ("unit", "inprocess", "server", "packaging")
 
 
+#: The order layers run in: the longest tests first (a fresh venv's pip install, tritonservers),
+#: so that under workers (the README's `-n auto`) they start early and the short ones fill
+#: in around them, instead of one long test running alone at the end.
+RUN_ORDER = ("packaging", "server", "inprocess", "unit")
+
+
 def pytest_collection_modifyitems(config, items):
-    """A test whose module does not declare exactly its folder's layer is a usage error."""
+    """A test whose module does not declare exactly its folder's layer is a usage error; the
+    tests run layer by layer in RUN_ORDER, each module's in their own order."""
     for item in items:
         marks = [m.name for m in item.iter_markers() if m.name in LAYERS]
         folder = Path(str(item.fspath)).parent.name
         if marks != [folder]:
             raise pytest.UsageError(f"{item.nodeid}: its module must declare pytestmark = pytest.mark.{folder} "
                                     f"(it declares {marks or 'none'})")
+    items.sort(key=lambda item: RUN_ORDER.index(Path(str(item.fspath)).parent.name))
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pytest-xdist): a worker per CPU this process may use, at most 4: each
+    worker builds the session's fixtures again (test exports, a tritonserver, the default
+    model, fresh venvs), so more workers cost memory and disk for little time."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
 @pytest.fixture(scope="session")
