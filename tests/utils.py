@@ -16,6 +16,12 @@ from pathlib import Path
 
 FAMILY_NAMES = ["provence", "xprovence", "open_provence", "opensearch", "embedding"]
 
+#: Intra-op threads of a real model a test runs in-process: one under pytest-xdist's workers
+#: (the README's `-n auto` runs a worker per core, and ONNX Runtime's spinning threads on a
+#: core the other worker is using slowed a test four-fold), else every core. What the tests
+#: start (the CLI, the API) reads PRUNE_INTRA_OP_THREADS, which tests/conftest.py sets alike.
+THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else None
+
 #: the small data the tests need, carried by the repository (tests/data/README.md: sources, licence, canary)
 DATA = Path(__file__).resolve().parent / "data"
 

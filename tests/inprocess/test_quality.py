@@ -7,7 +7,7 @@ import pytest
 
 from engine.tools.quality import (load_prune_data)
 from engine.tools.quality_report import write_report
-from tests.utils import DATA
+from tests.utils import DATA, THREADS
 
 pytestmark = pytest.mark.inprocess
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.inprocess
 @pytest.fixture(scope="module")
 def default_pruner(default_cache):
     from engine.pruner import Pruner
-    return Pruner.load(default_cache["model"], threads=2)
+    return Pruner.load(default_cache["model"], threads=THREADS)
 
 
 OBVIOUS = [

@@ -13,7 +13,7 @@ import math
 import pytest
 
 from engine.errors import InputError
-from tests.utils import DATA
+from tests.utils import DATA, THREADS
 
 pytestmark = pytest.mark.server
 
@@ -30,7 +30,7 @@ def test_the_default_model_empties_the_passages_that_do_not_answer(default_cache
     defaults most passages that do not hold the answer keep nothing and the answer passage
     keeps a sentence; without the gate every passage keeps one (what the gate fixes)."""
     from engine.pruner import Pruner
-    pruner = Pruner.load(default_cache["model"])
+    pruner = Pruner.load(default_cache["model"], threads=THREADS)
     emptied = nongold = gold_kept = 0
     for n, row in enumerate(_rag_calls()):
         gated = pruner.prune(row["question"], row["passages"])
@@ -54,7 +54,7 @@ def test_the_default_model_empties_the_passages_that_do_not_answer(default_cache
 
 def test_the_readme_call_empties_the_unrelated_passage(default_cache):
     from engine.pruner import Pruner
-    pruner = Pruner.load(default_cache["model"])
+    pruner = Pruner.load(default_cache["model"], threads=THREADS)
     q = "What is the crust at the bottom of a paella called?"
     docs = ["Paella is a rice dish from Valencia. A good paella has a thin layer of toasted rice at the bottom "
             "of the pan, which Valencians call socarrat.",
@@ -82,7 +82,7 @@ def test_calls_in_other_languages_keep_the_answer_and_empty_the_rest(default_cac
     """The default model's encoder is English, so in Chinese, Japanese and Korean the
     lexical part carries the decision, counting character bigrams (engine.lexical)."""
     from engine.pruner import Pruner
-    got = Pruner.load(default_cache["model"]).prune(question, passages)
+    got = Pruner.load(default_cache["model"], threads=THREADS).prune(question, passages)
     assert [r.pruned_context for r in got] == ["", answer, ""]
 
 

@@ -3,6 +3,7 @@ variable over default, and a clear error for a variable that does not parse."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -34,6 +35,8 @@ def test_the_docs_table_is_the_settings_table():
 def test_every_flag_exists_and_reads_its_variable(monkeypatch):
     """Each setting with a flag has it on some command, with the setting's default; set
     through its variable, that command's default follows it."""
+    for name in [k for k in os.environ if k.startswith("PRUNE_")]:   # as a shell without them (the suite's
+        monkeypatch.delenv(name)                                      # workers set PRUNE_INTRA_OP_THREADS)
     subs = _subparsers()
     for s in SETTINGS.values():
         holders = [name for name, p in subs.items() if s.flag in p._option_string_actions]
