@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.utils import (CORE_MAX_BATCH, FAMILY_NAMES, TEXT_MAX_CHARS, TEXT_MAX_PASSAGES,  # noqa: F401
-                         free_ports, processes_under)
+                         built_once, free_ports, processes_under)
 
 # No model hub is reachable in tests: fail fast instead of waiting on the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -53,29 +53,6 @@ def pytest_xdist_auto_num_workers(config):
     worker builds the session's fixtures again (test exports, a tritonserver, the default
     model, fresh venvs), so more workers cost memory and disk for little time."""
     return max(1, min(4, len(os.sched_getaffinity(0))))
-
-
-def built_once(tmp_path_factory, name: str, build) -> Path:
-    """The folder `name` after `build(folder)` has filled it, once per test run. In one
-    process: a new temporary folder. Under pytest-xdist workers: a folder in the run's
-    shared temporary folder, built by the first worker that asks while the others wait on
-    a file lock, so the workers do not each export the same models. What is built so is
-    only read by the tests, as every session fixture's folder is."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        folder = tmp_path_factory.mktemp(name)
-        build(folder)
-        return folder
-    import shutil
-
-    from filelock import FileLock
-    folder = tmp_path_factory.getbasetemp().parent / name
-    with FileLock(f"{folder}.lock"):
-        if not (folder / ".built").exists():
-            shutil.rmtree(folder, ignore_errors=True)       # what a failed build left
-            folder.mkdir()
-            build(folder)
-            (folder / ".built").touch()
-    return folder
 
 
 @pytest.fixture(scope="session")

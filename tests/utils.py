@@ -103,6 +103,29 @@ def fresh_venv(path: Path, *requirements: str, with_pip: bool = False, timeout: 
     return python
 
 
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """The folder `name` after `build(folder)` has filled it, once per test run. In one
+    process: a new temporary folder. Under pytest-xdist workers: a folder in the run's
+    shared temporary folder, built by the first worker that asks while the others wait on
+    a file lock, so the workers do not each export the same models. What is built so is
+    only read by the tests, as every session fixture's folder is."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        folder = tmp_path_factory.mktemp(name)
+        build(folder)
+        return folder
+    import shutil
+
+    from filelock import FileLock
+    folder = tmp_path_factory.getbasetemp().parent / name
+    with FileLock(f"{folder}.lock"):
+        if not (folder / ".built").exists():
+            shutil.rmtree(folder, ignore_errors=True)       # what a failed build left
+            folder.mkdir()
+            build(folder)
+            (folder / ".built").touch()
+    return folder
+
+
 @contextlib.contextmanager
 def serve_api(pruner, config=None, embedder=None):
     """The app on a free loopback port, in a thread; yields its base URL."""
