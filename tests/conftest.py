@@ -189,17 +189,21 @@ MACHINE_VERSIONS = ["transformers==5.17.0", "onnx==1.23.1", "onnxruntime==1.31.1
 
 @pytest.fixture(scope="session")
 def machine_python(tmp_path_factory) -> Path:
-    """A fresh venv with MACHINE_VERSIONS (and what they and the engine need); its python."""
+    """A fresh venv with MACHINE_VERSIONS (and what they and the engine need); its python.
+    Built once for all workers: what runs in it only reads it (gpu.sh installs its wheels
+    with `pip --target` into a folder of its own)."""
     import subprocess
     from tests.utils import fresh_venv
-    venv = tmp_path_factory.mktemp("machine") / "venv"
-    # with a pip of its own: benchmarks/gpu.sh installs with `python -m pip`
-    python = fresh_venv(venv, *MACHINE_VERSIONS, "safetensors", "ml_dtypes", "sentencepiece", "tokenizers", "nupunkt",
-                        "sympy", "packaging", "matplotlib", "tqdm", with_pip=True)
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
     torch_site = str(Path(__import__("torch").__file__).parents[1])
-    (Path(site) / "zz_torch_from_the_test_env.pth").write_text(torch_site + "\n")   # last on sys.path
+
+    def build(folder: Path) -> None:
+        # with a pip of its own: benchmarks/gpu.sh installs with `python -m pip`
+        python = fresh_venv(folder / "venv", *MACHINE_VERSIONS, "safetensors", "ml_dtypes", "sentencepiece",
+                            "tokenizers", "nupunkt", "sympy", "packaging", "matplotlib", "tqdm", with_pip=True)
+        site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        (Path(site) / "zz_torch_from_the_test_env.pth").write_text(torch_site + "\n")   # last on sys.path
+    python = built_once(tmp_path_factory, "machine", build) / "venv" / "bin" / "python"
     got = subprocess.run([str(python), "-c", "import transformers, onnx, onnxruntime, numpy, google.protobuf as p, "
                           "torch; print(transformers.__version__, onnx.__version__, onnxruntime.__version__, "
                           "numpy.__version__, p.__version__)"], capture_output=True, text=True, timeout=300)

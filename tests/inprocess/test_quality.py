@@ -84,7 +84,7 @@ def test_default_model_int8_keeps_the_answers(default_pruner, tmp_path):
         del os.environ["PRUNE_CACHE"]
     assert folder.name.endswith("-int8")
     assert json.loads((folder / "manifest.json").read_text())["precision"] == "int8"
-    int8 = Pruner.load(folder, threads=2)
+    int8 = Pruner.load(folder, threads=THREADS)
     for question, passage, answer in OBVIOUS:
         a = int8.prune(question, [passage])[0]
         b = default_pruner.prune(question, [passage])[0]
@@ -122,9 +122,9 @@ def test_eval_reports_domains_and_rag_calls_as_the_engine_decides(default_pruner
     for s, p in zip(samples, preds):
         got = default_pruner.prune(s.question, [s.context], sentences=[s.spans])[0]
         assert [x.kept for x in got.sentences] == p.tolist()
-    rag = load_rag_data(DATA / "squad-dev-rag.jsonl", 8)
+    rag = load_rag_data(DATA / "squad-dev-rag.jsonl", 4)
     report = evaluate({"m": default_pruner}, DATA / "coqa-dev-prune.jsonl", DATA / "squad-dev-rag.jsonl",
-                      rag_limit=8, progress=False, log=lambda m: None)
+                      rag_limit=4, progress=False, log=lambda m: None)
     assert report["rag"]["metrics"]["m at its defaults"] == rag_pruning_metrics(
         rag_calls(default_pruner, rag, progress=False), rag)
     off = report["rag"]["metrics"]["m without the passage gate (passage_margin -1)"]
@@ -139,7 +139,7 @@ def test_eval_reports_domains_and_rag_calls_as_the_engine_decides(default_pruner
     assert worst["over_bm25"] == min(d["models"]["m"]["over_bm25"] for d in by["domains"].values())
     md = write_report(report, tmp_path, "t", "prune eval ...")["markdown"].read_text()
     assert "### By domain" in md and "| coqa/reddit | 3 |" in md and "## RAG calls" in md
-    assert "| m | squad-v1.1-dev | 8 |" in md                  # the answer passages lost, per domain
+    assert "| m | squad-v1.1-dev | 4 |" in md                  # the answer passages lost, per domain
 
 
 def test_eval_and_fidelity_record_the_windows(pruners):

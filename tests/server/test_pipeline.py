@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pytest
 
-from tests.utils import DATA, processes_under
+from tests.utils import DATA, THREADS, processes_under
 
 pytest.importorskip("pymilvus", reason="the [milvus] extra is part of the dev install")
 
@@ -27,13 +27,13 @@ QUESTIONS = 16
 @pytest.fixture(scope="module")
 def encoder(default_cache):
     from engine.rag.embedder import Embedder
-    return Embedder.load(default_cache["encoder"], threads=2)
+    return Embedder.load(default_cache["encoder"], threads=THREADS)
 
 
 @pytest.fixture(scope="module")
 def pruner(default_cache):
     from engine.pruner import Pruner
-    return Pruner.load(default_cache["model"], threads=2)
+    return Pruner.load(default_cache["model"], threads=THREADS)
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,14 @@
 """The suite under pytest-xdist's workers (the README's `-n auto`): a session's test models
-are built once for all workers (tests.utils.built_once), and once per call in one process."""
+are built once for all workers (tests.utils.built_once), and once per call in one process;
+a module's tests run on one worker (pyproject's `--dist`), so its fixtures are built once."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -64,3 +69,34 @@ def test_one_process_builds_each_time_in_a_new_folder(tmp_path, monkeypatch):
     a = built_once(factory, "onnx", builds.append)
     b = built_once(factory, "onnx", builds.append)
     assert builds == [a, b] and a != b
+
+
+MODULE = """
+import os
+from pathlib import Path
+import pytest
+
+@pytest.mark.parametrize("n", range(6))
+def test_where(n):
+    Path(__file__).with_name("ran").joinpath(f"{Path(__file__).stem}-{n}").write_text(os.environ["PYTEST_XDIST_WORKER"])
+"""
+
+
+def test_a_modules_tests_run_on_one_worker(tmp_path):
+    """The project's addopts on two workers: each module's six tests on one worker (pytest 9.2
+    silently ignores pytest-xdist 3.8's `--dist loadgroup` groups, pytest-xdist#1386, and
+    spreads a module over the workers; the same must not befall the project's `--dist`)."""
+    root = Path(__file__).resolve().parents[2]
+    addopts = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    (tmp_path / "ran").mkdir()
+    for name in ("test_a", "test_b"):
+        (tmp_path / f"{name}.py").write_text(MODULE)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider",
+                          *addopts.split(), "-o", "addopts=", str(tmp_path)], cwd=tmp_path,
+                         env={k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:]
+    workers = {}
+    for f in (tmp_path / "ran").iterdir():
+        workers.setdefault(f.name.split("-")[0], set()).add(f.read_text())
+    assert set(workers) == {"test_a", "test_b"} and all(len(w) == 1 for w in workers.values()), workers
