@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     samples = load_prune_data(args.data, args.limit)
     encoder = Embedder.load(ensure_default_encoder(), threads=args.threads)
     embed = EngineEmbedding(encoder)
-    pruner = Pruner.load(ensure_default_model(), threads=args.threads)
+    pruner = Pruner.load(ensure_default_model(precision="fp32"), threads=args.threads)
     systems: dict[str, Any] = {
         "engine: PrunePostprocessor (default model, its defaults: lexical_weight 0.5)":
             PrunePostprocessor(pruner=pruner, keep_empty=True),

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.tools.fidelity import fidelity_report, load_docs, run_model
     from export.openvino import quantize
     study = Study("openvino-int8", "benchmarks.openvino_int8", argv)
-    fp32 = ensure_default_model(stderr)
+    fp32 = ensure_default_model(stderr, precision="fp32")
     docs = load_docs(args.data, args.limit)
     stderr("reference (fp32 PyTorch) ...")
     ref = run_model(Pruner.load(default_checkpoint(), backend="torch", threads=args.threads), docs, False, "ref")

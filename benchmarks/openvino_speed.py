@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.tools.quality import load_rag_data
     from export.openvino import quantize
     study = Study("openvino-speed", "benchmarks.openvino_speed", argv)
-    fp32 = Path(args.model) if args.model else ensure_default_model(stderr)
+    fp32 = Path(args.model) if args.model else ensure_default_model(stderr, precision="fp32")
     int8 = Path(args.int8) if args.int8 else ensure_default_model(stderr, precision="int8")
     queries = load_rag_data(args.data, args.queries)
     with tempfile.TemporaryDirectory(prefix="prune-ov-") as tmp:

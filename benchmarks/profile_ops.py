@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     from export.onnx import export_model
 
     rag = load_rag_data(args.rag, args.queries)
-    models = {"default fp32": ensure_default_model(), "default int8": ensure_default_model(precision="int8")}
+    models = {"default fp32": ensure_default_model(precision="fp32"), "default int8": ensure_default_model(precision="int8")}
     work = Path(tempfile.mkdtemp(prefix="prune-profile-"))
     for family, label in (("provence", "Provence-width"), ("xprovence", "XProvence-width")):
         ck = make_test_checkpoint(family, work / family, sizes=WIDE)

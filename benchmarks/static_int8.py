@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.pruner import Pruner
     from engine.tools.quality import load_prune_data, load_rag_data
     out = Path(args.out)
-    fp32_dir, int8_dir = ensure_default_model(), ensure_default_model(precision="int8")
+    fp32_dir, int8_dir = ensure_default_model(precision="fp32"), ensure_default_model(precision="int8")
     calibration = [json.loads(line)["text"] for line in open(args.calibration, encoding="utf-8") if line.strip()]
     quant = static_quantize(fp32_dir, out / "model-static", calibration)
     print(f"static INT8: {quant}", file=sys.stderr)

@@ -13,13 +13,14 @@ from engine.backends.base import Backend
 from engine.batching import BatchingConfig
 from engine.encode import manifest_tokenizer
 from engine.errors import InputError, ModelLoadError
-from engine.settings import setting
+from engine.settings import SETTINGS, setting
 from engine.spec import Manifest, ModelSpec, Runtime
 
 BACKENDS = ("onnxruntime", "openvino", "torch")
 DTYPES = ("float32", "float16", "bfloat16")
 ATTENTIONS = ("eager", "sdpa")
 ARENAS = ("shrink", "keep", "off")
+DENORMALS = SETTINGS["ort_denormals"].choices
 PRECISIONS = ("fp32", "bf16")
 
 
@@ -37,6 +38,7 @@ class LoadOptions:
     tensorrt: bool = False            # ONNX Runtime's TensorRT provider first (device cuda; fp16)
     tensorrt_cache: Path | None = None  # where its engines are kept; None: the model folder's trt-cache/
     arena: str = "shrink"             # ONNX Runtime's CPU arena after a large batch: shrink, keep, off
+    denormals: str = "flush"          # ONNX Runtime's denormal floats: flush (to zero) or keep
     graph: str | None = None          # another graph of the folder than its manifest's
     shape_cache: int | None = None    # OpenVINO: compiled shapes kept (0: none)
     family: str | None = None         # torch: the checkpoint's family when it cannot be told
@@ -49,6 +51,7 @@ class LoadOptions:
         # a bad argument is an InputError, a setting the runtime cannot take a ModelLoadError (as the backends say)
         for name, allowed, error in (("backend", BACKENDS, InputError), ("dtype", DTYPES, InputError),
                                      ("attn", ATTENTIONS, InputError), ("arena", ARENAS, ModelLoadError),
+                                     ("denormals", DENORMALS, ModelLoadError),
                                      ("precision", PRECISIONS, ModelLoadError)):
             value = getattr(self, name)
             if value is not None and value not in allowed:
@@ -72,7 +75,7 @@ class LoadOptions:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **given: Any) -> LoadOptions:
         """The options `given` (None: not given) over the `PRUNE_*` variables in force
-        (PRUNE_INTRA_OP_THREADS, PRUNE_ORT_ARENA, PRUNE_MAX_BATCH_TOKENS,
+        (PRUNE_INTRA_OP_THREADS, PRUNE_ORT_ARENA, PRUNE_ORT_DENORMALS, PRUNE_MAX_BATCH_TOKENS,
         PRUNE_MAX_BATCH_SIZE) and the defaults. `tensorrt` may be a folder: the provider
         on, its engines kept there. An unknown name is an InputError."""
         unknown = sorted(set(given) - {f.name for f in fields(cls)})
@@ -87,6 +90,7 @@ class LoadOptions:
             given["providers"] = tuple(given["providers"])
         given.setdefault("threads", setting("threads", env))
         given.setdefault("arena", setting("ort_arena", env))
+        given.setdefault("denormals", setting("ort_denormals", env))
         given.setdefault("batching", BatchingConfig(max_batch_tokens=setting("max_batch_tokens", env),
                                                     max_batch_size=setting("max_batch_size", env)))
         return cls(**given)
@@ -173,4 +177,5 @@ def _onnxruntime(path: Path, graph_file: Path, spec: ModelSpec, manifest: Manife
         trt = tensorrt_options(list(spec.input_names), list(manifest.buckets or [spec.max_length]),
                                o.batching.max_batch_size, o.tensorrt_cache or path / "trt-cache")
     return OnnxRuntimeBackend(graph_file, intra_op_threads=o.threads, providers=None if o.providers is None
-                              else list(o.providers), arena=o.arena, device=o.device, tensorrt=trt, log=log)
+                              else list(o.providers), arena=o.arena, device=o.device, tensorrt=trt, log=log,
+                              denormals=o.denormals)

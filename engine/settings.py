@@ -77,6 +77,9 @@ _ALL = [
             positive_int, env="PRUNE_INTRA_OP_THREADS"),
     Setting("ort_arena", "shrink", "ONNX Runtime's CPU arena after a run: shrink (memory of a large batch "
             "goes back), keep (ORT's default), off", choices=("shrink", "keep", "off")),
+    Setting("ort_denormals", "flush", "ONNX Runtime's denormal floats: flush (to zero, FTZ/DAZ: masked attention "
+            "makes them, and on Intel CPUs each costs a microcode assist) or keep (IEEE, ORT's default)",
+            choices=("flush", "keep"), flag_too=False),
     # ---- what one call may hold (every entry point: docs/limits.md)
     Setting("max_passages", 10_000, "passages in one call", positive_int, flag_too=False),
     Setting("max_call_chars", 2_000_000, "characters in one call, question and passages together "

@@ -1,6 +1,10 @@
 """ONNX Runtime in-process: the embedded default."""
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import platform
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +13,7 @@ import numpy as np
 from engine.backends.base import Backend
 from engine.batching import ModelBatch
 from engine.errors import BackendError, ModelLoadError
+from engine.settings import SETTINGS
 
 
 #: What ONNX Runtime's CPU arena does after a run (env PRUNE_ORT_ARENA): "shrink" (default:
@@ -22,6 +27,50 @@ ARENA_MODES = ("shrink", "keep", "off")
 #: INT8 model), for shrinking after each of them cost a fifth of the RAG workload's speed
 #: (docs/limits.md; the study: benchmarks/README.md).
 SHRINK_ABOVE_TOKENS = 4096
+
+
+#: What ONNX Runtime does with denormal floats (env PRUNE_ORT_DENORMALS): "flush" (default:
+#: flush-to-zero and denormals-are-zero while it runs) or "keep" (IEEE, ORT's default). The
+#: attention's softmax over masked positions makes denormals, and on Intel CPUs each costs a
+#: microcode assist: on 2 cores of an AMX Xeon the default model's dynamic INT8 graph ran
+#: 60 -> 109 passages/s and its fp32 graph 37 -> 48 flushed (docs/performance.md).
+DENORMALS = SETTINGS["ort_denormals"].choices
+_FTZ_DAZ = 0x8040                 # MXCSR's flush-to-zero (bit 15) and denormals-are-zero (bit 6)
+
+
+def _libm() -> Any:
+    """glibc's libm on x86-64 Linux (its fenv_t holds MXCSR at byte 28), else None."""
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return None
+    try:
+        return ctypes.CDLL("libm.so.6")
+    except OSError:
+        return None
+
+
+_LIBM = _libm()
+
+
+@contextlib.contextmanager
+def thread_denormals(flush: bool):
+    """The calling thread's floating-point state as ONNX Runtime should run, and as it
+    was afterwards. ORT's calling thread runs its share of every parallel loop, but ORT sets
+    flush-to-zero only on its own pool threads and, once per process, on the thread that
+    makes the first session (`std::call_once`): so a run flushes the calling thread here
+    and a session's making is undone, and the caller's Python and numpy keep IEEE
+    denormals (hypothesis, for one, refuses to run without them)."""
+    saved = (ctypes.c_uint32 * 8)()
+    if _LIBM is None or _LIBM.fegetenv(saved) != 0:
+        yield
+        return
+    if flush:
+        env = (ctypes.c_uint32 * 8)(*saved)
+        env[7] |= _FTZ_DAZ
+        _LIBM.fesetenv(env)
+    try:
+        yield
+    finally:
+        _LIBM.fesetenv(saved)
 
 
 def arena_mode(value: str = "shrink") -> str:
@@ -117,9 +166,10 @@ class ArenaRuns:
 
 
 def session_options(ort: Any, intra_op_threads: int | None = None, inter_op_threads: int | None = None,
-                    arena: str = "shrink") -> tuple[Any, ArenaRuns]:
+                    arena: str = "shrink", denormals: str = "flush") -> tuple[Any, ArenaRuns]:
     """(SessionOptions, ArenaRuns) as every engine session uses them: all graph
-    optimizations, threads (None: every core), the arena mode."""
+    optimizations, threads (None: every core), the arena mode, denormals flushed to zero
+    or kept (`DENORMALS`)."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if intra_op_threads:
@@ -127,6 +177,9 @@ def session_options(ort: Any, intra_op_threads: int | None = None, inter_op_thre
     if inter_op_threads:
         opts.inter_op_num_threads = int(inter_op_threads)
     opts.log_severity_level = 3
+    if denormals not in DENORMALS:
+        raise ModelLoadError(f"denormals must be one of {DENORMALS}, got {denormals!r}")
+    opts.add_session_config_entry("session.set_denormal_as_zero", "1" if denormals == "flush" else "0")
     mode = arena_mode(arena)
     if mode == "off":
         opts.enable_cpu_mem_arena = False
@@ -187,7 +240,7 @@ class OnnxRuntimeBackend(Backend):
     def __init__(self, graph: str | Path, *, intra_op_threads: int | None = None,
                  inter_op_threads: int | None = None, providers: list[Any] | None = None,
                  arena: str = "shrink", device: str = "cpu", io_binding: bool | None = None,
-                 tensorrt: dict[str, Any] | None = None, log: Any = None):
+                 tensorrt: dict[str, Any] | None = None, log: Any = None, denormals: str = "flush"):
         try:
             import onnxruntime as ort
         except ImportError as exc:
@@ -201,7 +254,8 @@ class OnnxRuntimeBackend(Backend):
         if tensorrt is not None and device != "cuda":
             raise ModelLoadError("ONNX Runtime's TensorRT provider needs device='cuda' (--device cuda)")
         self.arena = arena_mode(arena)
-        opts, self.runs = session_options(ort, intra_op_threads, inter_op_threads, self.arena)
+        self.flush = denormals == "flush"
+        opts, self.runs = session_options(ort, intra_op_threads, inter_op_threads, self.arena, denormals)
         self.device = device
         say = log or (lambda m: None)
         missing: list[str] = []
@@ -209,8 +263,9 @@ class OnnxRuntimeBackend(Backend):
             require_cuda()
             missing = preload_cuda_libraries(ort)
         try:
-            self.session = ort.InferenceSession(str(graph), sess_options=opts,
-                                                providers=session_providers(ort, device, providers, tensorrt, say))
+            with thread_denormals(False):      # ORT's first session sets this thread's flags: undone
+                self.session = ort.InferenceSession(str(graph), sess_options=opts,
+                                                    providers=session_providers(ort, device, providers, tensorrt, say))
         except Exception as exc:
             raise ModelLoadError(f"{graph}: ONNX Runtime cannot load the graph "
                                  f"({type(exc).__name__}: {exc})") from exc
@@ -233,19 +288,23 @@ class OnnxRuntimeBackend(Backend):
     def infer(self, batch: ModelBatch) -> tuple[np.ndarray, np.ndarray]:
         """(rerank_score [B], sentence_probs [B, S]) of one padded batch."""
         try:
-            if self.io_binding:
-                binding = self.session.io_binding()
-                for name, array in batch.inputs(self.input_names).items():
-                    binding.bind_cpu_input(name, np.ascontiguousarray(array))
-                for name in ("rerank_score", "sentence_probs"):
-                    binding.bind_output(name, "cpu")      # small: B and B x S floats
-                self.session.run_with_iobinding(binding, self.runs(int(np.prod(batch.shape))))
-                rerank, probs = binding.copy_outputs_to_cpu()[:2]
-            else:
-                rerank, probs = self.session.run(["rerank_score", "sentence_probs"],
-                                                 batch.inputs(self.input_names), self.runs(int(np.prod(batch.shape))))
+            with thread_denormals(self.flush):
+                return self._run(batch)
         except Exception as exc:
             raise BackendError(f"ONNX Runtime failed on a batch of shape {batch.shape}: {exc}") from exc
+
+    def _run(self, batch: ModelBatch) -> tuple[np.ndarray, np.ndarray]:
+        runs = self.runs(int(np.prod(batch.shape)))
+        if not self.io_binding:
+            rerank, probs = self.session.run(["rerank_score", "sentence_probs"], batch.inputs(self.input_names), runs)
+            return rerank, probs
+        binding = self.session.io_binding()
+        for name, array in batch.inputs(self.input_names).items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        for name in ("rerank_score", "sentence_probs"):
+            binding.bind_output(name, "cpu")      # small: B and B x S floats
+        self.session.run_with_iobinding(binding, runs)
+        rerank, probs = binding.copy_outputs_to_cpu()[:2]
         return rerank, probs
 
     def describe(self) -> str:

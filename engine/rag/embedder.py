@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from engine.backends.onnxruntime import thread_denormals
 from engine.errors import InputError, ModelLoadError
 
 ENCODER_FILE = "encoder.json"
@@ -47,8 +48,8 @@ def ensure_default_encoder(log: Callable[[str], None] | None = None) -> Path:
 class Embedder:
     """L2-normalised embeddings of texts; `encode(texts)` -> float32 [n, dim]."""
 
-    def __init__(self, folder: Path, manifest: dict, session, tokenizer, runs=None):
-        self.folder, self.manifest = folder, manifest
+    def __init__(self, folder: Path, manifest: dict, session, tokenizer, runs=None, flush: bool = False):
+        self.folder, self.manifest, self.flush = folder, manifest, flush
         self.session, self.tokenizer, self.runs = session, tokenizer, runs
         self.dim = int(manifest["dim"])
         self.max_length = int(manifest["max_length"])
@@ -75,14 +76,15 @@ class Embedder:
         from tokenizers import Tokenizer
         from engine.backends.onnxruntime import session_options
         from engine.loading import LoadOptions
-        o = LoadOptions.from_env(threads=threads)          # PRUNE_INTRA_OP_THREADS, PRUNE_ORT_ARENA
-        opts, runs = session_options(ort, o.threads, arena=o.arena)
-        session = ort.InferenceSession(str(folder / manifest["graph"]), sess_options=opts,
-                                       providers=["CPUExecutionProvider"])
+        o = LoadOptions.from_env(threads=threads)          # PRUNE_INTRA_OP_THREADS, PRUNE_ORT_ARENA, ..._DENORMALS
+        opts, runs = session_options(ort, o.threads, arena=o.arena, denormals=o.denormals)
+        with thread_denormals(False):          # ORT's first session sets this thread's flags: undone
+            session = ort.InferenceSession(str(folder / manifest["graph"]), sess_options=opts,
+                                           providers=["CPUExecutionProvider"])
         tokenizer = Tokenizer.from_file(str(folder / manifest["tokenizer"]))
         tokenizer.no_padding()
         tokenizer.no_truncation()
-        return cls(folder, manifest, session, tokenizer, runs)
+        return cls(folder, manifest, session, tokenizer, runs, flush=o.denormals == "flush")
 
     def token_counts(self, texts: Sequence[str]) -> list[int]:
         """Tokens of each text without the special tokens."""
@@ -114,6 +116,7 @@ class Embedder:
                 n = len(encodings[i].ids)
                 ids[r, :n] = encodings[i].ids
                 mask[r, :n] = 1
-            out[rows] = self.session.run(None, {"input_ids": ids, "attention_mask": mask},
-                                         self.runs(ids.size) if self.runs else None)[0]
+            with thread_denormals(self.flush):
+                out[rows] = self.session.run(None, {"input_ids": ids, "attention_mask": mask},
+                                             self.runs(ids.size) if self.runs else None)[0]
         return out

@@ -20,7 +20,7 @@ NAMES = {f.name for f in fields(LoadOptions)}
 
 def test_load_options_are_checked_when_made():
     for bad in ({"backend": "tensorrt"}, {"dtype": "int4"}, {"attn": "flash"},
-                {"arena": "grow"}, {"precision": "fp16"}, {"threads": -1}, {"threads": True},
+                {"arena": "grow"}, {"denormals": "round"}, {"precision": "fp16"}, {"threads": -1}, {"threads": True},
                 {"backend": "onnxruntime", "precision": "bf16"}, {"tensorrt": True}):
         with pytest.raises(PruneError):
             LoadOptions(**bad)
@@ -40,6 +40,10 @@ def test_the_environment_is_read_by_from_env_and_what_is_given_wins():
     assert LoadOptions.from_env({}) == LoadOptions()
     with pytest.raises(SettingError, match="PRUNE_ORT_ARENA"):
         LoadOptions.from_env({"PRUNE_ORT_ARENA": "bogus"})
+    assert LoadOptions.from_env({}).denormals == "flush"
+    assert LoadOptions.from_env({"PRUNE_ORT_DENORMALS": "keep"}).denormals == "keep"
+    with pytest.raises(SettingError, match="PRUNE_ORT_DENORMALS"):
+        LoadOptions.from_env({"PRUNE_ORT_DENORMALS": "ftz"})
 
 
 def _calls(paths, name):

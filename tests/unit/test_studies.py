@@ -37,6 +37,23 @@ def test_every_study_runs_on_the_harness_and_is_indexed(study):
     assert f"`{study}.py`" in (BENCH / "README.md").read_text(), f"{study}.py is missing from the index"
 
 
+def unpinned_default_models(path: Path) -> list[int]:
+    """Lines where a study asks for the default model without naming its precision."""
+    tree = ast.parse(path.read_text())
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and getattr(node.func, "id", None) == "ensure_default_model"
+            and not any(k.arg == "precision" for k in node.keywords)]
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_a_study_names_the_default_models_precision(study):
+    """The default model's folder is auto's pick on the machine that runs it (an OpenVINO IR
+    on an AMX Xeon): a study that reads its graph as ONNX asks for the precision it needs."""
+    assert not unpinned_default_models(BENCH / f"{study}.py"), (
+        f"benchmarks/{study}.py calls ensure_default_model() without precision= "
+        f"(lines {unpinned_default_models(BENCH / f'{study}.py')})")
+
+
 def test_a_study_writes_its_command_machine_and_figures(tmp_path):
     out = tmp_path / "ln"
     proc = subprocess.run([sys.executable, "-m", "benchmarks.layer_norm", "--rows", "64", "--hidden", "32",
