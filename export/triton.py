@@ -65,6 +65,7 @@ class RepositoryOptions:
     core_timeout_ms: int = 60_000
     overwrite: bool = False
     ort_arena: str = "shrink"      # cpu target: what ONNX Runtime's arena does after a run
+    ort_denormals: str = "flush"   # cpu target: ONNX Runtime's denormal floats, flush (to zero) or keep
     join_requests: str = "auto"    # cpu target: join the batcher's requests in one run (always/never/auto)
     #: cpu target: the python core's runtime (onnxruntime/openvino); None: the export's
     #: preferred runtime (its manifest's `runtime`), else onnxruntime
@@ -145,6 +146,7 @@ def render_config(name: str, manifest: Manifest, opts: RepositoryOptions, text_m
         kind = "KIND_GPU"
     params = {"pad_id": str(manifest.tokenizer.pad_id), "prune_manifest": json.dumps(manifest.to_dict()),
               "intra_op_threads": str(opts.intra_op_threads), "ort_arena": opts.ort_arena,
+              "ort_denormals": opts.ort_denormals,
               "ort_shrink_above_tokens": str(SHRINK_ABOVE_TOKENS)}
     if opts.target == "cpu":
         params["join_requests"] = "true" if joins_requests(manifest, opts) else "false"
@@ -260,6 +262,8 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
         raise ExportError("max_batch_size must be >= 1")
     if opts.ort_arena not in ("shrink", "keep", "off"):
         raise ExportError(f"ort_arena must be shrink, keep or off, got {opts.ort_arena!r}")
+    if opts.ort_denormals not in ("flush", "keep"):
+        raise ExportError(f"ort_denormals must be flush or keep, got {opts.ort_denormals!r}")
     if opts.join_requests not in ("auto", "always", "never"):
         raise ExportError(f"join_requests must be auto, always or never, got {opts.join_requests!r}")
     if opts.runtime not in RUNTIMES:

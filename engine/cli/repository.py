@@ -43,6 +43,7 @@ def run(args) -> int:
     """Run `prune repository`; the exit status."""
     from export.triton import RepositoryOptions, build_repository
     from engine.default_model import ensure_default_model
+    from engine.settings import setting
     output_folder(args.out, "--out")        # bad input is reported before the default model is exported
     is_default = args.model in (None, "default")
     model = str(ensure_default_model(args.log)) if is_default else args.model
@@ -54,6 +55,7 @@ def run(args) -> int:
                              text_model=not args.no_text_model, text_instances=args.text_instances,
                              text_max_passages=args.text_max_passages, text_max_chars=args.text_max_chars,
                              overwrite=args.overwrite, ort_arena=args.ort_arena,
+                             ort_denormals=setting("ort_denormals"),
                              join_requests=args.join_requests, runtime=args.backend,
                              inference_precision=args.inference_precision)
     build_repository(model, args.out, opts, log=args.log)

@@ -272,6 +272,7 @@ def test_onnxruntime_gives_memory_back_by_default(exported, monkeypatch, tmp_pat
     build_repository(exported["opensearch"], tmp_path, RepositoryOptions(name="m"), log=lambda m: None)
     config = (tmp_path / "m" / "config.pbtxt").read_text()
     assert 'key: "ort_arena"\n  value: { string_value: "shrink" }' in config
+    assert 'key: "ort_denormals"\n  value: { string_value: "flush" }' in config
     assert f'key: "ort_shrink_above_tokens"\n  value: {{ string_value: "{SHRINK_ABOVE_TOKENS}" }}' in config
 
 

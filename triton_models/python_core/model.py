@@ -39,6 +39,11 @@ class _OnnxRuntime:
         if threads:
             opts.intra_op_num_threads = threads
         opts.log_severity_level = 3
+        # denormal floats flushed to zero (engine/backends/onnxruntime.py: DENORMALS; masked
+        # attention makes them, and on Intel CPUs each costs a microcode assist). This
+        # process's first session: ORT flushes the thread that makes it and its own pool's
+        flush = params.get("ort_denormals", "flush") == "flush"
+        opts.add_session_config_entry("session.set_denormal_as_zero", "1" if flush else "0")
         # memory a large batch took goes back after it (engine/backends/onnxruntime.py:
         # ARENA_MODES; a server keeps running, so "keep" would hold its peak for good)
         arena = params.get("ort_arena", "shrink")
