@@ -29,7 +29,7 @@ import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from engine.backends.onnxruntime import SHRINK_ABOVE_TOKENS
+from engine.backends.onnxruntime import DENORMALS, SHRINK_ABOVE_TOKENS
 from engine.errors import ExportError
 from engine.spec import RUNTIMES as MANIFEST_RUNTIMES
 from engine.spec import Manifest
@@ -262,8 +262,8 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
         raise ExportError("max_batch_size must be >= 1")
     if opts.ort_arena not in ("shrink", "keep", "off"):
         raise ExportError(f"ort_arena must be shrink, keep or off, got {opts.ort_arena!r}")
-    if opts.ort_denormals not in ("flush", "keep"):
-        raise ExportError(f"ort_denormals must be flush or keep, got {opts.ort_denormals!r}")
+    if opts.ort_denormals not in DENORMALS:
+        raise ExportError(f"ort_denormals must be one of {DENORMALS}, got {opts.ort_denormals!r}")
     if opts.join_requests not in ("auto", "always", "never"):
         raise ExportError(f"join_requests must be auto, always or never, got {opts.join_requests!r}")
     if opts.runtime not in RUNTIMES:
