@@ -20,6 +20,7 @@ from engine.settings import DEFAULTS
 # Multiples of 32: on the RAG workload (SQuAD paragraphs, 20 per query) padding is 8% of
 # the tokens, against 27% with 64/128/256/384/512 (measured, see benchmarks/).
 DEFAULT_BUCKETS = tuple(range(32, 513, 32))
+STRATEGIES = ("sorted", "fixed", "longest")
 
 
 @dataclass(frozen=True)
@@ -28,15 +29,18 @@ class BatchingConfig:
     max_batch_tokens: int = DEFAULTS.max_batch_tokens
     max_batch_size: int = DEFAULTS.max_batch_size
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
-    strategy: str = "sorted"   # "sorted": length-sorted token budget; "fixed": input order, fixed size
+    # "sorted": length-sorted token budget, a batch per bucket; "fixed": input order, fixed size;
+    # "longest": from the longest block down, every row padded to its batch's longest (fewer,
+    # fuller runs: a call that fits the budget is one run, as a GPU wants)
+    strategy: str = "sorted"
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
         if self.max_batch_tokens < 1:
             raise ValueError("max_batch_tokens must be >= 1")
-        if self.strategy not in ("sorted", "fixed"):
-            raise ValueError("strategy must be 'sorted' or 'fixed'")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}")
         if not self.buckets or any(b < 1 for b in self.buckets):
             raise ValueError("buckets must be positive lengths")
 
@@ -89,6 +93,8 @@ def plan(lengths: Sequence[int], cfg: BatchingConfig, max_length: int) -> list[t
             idx = list(range(s, min(s + cfg.max_batch_size, len(lengths))))
             out.append((padded_length(max(lengths[i] for i in idx), buckets), idx))
         return out
+    if cfg.strategy == "longest":
+        return _longest_first(lengths, cfg, buckets)
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     batches: list[tuple[int, list[int]]] = []
     current: list[int] = []
@@ -104,6 +110,19 @@ def plan(lengths: Sequence[int], cfg: BatchingConfig, max_length: int) -> list[t
         pad = p
     if current:
         batches.append((pad, current))
+    return batches
+
+
+def _longest_first(lengths: Sequence[int], cfg: BatchingConfig, buckets: Sequence[int]) -> list[tuple[int, list[int]]]:
+    """Batches taken from the longest block down, each padded to its first (longest) row's
+    bucket and filled while rows x that length fit the budget."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[tuple[int, list[int]]] = []
+    while order:
+        pad = padded_length(lengths[order[0]], buckets)
+        rows = max(1, min(cfg.max_batch_size, cfg.row_budget(pad) // pad))
+        batches.append((pad, order[:rows]))
+        order = order[rows:]
     return batches
 
 

@@ -104,7 +104,14 @@ def open_model(path: str | Path, options: LoadOptions, log: Any = None) -> tuple
     o = options
     if str(path) == "default" and not Path("default").exists():
         from engine.default_model import default_checkpoint, ensure_default_model
-        path = default_checkpoint() if o.runtime == "torch" else ensure_default_model()
+        if o.runtime == "torch":
+            path = default_checkpoint()
+        elif o.device == "cuda":           # the GPU graph, kept beside the CPU's pick; no export without CUDA
+            from engine.backends.onnxruntime import require_cuda
+            require_cuda()
+            path = ensure_default_model(precision="fp16")
+        else:
+            path = ensure_default_model()
     path = Path(path)
     if o.runtime == "torch":
         from engine.backends.torch import TorchBackend
@@ -171,6 +178,10 @@ def runtime_missing(runtime: Runtime) -> str | None:
 def _onnxruntime(path: Path, graph_file: Path, spec: ModelSpec, manifest: Manifest, o: LoadOptions,
                  log: Any) -> Backend:
     from engine.backends.onnxruntime import OnnxRuntimeBackend
+    if o.device == "cuda" and not o.tensorrt and o.graph is None and manifest.data.get("gpu_graph"):
+        from engine.backends.cuda_graphs import FixedShapeBackend     # the fp16 export: fixed shapes, CUDA graphs
+        return FixedShapeBackend(graph_file, list(manifest.buckets or [spec.max_length]), device="cuda",
+                                 batching=o.batching, intra_op_threads=o.threads, log=log)
     trt = None
     if o.tensorrt:
         from engine.backends.onnxruntime import tensorrt_options

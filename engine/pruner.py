@@ -67,10 +67,7 @@ class Pruner(FromSpec):
         self.spec = spec
         self.limits = limits or default_limits()
         self.encoder = Encoder(tokenizer, spec, min_context_tokens)
-        self.batching = batching or BatchingConfig()
-        if backend.max_batch_size and backend.max_batch_size < self.batching.max_batch_size:
-            self.batching = BatchingConfig(self.batching.max_batch_tokens, backend.max_batch_size,
-                                           self.batching.buckets, self.batching.strategy)
+        self.batching = backend.batching(batching or BatchingConfig())
 
     # ------------------------------------------------------------------ loading
     @classmethod

@@ -137,8 +137,8 @@ _ALL = [
     Setting("default_precision", "auto", "the precision the default model is exported at on first use: auto "
             "(the fastest that passes the fidelity gate on this CPU, as prune export --precision auto; what it "
             "picked is printed and kept in the manifest), fp32 (the reference: the same scores on every "
-            "machine) or int8",
-            choices=("fp32", "int8", "auto"), flag_too=False),
+            "machine), int8, or fp16 (the GPU graph, which --device cuda loads whatever this says)",
+            choices=("fp32", "int8", "auto", "fp16"), flag_too=False),
     # ---- the retrieval pipeline (prune index / prune ask)
     Setting("chunk_tokens", 200, "encoder tokens per indexed chunk (whole sentences)", positive_int),
     Setting("candidates", 20, "chunks retrieved before reranking (prune ask)", positive_int,

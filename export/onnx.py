@@ -38,6 +38,7 @@ from engine.families import Family
 from engine.pytorch.loading import TorchModel, embedding_rows, load_torch_model
 from engine.spec import GRAPH_OUTPUTS, MANIFEST_FORMAT, Manifest
 from export import deberta
+from export import gpu as gpu_graph
 from export.optimize import convert_fp16, encoder_dims, fix_graph, optimize_graph, quantize_int8
 from export.parity import FP16_TOLERANCE, INT8_TOLERANCE, PARITY_TOLERANCE, Parity
 from export.samples import sample_batches
@@ -180,18 +181,24 @@ def export(checkpoint: str | Path, out: Path, opts: ExportOptions, log: Callable
     with tempfile.TemporaryDirectory(prefix="prune-export-") as tmp:
         work = Path(tmp)
         raw, fp32 = _step_path(work, "raw"), _step_path(work, "fp32")
-        trace(source, raw, opts.opset, log)
+        # the fp16 graph is the GPU's: attention traced fused, one sentence column per position
+        details: dict[str, Any] = {"gpu_graph": trace(source, raw, opts.opset, log, gpu=opts.precision == "fp16")}
         stage = work / "out"
         stage.mkdir()
         save_fp32(raw, fp32, source)
         save_tokenizer(source.model, stage)
         parity = Parity.against(source.model, source.encoder, opts.verify, log)
         parity.check(fp32, "fp32", opts.tolerance)
-        graph, details = convert(source, fp32, work, opts, parity, log)
+        graph, converted = convert(source, fp32, work, opts, parity, log)
+        details = {**converted, **details} if details["gpu_graph"] else converted
         for item in graph.parent.iterdir():
             shutil.copy2(item, stage / item.name)
         if opts.tensorrt_graph:
-            details["tensorrt_graph_fixes"] = save_tensorrt_graph(fp32, stage, source.external)
+            plain = fp32
+            if details.get("gpu_graph"):      # TensorRT parses standard ops: a plain trace of its own
+                plain = _step_path(work, "plain")
+                trace(source, plain, opts.opset, log)
+            details["tensorrt_graph_fixes"] = save_tensorrt_graph(plain, stage, source.external)
         manifest = manifest_of(checkpoint, source, opts, stage, details, parity.reports)
         Manifest.from_dict(manifest, where=f"the manifest of {out}").write(stage)   # written as it is read
         move_into(stage, out)
@@ -216,9 +223,11 @@ def load(checkpoint: str | Path, opts: ExportOptions, log: Callable[[str], None]
     return Source(tm, encoder, opts.external_data == "always" or (opts.external_data == "auto" and big), rows)
 
 
-def trace(source: Source, graph: Path, opset: int, log: Callable[[str], None]) -> None:
+def trace(source: Source, graph: Path, opset: int, log: Callable[[str], None], gpu: bool = False) -> dict | None:
     """`torch.onnx.export` of the family's module into `graph`: the contract's inputs and
-    outputs, dynamic batch, sequence and sentence axes, traced on a sample batch."""
+    outputs, dynamic batch, sequence and sentence axes, traced on a sample batch. `gpu`:
+    the GPU graph (export/gpu.py: fused attention, a sentence column per position); returns
+    what it fused then (None for the plain graph)."""
     spec = source.model.spec
     input_names = list(spec.input_names)
     wrapper = _ContractModule(source.model.module, spec.family.uses_token_type_ids).eval()
@@ -226,11 +235,12 @@ def trace(source: Source, graph: Path, opset: int, log: Callable[[str], None]) -
     args = tuple(torch.from_numpy(example[n]) for n in input_names)
     dynamic_axes = {n: {0: "batch", 1: "sequence"} for n in input_names}
     dynamic_axes["rerank_score"] = {0: "batch"}
-    dynamic_axes["sentence_probs"] = {0: "batch", 1: "sentences"}
-    log(f"exporting ONNX (opset {opset}) ...")
+    dynamic_axes["sentence_probs"] = {0: "batch", 1: "sequence" if gpu else "sentences"}
+    log(f"exporting ONNX (opset {opset}{', the GPU graph' if gpu else ''}) ...")
+    fused = gpu_graph.fused_attention(source.model.module, log) if gpu else contextlib.nullcontext(None)
     try:
         with torch.inference_mode(), warnings.catch_warnings(), traced_helpers(log), \
-                deberta.shared_position_indices(source.model.module, log):
+                deberta.shared_position_indices(source.model.module, log), fused as swapped:
             # TracerWarnings about Python branches on shapes are expected; the parity
             # check after export is what proves the graph generalises across shapes.
             warnings.simplefilter("ignore")
@@ -239,6 +249,8 @@ def trace(source: Source, graph: Path, opset: int, log: Callable[[str], None]) -
                               opset_version=opset, do_constant_folding=True, dynamo=False)
     except Exception as exc:
         raise ExportError(f"torch.onnx.export failed: {type(exc).__name__}: {exc}") from exc
+    # one sentence column per token position: consumers read the first max(sentence_ids) + 1
+    return {"fused_attention_implementations": swapped, "sentence_columns": "sequence"} if gpu else None
 
 
 def save_fp32(raw: Path, fp32: Path, source: Source) -> None:

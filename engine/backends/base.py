@@ -5,7 +5,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from engine.batching import ModelBatch
+from engine.batching import BatchingConfig, ModelBatch
 
 
 class Backend(ABC):
@@ -18,6 +18,14 @@ class Backend(ABC):
     @abstractmethod
     def infer(self, batch: ModelBatch) -> tuple[np.ndarray, np.ndarray]:
         """float32 rerank scores [B] and sentence probabilities [B, S], S = max(sentence_ids)+1."""
+
+    def batching(self, asked: BatchingConfig) -> BatchingConfig:
+        """How this core wants its batches, from what the pruner was `asked`: at most
+        `max_batch_size` rows; a core with its own shapes (the GPU's fixed-shape sessions)
+        says more."""
+        if self.max_batch_size and self.max_batch_size < asked.max_batch_size:
+            return BatchingConfig(asked.max_batch_tokens, self.max_batch_size, asked.buckets, asked.strategy)
+        return asked
 
     def infer_many(self, batches: list[ModelBatch]) -> list[tuple[np.ndarray, np.ndarray]]:
         """All batches of one call; remote backends send them concurrently."""

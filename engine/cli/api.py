@@ -27,6 +27,9 @@ def add(new) -> None:
     add_setting(h, "model_service_port", type=port_number)
     add_encoder(h)
     add_openvino(h, ("onnxruntime", "openvino"))
+    h.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: ONNX Runtime's CUDA provider (pip install 'prune-engine[gpu]'); the default model's "
+                        "fp16 GPU graph, exported on first use")
     add_batching(h)
     h.set_defaults(func=run)
 
@@ -44,7 +47,7 @@ def run(args) -> int:
     else:
         model = model_path(args)
         pruner = Pruner.load(model, args.backend, threads=args.threads, batching=batching(args),
-                             precision=args.inference_precision)
+                             precision=args.inference_precision, device=args.device, log=args.log)
         label = Path(model).name if args.model and args.model != "default" else "default"
     app = api_app(args, pruner, label, remote=bool(args.server),
                   default_encoder=not args.server and model_is_default(args))

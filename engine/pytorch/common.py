@@ -10,13 +10,30 @@ the per-sentence mean always run in float32, whatever dtype the encoder runs in.
 """
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import torch
 
 
 CONFIG_ONLY_KEYS = {"model_type", "architectures", "auto_map", "transformers_version",
                      "_name_or_path", "torch_dtype", "dtype"}
+
+
+_ALL_COLUMNS = [False]
+
+
+@contextlib.contextmanager
+def all_sentence_columns() -> Iterator[None]:
+    """While it is entered, the pooling returns one column per token position (S = L;
+    columns past the block's sentences are 0): the GPU graph's outputs then have a shape
+    that depends on the input's shape only (export/gpu.py). Consumers read the first
+    max(sentence_ids) + 1 columns, as of any graph."""
+    _ALL_COLUMNS[0] = True
+    try:
+        yield
+    finally:
+        _ALL_COLUMNS[0] = False
 
 
 def sentence_onehot(sentence_ids: torch.Tensor) -> torch.Tensor:
@@ -26,7 +43,10 @@ def sentence_onehot(sentence_ids: torch.Tensor) -> torch.Tensor:
     hostile id cannot make any target (CPU, CUDA, TensorRT) allocate more than B x L x L;
     ids >= L then match no column."""
     length = torch.ones_like(sentence_ids[0]).sum()          # L as a tensor: dynamic in the graph
-    n_sent = torch.minimum((sentence_ids.max() + 1).clamp(min=0), length)
+    if _ALL_COLUMNS[0]:
+        n_sent = length
+    else:
+        n_sent = torch.minimum((sentence_ids.max() + 1).clamp(min=0), length)
     idx = torch.arange(n_sent, device=sentence_ids.device, dtype=sentence_ids.dtype)
     return (sentence_ids.unsqueeze(-1) == idx.view(1, 1, -1)).to(torch.float32)
 

@@ -27,6 +27,21 @@ def test_token_budget_packing_counts_padding():
         BatchingConfig(max_batch_size=0)
 
 
+def test_longest_first_packing_makes_one_run_of_a_call_that_fits():
+    # the GPU's batches: from the longest down, every row padded to its batch's longest
+    lengths = [30, 200, 60, 100, 500, 64, 65]
+    one = plan(lengths, BatchingConfig(max_batch_tokens=4096, buckets=(64, 128, 256, 512), strategy="longest"), 512)
+    assert one == [(512, [4, 1, 3, 6, 5, 2, 0])]
+    split = plan(lengths, BatchingConfig(max_batch_tokens=1024, buckets=(64, 128, 256, 512), strategy="longest"), 512)
+    assert split == [(512, [4, 1]), (128, [3, 6, 5, 2, 0])]      # 2 x 512 fill the budget; 5 x 128 fit it
+    capped = plan(lengths, BatchingConfig(max_batch_tokens=4096, max_batch_size=3, buckets=(64, 128, 256, 512),
+                                          strategy="longest"), 512)
+    assert [idx for _, idx in capped] == [[4, 1, 3], [6, 5, 2], [0]]
+    assert sorted(i for _, idx in split for i in idx) == list(range(len(lengths)))
+    with pytest.raises(ValueError, match="strategy"):
+        BatchingConfig(strategy="shortest")
+
+
 def test_decision_rules():
     fam = FAMILIES["provence"]
     p = np.array([0.05, 0.2, 0.05, 0.1])
