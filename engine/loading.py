@@ -103,15 +103,8 @@ def open_model(path: str | Path, options: LoadOptions, log: Any = None) -> tuple
     `runtime` says (`prune export --precision auto`'s pick), else on ONNX Runtime."""
     o = options
     if str(path) == "default" and not Path("default").exists():
-        from engine.default_model import default_checkpoint, ensure_default_model
-        if o.runtime == "torch":
-            path = default_checkpoint()
-        elif o.device == "cuda":           # the GPU graph, kept beside the CPU's pick; no export without CUDA
-            from engine.backends.onnxruntime import require_cuda
-            require_cuda()
-            path = ensure_default_model(precision="fp16")
-        else:
-            path = ensure_default_model()
+        from engine.default_model import default_model
+        path = default_model(o.runtime, o.device)
     path = Path(path)
     if o.runtime == "torch":
         from engine.backends.torch import TorchBackend

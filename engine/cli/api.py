@@ -89,7 +89,8 @@ def api_app(args, pruner, label: str, remote: bool, default_encoder: bool = Fals
     """The ASGI app of `prune api` for `pruner`, with the API's settings from `args` (and
     Milvus's model service when --model-service-port is given)."""
     _, ApiConfig, create_app = api_imports()
-    workers = args.workers or (16 if remote else 1)
+    # on a GPU, a second call's tokenizing (the GIL's) overlaps the first's run (ONNX Runtime releases it)
+    workers = args.workers or (16 if remote else 4 if getattr(args, "device", "cpu") == "cuda" else 1)
     port = getattr(args, "model_service_port", None)
     service = None
     embedder = None

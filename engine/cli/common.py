@@ -186,8 +186,8 @@ def model_path(args) -> str:
     """--model, or the default model: exported (onnxruntime) or its checkpoint (torch)."""
     if args.model and args.model != "default":
         return args.model
-    from engine.default_model import default_checkpoint, ensure_default_model
-    return default_checkpoint() if args.backend == "torch" else str(ensure_default_model(args.log))
+    from engine.default_model import default_model
+    return str(default_model(args.backend, getattr(args, "device", "cpu"), args.log))
 
 
 def api_imports():

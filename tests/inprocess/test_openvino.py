@@ -376,7 +376,7 @@ def test_the_default_models_first_use_picks_as_auto_does(checkpoints, tmp_path, 
     (folder,) = (tmp_path / "cache").iterdir()
     assert folder.name.endswith("-auto") and folder == dm.default_model_dir("auto")
     _check_auto(folder)
-    monkeypatch.setenv("PRUNE_DEFAULT_PRECISION", "fp16")
+    monkeypatch.setenv("PRUNE_DEFAULT_PRECISION", "fp8")
     assert main(["run", "--model", "default", "--question", QUESTION, "--context", PASSAGES[0]]) == 2
     assert "PRUNE_DEFAULT_PRECISION must be one of" in capsys.readouterr().err
 

@@ -166,3 +166,16 @@ def test_a_file_error_no_check_foresaw_is_one_line_too(workdir, capsys, monkeypa
     monkeypatch.setattr(engine.cli.capacity, "run", fails)
     code, err = _run(["capacity", "--bench", "b.json"], capsys)
     assert (code, err) == (2, "prune capacity: error: [Errno 13] Permission denied: 'out/r.jsonl'\n")
+
+
+@pytest.mark.parametrize("command", ["run --device cuda --question q --context c", "api --device cuda",
+                                     "run --model default --device cuda --question q --context c"])
+def test_device_cuda_without_the_cuda_provider_is_one_line_before_any_export(command, workdir, capsys, monkeypatch):
+    # where ONNX Runtime has no CUDA provider (the CPU build), --device cuda says what to install,
+    # before the default model is exported (workdir fails the test on any export)
+    import shlex
+    import onnxruntime
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    code, err = _run(shlex.split(command), capsys)
+    assert code == 2 and len(err.splitlines()) == 1, (code, err)
+    assert "needs ONNX Runtime's CUDA provider: pip install 'prune-engine[gpu]'" in err, err
