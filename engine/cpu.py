@@ -31,8 +31,14 @@ BF16_MISSING = f"this CPU does not compute bf16 ({' or '.join(BF16_FLAGS)})"
 AUTO_PRECISIONS = ("fp32", "int8", "ov-int8", "ov-bf16", "ov-int8-bf16")
 
 
-def cpu_flags() -> set[str]:
-    """This CPU's flags (/proc/cpuinfo; empty where there is none)."""
+#: why auto tries every precision where the flags cannot be read
+FLAGS_UNKNOWN = ("this CPU's flags cannot be read here (they are read from Linux's /proc/cpuinfo on x86): "
+                 "every precision is tried, and the timing decides")
+
+
+def cpu_flags() -> set[str] | None:
+    """This CPU's flags (Linux's /proc/cpuinfo), or None where they cannot be read (macOS,
+    Windows, and ARM, whose cpuinfo has "Features", not these flags)."""
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
@@ -40,18 +46,20 @@ def cpu_flags() -> set[str]:
                     return set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return None
 
 
 @dataclass(frozen=True)
 class CpuKind:
-    """What a CPU computes fast, from its flags."""
+    """What a CPU computes fast, from its flags (`known` False: they could not be read)."""
     flags: frozenset[str]
+    known: bool = True
 
     @classmethod
     def here(cls) -> "CpuKind":
         """This machine's."""
-        return cls(frozenset(cpu_flags()))
+        flags = cpu_flags()
+        return cls(frozenset(flags or ()), flags is not None)
 
     @property
     def bf16(self) -> bool:
@@ -65,7 +73,9 @@ class CpuKind:
 
     @property
     def name(self) -> str:
-        """amx, avx512-bf16, vnni, avx2 or baseline."""
+        """amx, avx512-bf16, vnni, avx2, baseline, or unknown (flags not readable)."""
+        if not self.known:
+            return "unknown"
         if all(f in self.flags for f in AMX_FLAGS):
             return "amx"
         if self.bf16 and self.int8_dot:
@@ -83,6 +93,8 @@ class CpuKind:
         this CPU (`openvino`: whether OpenVINO is installed), else why not."""
         why: dict[str, str | None] = {"fp32": None, "int8": None}
         no_ov = None if openvino else "OpenVINO is not installed: pip install 'prune-engine[openvino]'"
+        if not self.known:                  # no false reason: OpenVINO's plugin and the timing decide
+            return {**why, **{name: no_ov for name in AUTO_PRECISIONS if name not in why}}
         why["ov-int8"] = no_ov or (None if self.int8_dot else
                                    f"no int8 dot products on this CPU ({' or '.join(INT8_DOT_FLAGS)}): "
                                    "OpenVINO's static INT8 ran slower than ONNX Runtime fp32 on such a CPU")

@@ -111,16 +111,17 @@ def run_model(pruner, docs: Sequence[Doc], progress: bool, desc: str, windows: s
     """`pruner`'s results on every document."""
     probs, rerank, pruned = [], [], []
     fam = pruner.family
+    from dataclasses import replace
+
     from engine import text as textmod
-    from engine.decide import build_result, keep_mask
+    from engine.decide import decide_passages
+    rules = replace(fam.rules, lexical_weight=0.0)       # the model's own decisions, at the family's threshold
     for d in progress_bar(docs, len(docs), desc, progress):
         spans = d.spans if d.spans is not None else textmod.split_sentences(d.context)
         sc = pruner.score(d.question, [d.context], [spans], windows=windows)[0]
         probs.append(sc.probs)
         rerank.append(sc.rerank if sc.rerank is not None else 0.0)
-        rules = fam.rules
-        kept = sc.kept if sc.kept is not None else keep_mask(sc.probs, fam, rules.threshold, rules.title, rules.alpha)
-        pruned.append(build_result(0, d.context, spans, sc.probs, kept, sc.rerank, rules.threshold, 1).pruned_context)
+        pruned.append(decide_passages(fam, rules, d.question, [d.context], [spans], [sc])[0].pruned_context)
     return probs, rerank, pruned
 
 

@@ -13,14 +13,10 @@ from engine.backends.base import Backend
 from engine.batching import BatchingConfig
 from engine.encode import manifest_tokenizer
 from engine.errors import InputError, ModelLoadError
-from engine.settings import SETTINGS, setting
+from engine.settings import DEFAULTS, TORCH_ATTENTIONS, TORCH_DTYPES, checked, setting
 from engine.spec import Manifest, ModelSpec, Runtime
 
 BACKENDS = ("onnxruntime", "openvino", "torch")
-DTYPES = ("float32", "float16", "bfloat16")
-ATTENTIONS = ("eager", "sdpa")
-ARENAS = ("shrink", "keep", "off")
-DENORMALS = SETTINGS["ort_denormals"].choices
 PRECISIONS = ("fp32", "bf16")
 
 
@@ -37,8 +33,8 @@ class LoadOptions:
     providers: tuple[Any, ...] | None = None   # ONNX Runtime's providers, as it takes them (device cpu)
     tensorrt: bool = False            # ONNX Runtime's TensorRT provider first (device cuda; fp16)
     tensorrt_cache: Path | None = None  # where its engines are kept; None: the model folder's trt-cache/
-    arena: str = "shrink"             # ONNX Runtime's CPU arena after a large batch: shrink, keep, off
-    denormals: str = "flush"          # ONNX Runtime's denormal floats: flush (to zero) or keep
+    arena: str = DEFAULTS.ort_arena   # ONNX Runtime's CPU arena after a large batch (settings: ort_arena)
+    denormals: str = DEFAULTS.ort_denormals   # ONNX Runtime's denormal floats (settings: ort_denormals)
     graph: str | None = None          # another graph of the folder than its manifest's
     shape_cache: int | None = None    # OpenVINO: compiled shapes kept (0: none)
     family: str | None = None         # torch: the checkpoint's family when it cannot be told
@@ -49,14 +45,14 @@ class LoadOptions:
 
     def __post_init__(self) -> None:
         # a bad argument is an InputError, a setting the runtime cannot take a ModelLoadError (as the backends say)
-        for name, allowed, error in (("backend", BACKENDS, InputError), ("dtype", DTYPES, InputError),
-                                     ("attn", ATTENTIONS, InputError), ("arena", ARENAS, ModelLoadError),
-                                     ("denormals", DENORMALS, ModelLoadError),
-                                     ("precision", PRECISIONS, ModelLoadError)):
+        for name, allowed, error in (("backend", BACKENDS, InputError), ("dtype", TORCH_DTYPES, InputError),
+                                     ("attn", TORCH_ATTENTIONS, InputError), ("precision", PRECISIONS, ModelLoadError)):
             value = getattr(self, name)
             if value is not None and value not in allowed:
                 raise error(f"unknown backend {value!r}: onnxruntime, openvino or torch (Triton: Pruner.connect)"
                             if name == "backend" else f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+        checked("ort_arena", self.arena, ModelLoadError, "arena")
+        checked("ort_denormals", self.denormals, ModelLoadError, "denormals")
         if self.precision == "bf16" and self.backend not in (None, "openvino"):
             raise InputError("precision 'bf16' is an OpenVINO inference precision: backend='openvino'")
         if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)

@@ -67,11 +67,7 @@ class Rules:
         """The rules a call with `options` runs with: each option it sets over these
         (a negative alpha or passage_margin turns that rule off), its threshold the one it
         set or the one for its lexical weight."""
-        given = options.given()
-        if "alpha" in given:
-            given["alpha"] = None if given["alpha"] < 0 else given["alpha"]
-        if "passage_margin" in given:
-            given["passage_margin"] = None if given["passage_margin"] < 0 else given["passage_margin"]
+        given = _switched(options.given())
         rules = replace(self, **given)
         return replace(rules, threshold=given.get("threshold", self.threshold_at(rules.lexical_weight)),
                        lexical_threshold=None)
@@ -82,12 +78,8 @@ class Rules:
         A null alpha or passage_margin turns that rule off (a negative one too); any other
         null is the family's value (earlier exports wrote null for a value they left to it)."""
         changes = {OLD_NAMES.get(k, k): v for k, v in values.items() if OLD_NAMES.get(k, k) in RECORDED}
-        changes = {k: v for k, v in changes.items() if v is not None or k in ("alpha", "passage_margin")}
-        for name in ("alpha", "passage_margin"):
-            if changes.get(name) is not None:
-                off = (check_alpha if name == "alpha" else check_passage_margin)(changes[name])
-                changes[name] = None if off < 0 else float(changes[name])
-        return replace(self, **changes)
+        changes = {k: v for k, v in changes.items() if v is not None or k in SWITCHABLE}
+        return replace(self, **_switched(changes))
 
     def recorded(self) -> dict[str, Any]:
         """What an export writes in its manifest's `defaults`."""
@@ -102,3 +94,17 @@ class Rules:
         """Rules from `to_dict`'s form (names it does not know are left out)."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+#: the rules a negative value turns off (None in Rules: no backoff, no passage gate), each with
+#: its check (engine.inputs: a negative number is the option's "off", written -1.0)
+SWITCHABLE = {"alpha": check_alpha, "passage_margin": check_passage_margin}
+
+
+def _switched(changes: dict[str, Any]) -> dict[str, Any]:
+    """`changes` with each SWITCHABLE value checked, and None for one turned off."""
+    for name, check in SWITCHABLE.items():
+        if changes.get(name) is not None:
+            value = check(changes[name])
+            changes[name] = None if value is None or value < 0 else float(value)
+    return changes

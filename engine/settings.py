@@ -147,6 +147,9 @@ _ALL = [
     Setting("k", 5, "chunks returned after reranking (prune ask)", positive_int, env="PRUNE_ASK_K"),
 ]
 SETTINGS: dict[str, Setting] = {s.name: s for s in _ALL}
+#: the torch backend's choices (LoadOptions.dtype and .attn; prune run --dtype, --attn): no variable
+TORCH_DTYPES = ("float32", "float16", "bfloat16")
+TORCH_ATTENTIONS = ("eager", "sdpa")
 
 
 class _Defaults:
@@ -165,6 +168,15 @@ DEFAULTS = _Defaults()
 def setting(name: str, environ: dict[str, str] | None = None) -> Any:
     """The value in force: the `PRUNE_*` variable if set, else the default."""
     return SETTINGS[name].value(environ)
+
+
+def checked(name: str, value: Any, error: type[Exception] = SettingError, what: str | None = None) -> Any:
+    """`value` if it is one of setting `name`'s choices, else `error` naming them: where an
+    option of that setting is made (LoadOptions, the repository's options, the backends)."""
+    s = SETTINGS[name]
+    if value not in (s.choices or ()):
+        raise error(f"{what or name} must be one of {', '.join(s.choices or ())}, got {value!r}")
+    return value
 
 
 def help_text(name: str, extra: str = "") -> str:

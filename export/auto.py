@@ -188,6 +188,9 @@ def export_candidates(checkpoint: str | Path, tmp: Path, kind: CpuKind, export_a
         log("auto: quantizing int8 (ONNX Runtime dynamic INT8 of the fp32 graph) ...")
         int8_from(found.folders["fp32"], found.folders["int8"], export_args)
     found.not_tried = {p: why for p, why in kind.auto_candidates(_openvino_installed()).items() if why}
+    if not kind.known:
+        from engine.cpu import FLAGS_UNKNOWN
+        log(f"auto: {FLAGS_UNKNOWN}")
     if "ov-int8" not in found.not_tried:
         from export.openvino import quantize
         log("auto: quantizing ov-int8 (NNCF static INT8 for OpenVINO) ...")
@@ -243,9 +246,12 @@ def time_candidates(pruners: dict[str, Any], docs, repeats: int, candidates: dic
     calls = [SimpleNamespace(question=q, passages=ps) for q, ps in _calls(docs)]
     batches = workload_batches(pruners["fp32"], calls)
     log(f"auto: timing {len(pruners)} precisions over {len(batches)} batches, {repeats} interleaved rounds ...")
-    times = medians(interleave(model_passes(pruners, batches), repeats, log=lambda m: None, warmup=True))
+    rounds = interleave(model_passes(pruners, batches), repeats, log=lambda m: None, warmup=True)
+    times = medians(rounds)
     for precision, seconds in times.items():
-        candidates[precision].update(seconds=round(seconds, 4), speedup=round(times["fp32"] / seconds, 3))
+        spread = (max(rounds[precision]) - min(rounds[precision])) / seconds if seconds else 0.0
+        candidates[precision].update(seconds=round(seconds, 4), speedup=round(times["fp32"] / seconds, 3),
+                                     spread=round(spread, 4))
     return len(batches)
 
 
@@ -254,7 +260,8 @@ def _log_table(candidates: dict[str, dict[str, Any]], picked: str, log: Callable
     width = max(map(len, candidates))
     for precision in candidates:
         c = candidates[precision]
-        log(f"  {precision:{width}s} {c['seconds'] * 1000:8.1f} ms  {c['speedup']:.2f}x  "
+        log(f"  {precision:{width}s} {c['seconds'] * 1000:8.1f} ms (spread {c.get('spread', 0):.0%})  "
+            f"{c['speedup']:.2f}x  "
             f"{'gate passed' if c['passed'] else 'gate FAILED'}{'  <- picked' if precision == picked else ''}")
 
 
@@ -282,12 +289,26 @@ def int8_from(fp32: Path, out: Path, export_args: dict[str, Any]) -> Path:
     return out
 
 
+#: the least gain that moves an export to another runtime: the candidates' own run-to-run
+#: spread decides when it is larger (`pick`)
+SWITCH_MARGIN = 0.03
+
+
 def pick(candidates: dict[str, dict[str, Any]]) -> str:
-    """The fastest candidate (least `seconds`) of those whose gate `passed`."""
+    """The fastest candidate (least `seconds`) of those whose gate `passed`; but one on
+    another runtime than ONNX Runtime's best (OpenVINO's "ov-" candidates) only when it is
+    faster by more than run-to-run noise: its and that one's `spread` over the timing's
+    rounds ((max - min) / median), and at least SWITCH_MARGIN."""
     passing = [p for p, c in candidates.items() if c["passed"]]
     if not passing:
         raise ExportError("no precision passed the fidelity gate, not even the reference")
-    return min(passing, key=lambda p: candidates[p]["seconds"])
+    fastest = min(passing, key=lambda p: candidates[p]["seconds"])
+    onnxruntime = [p for p in passing if not p.startswith("ov-")]
+    if not fastest.startswith("ov-") or not onnxruntime:
+        return fastest
+    home = min(onnxruntime, key=lambda p: candidates[p]["seconds"])
+    margin = max(SWITCH_MARGIN, candidates[fastest].get("spread", 0.0), candidates[home].get("spread", 0.0))
+    return fastest if candidates[fastest]["seconds"] < candidates[home]["seconds"] * (1 - margin) else home
 
 
 def _openvino_installed() -> bool:

@@ -29,12 +29,12 @@ import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from engine.backends.onnxruntime import DENORMALS, SHRINK_ABOVE_TOKENS
+from engine.backends.onnxruntime import SHRINK_ABOVE_TOKENS
 from engine.errors import ExportError
 from engine.spec import RUNTIMES as MANIFEST_RUNTIMES
 from engine.spec import Manifest
 from triton_models import CORE, TEXT, template
-from engine.settings import DEFAULTS
+from engine.settings import DEFAULTS, checked
 from engine.triton.wire import DEFAULT_MAX_CHARS, DEFAULT_MAX_PASSAGES, DESCRIBE_OUTPUTS, TEXT_INPUTS, TEXT_OUTPUTS
 
 TARGETS = ("cpu", "cpu-openvino", "gpu-onnx", "gpu-tensorrt")
@@ -64,15 +64,20 @@ class RepositoryOptions:
     text_max_chars: int = DEFAULT_MAX_CHARS
     core_timeout_ms: int = 60_000
     overwrite: bool = False
-    ort_arena: str = "shrink"      # cpu target: what ONNX Runtime's arena does after a run
-    ort_denormals: str = "flush"   # cpu target: ONNX Runtime's denormal floats, flush (to zero) or keep
-    join_requests: str = "auto"    # cpu target: join the batcher's requests in one run (always/never/auto)
+    ort_arena: str = DEFAULTS.ort_arena          # cpu target: what ONNX Runtime's arena does after a run
+    ort_denormals: str = DEFAULTS.ort_denormals  # cpu target: ONNX Runtime's denormal floats
+    join_requests: str = DEFAULTS.join_requests  # cpu target: join the batcher's requests in one run
     #: cpu target: the python core's runtime (onnxruntime/openvino); None: the export's
     #: preferred runtime (its manifest's `runtime`), else onnxruntime
     runtime: str | None = None
     #: OpenVINO (cpu with runtime openvino, cpu-openvino): fp32 or bf16; None: the export's
     #: preferred precision where it prefers OpenVINO, else fp32
     inference_precision: str | None = None
+
+    def __post_init__(self) -> None:
+        # the runtime settings' choices are engine.settings'; checked here, where the options are made
+        for name in ("ort_arena", "ort_denormals", "join_requests"):
+            checked(name, getattr(self, name), ExportError)
 
 
 def preferred_sizes(buckets: list[int], max_batch_tokens: int, max_batch_size: int) -> list[int]:
@@ -260,12 +265,6 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
     opts = with_preferred_runtime(manifest, opts, log)
     if opts.max_batch_size < 1:
         raise ExportError("max_batch_size must be >= 1")
-    if opts.ort_arena not in ("shrink", "keep", "off"):
-        raise ExportError(f"ort_arena must be shrink, keep or off, got {opts.ort_arena!r}")
-    if opts.ort_denormals not in DENORMALS:
-        raise ExportError(f"ort_denormals must be one of {DENORMALS}, got {opts.ort_denormals!r}")
-    if opts.join_requests not in ("auto", "always", "never"):
-        raise ExportError(f"join_requests must be auto, always or never, got {opts.join_requests!r}")
     if opts.runtime not in RUNTIMES:
         raise ExportError(f"runtime must be one of {RUNTIMES}, got {opts.runtime!r}")
     if opts.inference_precision not in MANIFEST_RUNTIMES["openvino"]:

@@ -36,6 +36,7 @@ from engine.backends.onnxruntime import (check_cuda_ran, preload_cuda_libraries,
                                          thread_denormals)
 from engine.batching import BatchingConfig, ModelBatch
 from engine.errors import BackendError, ModelLoadError
+from engine.settings import DEFAULTS
 
 #: rows of a fixed shape, up to the budget's
 ROW_LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
@@ -135,7 +136,7 @@ class FixedShapeBackend(Backend):
 
     def _make(self, rows: int, length: int) -> _Shape:
         t0 = time.perf_counter()
-        opts, _ = session_options(self.ort, self.threads, None, "keep", "flush")
+        opts, _ = session_options(self.ort, self.threads, None, "keep", DEFAULTS.ort_denormals)
         opts.add_free_dimension_override_by_name("batch", rows)
         opts.add_free_dimension_override_by_name("sequence", length)
         if self.device == "cuda":

@@ -13,15 +13,12 @@ import numpy as np
 from engine.backends.base import Backend
 from engine.batching import ModelBatch
 from engine.errors import BackendError, ModelLoadError
-from engine.settings import SETTINGS
+from engine.settings import DEFAULTS, checked
 
 
-#: What ONNX Runtime's CPU arena does after a run (env PRUNE_ORT_ARENA): "shrink" (default:
-#: memory a large batch took goes back to the system after it; 1,354 -> 158 MB RSS after a
-#: 32 x 512 batch of the default INT8 model), "keep" (ORT's default: the arena keeps its
-#: peak), "off" (no arena: memory returns too, but a 32 x 512 batch takes 2.7 times as
-#: long). benchmarks/results/memory/ has the measurement.
-ARENA_MODES = ("shrink", "keep", "off")
+#: What ONNX Runtime's CPU arena does after a run: engine.settings' ort_arena (shrink, keep, off).
+#: "shrink" gives the memory a large batch took back to the system after it; "off" (no arena)
+#: returns memory too but makes large batches slower (benchmarks/results/memory/).
 #: "shrink" shrinks the arena after a batch of more than this many padded tokens only:
 #: smaller batches keep the arena they grew (401 MB after an 8 x 512 batch of the default
 #: INT8 model), for shrinking after each of them cost a fifth of the RAG workload's speed
@@ -29,12 +26,10 @@ ARENA_MODES = ("shrink", "keep", "off")
 SHRINK_ABOVE_TOKENS = 4096
 
 
-#: What ONNX Runtime does with denormal floats (env PRUNE_ORT_DENORMALS): "flush" (default:
-#: flush-to-zero and denormals-are-zero while it runs) or "keep" (IEEE, ORT's default). The
+#: What ONNX Runtime does with denormal floats: engine.settings' ort_denormals, flush
+#: (flush-to-zero and denormals-are-zero while it runs) or keep (IEEE, ORT's default). The
 #: attention's softmax over masked positions makes denormals, and on Intel CPUs each costs a
-#: microcode assist: on 2 cores of an AMX Xeon the default model's dynamic INT8 graph ran
-#: 60 -> 109 passages/s and its fp32 graph 37 -> 48 flushed (docs/performance.md).
-DENORMALS = SETTINGS["ort_denormals"].choices
+#: microcode assist (docs/performance.md has the figures).
 _FTZ_DAZ = 0x8040                 # MXCSR's flush-to-zero (bit 15) and denormals-are-zero (bit 6)
 
 
@@ -73,13 +68,23 @@ def thread_denormals(flush: bool):
         _LIBM.fesetenv(saved)
 
 
-def arena_mode(value: str = "shrink") -> str:
+def denormal_state(flush: bool) -> str:
+    """Whether the flush of denormal floats is in force here, in words (what describe() says):
+    it takes x86-64 (ONNX Runtime sets its own threads' MXCSR) and, for the calling thread's
+    share of each run, Linux's glibc or musl; elsewhere it is partial or nothing."""
+    if not flush:
+        return "IEEE denormals"
+    if _LIBM is not None:
+        return "denormals flushed"
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        return "denormals flushed on ONNX Runtime's threads only (the calling thread's needs Linux)"
+    return "denormal flush not in force (x86-64 only)"
+
+
+def arena_mode(value: str = DEFAULTS.ort_arena) -> str:
     """The arena mode `value`, checked (PRUNE_ORT_ARENA is read where a process starts:
     engine.loading.LoadOptions.from_env)."""
-    mode = value.strip().lower()
-    if mode not in ARENA_MODES:
-        raise ModelLoadError(f"the ONNX Runtime arena must be one of {ARENA_MODES}, got {mode!r}")
-    return mode
+    return checked("ort_arena", value.strip().lower(), ModelLoadError, "the ONNX Runtime arena")
 
 
 DEVICES = ("cpu", "cuda")
@@ -166,7 +171,8 @@ class ArenaRuns:
 
 
 def session_options(ort: Any, intra_op_threads: int | None = None, inter_op_threads: int | None = None,
-                    arena: str = "shrink", denormals: str = "flush") -> tuple[Any, ArenaRuns]:
+                    arena: str = DEFAULTS.ort_arena, denormals: str = DEFAULTS.ort_denormals
+                    ) -> tuple[Any, ArenaRuns]:
     """(SessionOptions, ArenaRuns) as every engine session uses them: all graph
     optimizations, threads (None: every core), the arena mode, denormals flushed to zero
     or kept (`DENORMALS`)."""
@@ -177,8 +183,7 @@ def session_options(ort: Any, intra_op_threads: int | None = None, inter_op_thre
     if inter_op_threads:
         opts.inter_op_num_threads = int(inter_op_threads)
     opts.log_severity_level = 3
-    if denormals not in DENORMALS:
-        raise ModelLoadError(f"denormals must be one of {DENORMALS}, got {denormals!r}")
+    checked("ort_denormals", denormals, ModelLoadError, "denormals")
     opts.add_session_config_entry("session.set_denormal_as_zero", "1" if denormals == "flush" else "0")
     mode = arena_mode(arena)
     if mode == "off":
@@ -239,8 +244,8 @@ class OnnxRuntimeBackend(Backend):
 
     def __init__(self, graph: str | Path, *, intra_op_threads: int | None = None,
                  inter_op_threads: int | None = None, providers: list[Any] | None = None,
-                 arena: str = "shrink", device: str = "cpu", io_binding: bool | None = None,
-                 tensorrt: dict[str, Any] | None = None, log: Any = None, denormals: str = "flush"):
+                 arena: str = DEFAULTS.ort_arena, device: str = "cpu", io_binding: bool | None = None,
+                 tensorrt: dict[str, Any] | None = None, log: Any = None, denormals: str = DEFAULTS.ort_denormals):
         try:
             import onnxruntime as ort
         except ImportError as exc:
@@ -310,4 +315,5 @@ class OnnxRuntimeBackend(Backend):
     def describe(self) -> str:
         """The execution provider and graph, in words."""
         return (f"onnxruntime {self.session.get_providers()[0]} ({self.graph.name}"
-                + (", IO binding)" if self.io_binding else ")"))
+                + (", IO binding" if self.io_binding else "")
+                + ("" if self.device == "cuda" else f"; {denormal_state(self.flush)}") + ")")

@@ -62,10 +62,13 @@ class OpenVinoBackend(Backend):
         if precision not in PRECISIONS:
             raise ModelLoadError(f"OpenVINO inference precision must be one of {PRECISIONS}, got {precision!r}")
         if precision == "bf16" and not bf16_supported(core):
-            have = sorted(f for f in cpu_flags() if f.startswith(("avx512", "amx")))
+            flags = cpu_flags()
+            have = sorted(f for f in flags or () if f.startswith(("avx512", "amx")))
+            seen = ("its flags cannot be read here" if flags is None
+                    else f"this one has {', '.join(have) or 'no AVX-512 or AMX flags'}")
             raise ModelLoadError(
-                f"bf16 needs a CPU that computes in bf16 ({' or '.join(BF16_FLAGS)}); this one has "
-                f"{', '.join(have) or 'no AVX-512 or AMX flags'}: use fp32, or the static INT8 export")
+                f"bf16 needs a CPU that computes in bf16 ({' or '.join(BF16_FLAGS)}) and OpenVINO's CPU plugin "
+                f"says this one does not ({seen}): use fp32, or the static INT8 export")
         if threads is not None and threads < 1:
             raise ModelLoadError(f"threads must be at least 1, got {threads}")
         if shape_cache is not None and shape_cache < 0:

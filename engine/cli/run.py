@@ -10,7 +10,7 @@ from engine.cli.common import (add_batching, add_call_options, add_openvino, add
                                call_options, input_file, model_path, output_file)
 from engine.errors import PruneError
 from engine.inputs import CallOptions
-from engine.settings import positive_int
+from engine.settings import TORCH_ATTENTIONS, TORCH_DTYPES, positive_int
 
 
 def add(new) -> None:
@@ -29,9 +29,9 @@ def add(new) -> None:
     r.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: ONNX Runtime's CUDA provider with IO binding (pip install 'prune-engine[gpu]'), "
                         "or torch on the GPU")
-    r.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
+    r.add_argument("--dtype", choices=TORCH_DTYPES, default=TORCH_DTYPES[0],
                    help="--backend torch: the weights' and activations' type (float16/bfloat16 on a GPU)")
-    r.add_argument("--attn", choices=["eager", "sdpa"], default="eager",
+    r.add_argument("--attn", choices=TORCH_ATTENTIONS, default=TORCH_ATTENTIONS[0],
                    help="--backend torch: attention implementation (sdpa: XLM-R and BERT backbones)")
     r.add_argument("--trt-provider", action="store_true",
                    help="with --device cuda: ONNX Runtime's TensorRT provider first (fp16; engines cached in "

@@ -39,6 +39,20 @@ def test_the_fastest_that_passes_is_picked():
         pick({p: {**v, "passed": False} for p, v in c.items()})
 
 
+def test_another_runtime_is_picked_only_beyond_its_noise():
+    # OpenVINO 1% faster than ONNX Runtime's int8: noise, the export stays on ONNX Runtime
+    c = {"fp32": {"passed": True, "seconds": 1.0, "spread": 0.01}, "int8": {"passed": True, "seconds": 0.50,
+                                                                            "spread": 0.01},
+         "ov-bf16": {"passed": True, "seconds": 0.495, "spread": 0.01}}
+    assert pick(c) == "int8"
+    c["ov-bf16"]["seconds"] = 0.45                  # 10% faster, spreads of 1%: switched
+    assert pick(c) == "ov-bf16"
+    c["ov-bf16"]["spread"] = 0.15                   # but its own rounds spread 15%: not beyond its noise
+    assert pick(c) == "int8"
+    c["int8"]["seconds"] = 0.9                      # int8 slower than ov-bf16 by far: switched
+    assert pick(c) == "ov-bf16"
+
+
 def test_the_built_in_gate_calls_are_rag_shaped_and_apart_from_the_calibration_text():
     from export.openvino import CALIBRATION_TEXTS
     docs = gate_docs()

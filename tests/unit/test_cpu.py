@@ -43,3 +43,27 @@ def test_this_machines_flags_are_read():
     kind = CpuKind.here()
     assert kind.name in ("amx", "avx512-bf16", "vnni", "avx2", "baseline")
     assert all(f.startswith(("avx", "amx")) for f in kind.shown_flags())
+
+
+def test_a_cpu_whose_flags_cannot_be_read_is_unknown(monkeypatch):
+    import engine.cpu as cpu
+    monkeypatch.setattr("builtins.open", lambda *a, **k: (_ for _ in ()).throw(OSError("no /proc")))
+    assert cpu.cpu_flags() is None
+    kind = cpu.CpuKind.here()
+    assert kind.name == "unknown" and not kind.known
+    # no false "this CPU does not compute bf16": every OpenVINO precision is tried (timing and the gate decide)
+    assert kind.auto_candidates(openvino=True) == {p: None for p in cpu.AUTO_PRECISIONS}
+    assert kind.auto_candidates(openvino=False)["ov-bf16"].startswith("OpenVINO is not installed")
+    assert cpu.CpuKind(frozenset()).name == "baseline"          # read, and empty: a baseline CPU
+
+
+def test_describe_says_whether_the_denormal_flush_is_in_force(monkeypatch):
+    from engine.backends import onnxruntime as ort_backend
+    assert ort_backend.denormal_state(False) == "IEEE denormals"
+    monkeypatch.setattr(ort_backend, "_LIBM", object())
+    assert ort_backend.denormal_state(True) == "denormals flushed"
+    monkeypatch.setattr(ort_backend, "_LIBM", None)              # no glibc: macOS, Windows, ARM
+    monkeypatch.setattr(ort_backend.platform, "machine", lambda: "arm64")
+    assert ort_backend.denormal_state(True) == "denormal flush not in force (x86-64 only)"
+    monkeypatch.setattr(ort_backend.platform, "machine", lambda: "AMD64")
+    assert "ONNX Runtime's threads only" in ort_backend.denormal_state(True)

@@ -28,6 +28,14 @@ import triton_python_backend_utils as pb_utils
 PAD = {"input_ids": 0, "attention_mask": 0, "token_type_ids": 0, "sentence_ids": -1}
 
 
+def _written(params, name):
+    """A parameter `prune repository` writes (its defaults are the engine's settings, not
+    repeated here); a clear error when a hand-written config lacks it."""
+    if name not in params:
+        raise ValueError(f"config.pbtxt lacks the parameter {name!r}: write the repository with prune repository")
+    return params[name]
+
+
 class _OnnxRuntime:
     """The graph on ONNX Runtime's CPU provider, its arena as the parameters say."""
     name = "onnxruntime"
@@ -39,14 +47,14 @@ class _OnnxRuntime:
         if threads:
             opts.intra_op_num_threads = threads
         opts.log_severity_level = 3
-        # denormal floats flushed to zero (engine/backends/onnxruntime.py: DENORMALS; masked
-        # attention makes them, and on Intel CPUs each costs a microcode assist). This
+        # denormal floats flushed to zero or kept (the setting ort_denormals, which prune repository
+        # writes; masked attention makes them, and on Intel CPUs each costs a microcode assist). This
         # process's first session: ORT flushes the thread that makes it and its own pool's
-        flush = params.get("ort_denormals", "flush") == "flush"
+        flush = _written(params, "ort_denormals") == "flush"
         opts.add_session_config_entry("session.set_denormal_as_zero", "1" if flush else "0")
-        # memory a large batch took goes back after it (engine/backends/onnxruntime.py:
-        # ARENA_MODES; a server keeps running, so "keep" would hold its peak for good)
-        arena = params.get("ort_arena", "shrink")
+        # memory a large batch took goes back after it (the setting ort_arena, which prune repository
+        # writes; a server keeps running, so "keep" would hold its peak for good)
+        arena = _written(params, "ort_arena")
         if arena == "off":
             opts.enable_cpu_mem_arena = False
         # ... after a run of more than ort_shrink_above_tokens padded tokens only: smaller
