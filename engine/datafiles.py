@@ -21,16 +21,18 @@ def read_jsonl(path: str | Path) -> Iterable[dict[str, Any]]:
                 try:
                     yield json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{n}: not JSON ({json_error(exc, line)})") from exc
+                    raise ValueError(f"{path}: line {n}: not valid JSON: {json_error(exc, line)}") from exc
 
 
 def json_error(exc: json.JSONDecodeError, line: str) -> str:
-    """What is wrong with a JSON `line` and where: its column in the line, 1-based (the
+    """What is wrong with a JSON `line` and where, as a person reads it ("invalid control
+    character at column 17"): the parser's words, and the column in the line, 1-based (the
     line's own newline is no column: a line cut short is faulted at its end, not at column 1
     of a next line)."""
     text = line.rstrip("\r\n")
+    what = exc.msg[:-3] if exc.msg.endswith(" at") else exc.msg      # "Invalid control character at"
     where = f"column {min(exc.pos, len(text)) + 1}"
-    return f"{exc.msg} at {where}" + (", the end of the line" if exc.pos >= len(text) else "")
+    return f"{what[:1].lower()}{what[1:]} at {where}" + (", the end of the line" if exc.pos >= len(text) else "")
 
 
 def progress(iterable, total: int, desc: str, enabled: bool):

@@ -23,3 +23,7 @@ class BackendError(PruneError, RuntimeError):
 
 class SettingError(PruneError, ValueError):
     """A setting's PRUNE_* environment variable holds a value that does not parse or is not allowed."""
+
+
+class Cancelled(PruneError):
+    """The caller gave up on the call (its deadline passed): its work stopped between two batches (engine.cancel)."""

@@ -44,6 +44,12 @@ class Limits:
         """The limits by name."""
         return {"max_passages": self.max_passages, "max_chars": self.max_chars}
 
+    def check_count(self, count: int, what: str = "passages in one call") -> None:
+        """InputError unless `count` items (passages of a call, documents or texts of a
+        request) are within `max_passages`: the one check of that limit."""
+        if count > self.max_passages:
+            raise InputError(f"{count} {what}; the limit is {self.max_passages}")
+
 
 def default_limits() -> Limits:
     """The call limits in force: PRUNE_MAX_PASSAGES and PRUNE_MAX_CALL_CHARS, else the defaults."""
@@ -77,8 +83,7 @@ def check_call(question: Any, passages: Any, limits: Limits = Limits()) -> tuple
     if not isinstance(passages, Sequence):
         raise InputError(f"passages must be a list of str, got {type(passages).__name__}")
     passages = list(passages)
-    if len(passages) > limits.max_passages:
-        raise InputError(f"{len(passages)} passages in one call; the limit is {limits.max_passages}")
+    limits.check_count(len(passages))
     total = len(question)
     for i, p in enumerate(passages):
         if not isinstance(p, str):
@@ -215,6 +220,14 @@ class CallOptions:
                              f"the options are {', '.join(OPTION_NAMES)}")
         return replace(options or cls(), **changes) if changes else (options or cls())
 
+    @classmethod
+    def of_attributes(cls, source: Any) -> "CallOptions":
+        """The options `source` carries as attributes named as the options (a request body's
+        fields, parsed command-line flags), checked: the one way a surface's request becomes
+        a call's options. An absent or None attribute (a switch's False) is the model's default."""
+        return cls.of(**{name: value for name in OPTION_NAMES
+                         if (value := getattr(source, name, None)) is not None and value is not False})
+
     def given(self) -> dict[str, Any]:
         """The options set to something other than their default, by name (what a request
         carries: an absent option is the model's default)."""
@@ -255,6 +268,24 @@ def option_fields(rename: dict[str, str] | None = None) -> dict[str, tuple[Any, 
                 else (kind | None, Field(None, description=option_help(name))))
         out[(rename or {}).get(name, name)] = spec
     return out
+
+
+def unknown_name(name: str, known: Sequence[str], what: str = "field") -> str:
+    """What a misspelt `name` is told: that it is unknown, the nearest of `known` if one is
+    close ("did you mean threshold?"), else every known one."""
+    import difflib
+    near = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return (f"unknown {what} {name!r}; " + (f"did you mean {near[0]!r}?" if near else
+                                            f"the {what}s are {', '.join(known)}"))
+
+
+def check_tags(pre: str | None, post: str | None, names: tuple[str, str] = ("pre", "post")) -> bool:
+    """Whether a call asks for tagged text: both tags, or neither (False); one without the
+    other is an InputError (a tag left open, or closing nothing, is never sent back)."""
+    if (pre is None) != (post is None):
+        given, missing = names if post is None else names[::-1]
+        raise InputError(f"{given} without {missing}: tags come in pairs (give both {names[0]} and {names[1]})")
+    return pre is not None
 
 
 def check_sentences(sentences: Any, n_passages: int) -> None:

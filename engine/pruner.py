@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine import text as textmod
+from engine import cancel, text as textmod
 from engine.backends.base import Backend
 from engine.batching import BatchingConfig, ModelBatch, collate, plan
 from engine.decide import PruneResult, Scored, decide_passages, merge_blocks, window_decisions
@@ -139,7 +139,7 @@ class Pruner(FromSpec):
         passage, or (start, end) spans) instead of the built-in splitter.
         """
         call = self.prepare(question, passages, options, sentences=sentences, **changes)
-        return self.finish(call, self.backend.infer_many(call.batches) if call.batches else [])
+        return self.finish(call, cancel.infer_batches(self.backend, call.batches) if call.batches else [])
 
     def prepare(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None, *,
                 sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None, **changes: Any) -> "Call":
@@ -283,7 +283,7 @@ class Pruner(FromSpec):
     def run_blocks(self, blocks: Sequence[Block]) -> list[tuple[float, np.ndarray]]:
         """Model outputs per block: (rerank score, probabilities of its sentence slots)."""
         batches = self.batches(blocks)
-        return self.block_outputs(blocks, batches, self.backend.infer_many(batches))
+        return self.block_outputs(blocks, batches, cancel.infer_batches(self.backend, batches))
 
     def score(self, question: str, passages: Sequence[str],
               spans: Sequence[Sequence[tuple[int, int]]], windows: str | None = None) -> list[Scored]:
@@ -292,7 +292,8 @@ class Pruner(FromSpec):
         `prune eval` and `prune fidelity` measure. `prepare` and the model, then
         `scores`: the same route as `prune`."""
         call = self.prepare(question, passages, sentences=spans, windows=windows, lexical_weight=0.0)
-        return self.scores(call, self.block_outputs(call.blocks, call.batches, self.backend.infer_many(call.batches)))
+        outputs = cancel.infer_batches(self.backend, call.batches)
+        return self.scores(call, self.block_outputs(call.blocks, call.batches, outputs))
 
     def close(self) -> None:
         """Release the core's sessions or connections."""

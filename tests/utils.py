@@ -127,13 +127,33 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
 
 
 @contextlib.contextmanager
-def serve_api(pruner, config=None, embedder=None):
-    """The app on a free loopback port, in a thread; yields its base URL."""
+def serve_api(pruner, config=None, embedder=None, log=None):
+    """The app on a free loopback port, in a thread; yields its base URL (`log`: the app's notes)."""
     from engine.http.app import ApiConfig, create_app
     from engine.http.server import ApiThread
     (port,) = free_ports(1)
-    with ApiThread(create_app(pruner, config or ApiConfig(), embedder), port=port) as api:
+    with ApiThread(create_app(pruner, config or ApiConfig(), embedder, log=log), port=port) as api:
         yield api.url
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time process `pid` has used (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_within(pid: int, seconds: float, window: float = 0.5) -> float | None:
+    """Seconds until process `pid` spends (almost) no CPU for `window` seconds, or None if it
+    keeps working for `seconds`."""
+    t0 = time.monotonic()
+    last = cpu_seconds(pid)
+    while time.monotonic() - t0 < seconds:
+        time.sleep(window)
+        now = cpu_seconds(pid)
+        if now - last < 0.1 * window:
+            return time.monotonic() - t0
+        last = now
+    return None
 
 
 TINY_DOCS = [

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("-q", "--quiet", dest="top_quiet", action="store_true", help="as the subcommands' --quiet")
     top.add_argument("-v", "--verbose", dest="top_verbose", action="store_true", help="as the subcommands' --verbose")
     sub = p.add_subparsers(dest="command", required=True)
+    p.commands = sub.choices            # name -> the subcommand's parser (main's errors name it)
     output = argparse.ArgumentParser(add_help=False)
     loud = output.add_argument_group("output").add_mutually_exclusive_group()
     loud.add_argument("-q", "--quiet", action="store_true",
@@ -48,11 +50,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 class _Parser(argparse.ArgumentParser):
     """argparse's parser (the subcommands' too) with its errors on one line, as every other
-    input error of `prune` (`prune run: error: ...`, exit 2): the usage is --help's."""
+    input error of `prune` (`prune run: error: ...`, exit 2): the usage is --help's, and a
+    misspelt option of a subcommand is told its nearest ("did you mean --passages-file?")."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's, remembering the words it was given (a subcommand: its own)."""
+        self.given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
         """Print `prog: error: message` and a pointer to --help on one line; exit 2."""
-        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help shows the usage)\n")
+        self.exit(2, f"{self.prog}: error: {message}{self.suggestions()} ({self.prog} --help shows the usage)\n")
+
+    def suggestions(self) -> str:
+        """"; did you mean --x?" for each word given that looks like a misspelt option of this
+        parser (a subcommand's: the top parser's words hold every subcommand's options)."""
+        if self._subparsers is not None:
+            return ""
+        known = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+        hints = []
+        for word in getattr(self, "given", []):
+            name = word.split("=", 1)[0]
+            if name.startswith("--") and not any(k.startswith(name) for k in known):
+                near = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+                hints += [f"did you mean {near[0]} (not {name})?"] if near else []
+        return "".join(f"; {h}" for h in hints)
 
 
 def _logger(args):
@@ -81,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     except PruneError as exc:   # a PRUNE_* variable that does not parse
         print(f"prune: error: {exc}", file=sys.stderr)
         return 2
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:         # told by the subcommand's parser, which knows its options (and its --help)
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     args.quiet = args.quiet or args.top_quiet
     args.verbose = args.verbose or args.top_verbose
     if args.quiet and args.verbose:

@@ -38,7 +38,7 @@ def run(args) -> int:
     """Run `prune api`; the exit status."""
     uvicorn, _, _ = api_imports()
     from engine.pruner import Pruner
-    check_model_service(args)
+    check_ports(args)
     if args.server:
         name = args.text_model or "default_text"
         args.log(f"connecting to the text model {name!r} on {args.server} (gRPC) ...")
@@ -66,6 +66,18 @@ def add_encoder(p) -> None:
     p.add_argument("--encoder", help="exported encoder folder (prune export --encoder) that Milvus's Embedding calls "
                                      "use (--model-service-port); default: the default model's encoder when --model "
                                      "is default, else none (Embedding answers UNIMPLEMENTED)")
+
+
+def check_ports(args) -> None:
+    """A PruneError (one line) before anything loads when a port of `prune api` cannot be
+    bound: --port taken, --model-service-port taken or unservable, or both the same."""
+    from engine.http.milvus import port_is_free
+    if args.port and args.port == getattr(args, "model_service_port", None):
+        raise PruneError(f"--port and --model-service-port are both {args.port}: the HTTP API and Milvus's model "
+                         "service need a port each")
+    if args.port and not port_is_free(args.host, args.port):
+        raise PruneError(f"--port {args.port}: {args.host}:{args.port} is in use; choose another port")
+    check_model_service(args)
 
 
 def check_model_service(args) -> None:
@@ -104,10 +116,12 @@ def api_app(args, pruner, label: str, remote: bool, default_encoder: bool = Fals
     config = ApiConfig(api_key=args.api_key, workers=workers, max_concurrent=args.max_concurrent,
                        request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes, model_name=label,
                        model_service=service)
-    return create_app(pruner, config, embedder)
+    return create_app(pruner, config, embedder, log=args.log)
 
 
 def service_note(args) -> str:
     """What the start line says of the model service."""
     port = getattr(args, "model_service_port", None)
+    if port == 0:
+        return f", Milvus's model service on {args.host} (gRPC; the port the system picks follows)"
     return "" if port is None else f", Milvus's model service on {args.host}:{port} (gRPC)"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from engine.cli.common import add_db, add_renamed, add_setting, load_models, pipeline
+from engine.cli.common import add_db, add_renamed, add_setting, add_tags, load_models, pipeline, tags
 from engine.errors import PruneError
 from engine.inputs import CallOptions
 
@@ -27,8 +27,7 @@ def add(new) -> None:
     a.add_argument("--no-rerank", action="store_true", help="keep Milvus's order instead of the pruner's "
                    "reranking score (only the k returned are pruned)")
     a.add_argument("--json", action="store_true", help="print one JSON object: results with sources, context, timings")
-    a.add_argument("--pre", default="<em>", help="tag before a kept sentence")
-    a.add_argument("--post", default="</em>", help="tag after a kept sentence")
+    add_tags(a)
     a.set_defaults(func=run)
 
 
@@ -37,6 +36,7 @@ def run(args) -> int:
     if not args.question or not args.question.strip():
         raise PruneError("--question is empty")
     CallOptions.of(threshold=args.threshold)      # checked before any model loads
+    args.pre, args.post = tags(args)
     with pipeline(args) as pipe:
         pipe.about()                      # a missing database or collection fails before models load
         load_models(args, pipe, with_pruner=True)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from engine.errors import PruneError
 from engine.families import FAMILIES
-from engine.inputs import OPTION_NAMES, WINDOWS, CallOptions, option_choices, option_help, option_type
+from engine.inputs import (OPTION_NAMES, WINDOWS, CallOptions, check_tags, option_choices, option_help,
+                           option_type)
 from engine.settings import SETTINGS, help_text, positive_int, setting
 from engine.spec import RUNTIMES
 
@@ -153,8 +154,19 @@ def add_call_options(p: argparse.ArgumentParser) -> None:
 def call_options(args) -> "CallOptions":
     """The CallOptions of `prune run`'s flags (checked: a bad value is an error before any
     model loads). Unset is None (a switch's False); 0 is a value (`--lexical-weight 0`)."""
-    return CallOptions.of(**{name: getattr(args, name) for name in OPTION_NAMES
-                             if getattr(args, name) is not None and getattr(args, name) is not False})
+    return CallOptions.of_attributes(args)
+
+
+def add_tags(p: argparse.ArgumentParser, when: str = "") -> None:
+    """--pre and --post: the tags around a kept sentence (a pair, `tags`)."""
+    p.add_argument("--pre", help=f"tag before a kept sentence{when}, with --post (default: <em>)")
+    p.add_argument("--post", help=f"tag after a kept sentence{when}, with --pre (default: </em>)")
+
+
+def tags(args) -> tuple[str, str]:
+    """(pre, post) of --pre and --post: both, or neither (<em> and </em>); one alone is an
+    InputError before any model loads (engine.inputs.check_tags: tags come in pairs)."""
+    return (args.pre, args.post) if check_tags(args.pre, args.post, ("--pre", "--post")) else ("<em>", "</em>")
 
 
 def batching(args):

@@ -6,8 +6,8 @@ import sys
 import time
 from pathlib import Path
 
-from engine.cli.common import (add_batching, add_call_options, add_openvino, add_renamed, add_setting, batching,
-                               call_options, input_file, model_path, output_file)
+from engine.cli.common import (add_batching, add_call_options, add_openvino, add_renamed, add_setting, add_tags,
+                               batching, call_options, input_file, model_path, output_file, tags)
 from engine.errors import PruneError
 from engine.inputs import CallOptions
 from engine.settings import TORCH_ATTENTIONS, TORCH_DTYPES, positive_int
@@ -50,8 +50,7 @@ def add(new) -> None:
     r.add_argument("--output", help="where the JSONL results go with --input (default: stdout)")
     r.add_argument("--group", type=positive_int, default=64,
                    help="queries read, batched together and written at a time with --input (bounds memory)")
-    r.add_argument("--pre", default="<em>", help="tag before a kept sentence (--highlight)")
-    r.add_argument("--post", default="</em>", help="tag after a kept sentence (--highlight)")
+    add_tags(r, " (--highlight)")
     add_batching(r)
     r.set_defaults(func=run)
 
@@ -61,6 +60,7 @@ def run(args) -> int:
     from engine.pruner import Pruner
     # bad input is reported before any model loads
     options = call_options(args)
+    args.pre, args.post = tags(args)
     if args.input:
         if args.question or args.context or args.context_file or args.passages_file:
             raise PruneError("--input takes the questions and passages from the file: "
@@ -149,7 +149,7 @@ def _read_passages_file(name: str) -> list[str]:
                 raise ValueError(f"{name}: record {n}: expected a JSON string or an object with a text string")
             out.append(text)
     except (FileNotFoundError, ValueError) as exc:
-        raise PruneError(f"--passages-file: {exc}") from None
+        raise PruneError(f"--passages-file {exc}") from None
     if not out:
         raise PruneError(f"--passages-file {name}: no passages")
     return out

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import time
 import uuid
@@ -33,7 +32,7 @@ from typing import Annotated, Any
 
 from engine.errors import InputError, PruneError
 from engine.http.state import ApiConfig, ApiState, Busy
-from engine.inputs import OPTION_NAMES, CallOptions
+from engine.inputs import CallOptions, check_tags
 from engine.protocol import PrunerProtocol
 
 try:
@@ -170,11 +169,10 @@ async def cohere(req: CohereRerankRequest, api: Api):
              summary="Prune passages: the engine's full result")
 async def prune_endpoint(req: PruneRequest, api: Api):
     """The engine's own endpoint: each passage's full result, with every option of a call."""
-    options = CallOptions.of(**{name: getattr(req, name) for name in OPTION_NAMES})
-    results = await api.prune(req.question, req.passages, options)
-    tagged = req.pre is not None or req.post is not None
+    tagged = check_tags(req.pre, req.post)
+    results = await api.prune(req.question, req.passages, CallOptions.of_attributes(req))
     return PruneResponse(model=api.config.model_name, results=[
-        PrunedPassage.of(r, r.highlight(req.pre or "", req.post or "") if tagged else None) for r in results])
+        PrunedPassage.of(r, r.highlight(req.pre, req.post) if tagged else None) for r in results])
 
 
 @router.post(opensearch.PATHS[0], response_model=opensearch.OpenSearchResponse, responses=POST_ERRORS,
@@ -188,8 +186,7 @@ async def opensearch_highlight(req: opensearch.OpenSearchRequest, api: Api):  # 
     UTF-16 spans, one list per document of a batch (engine/http/opensearch.py)."""
     t0 = time.perf_counter()
     calls, batch = opensearch.queries(req)
-    if len(calls) > api.pruner.limits.max_passages:
-        raise InputError(f"{len(calls)} documents in one request; the limit is {api.pruner.limits.max_passages}")
+    api.pruner.limits.check_count(len(calls), "documents in one request")
     spans = [opensearch.highlights(results[0]) for results in await api.prune_many(calls)]
     return opensearch.OpenSearchResponse(highlights=spans if batch else spans[0],
                                          processing_time_ms=round(1000 * (time.perf_counter() - t0), 3))
@@ -240,13 +237,15 @@ def page_handler(path: str):
 async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
     """422: the field at fault, or why the body is not JSON."""
     first = exc.errors()[0] if exc.errors() else {}
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    if first.get("type") == "unknown_field":        # engine.http.models.StrictRequest: it names the field
+        return _error(ApiError.INVALID, (f"{where}: " if where else "") + first.get("msg", "unknown field"))
     if first.get("type") == "json_invalid":
         why, at = first.get("ctx", {}).get("error", "invalid"), first.get("loc", ("", "?"))[-1]
         return _error(ApiError.INVALID, f"the body is not valid JSON ({why} at character {at})")
     if isinstance(exc.body, (bytes, bytearray)) and tuple(first.get("loc", ())) == ("body",):
         return _error(ApiError.INVALID, not_json_message(request.headers.get("content-type")))
-    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
-    return _error(ApiError.INVALID, f"{where}: {first.get('msg', 'invalid')}")
+    return _error(ApiError.INVALID, f"{where or 'body'}: {first.get('msg', 'invalid')}")
 
 
 def not_json_message(content_type: str | None) -> str:
@@ -289,20 +288,13 @@ EXCEPTION_HANDLERS = {RequestValidationError: invalid, StarletteHTTPException: h
                       asyncio.TimeoutError: late, InputError: bad_input, PruneError: engine_failed}
 
 
-def authorized(request: Request, key: str) -> bool:
-    """Whether `request` carries `key` as its Bearer token (compared in constant time)."""
-    given = request.headers.get("authorization", "")
-    token = given[7:] if given.lower().startswith("bearer ") else ""
-    return hmac.compare_digest(token.encode(), key.encode())
-
-
 async def guard(request: Request, call_next):
     """Every request: the API key checked where one is set (but on OPEN_PATHS), and its
     status and latency counted by route."""
     api: ApiState = request.app.state.api
     path = request.url.path
     route = path if path in api.routes else "other"     # bounded label values
-    if api.config.api_key and path not in OPEN_PATHS and not authorized(request, api.config.api_key):
+    if path not in OPEN_PATHS and not api.config.authorizes(request.headers.get("authorization")):
         api.metrics.requests.labels(route, "401").inc()
         return _error(ApiError.UNAUTHORIZED, "a valid API key is required: Authorization: Bearer KEY")
     t0 = time.perf_counter()
@@ -318,10 +310,10 @@ async def guard(request: Request, call_next):
 async def _lifespan(app):
     api = app.state.api
     service = None
-    if api.config.model_service:
-        from engine.http import milvus
-        service = await milvus.start(api, api.config.model_service, api.embedder)
     try:
+        if api.config.model_service:
+            from engine.http import milvus
+            service = await milvus.start(api, api.config.model_service, api.embedder)
         yield
     finally:
         if service is not None:
@@ -329,10 +321,11 @@ async def _lifespan(app):
         api.close()
 
 
-def create_app(pruner: PrunerProtocol, config: ApiConfig = ApiConfig(), embedder: Any = None) -> Any:
+def create_app(pruner: PrunerProtocol, config: ApiConfig = ApiConfig(), embedder: Any = None,
+               log: Any = None) -> Any:
     """The ASGI app serving `pruner` (which it does not close: its owner does), and, when
     `config.model_service` is set, Milvus's model service beside it (engine/http/milvus.py;
-    `embedder` answers its Embedding calls)."""
+    `embedder` answers its Embedding calls; `log` is told the port it binds when asked for 0)."""
     app = FastAPI(title="prune-engine", version=_version(), lifespan=_lifespan, exception_handlers=EXCEPTION_HANDLERS,
                   description="Context pruning and semantic highlighting: TEI- and Cohere-compatible rerank, "
                               "and the engine's own prune endpoint (docs/http-api.md).")
@@ -340,7 +333,7 @@ def create_app(pruner: PrunerProtocol, config: ApiConfig = ApiConfig(), embedder
     app.include_router(router)
     for path in PAGE_FILES:
         app.get(path, include_in_schema=False)(page_handler(path))
-    app.state.api = ApiState.of(pruner, config, routes=route_paths(app), embedder=embedder)
+    app.state.api = ApiState.of(pruner, config, routes=route_paths(app), embedder=embedder, log=log)
     return _BodyLimit(app, config.max_body_bytes, config.body_timeout)
 
 

@@ -14,17 +14,20 @@ what this server answers:
   input, RESOURCE_EXHAUSTED when busy, DEADLINE_EXCEEDED, UNAVAILABLE when the engine
   fails), and a success carries `Status{code: 0}`;
 - `Highlight`: one RPC per search query with all its hits, params as strings (`threshold`,
-  `pre_tags`/`post_tags` as JSON lists, `highlight_only` "True"/"true", and `queries`,
+  `pre_tags`/`post_tags` as JSON lists, both or neither, `highlight_only` "True"/"true", and `queries`,
   `input_fields`, ... which are ignored). One request is one call of the pruner: each
   result's sentences are what `/v1/prune` keeps for the same question, documents and
   threshold, tagged, with their probabilities as `scores` (always as many as sentences:
   Milvus 2.6.9+ refuses otherwise);
 - `Rerank`: one score per document, `/rerank`'s;
 - `Embedding`: the texts' embeddings as little-endian float32 `dense` vectors, from the
-  retrieval encoder the server was given (UNIMPLEMENTED without one).
+  retrieval encoder the server was given (UNIMPLEMENTED without one); a text over the
+  encoder's window is cut to it (counted, logged) unless the function's params say
+  `truncate` false (its params arrive as strings, with `input_type`).
 
 The servicers run on the HTTP API's event loop and share its `ApiState`: the same worker
-pool, limits, deadline, API key and metrics (route label: the RPC's path).
+pool, limits, deadline (a call past it stops at its next batch), API key rule and metrics
+(their own counter, by the RPC's path and gRPC status code).
 """
 from __future__ import annotations
 
@@ -37,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import InputError, PruneError
-from engine.inputs import CallOptions
+from engine.inputs import CallOptions, check_tags
 from engine.http.state import ApiState, Busy
 
 PACKAGE = "milvus.proto.modelservice"
@@ -46,21 +49,28 @@ MILVUS_MAX_MESSAGE = 100 * 1024 * 1024
 DEFAULT_TAGS = (["<em>"], ["</em>"])     # Milvus's highlighters' own default tags
 
 
+#: the vendored proto, by the package-qualified name it registers under in protobuf's pool (a
+#: bare `model_service.proto` could meet another library's file of that name there)
+PROTO = "engine/http/proto/model_service.proto"
+
+
 def proto_modules() -> tuple[Any, Any]:
-    """The vendored proto's message and service modules (parsed when first asked, by grpcio-tools)."""
+    """The vendored proto's message and service modules (parsed when first asked, by
+    grpcio-tools, from the installed package: registered as PROTO)."""
+    import sys
+    from pathlib import Path
+
     import grpc
-    from importlib.resources import as_file, files
     try:
         import grpc_tools  # noqa: F401
     except ImportError as exc:
         raise PruneError("the model service needs grpcio-tools: pip install 'prune-engine[model-service]'") from exc
-    with as_file(files("engine.http") / "proto" / "model_service.proto") as path:
-        import sys
-        sys.path.insert(0, str(path.parent))
-        try:
-            return grpc.protos_and_services("model_service.proto")
-        finally:
-            sys.path.remove(str(path.parent))
+    root = str(Path(__file__).resolve().parents[2])       # the folder holding the engine package
+    sys.path.insert(0, root)
+    try:
+        return grpc.protos_and_services(PROTO)
+    finally:
+        sys.path.remove(root)
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,7 @@ class HighlightParams:
                 threshold = float(raw["threshold"])
             except ValueError:
                 raise InputError(f"threshold: {raw['threshold']!r} is not a number") from None
+        check_tags(raw.get("pre_tags"), raw.get("post_tags"), ("pre_tags", "post_tags"))
         pre = _tags(raw, "pre_tags", DEFAULT_TAGS[0])
         post = _tags(raw, "post_tags", DEFAULT_TAGS[1])
         return cls(options=CallOptions.of(threshold=threshold), pre=pre, post=post,
@@ -101,15 +112,34 @@ def _tags(raw: dict[str, str], name: str, default: list[str]) -> list[str]:
 
 
 def _boolean(raw: dict[str, str], name: str, default: bool) -> bool:
-    """'True'/'true'/'1' or 'False'/'false'/'0' (pymilvus sends str(bool), Java lower case)."""
+    """What Go's strconv.ParseBool takes, as Milvus reads its own boolean params: 'True'/'true'/
+    't'/'1' or 'False'/'false'/'f'/'0' (pymilvus sends str(bool), Java lower case)."""
     value = raw.get(name, "").strip().lower()
     if not value:
         return default
-    if value in ("true", "1"):
+    if value in ("true", "t", "1"):
         return True
-    if value in ("false", "0"):
+    if value in ("false", "f", "0"):
         return False
     raise InputError(f"{name}: {raw[name]!r} is not a boolean (true or false)")
+
+
+@dataclass(frozen=True)
+class EmbeddingParams:
+    """An Embedding call's params, read from Milvus's strings (its zilliz text-embedding
+    function forwards the function's params, and `input_type`, which changes nothing here)."""
+    truncate: bool = True           # a text over the window is cut to it; false: refused (INVALID_ARGUMENT)
+    direction: str = "right"        # which end is kept: right (the start, the default) or left (the end)
+
+    @classmethod
+    def parse(cls, params: dict[str, str]) -> EmbeddingParams:
+        """`truncate` (true/false as Milvus's own TEI function reads it) and
+        `truncation_direction` (Left or Right, TEI's values); InputError naming the bad one."""
+        raw = {k.lower(): v for k, v in params.items()}
+        direction = raw.get("truncation_direction", "").strip().lower() or "right"
+        if direction not in ("left", "right"):
+            raise InputError(f"truncation_direction: {raw['truncation_direction']!r} is not Left or Right")
+        return cls(truncate=_boolean(raw, "truncate", True), direction=direction)
 
 
 class NotServed(Exception):
@@ -147,14 +177,26 @@ class ModelService:
                             "embed; give prune api --encoder FOLDER (prune export --encoder makes one), or serve "
                             "--model default, which brings its encoder")
         texts = list(request.texts)
-        if len(texts) > self.api.pruner.limits.max_passages:
-            raise InputError(f"{len(texts)} texts in one request; the limit is {self.api.pruner.limits.max_passages}")
-        vectors = await self.api.in_pool(self.embedder.encode, texts)
+        self.api.pruner.limits.check_count(len(texts), "texts in one request")
+        vectors = await self.api.in_pool(self._embed, texts, EmbeddingParams.parse(dict(request.params)))
         dense = self.pb.DenseVector.DType.Value("DTYPE_FLOAT")
         return self.pb.TextEmbeddingResponse(status=self.pb.Status(code=0), results=[
             self.pb.EmbeddingResult(dense=self.pb.DenseVector(dtype=dense, data=v.astype("<f4").tobytes(),
                                                               dim=len(v)))
             for v in vectors])
+
+    def _embed(self, texts: list[str], params: EmbeddingParams) -> Any:
+        """The texts' embeddings, on a worker thread: a text over the encoder's window is cut
+        to it (counted in the metrics, logged once per call) or, with truncate false, refused."""
+        ids, cut = self.embedder.tokenize(texts, truncate=params.direction if params.truncate else None)
+        if cut:
+            self.api.metrics.truncated.inc(len(cut))
+            logging.getLogger("prune.api").warning(
+                "Embedding: %d of %d texts were longer than the encoder's window (%d tokens) and were cut to it, "
+                "keeping their %s (text %s; the param truncate=false refuses them instead)", len(cut), len(texts),
+                self.embedder.max_length, "start" if params.direction == "right" else "end",
+                ", ".join(map(str, cut[:5])) + (", ..." if len(cut) > 5 else ""))
+        return self.embedder.embed(ids)
 
 
 def _grpc() -> Any:
@@ -169,7 +211,7 @@ def _guarded(api: ApiState, route: str, handler: Callable[[Any, Any], Awaitable[
     async def call(request: Any, context: Any) -> Any:
         t0, code = time.perf_counter(), grpc.StatusCode.OK
         try:
-            if api.config.api_key and not _authorized(context, api.config.api_key):
+            if not api.config.authorizes(dict(context.invocation_metadata() or ()).get("authorization")):
                 raise Unauthenticated("a valid API key is required: metadata authorization: Bearer KEY")
             return await handler(request, context)
         except Exception as exc:            # noqa: BLE001  (each becomes its status code)
@@ -177,7 +219,7 @@ def _guarded(api: ApiState, route: str, handler: Callable[[Any, Any], Awaitable[
             await context.abort(code, message)
         finally:
             api.metrics.latency.labels(route).observe(time.perf_counter() - t0)
-            api.metrics.requests.labels(route, code.name).inc()
+            api.metrics.grpc_requests.labels(route, code.name).inc()
 
     return call
 
@@ -199,12 +241,6 @@ def _status_of(exc: Exception) -> tuple[Any, str]:
         return grpc.StatusCode.UNAVAILABLE, f"the engine failed: {exc}"
     logging.getLogger("prune.api").error("model service: unexpected error", exc_info=exc)
     return grpc.StatusCode.INTERNAL, f"an unexpected server error: {type(exc).__name__}"
-
-
-def _authorized(context: Any, key: str) -> bool:
-    import hmac
-    given = dict(context.invocation_metadata() or ()).get("authorization", "")
-    return hmac.compare_digest(given.encode(), f"Bearer {key}".encode())
 
 
 #: service -> (its RPC, the ModelService handler, the request and response messages)
@@ -239,6 +275,9 @@ async def start(api: ApiState, address: str, embedder: Any = None) -> Any:
     if not port:
         raise PruneError(f"the model service cannot listen on {address} (in use?)")
     await server.start()
+    host, _, asked = address.rpartition(":")
+    if asked == "0" and api.log:            # the port the system chose is the one a client needs
+        api.log(f"Milvus's model service listening on {host}:{port} (gRPC)")
     return server
 
 

@@ -12,11 +12,12 @@ from dataclasses import MISSING, fields
 from enum import Enum
 from typing import Any, Literal, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic_core import PydanticCustomError
 
 from engine.decide import PruneResult
 from engine.families import Family
-from engine.inputs import CallOptions, option_fields
+from engine.inputs import CallOptions, option_fields, unknown_name
 from engine.rules import Rules
 
 # --------------------------------------------------------------------------- errors
@@ -72,7 +73,26 @@ POST_ERRORS: dict[int | str, dict[str, Any]] = {
 # --------------------------------------------------------------------------- shared parts
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")     # clients send fields of their own (Cohere's priority, ...)
+    """A protocol's body (TEI's, Cohere's): a field the engine does not use is ignored, as
+    TEI's serde types and Cohere's published schema do (clients send fields of their own:
+    Cohere's priority, max_tokens_per_doc, ...)."""
+    model_config = ConfigDict(extra="ignore")
+
+
+class StrictRequest(BaseModel):
+    """The engine's own bodies (/v1/prune, /v1/highlight): a field they do not know is
+    refused (422 naming it and the nearest known one), never a silent default."""
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name in data:
+                if name not in cls.model_fields:
+                    raise PydanticCustomError("unknown_field", "{message}",
+                                              {"message": unknown_name(str(name), list(cls.model_fields))})
+        return data
 
 
 class SentenceOut(BaseModel):
@@ -170,7 +190,7 @@ class CohereRerankResponse(BaseModel):
 
 #: `/v1/prune`'s body: the question, the passages, every CallOptions option, and the tags
 PruneRequest = create_model(
-    "PruneRequest", __base__=_Request,
+    "PruneRequest", __base__=StrictRequest,
     question=(str, Field(min_length=1, description="the question the passages are pruned for")),
     passages=(list[str], Field(description="the passages, one call")),
     **option_fields(),

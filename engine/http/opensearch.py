@@ -14,6 +14,8 @@ strings do; each list is sorted, without overlaps, within `0 <= start < end <= l
 (OpenSearch 3.7 refuses anything else). The highlights are the sentences the engine keeps
 for the question and the document: what `/v1/prune` keeps for that passage alone. The
 engine's call options (`threshold`, ...) may be added to the body; the templates send none.
+A field the body does not know is refused (422 naming the nearest known one); an `inputs`
+item's other keys are ignored (OpenSearch builds those items).
 
 Served at `POST /v1/highlight` (and `/opensearch/highlight`), and at TorchServe's `POST
 /predictions/semantic_highlighter`, the URL OpenSearch's own connector names, so that a
@@ -28,7 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from engine.decide import PruneResult
 from engine.errors import InputError
-from engine.inputs import OPTION_NAMES, CallOptions, option_fields
+from engine.http.models import StrictRequest
+from engine.inputs import CallOptions, option_fields
 from engine.text import running_offsets
 
 PATHS = ("/v1/highlight", "/opensearch/highlight", "/predictions/semantic_highlighter")
@@ -42,7 +45,7 @@ class OpenSearchInput(BaseModel):
 
 
 OpenSearchRequest = create_model(
-    "OpenSearchRequest", __config__=ConfigDict(extra="ignore"),
+    "OpenSearchRequest", __base__=StrictRequest,
     __doc__="What OpenSearch's connector sends: one question and context, or a batch in `inputs`.",
     question=(str, Field("", description="the question (one document; empty in a batch)")),
     context=(str, Field("", description="the field's text (one document; empty in a batch)")),
@@ -66,7 +69,7 @@ class OpenSearchResponse(BaseModel):
 
 def queries(req: Any) -> tuple[list[dict[str, Any]], bool]:
     """(the calls a request asks for, whether it is a batch): one per document."""
-    options = CallOptions.of(**{name: getattr(req, name) for name in OPTION_NAMES})
+    options = CallOptions.of_attributes(req)
     if req.inputs:
         return [{"question": d.question, "passages": [d.context], "options": options} for d in req.inputs], True
     if not req.question.strip():

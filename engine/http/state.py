@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from engine import cancel
 from engine.decide import PruneResult
-from engine.errors import InputError, PruneError
+from engine.errors import Cancelled, InputError, PruneError
 from engine.families import Family
 from engine.inputs import CallOptions
 from engine.protocol import PrunerProtocol
@@ -30,6 +33,17 @@ class ApiConfig:
     body_timeout: float = 10.0            # seconds the body may take to arrive
     model_name: str = "prune-engine"
     model_service: str | None = None      # host:port of Milvus's model service (gRPC), or none
+
+    def authorizes(self, credentials: str | None) -> bool:
+        """Whether a call whose `Authorization` (HTTP's header, gRPC's metadata) is
+        `credentials` may pass: always without an API key; with one, the scheme `Bearer` in
+        any case (schemes are case-insensitive, RFC 9110), whitespace, then the key exactly
+        (compared in constant time). The one rule of both surfaces."""
+        if not self.api_key:
+            return True
+        scheme, _, token = (credentials or "").strip().partition(" ")
+        token = token.strip() if scheme.lower() == "bearer" else ""
+        return hmac.compare_digest(token.encode(), self.api_key.encode())
 
 
 #: seconds a successful request vouches for the engine's health (docs/http-api.md)
@@ -92,6 +106,10 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.requests = Counter("prune_api_requests", "HTTP requests by route and status", ["route", "status"],
                                 registry=self.registry)
+        self.grpc_requests = Counter("prune_api_grpc_requests", "calls of Milvus's model service (gRPC) by route "
+                                     "and status code", ["route", "code"], registry=self.registry)
+        self.truncated = Counter("prune_api_truncated_texts", "texts of Embedding calls cut to the encoder's window",
+                                 registry=self.registry)
         self.latency = Histogram("prune_api_request_seconds", "request latency by route", ["route"],
                                  registry=self.registry,
                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
@@ -139,13 +157,14 @@ class ApiState:
     in_flight: InFlight
     routes: frozenset[str] = frozenset()
     embedder: Any = None                  # the retrieval encoder Milvus's Embedding calls use, if any
+    log: Callable[[str], None] | None = None      # where the server's own notes go (the CLI's stderr)
 
     @classmethod
     def of(cls, pruner: PrunerProtocol, config: ApiConfig, routes: frozenset[str] = frozenset(),
-           embedder: Any = None) -> ApiState:
+           embedder: Any = None, log: Callable[[str], None] | None = None) -> ApiState:
         """The state of an app serving `pruner` (and `embedder`) as `config` says."""
         metrics = Metrics()
-        return cls(pruner=pruner, family=pruner.family, config=config, routes=routes, embedder=embedder,
+        return cls(pruner=pruner, family=pruner.family, config=config, routes=routes, embedder=embedder, log=log,
                    pool=ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="prune-api"),
                    health=Health(pruner, timeout=config.request_timeout), metrics=metrics,
                    in_flight=InFlight(config.max_concurrent, metrics.in_flight))
@@ -156,17 +175,25 @@ class ApiState:
 
     async def in_pool(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` in the worker pool, at most `max_concurrent` at once (Busy past it),
-        within the deadline (asyncio.TimeoutError past it)."""
+        within the deadline (asyncio.TimeoutError past it). A call given up on (past the
+        deadline, or its caller gone) is told to stop (engine.cancel): a call still queued
+        never starts, one running stops at its next batch, so the pool is free again within
+        one batch's time."""
         with self.in_flight.slot():
-            future = asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
-            return await asyncio.wait_for(future, self.config.request_timeout)
+            stop = threading.Event()
+            future = asyncio.get_running_loop().run_in_executor(self.pool, cancel.run, stop, fn, *args)
+            try:
+                return await asyncio.wait_for(future, self.config.request_timeout)
+            except BaseException:
+                stop.set()
+                raise
 
     def _prune_now(self, question: str, texts: list[str], options: CallOptions | None) -> list[PruneResult]:
         """The call itself, on a worker thread; health and the passages' count are told."""
         try:
             results = self.pruner.prune(question, texts, options)
         except PruneError as exc:
-            if not isinstance(exc, InputError):
+            if not isinstance(exc, (InputError, Cancelled)):
                 self.health.failed(exc)
             raise
         self.health.succeeded()
@@ -185,7 +212,7 @@ class ApiState:
             if failed is not None:
                 raise failed
         except PruneError as exc:
-            if not isinstance(exc, InputError):
+            if not isinstance(exc, (InputError, Cancelled)):
                 self.health.failed(exc)
             raise
         self.health.succeeded()

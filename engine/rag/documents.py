@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from engine.datafiles import json_error
 from engine.errors import InputError
 from engine.text import split_sentences
 
@@ -29,7 +30,7 @@ def read_documents(path: str | Path) -> list[dict[str, Any]]:
             try:
                 doc = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise InputError(f"{path}:{n}: not JSON ({exc.msg})") from exc
+                raise InputError(f"{path}: line {n}: not valid JSON: {json_error(exc, line)}") from exc
             docs.append(check_document(doc, f"{path}:{n}"))
             if docs[-1]["id"] in seen:
                 raise InputError(f"{path}:{n}: id {docs[-1]['id']!r} appears twice")

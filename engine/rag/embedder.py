@@ -4,8 +4,10 @@ An encoder folder is what `export.embedder.export_encoder` writes (`prune export
 encoder.onnx, tokenizer.json and encoder.json. `Embedder.load("default")` is the default
 model's encoder (all-MiniLM-L6-v2), exported into the cache on first use.
 
-Nothing is cut silently: a text longer than the encoder's window is refused with its
-length; `prune index` chunks documents to fit (engine.rag.pipeline.chunk_spans).
+A text longer than the encoder's window is refused with its length (`prune index` chunks
+documents to fit: engine.rag.pipeline.chunk_spans), unless the caller asks for it to be cut
+to the window (`truncate`), as Milvus's Embedding calls do (engine/http/milvus.py: counted
+and logged there).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from engine import cancel
 from engine.backends.onnxruntime import thread_denormals
 from engine.errors import InputError, ModelLoadError
 
@@ -40,7 +43,7 @@ def ensure_default_encoder(log: Callable[[str], None] | None = None) -> Path:
     log = log or stderr_log
     export_encoder = exporter("export.embedder", "export_encoder", "the default encoder", "pass an exported encoder")
     source = default_checkpoint()
-    log(f"first use: exporting the encoder of {DEFAULT_MODEL} from {source} to {target} (once, about 5 s) ...")
+    log(f"first use: exporting the encoder of {DEFAULT_MODEL} from {source} to {target} (once, about 10 s) ...")
     return export_into_cache(target, ENCODER_FILE, lambda staging: export_encoder(
         source, staging, name=DEFAULT_MODEL, log=lambda m: log("  " + m.replace(str(staging), str(target)))))
 
@@ -94,29 +97,55 @@ class Embedder:
         """Character span of each token of `text` (no special tokens)."""
         return list(self.tokenizer.encode(text, add_special_tokens=False).offsets)
 
-    def encode(self, texts: Sequence[str], *, batch_size: int = BATCH_SIZE,
-               what: str = "text") -> np.ndarray:
-        """L2-normalised embeddings of `texts`, [N, dim] float32."""
-        texts = list(texts)
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        encodings = self.tokenizer.encode_batch(texts)
-        for i, e in enumerate(encodings):
+    def encode(self, texts: Sequence[str], *, batch_size: int = BATCH_SIZE, what: str = "text",
+               truncate: str | None = None) -> np.ndarray:
+        """L2-normalised embeddings of `texts`, [N, dim] float32 (`tokenize`, then `embed`)."""
+        return self.embed(self.tokenize(texts, truncate=truncate, what=what)[0], batch_size=batch_size)
+
+    def tokenize(self, texts: Sequence[str], *, truncate: str | None = None,
+                 what: str = "text") -> tuple[list[list[int]], list[int]]:
+        """(each text's token ids, special tokens included; the indices of the texts cut to the
+        window). A text over the window is an InputError naming it, unless `truncate` says
+        which end to keep: "right" its start (as sentence-transformers and TEI's `truncate`
+        cut), "left" its end; its special tokens are kept either way."""
+        ids, cut = [], []
+        for i, e in enumerate(self.tokenizer.encode_batch(list(texts))):
             if len(e.ids) > self.max_length:
-                raise InputError(f"{what} {i} is {len(e.ids)} tokens; the encoder {self.name} reads at "
-                                 f"most {self.max_length} (special tokens included)")
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))   # little padding
+                if truncate is None:
+                    raise InputError(f"{what} {i} is {len(e.ids)} tokens; the encoder {self.name} reads at "
+                                     f"most {self.max_length} (special tokens included)")
+                ids.append(cut_to(e.ids, e.special_tokens_mask, self.max_length, keep_end=truncate == "left"))
+                cut.append(i)
+            else:
+                ids.append(e.ids)
+        return ids, cut
+
+    def embed(self, ids: Sequence[Sequence[int]], *, batch_size: int = BATCH_SIZE) -> np.ndarray:
+        """L2-normalised embeddings of token id sequences (`tokenize`'s), [N, dim] float32; a
+        caller that gave up on the call (engine.cancel) stops it between two batches."""
+        out = np.zeros((len(ids), self.dim), dtype=np.float32)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))   # little padding
         for b in range(0, len(order), batch_size):
+            cancel.check()
             rows = order[b:b + batch_size]
-            length = max(len(encodings[i].ids) for i in rows)
-            ids = np.full((len(rows), length), self.pad_id, dtype=np.int64)
+            length = max(len(ids[i]) for i in rows)
+            batch = np.full((len(rows), length), self.pad_id, dtype=np.int64)
             mask = np.zeros((len(rows), length), dtype=np.int64)
             for r, i in enumerate(rows):
-                n = len(encodings[i].ids)
-                ids[r, :n] = encodings[i].ids
-                mask[r, :n] = 1
+                batch[r, :len(ids[i])] = ids[i]
+                mask[r, :len(ids[i])] = 1
             with thread_denormals(self.flush):
-                out[rows] = self.session.run(None, {"input_ids": ids, "attention_mask": mask},
-                                             self.runs(ids.size) if self.runs else None)[0]
+                out[rows] = self.session.run(None, {"input_ids": batch, "attention_mask": mask},
+                                             self.runs(batch.size) if self.runs else None)[0]
         return out
+
+
+def cut_to(ids: Sequence[int], special: Sequence[int], max_length: int, keep_end: bool = False) -> list[int]:
+    """`ids` cut to `max_length` tokens, its leading and trailing special tokens kept ([CLS]
+    ... [SEP]): the text's first tokens, or its last with `keep_end`."""
+    head = next((k for k, m in enumerate(special) if not m), len(ids))
+    tail = next((k for k, m in enumerate(reversed(special)) if not m), 0)
+    body = list(ids[head:len(ids) - tail])
+    room = max(1, max_length - head - tail)
+    body = body[len(body) - room:] if keep_end else body[:room]
+    return list(ids[:head]) + body + list(ids[len(ids) - tail:])

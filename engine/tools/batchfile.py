@@ -54,7 +54,7 @@ def parse_line(text: str, number: int, options: CallOptions | None = None) -> tu
     try:
         row = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise LineError(f"not valid JSON ({json_error(exc, text)})", number) from None
+        raise LineError(f"not valid JSON: {json_error(exc, text)}", number) from None
     if not isinstance(row, dict):
         raise LineError(f"expected a JSON object, got a JSON {type(row).__name__}", number)
     ident = row.get("id", number)

@@ -148,8 +148,7 @@ def read_request(get: Callable[[str], np.ndarray | None], limits: Limits) -> Tex
     question = _decode(_one(q, "question"), "question")
     if p.ndim != 1:
         raise InputError(f"passages must be BYTES [P], got shape {list(p.shape)}")
-    if p.shape[0] > limits.max_passages:     # before decoding any of them
-        raise InputError(f"{p.shape[0]} passages in one call; the limit is {limits.max_passages}")
+    limits.check_count(p.shape[0])     # before decoding any of them
     question, passages = check_call(question, [_decode(raw, f"passage {i}") for i, raw in enumerate(p)], limits)
     values = {}
     for name, arr in others.items():

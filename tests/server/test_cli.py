@@ -278,7 +278,7 @@ def test_run_reads_a_passages_file_and_names_what_is_wrong_with_one(exported, tm
     from_file = json.loads(capsys.readouterr().out)
     assert main(["run", "--model", model, "--question", q, "--context", docs[0], "--context", docs[1], "--json"]) == 0
     assert from_file == json.loads(capsys.readouterr().out) and len(from_file) == 2
-    for content, message in (('{"title": "no text"}\n', "record 1: expected a JSON string"), ("not json\n", "not JSON"),
+    for content, message in (('{"title": "no text"}\n', "record 1: expected a JSON string"), ("not json\n", "line 1: not valid JSON: expecting value at column 1"),
                              ("\n", "no passages")):
         f.write_text(content)
         assert main(["run", "--model", model, "--question", q, "--passages-file", str(f)]) != 0

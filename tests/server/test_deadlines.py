@@ -1,6 +1,9 @@
-"""A server that stops answering (behind a stalling proxy) never holds a call past its
-deadline: each `prune()` returns, with a clear error, within `timeout` (retries and
-backoff included), over gRPC and HTTP, for the text model and the core model."""
+"""Deadlines both ways. A server that stops answering (behind a stalling proxy) never holds
+a call past its deadline: each `prune()` returns, with a clear error, within `timeout`
+(retries and backoff included), over gRPC and HTTP, for the text model and the core model.
+And a call past the API's deadline stops using the server's workers: its work stops at the
+next batch (engine.cancel), so `prune api` is idle again soon after the 504 or the
+DEADLINE_EXCEEDED, and the next call is answered."""
 import socket
 import threading
 import time
@@ -9,7 +12,7 @@ import pytest
 
 from engine.errors import BackendError
 from engine.pruner import Pruner
-from tests.utils import PASSAGES, QUESTION
+from tests.utils import PASSAGES, QUESTION, ApiProcess, free_ports, idle_within, milvus_calls
 
 pytestmark = pytest.mark.server
 
@@ -87,3 +90,40 @@ def test_stalled_server_calls_end_within_their_deadline(server, model, protocol,
         print(f"\n{model} {protocol}: worst call {worst:.2f} s, deadline {timeout} s")
     finally:
         proxy.close()
+
+
+#: a passage of 1 MB (the issue's case; the limits allow 2,000,000 characters): minutes of
+#: model work on 2 cores, in ~500 blocks, far past the deadline on any CPU
+LONG = "The quick brown fox jumps over the lazy dog near the river bank. " * 15_400
+
+
+def test_a_call_past_its_deadline_stops_using_the_workers(default_cache):
+    """`prune api --model default --request-timeout 3` (one worker; batches of 2,048 tokens, so
+    a batch takes well under a second here): the 1 MB call answers 504 at 3 s, the server
+    spends no CPU within a few batches of it and answers the next call; the same through the
+    model service (DEADLINE_EXCEEDED, then the next call OK within its own 3 s)."""
+    pytest.importorskip("grpc_tools", reason="the model service needs grpcio-tools ([model-service])")
+    import httpx
+    (grpc_port,) = free_ports(1)
+    api = ApiProcess("default", "--request-timeout", "3", "--max-batch-tokens", "2048",
+                     "--model-service-port", str(grpc_port), env=default_cache["env"])
+    try:
+        t0 = time.monotonic()
+        late = httpx.post(f"{api.url}/v1/prune", json={"question": "What does the fox do?", "passages": [LONG]},
+                          timeout=60)
+        took = time.monotonic() - t0
+        assert late.status_code == 504 and 3 <= took < 3 + 2, (late.status_code, took, late.text[:300])
+        idle = idle_within(api.proc.pid, 5)
+        assert idle is not None, "the abandoned call kept the server busy for 5 s past its 504"
+        good = httpx.post(f"{api.url}/v1/prune", json={"question": QUESTION, "passages": PASSAGES[:2]}, timeout=60)
+        assert good.status_code == 200, good.text
+        print(f"\nHTTP: 504 at {took:.1f} s, idle {idle:.1f} s later")
+        highlight = {"rpc": "Highlight", "query": "What does the fox do?", "params": {}}
+        t0 = time.monotonic()
+        late, ok = milvus_calls(f"127.0.0.1:{grpc_port}", [{**highlight, "documents": [LONG]},
+                                                           {**highlight, "documents": PASSAGES[:2]}])
+        assert late["code"] == "DEADLINE_EXCEEDED" and ok["code"] == "OK", (late, ok)
+        assert idle_within(api.proc.pid, 5) is not None
+        print(f"gRPC: DEADLINE_EXCEEDED, then OK, in {time.monotonic() - t0:.1f} s")
+    finally:
+        api.close()

@@ -43,6 +43,18 @@ def pymilvus_params(threshold=None, pre_tags=None, post_tags=None, highlight_onl
             if kv.key.lower() not in ("model_deployment_id", "max_client_batch_size", "timeout_ms")}
 
 
+def milvus_embedding_params(**function_params) -> dict[str, str]:
+    """A pymilvus text-embedding Function's params as Milvus's zilliz provider forwards them on
+    an insert: rendered by pymilvus (str() of each value), less the two Milvus keeps, with
+    `input_type` document (zilliz_embedding_provider.go)."""
+    from pymilvus import Function, FunctionType
+    from pymilvus.client.prepare import Prepare
+    f = Function("embed", FunctionType.TEXTEMBEDDING, input_field_names=["document"], output_field_names=["dense"],
+                 params={"provider": "zilliz", "model_deployment_id": "dep-1", **function_params})
+    return {**{kv.key: kv.value for kv in Prepare.convert_function_to_function_schema(f).params
+               if kv.key.lower() not in ("model_deployment_id", "timeout_ms")}, "input_type": "document"}
+
+
 def checked(answer: dict, documents: list[str]) -> list[dict]:
     """A Highlight answer checked as Milvus checks it; its results."""
     assert answer["code"] == "OK", answer
@@ -149,8 +161,9 @@ def test_embedding_is_the_encoders_or_unimplemented(served):
 
 def test_bad_params_are_invalid_argument_and_the_server_keeps_answering(served):
     _, _, address, _ = served
-    bad = [{"threshold": "high"}, {"threshold": "2"}, {"highlight_only": "maybe"}, {"pre_tags": "<b>"},
-           {"pre_tags": "[]"}, {"post_tags": json.dumps([1, 2])}]
+    bad = [{"threshold": "high"}, {"threshold": "2"}, {"highlight_only": "maybe"}, {"pre_tags": "<b>", "post_tags": "[]"},
+           {"pre_tags": "[]", "post_tags": "[]"}, {"post_tags": json.dumps([1, 2]), "pre_tags": '["<b>"]'},
+           {"pre_tags": '["<b>"]'}, {"post_tags": '["</b>"]'}]      # the last two: tags only in pairs
     answers = milvus_calls(address, [{"rpc": "Highlight", "query": QUERY, "documents": HITS, "params": p} for p in bad]
                      + [{"rpc": "Highlight", "query": " ", "documents": HITS, "params": {}},
                         {"rpc": "Highlight", "query": QUERY, "documents": HITS, "params": {}}])
@@ -167,25 +180,86 @@ def test_no_documents_is_no_call(served):
     assert checked(answer, []) == []
 
 
-def test_api_key_limits_and_metrics(pruners):
+#: Authorization values, and whether they carry the API key "sekret": the one rule of the HTTP
+#: API and the model service (ApiConfig.authorizes), driven through both below
+KEYS = [("Bearer sekret", True), ("bearer sekret", True), ("BEARER sekret", True), ("Bearer  sekret", True),
+        (None, False), ("", False), ("sekret", False), ("Bearer", False), ("Bearer nope", False),
+        ("Bearer sekret2", False), ("Bearer SEKRET", False), ("Basic sekret", False), ("Bearersekret", False),
+        ("Token sekret", False)]
+
+
+def test_both_surfaces_take_the_same_keys_and_count_apart(pruners):
     from engine.http.app import ApiConfig
     pruner = pruners["opensearch"][0]
     (port,) = free_ports(1)
     address = f"127.0.0.1:{port}"
     config = ApiConfig(model_service=address, api_key="sekret", max_body_bytes=4000)
+    call = {"rpc": "Highlight", "query": QUERY, "documents": HITS, "params": {}}
     with serve_api(pruner, config) as url:
-        call = {"rpc": "Highlight", "query": QUERY, "documents": HITS, "params": {}}
-        plain, keyed, wrong, large = milvus_calls(address, [
-            call, {**call, "metadata": [["authorization", "Bearer sekret"]]},
-            {**call, "metadata": [["authorization", "Bearer nope"]]},
-            {**call, "documents": ["A long text. " * 400], "metadata": [["authorization", "Bearer sekret"]]}])
-        assert plain["code"] == wrong["code"] == "UNAUTHENTICATED", (plain, wrong)
-        checked(keyed, HITS)
-        assert large["code"] == "RESOURCE_EXHAUSTED", large         # over --max-body-bytes
+        http = [httpx.post(f"{url}/v1/prune", json={"question": QUERY, "passages": HITS[:1]}, timeout=60,
+                           headers={} if value is None else {"Authorization": value}).status_code
+                for value, _ in KEYS]
+        grpc = milvus_calls(address, [{**call, **({} if value is None else {"metadata": [["authorization", value]]})}
+                                      for value, _ in KEYS]
+                           + [{**call, "documents": ["A long text. " * 400],
+                               "metadata": [["authorization", "Bearer sekret"]]}])
         metrics = httpx.get(f"{url}/metrics").text
+    for (value, passes), status, answer in zip(KEYS, http, grpc):
+        assert (status == 200, answer["code"] == "OK") == (passes, passes), (value, status, answer)
+        assert status in (200, 401) and answer["code"] in ("OK", "UNAUTHENTICATED"), (value, status, answer)
+    assert grpc[-1]["code"] == "RESOURCE_EXHAUSTED", grpc[-1]         # over --max-body-bytes
+    passed = sum(passes for _, passes in KEYS)
     route = 'route="/milvus.proto.modelservice.HighlightService/Highlight"'
-    assert f'prune_api_requests_total{{{route},status="OK"}} 1.0' in metrics, metrics
-    assert f'prune_api_requests_total{{{route},status="UNAUTHENTICATED"}} 2.0' in metrics, metrics
+    # gRPC's status codes count apart from HTTP's statuses (a metric each: code vs status)
+    assert f'prune_api_grpc_requests_total{{code="OK",{route}}} {passed}.0' in metrics, metrics
+    assert f'prune_api_grpc_requests_total{{code="UNAUTHENTICATED",{route}}} {len(KEYS) - passed}.0' in metrics
+    assert f'prune_api_requests_total{{route="/v1/prune",status="401"}} {len(KEYS) - passed}.0' in metrics
+    assert 'status="OK"' not in metrics and 'code="200"' not in metrics
+
+
+def test_a_long_text_is_cut_to_the_encoders_window_and_counted(served):
+    """A Milvus-shaped insert (the zilliz function's params, input_type document) of a text
+    three times the encoder's window gets its vector: the embedding of the text's first window,
+    as sentence-transformers and TEI's `truncate` cut; /metrics counts it. `truncate` false
+    refuses it; `truncation_direction` Left keeps its end."""
+    _, client, address, embedder = served
+    if embedder is None:
+        pytest.skip("this server has no encoder (Embedding answers UNIMPLEMENTED: tested above)")
+    long = "The stadium was built long ago and many people watch football there every week. " * 60
+    offsets = embedder.token_offsets(long)
+    assert len(offsets) >= 3 * embedder.max_length
+    before = _metric(client, "prune_api_truncated_texts_total")
+    cut, refused, left = milvus_calls(address, [
+        {"rpc": "Embedding", "texts": [long, QUERY], "params": milvus_embedding_params()},
+        {"rpc": "Embedding", "texts": [QUERY, long], "params": milvus_embedding_params(truncate=False)},
+        {"rpc": "Embedding", "texts": [long], "params": milvus_embedding_params(truncation_direction="Left")}])
+    assert cut["code"] == "OK" and cut["dim"] == [embedder.dim] * 2, cut
+    room = embedder.max_length - 2                                  # [CLS] and [SEP] kept
+    want = embedder.encode([long[:offsets[room - 1][1]], QUERY, long[offsets[-room][0]:]])
+    assert np.allclose(np.array(cut["dense"]), want[:2], atol=1e-5)
+    assert np.allclose(np.array(left["dense"][0]), want[2], atol=1e-5)
+    assert refused["code"] == "INVALID_ARGUMENT" and f"at most {embedder.max_length}" in refused["details"], refused
+    assert "text 1 is" in refused["details"]
+    assert _metric(client, "prune_api_truncated_texts_total") == before + 2
+
+
+def _metric(client: httpx.Client, name: str) -> float:
+    """The value of an unlabelled metric of the API."""
+    line = next(x for x in client.get("/metrics").text.splitlines() if x.startswith(name + " "))
+    return float(line.split()[1])
+
+
+def test_port_0_tells_the_port_it_bound(pruners):
+    """`--model-service-port 0`: the system picks the port, and the server says which."""
+    import re
+    from engine.http.app import ApiConfig
+    notes: list[str] = []
+    with serve_api(pruners["opensearch"][0], ApiConfig(model_service="127.0.0.1:0"), log=notes.append):
+        (note,) = [n for n in notes if "model service" in n]
+        port = int(re.fullmatch(r"Milvus's model service listening on 127\.0\.0\.1:(\d+) \(gRPC\)", note).group(1))
+        (answer,) = milvus_calls(f"127.0.0.1:{port}", [{"rpc": "Highlight", "query": QUERY, "documents": HITS,
+                                                         "params": {}}])
+    assert port and checked(answer, HITS)
 
 
 def test_prune_api_with_the_default_model_serves_milvus(default_cache):

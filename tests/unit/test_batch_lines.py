@@ -51,23 +51,29 @@ def test_a_misspelt_option_gets_an_error_record_and_the_other_lines_run():
 
 
 @pytest.mark.parametrize("text,where", [
-    ('{"question": "q", "passages": ["a"]\n', "Expecting ',' delimiter at column 36, the end of the line"),
-    ('{"question": "q", "passages": ["a"]\r\n', "Expecting ',' delimiter at column 36, the end of the line"),
-    ('{"question": "q", "passages": ["a"],}\n', "Expecting property name enclosed in double quotes at column 37"),
-    ('{"question": "q"} extra\n', "Extra data at column 19"),
-    ("{not json\n", "Expecting property name enclosed in double quotes at column 2"),
+    ('{"question": "q", "passages": ["a"]\n', "expecting ',' delimiter at column 36, the end of the line"),
+    ('{"question": "q", "passages": ["a"]\r\n', "expecting ',' delimiter at column 36, the end of the line"),
+    ('{"question": "q", "passages": ["a"],}\n', "expecting property name enclosed in double quotes at column 37"),
+    ('{"question": "q"} extra\n', "extra data at column 19"),
+    ("{not json\n", "expecting property name enclosed in double quotes at column 2"),
+    ('{"question": "a\tb"}\n', "invalid control character at column 16"),      # json's own: "Invalid ... at at"
+    ('{"question": "q', "unterminated string starting at column 14"),        # a last line without its newline
 ])
 def test_a_json_error_points_at_its_column_in_the_line(text, where):
     """json's own position counts the line's newline: a line cut short was faulted at
     "line 2 column 1"."""
     with pytest.raises(LineError) as err:
         parse_line(text, 5)
-    assert str(err.value) == f"not valid JSON ({where})" and err.value.ident == 5
+    assert str(err.value) == f"not valid JSON: {where}" and err.value.ident == 5
 
 
 def test_a_data_files_json_error_points_at_its_column_too(tmp_path):
     from engine.datafiles import read_jsonl
     path = tmp_path / "data.jsonl"
     path.write_text('{"question": "q"}\n{"question": "q", "passages": ["a"]\n')
-    with pytest.raises(ValueError, match=r"data.jsonl:2: not JSON \(Expecting ',' delimiter at column 36, the end"):
+    with pytest.raises(ValueError, match=r"data.jsonl: line 2: not valid JSON: expecting ',' delimiter at column 36, "
+                                         r"the end of the line$"):
+        list(read_jsonl(path))
+    path.write_text('{"text": "ok"}\n\n{"text": "a\tb"}\n')      # a tab inside a string: the issue's case
+    with pytest.raises(ValueError, match=r"data.jsonl: line 3: not valid JSON: invalid control character at column 12$"):
         list(read_jsonl(path))

@@ -20,7 +20,7 @@ BATCH = json.dumps({"question": "Who built it?", "passages": ["It was built in 1
 
 # (subcommand and its flags, a piece of the one line it must print); run in a folder that
 # holds q.jsonl (a good batch file), folder/ (a folder), bad.txt (not UTF-8), cut.jsonl (a
-# line cut short) and nothing else
+# line cut short), tab.jsonl (a raw tab inside a string on line 3) and nothing else
 CASES = [
     # run
     ("run --input missing.jsonl", "--input missing.jsonl: no such file"),
@@ -30,18 +30,24 @@ CASES = [
     ("run --question q --context-file missing.txt", "--context-file missing.txt: no such file"),
     ("run --question q --context-file bad.txt", "--context-file bad.txt: not UTF-8 text"),
     ("run --question q --passages-file folder", "--passages-file folder: is a folder"),
-    ("run --question q --passages-file cut.jsonl", "cut.jsonl:1: not JSON"),
+    ("run --question q --passages-file cut.jsonl", "cut.jsonl: line 1: not valid JSON: expecting"),
+    ("run --question q --passages-file tab.jsonl",
+     "--passages-file tab.jsonl: line 3: not valid JSON: invalid control character at column 12"),
+    ("run --question q --passage-file q.jsonl",       # a misspelt flag: its nearest, and the subcommand's --help
+     "prune run: error: unrecognized arguments: --passage-file q.jsonl; did you mean --passages-file "
+     "(not --passage-file)? (prune run --help shows the usage)"),
     ("run --input q.jsonl --group 0", "argument --group: invalid positive integer value: '0'"),
     ("run --question q --context c --top-k 0", "top_k must be a positive integer"),
     ("run --question q --context c --threshold 2", "threshold must be in [0, 1]"),
     ("run --question q --context c --max-batch-tokens 0", "argument --max-batch-tokens"),
+    ("run --question q --context c --highlight --pre '<b>'", "--pre without --post: tags come in pairs"),
     ("run --model missing-model --question q --context c", "missing-model: no such model folder"),
     ("run --question q", "give at least one --context"),
     # eval
     ("eval --data missing.jsonl", "--data missing.jsonl: no such file"),
     ("eval --rag-data folder", "--rag-data folder: is a folder"),
     ("eval --data q.jsonl", "q.jsonl: record 1 lacks context, sentences, labels"),
-    ("eval --rag-data cut.jsonl", "cut.jsonl:1: not JSON"),
+    ("eval --rag-data cut.jsonl", "cut.jsonl: line 1: not valid JSON: expecting"),
     ("eval --rag-data q.jsonl --out q.jsonl", "--out q.jsonl: is a file, not a folder"),
     ("eval --rag-data q.jsonl --rag-limit 0", "argument --rag-limit: invalid positive integer"),
     ("eval", "give --data (sentence labels) and/or --rag-data"),
@@ -65,13 +71,14 @@ CASES = [
     ("api --model missing-model", "missing-model: no such model folder"),
     ("api --port 70000", "argument --port: invalid port (0-65535) value: '70000'"),
     ("api --request-timeout 0", "argument --request-timeout: invalid positive number"),
+    ("api --port 8123 --model-service-port 8123", "--port and --model-service-port are both 8123"),
     # serve
     ("serve --model-repository missing-repo", "--model-repository missing-repo: no such folder"),
     ("serve --model-repository folder --grpc-port -1", "argument --grpc-port: invalid port"),
     # bench
     ("bench --data missing.jsonl", "--data missing.jsonl: no such file"),
     ("bench --data q.jsonl", "q.jsonl: record 1 lacks gold: not a RAG file"),
-    ("bench --data cut.jsonl", "cut.jsonl:1: not JSON"),
+    ("bench --data cut.jsonl", "cut.jsonl: line 1: not valid JSON: expecting"),
     ("bench --data q.jsonl --queries 0", "argument --queries: invalid positive integer"),
     ("bench --data q.jsonl --out q.jsonl", "--out q.jsonl: is a file, not a folder"),
     ("bench --data q.jsonl --peer-python missing/python", "--peer-python missing/python: no such file"),
@@ -92,7 +99,8 @@ CASES = [
     ("test-checkpoint --out q.jsonl/tc", "--out q.jsonl/tc: q.jsonl is a file, not a folder"),
     # prune itself
     ("nope", "invalid choice: 'nope'"),
-    ("run --no-such-flag", "unrecognized arguments: --no-such-flag"),
+    ("run --no-such-flag", "prune run: error: unrecognized arguments: --no-such-flag (prune run --help"),
+    ("index --dbb x.db --data q.jsonl", "required: --db; did you mean --db (not --dbb)?"),
 ]
 
 
@@ -104,6 +112,7 @@ def workdir(tmp_path, monkeypatch):
     (tmp_path / "folder").mkdir()
     (tmp_path / "bad.txt").write_bytes(b"\xff\xfe not UTF-8")
     (tmp_path / "cut.jsonl").write_text(BATCH[:-1] + "\n")
+    (tmp_path / "tab.jsonl").write_text('"one"\n\n{"text": "a\tb"}\n')     # a tab inside a string (line 3)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PRUNE_CACHE", str(tmp_path / "cache"))
 
@@ -179,3 +188,15 @@ def test_device_cuda_without_the_cuda_provider_is_one_line_before_any_export(com
     code, err = _run(shlex.split(command), capsys)
     assert code == 2 and len(err.splitlines()) == 1, (code, err)
     assert "needs ONNX Runtime's CUDA provider: pip install 'prune-engine[gpu]'" in err, err
+
+
+def test_a_taken_http_port_is_one_line_before_the_model_loads(workdir, capsys):
+    """`prune api --port P` with P taken: one line and exit 2 before the default model is
+    exported or loaded (the fixture fails the test if it is), not uvicorn's Errno 98 after."""
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, err = _run(["api", "--port", str(port)], capsys)
+    assert (code, err) == (2, f"prune api: error: --port {port}: 127.0.0.1:{port} is in use; choose another port\n")

@@ -206,3 +206,43 @@ def _fenced_blocks(text: str) -> list[list[str]]:
         elif current is not None:
             current.append(line)
     return blocks
+
+
+def _defaults(family: str) -> dict[str, float]:
+    """A family's defaults as `/info` gives them: the threshold a call runs with, the
+    threshold without the lexical fusion, the passage margin."""
+    from engine.families import FAMILIES
+    from engine.inputs import CallOptions
+    rules = FAMILIES[family].rules
+    resolved = rules.resolve(CallOptions())
+    return {"threshold": resolved.threshold, "alone": rules.threshold_at(0.0), "margin": resolved.passage_margin}
+
+
+#: Every default a page states in prose, and where it comes from in the code: (page, a pattern
+#: whose groups are the stated figures, what each group must equal). A page reworded so a
+#: pattern no longer matches fails too: the claim is then moved here with it.
+DOCUMENTED_DEFAULTS = [
+    ("milvus.md", r"e\.g\. ([\d.]+) for the default model with its lexical fusion, ([\d.]+) for\s+OpenSearch's",
+     [("embedding", "threshold"), ("opensearch", "threshold")]),
+    ("families.md", r"\| `provence` \|[^\n]*\| threshold ([\d.]+) \(", [("provence", "threshold")]),
+    ("families.md", r"\| `xprovence` \|[^\n]*\| threshold ([\d.]+) \(", [("xprovence", "threshold")]),
+    ("families.md", r"\| `opensearch` \|[^\n]*\| threshold ([\d.]+) \(", [("opensearch", "threshold")]),
+    ("families.md", r"\| `embedding` \|[^\n]*\| threshold ([\d.]+) fused \(([\d.]+) with `lexical_weight 0`[^\n]*"
+                    r"best reranking score minus ([\d.]+)", [("embedding", "threshold"), ("embedding", "alone"),
+                                                             ("embedding", "margin")]),
+    ("integrations.md", r"threshold=([\d.]+)` and its passage gate `passage_margin=([\d.]+)`",
+     [("embedding", "threshold"), ("embedding", "margin")]),
+    ("integrations.md", r"the default threshold \(([\d.]+) fused; ([\d.]+) for the model alone",
+     [("embedding", "threshold"), ("embedding", "alone")]),
+]
+
+
+@pytest.mark.parametrize("page, pattern, sources", DOCUMENTED_DEFAULTS, ids=[f"{p}:{s[0][0]}" for p, _, s in
+                                                                               DOCUMENTED_DEFAULTS])
+def test_the_docs_defaults_are_the_codes(page, pattern, sources):
+    """docs/milvus.md once said 0.87 (the model alone) where /info gives 0.83: a default a
+    page states is the one the code resolves."""
+    found = re.search(pattern, (ROOT / "docs" / page).read_text())
+    assert found, f"{page}: the claim {pattern!r} is gone; update DOCUMENTED_DEFAULTS with the page"
+    stated = [float(g) for g in found.groups()]
+    assert stated == [_defaults(family)[what] for family, what in sources], (page, found.group(0))

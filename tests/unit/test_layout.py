@@ -117,7 +117,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                            "engine.triton", "engine.http")),     # the last two: their packages' empty __init__
     ("cores and transports", ("engine.backends.*", "engine.pytorch.*", "engine.triton.client", "engine.triton.replicas",
                               "engine.triton.wire", "engine.triton.watchdog", "engine.triton.server")),
-    ("the pruner and its loading", ("engine.pruner", "engine.loading", "engine.default_model")),
+    ("the pruner and its loading", ("engine.pruner", "engine.cancel", "engine.loading", "engine.default_model")),
     ("remote pruners", ("engine.triton.text_pruner", "engine.triton.connect", "engine.triton.probe",
                         "engine.http.client")),
     ("the HTTP API", ("engine.http.models", "engine.http.state", "engine.http.opensearch", "engine.http.milvus",
