@@ -64,6 +64,7 @@ class PruneResult:
     blocks: int = 1                 # model windows the passage needed
     windows: str = "sentences"      # how the passage was cut: "sentences" or "reference"
     lexical_weight: float = 0.0     # the lexical score's share in the probabilities (engine.lexical)
+    budget: Any = None              # engine.budget.Budget when the call set budget_tokens
 
     @property
     def highlights(self) -> list[dict[str, Any]]:
@@ -96,8 +97,12 @@ class PruneResult:
                 [float(s.probability) for s in kept])
 
     def to_dict(self) -> dict[str, Any]:
-        """The result as JSON-ready values (what `prune run --json` prints)."""
-        return asdict(self)
+        """The result as JSON-ready values (what `prune run --json` prints); `budget` only
+        when the call had one."""
+        out = asdict(self)
+        if out["budget"] is None:
+            del out["budget"]
+        return out
 
 
 
@@ -164,6 +169,16 @@ def gate_passages(results: list[PruneResult], margin: float | None) -> list[Prun
     floor = np.float32(max(scores)) - np.float32(margin)
     return [r if r.reranking_score is None or np.float32(r.reranking_score) >= floor else emptied(r)
             for r in results]
+
+
+def with_kept(result: PruneResult, kept: Sequence[bool]) -> PruneResult:
+    """The result with other kept flags (its pruned text and compression made again)."""
+    spans = [(s.start, s.end) for s in result.sentences]
+    probs = np.array([s.probability for s in result.sentences], dtype=np.float64)
+    rebuilt = build_result(result.index, result.context, spans, probs, np.array(kept, dtype=bool),
+                           result.reranking_score, result.threshold, result.blocks, result.windows,
+                           result.lexical_weight)
+    return replace(rebuilt, budget=result.budget)
 
 
 def emptied(result: PruneResult) -> PruneResult:
@@ -258,7 +273,8 @@ def fuse_lexical(scored: list[Scored], question: str, passages: Sequence[str],
 
 
 def decide_passages(family: Family, rules: Rules, question: str, passages: Sequence[str],
-                    spans: Sequence[Sequence[tuple[int, int]]], scored: list[Scored]) -> list[PruneResult]:
+                    spans: Sequence[Sequence[tuple[int, int]]], scored: list[Scored],
+                    tokenizer: Any = None) -> list[PruneResult]:
     """A call's results from its passages' scores: the lexical fusion, then per passage
     the sentence rules (or the token windows' own decisions) and the family's zero-rerank
     rule, then the passage gate over the call, then the order."""
@@ -271,4 +287,15 @@ def decide_passages(family: Family, rules: Rules, question: str, passages: Seque
         rerank = 0.0 if family.zero_rerank_when_empty and sc.rerank is not None and not kept.any() else sc.rerank
         results.append(build_result(i, p, sp, sc.probs, kept, rerank, rules.threshold, sc.blocks,
                                     windows=rules.windows, lexical_weight=rules.lexical_weight))
-    return order_results(gate_passages(results, rules.passage_margin), rules.reorder, rules.top_k)
+    return within_budget(order_results(gate_passages(results, rules.passage_margin), rules.reorder, rules.top_k),
+                         rules, tokenizer)
+
+
+def within_budget(results: list[PruneResult], rules: Rules, tokenizer: Any = None) -> list[PruneResult]:
+    """Rule 5, last: with a call's `budget_tokens`, the results cut to the budget
+    (engine.budget), counted by `rules.budget_tokenizer`, else by the model's `tokenizer`."""
+    if rules.budget_tokens is None:
+        return results
+    from engine import budget
+    return budget.apply_budget(results, rules.budget_tokens, budget.counter(rules.budget_tokenizer, tokenizer),
+                               with_kept)

@@ -167,6 +167,26 @@ def check_reorder(reorder: Any) -> bool:
     return bool(reorder)
 
 
+def check_budget_tokens(value: Any) -> int | None:
+    """None (no budget) passes; else a positive integer (a budget of 0 or less could keep
+    nothing: refused)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise InputError(f"budget_tokens must be a positive integer (tokens), got {value!r}")
+    return int(value)
+
+
+def check_budget_tokenizer(value: Any) -> str | None:
+    """None (the model's tokenizer) passes; else a non-empty name or path (engine.budget
+    loads it when a call uses it)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise InputError(f"budget_tokenizer must be a tiktoken encoding's name or a tokenizer.json path, got {value!r}")
+    return value.strip()
+
+
 def _option(default: Any, check: Any, help: str) -> Any:
     return field(default=default, metadata={"check": check, "help": help})
 
@@ -187,7 +207,7 @@ class CallOptions:
 
     threshold: float | None = _option(None, _threshold_or_none,
                                       "keep a sentence whose probability passes this, in [0, 1]")
-    title: Literal["first_sentence", "none"] | None = _option(
+    title: str | None = _option(
         None, check_title, "first_sentence: the first sentence is a title, kept when it passes the threshold "
                            "itself or when another sentence is kept; none: no title rule")
     alpha: float | None = _option(
@@ -195,7 +215,7 @@ class CallOptions:
                            "alpha, in [0, 1]; negative: no backoff")
     top_k: int | None = _option(None, check_top_k, "keep only the k best passages by reranking score, best first")
     reorder: bool = _option(False, check_reorder, "return the passages by reranking score, best first")
-    windows: Literal["reference", "sentences"] | None = _option(
+    windows: str | None = _option(
         None, check_windows, "how a long passage is cut: reference, as the family's own code (OpenSearch's "
                              "510-token windows with a decision per window, OpenProvence's fragments); sentences, "
                              "blocks of whole sentences with one decision per passage")
@@ -205,6 +225,12 @@ class CallOptions:
     passage_margin: float | None = _option(
         None, check_passage_margin, "the passage gate: a passage whose reranking score is below the call's best "
                                     "minus this margin keeps nothing; negative: no gate")
+    budget_tokens: int | None = _option(
+        None, check_budget_tokens, "keep the call's most probable kept sentences, across its passages, within this "
+                                   "many tokens of the reader's tokenizer (after the threshold and the gate)")
+    budget_tokenizer: str | None = _option(
+        None, check_budget_tokenizer, "what budget_tokens counts: the model's own tokenizer (default), a tiktoken "
+                                      "encoding (cl100k_base, o200k_base) or a tokenizer.json path")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -246,7 +272,8 @@ def option_help(name: str) -> str:
 def option_type(name: str) -> type:
     """The Python type an option takes when set: float, int, bool or str."""
     f = next(f for f in fields(CallOptions) if f.name == name)
-    return {"reorder": bool, "top_k": int, "title": str, "windows": str}.get(f.name, float)
+    return {"reorder": bool, "top_k": int, "title": str, "windows": str, "budget_tokens": int,
+            "budget_tokenizer": str}.get(f.name, float)
 
 
 def option_choices(name: str) -> tuple[str, ...] | None:

@@ -9,7 +9,6 @@ and decide (engine.decide).
 """
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,12 +31,7 @@ from engine.spec import ModelSpec
 if TYPE_CHECKING:
     from engine.loading import LoadOptions
 
-log = logging.getLogger(__name__)
-
-#: what one call may hold by default (engine.settings; PRUNE_MAX_PASSAGES, PRUNE_MAX_CALL_CHARS):
-#: one call at the character limit peaks at 0.6 GB (many passages) to 1.4 GB (one passage)
-#: of RSS (docs/limits.md)
-MAX_PASSAGES = DEFAULTS.max_passages
+#: the characters one call may hold by default (engine.settings: PRUNE_MAX_CALL_CHARS; docs/limits.md)
 MAX_CALL_CHARS = DEFAULTS.max_call_chars
 
 
@@ -179,7 +173,7 @@ class Pruner(FromSpec):
     def finish_blocks(self, call: "Call", per_block: Sequence[tuple[float, np.ndarray]]) -> list[PruneResult]:
         """`finish` from the outputs of each block of the call (rerank score, slot probabilities)."""
         return decide_passages(self.spec.family, call.rules, call.question, call.passages, call.spans,
-                               self.scores(call, per_block))
+                               self.scores(call, per_block), self.encoder.tokenizer)
 
     def scores(self, call: "Call", per_block: Sequence[tuple[float, np.ndarray]]) -> list[Scored]:
         """The call's per-passage model scores (engine.decide: blocks merged; with token

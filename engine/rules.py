@@ -44,6 +44,8 @@ class Rules:
     passage_margin: float | None = None       # the passage gate's margin below the call's best; None: no gate
     top_k: int | None = None                  # keep the k best passages by reranking score
     reorder: bool = False                     # return the passages best first
+    budget_tokens: int | None = None          # a call's: keep within this many tokens (engine.budget)
+    budget_tokenizer: str | None = None       # what counts them; None: the model's own tokenizer
 
     def __post_init__(self) -> None:
         """Each value checked as a call's option is (engine.inputs: InputError, a ValueError)."""

@@ -21,6 +21,9 @@ def add(new) -> None:
     v.add_argument("--rag-limit", type=positive_int, help="first N queries of --rag-data")
     v.add_argument("--out", help="folder for eval.json, eval.md and pr_curve.png")
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
+    v.add_argument("--budgets", type=positive_int, nargs="+", metavar="TOKENS",
+                   help="also each model at these budget_tokens (e.g. 100 200 400 800): sentence F1 and answer "
+                        "passages kept beside the defaults' (the model's tokenizer counts)")
     add_windows(v)
     add_batching(v)
     v.set_defaults(func=run)
@@ -65,7 +68,28 @@ def run(args) -> int:
     if report.get("reranking"):
         print()
         print(rerank_table(report["reranking"]["metrics"]))
+    if args.budgets:
+        report["budgets"] = budgets(args, models)
     if args.out:
         paths = write_report(report, args.out, "Quality evaluation", shlex.join(["prune", *sys.argv[1:]]))
         print("\n" + "\n".join(f"wrote {p}" for p in paths.values()))
     return 0
+
+
+def budgets(args, models) -> dict:
+    """--budgets: each model at each budget on --data and --rag-data (engine.tools.quality_budget),
+    printed as tables; the report's `budgets`."""
+    from engine.tools.datasets import load_prune_data, load_rag_data
+    from engine.tools.quality_budget import budget_table, prune_budget_rows, rag_budget_rows
+    progress, out = not (args.no_progress or args.quiet), {}
+    if args.data:
+        samples = load_prune_data(args.data, args.limit)
+        out["pruning"] = [row for name, p in models.items()
+                          for row in prune_budget_rows(name, p, samples, args.budgets, progress, args.windows)]
+        print("\n" + budget_table(out["pruning"], rag=False))
+    if args.rag_data:
+        rag = load_rag_data(args.rag_data, args.rag_limit)
+        out["rag"] = [row for name, p in models.items()
+                      for row in rag_budget_rows(name, p, rag, args.budgets, progress, args.windows)]
+        print("\n" + budget_table(out["rag"], rag=True))
+    return out

@@ -140,7 +140,7 @@ router = APIRouter()
              summary="Rerank and prune texts (TEI's /rerank)")
 async def rerank(req: TeiRerankRequest, api: Api):
     """TEI's /rerank: the texts best first, each with its score and pruned text."""
-    results = await api.prune(req.query, req.texts)
+    results = await api.prune(req.query, req.texts, CallOptions.of_attributes(req))
     ranked = sorted(results, key=lambda r: -api.score(r, req.raw_scores))
     return [TeiRank(index=r.index, score=api.score(r, req.raw_scores),
                     text=r.context if req.return_text else None, pruned_text=r.pruned_context,

@@ -22,6 +22,7 @@ from typing import Any
 from engine.decide import PruneResult, Sentence
 from engine.errors import BackendError, InputError
 from engine.families import Family, get_family
+from engine.budget import Budget
 from engine.inputs import CallOptions, Limits, check_call
 from engine.rules import Rules
 
@@ -31,7 +32,8 @@ def result_from_dict(d: dict[str, Any]) -> PruneResult:
     return PruneResult(index=d["index"], context=d["context"], pruned_context=d["pruned_context"],
                        reranking_score=d["reranking_score"], sentences=[Sentence(**s) for s in d["sentences"]],
                        compression_rate=d["compression_rate"], threshold=d["threshold"], blocks=d.get("blocks", 1),
-                       windows=d.get("windows", "sentences"), lexical_weight=d.get("lexical_weight", 0.0))
+                       windows=d.get("windows", "sentences"), lexical_weight=d.get("lexical_weight", 0.0),
+                       budget=Budget(**d["budget"]) if d.get("budget") else None)
 
 
 class HttpPruner:

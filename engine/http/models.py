@@ -123,6 +123,10 @@ class TeiRerankRequest(_Request):
     truncation_direction: Literal["Left", "Right", "left", "right"] = "Right"
     return_sentences: bool = Field(False, description="engine extra: each text's sentences with spans, "
                                                       "probabilities and kept flags")
+    budget_tokens: int | None = Field(None, description="engine extra: pruned_text within this many tokens over "
+                                                        "all texts (the /v1/prune option)")
+    budget_tokenizer: str | None = Field(None, description="engine extra: what budget_tokens counts (the /v1/prune "
+                                                           "option)")
 
 
 class TeiRank(BaseModel):
@@ -198,6 +202,16 @@ PruneRequest = create_model(
     post=(str | None, Field(None, description="the tag after each kept sentence (with pre)")))
 
 
+class BudgetOut(BaseModel):
+    """What a call's budget did (engine.budget.Budget), on each passage of a call that set budget_tokens."""
+    tokens: int = Field(description="the call's budget_tokens")
+    used: int = Field(description="tokens the call's pruned texts hold together")
+    kept: int = Field(description="tokens this passage's pruned text holds")
+    cut: int = Field(description="sentences of this passage the threshold kept and the budget cut")
+    tokenizer: str = Field(description="what counted: model (the engine model's tokenizer), a tiktoken encoding "
+                                       "or a tokenizer.json path")
+
+
 class PrunedPassage(BaseModel):
     """One passage of `/v1/prune`'s answer, in the call's order (or reordered)."""
     index: int = Field(description="the passage's position in the request")
@@ -212,6 +226,7 @@ class PrunedPassage(BaseModel):
     lexical_weight: float = Field(description="the lexical score's share in the probabilities")
     highlighted: str | None = Field(None, description="with pre and post: the passage with its kept sentences "
                                                       "tagged")
+    budget: BudgetOut | None = Field(None, description="with budget_tokens: what the budget kept and cut")
 
     @classmethod
     def of(cls, r: PruneResult, highlighted: str | None = None) -> PrunedPassage:
@@ -222,6 +237,8 @@ class PrunedPassage(BaseModel):
                   lexical_weight=r.lexical_weight)
         if highlighted is not None:
             out.highlighted = highlighted
+        if r.budget is not None:
+            out.budget = BudgetOut(**r.budget.to_dict())
         return out
 
 

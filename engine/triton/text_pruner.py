@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.decide import PruneResult, gate_passages, order_results
+from engine import budget
+from engine.decide import PruneResult, gate_passages, order_results, within_budget
 from engine.errors import BackendError, InputError, PruneError
 from engine.inputs import CallOptions, Limits, check_call, default_limits
 from engine.protocol import FromSpec
@@ -109,8 +110,10 @@ class TritonTextPruner(FromSpec):
         if not passages:
             return []
         rules = self.spec.family.rules.resolve(options)
-        # the server orders nothing: order and top_k apply over the whole call, here
-        sent = replace(options, reorder=False, top_k=None)
+        if rules.budget_tokens is not None:
+            budget.counter(rules.budget_tokenizer)      # the model's tokenizer is the server's: say so now
+        # the server orders nothing: order, top_k and the budget apply over the whole call, here
+        sent = replace(options, reorder=False, top_k=None, budget_tokens=None, budget_tokenizer=None)
         chunks = self._chunks(question, passages)
         deadline = self.transport.deadline()      # one deadline for the whole call
         outs = self._send_all(question, [passages[s:e] for s, e in chunks], sent, deadline)
@@ -120,7 +123,8 @@ class TritonTextPruner(FromSpec):
                                           lexical_weight=rules.lexical_weight)
         if len(results) != len(passages):
             raise BackendError(f"the text model returned {len(results)} results for {len(passages)} passages")
-        return order_results(gate_passages(results, rules.passage_margin), rules.reorder, rules.top_k)
+        return within_budget(order_results(gate_passages(results, rules.passage_margin), rules.reorder, rules.top_k),
+                             rules)
 
     def prune_many(self, queries: Sequence[dict[str, Any]]) -> list[list[PruneResult] | Exception]:
         """Several calls at once (`Pruner.prune_many`): each query is sent as its own call,

@@ -179,3 +179,22 @@ def test_graph_work_is_the_same_for_a_graph_and_its_int8_export(exported, export
     assert "QAttention" in ops
     fp32, int8 = graph_work(exported["xprovence"] / "model.onnx"), graph_work(exported_int8 / "model.onnx")
     assert int8 == fp32 and fp32["linear_flops_per_token"] > 0
+
+
+def test_eval_at_budgets_keeps_less_as_the_budget_shrinks(pruners, capsys):
+    """prune eval --budgets (#57): a row per budget beside the defaults, on both kinds of data;
+    what a document or call keeps never exceeds its budget, and grows with it."""
+    from engine.cli import main
+    from tests.utils import DATA
+    pruner = pruners["xprovence"][0]
+    code = main(["eval", "--model", str(pruner.backend.graph.parent), "--data", str(DATA / "squad-dev-prune.jsonl"),
+                 "--rag-data", str(DATA / "squad-dev-rag.jsonl"), "--limit", "6", "--rag-limit", "3",
+                 "--budgets", "20", "80", "--no-progress", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "| model | budget (tokens) | sentence P (micro) | R | F1 | tokens kept per document |" in out
+    assert "| model | budget (tokens) | answer passages kept | other passages emptied | tokens kept per call |" in out
+    for table in ("tokens kept per document", "tokens kept per call"):
+        lines = out.split(table)[1].split("\n\n")[0].splitlines()[2:5]
+        kept = [float(line.rstrip(" |").rsplit("|", 1)[1]) for line in lines]
+        assert kept[1] <= 20 and kept[1] <= kept[2] <= 80 and kept[2] <= kept[0], (table, kept)

@@ -119,3 +119,60 @@ def test_a_line_sets_the_lexical_weight(pruners, tmp_path):
         exp = pruner.prune(q, docs, lexical_weight=weight)[0]
         assert rec["lexical_weight"] == weight and rec["threshold"] == exp.threshold
         assert [s["probability"] for s in rec["sentences"]] == pytest.approx([s.probability for s in exp.sentences])
+
+
+BUDGET_Q = "What goes on the bottom of the pie?"
+BUDGET_DOCS = ["Shepherd's pie. In early cookery books, the dish was a means of using leftover roasted meat. "
+               "The pie dish was lined on the sides and bottom with mashed potato.",
+               "Paris is the capital of France. It has many museums. The Louvre is the largest of them.",
+               "The river flows through the valley. Scientists measured the water every hour."]
+
+
+def test_a_budget_works_alike_in_process_over_http_from_a_batch_file_and_through_the_text_model(
+        pruners, server, tmp_path):
+    """budget_tokens (#57) on every surface: the same kept sentences in-process, over /v1/prune and
+    TEI's /rerank, from a batch file; through Triton's text model with a named tokenizer (the
+    model's own stays on the server, which the client says). Counted here by the tokenizer
+    library on the export's tokenizer.json, not by the engine."""
+    import httpx
+    from tokenizers import Tokenizer
+
+    from engine.errors import InputError
+    from engine.pruner import Pruner
+    from tests.utils import serve_api
+    pruner = pruners["xprovence"][0]
+    folder = pruner.backend.graph.parent
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokens = lambda t: len(tok.encode(t, add_special_tokens=False).ids) if t else 0   # noqa: E731
+    whole = pruner.prune(BUDGET_Q, BUDGET_DOCS, threshold=0.0)
+    budget = sum(tokens(r.pruned_context) for r in whole) // 2
+    local = pruner.prune(BUDGET_Q, BUDGET_DOCS, threshold=0.0, budget_tokens=budget)
+    kept = [r.pruned_context for r in local]
+    assert 0 < sum(tokens(t) for t in kept) <= budget < sum(tokens(r.pruned_context) for r in whole)
+    assert all(r.budget.tokenizer == "model" and r.budget.tokens == budget for r in local)
+    assert sum(r.budget.cut for r in local) > 0
+    with serve_api(pruner) as url:
+        body = {"question": BUDGET_Q, "passages": BUDGET_DOCS, "threshold": 0.0, "budget_tokens": budget}
+        got = httpx.post(f"{url}/v1/prune", json=body, timeout=60).json()["results"]
+        assert [r["pruned_context"] for r in got] == kept
+        assert [r["budget"] for r in got] == [r.budget.to_dict() for r in local]
+        tei = httpx.post(f"{url}/rerank", json={"query": BUDGET_Q, "texts": BUDGET_DOCS, "budget_tokens": budget},
+                         timeout=60).json()
+        at_defaults = pruner.prune(BUDGET_Q, BUDGET_DOCS, budget_tokens=budget)
+        assert {r["index"]: r["pruned_text"] for r in tei} == {r.index: r.pruned_context for r in at_defaults}
+        bad = httpx.post(f"{url}/v1/prune", json={**body, "budget_tokens": 0}, timeout=60)
+        assert bad.status_code == 422 and "budget_tokens must be a positive integer" in bad.text
+    src, out = tmp_path / "q.jsonl", tmp_path / "r.jsonl"
+    src.write_text(json.dumps({"id": 1, "question": BUDGET_Q, "passages": BUDGET_DOCS, "threshold": 0.0,
+                               "budget_tokens": budget}) + "\n")
+    assert main(["run", "--model", str(folder), "--input", str(src), "--output", str(out), "--quiet"]) == 0
+    line = json.loads(out.read_text())["results"]
+    assert [r["budget"] for r in line] == [r.budget.to_dict() for r in local]
+    remote = Pruner.connect(server.grpc_url, "xprovence_text")
+    with pytest.raises(InputError, match="name a budget_tokenizer"):
+        remote.prune(BUDGET_Q, BUDGET_DOCS, threshold=0.0, budget_tokens=budget)
+    named = str(folder / "tokenizer.json")
+    through = remote.prune(BUDGET_Q, BUDGET_DOCS, threshold=0.0, budget_tokens=budget, budget_tokenizer=named)
+    here = pruner.prune(BUDGET_Q, BUDGET_DOCS, threshold=0.0, budget_tokens=budget, budget_tokenizer=named)
+    assert [r.pruned_context for r in through] == [r.pruned_context for r in here]
+    assert [r.pruned_context for r in here] == kept          # the same tokenizer, named: the same cut

@@ -39,6 +39,7 @@ CASES = [
     ("run --input q.jsonl --group 0", "argument --group: invalid positive integer value: '0'"),
     ("run --question q --context c --top-k 0", "top_k must be a positive integer"),
     ("run --question q --context c --threshold 2", "threshold must be in [0, 1]"),
+    ("run --question q --context c --budget-tokens 0", "budget_tokens must be a positive integer"),
     ("run --question q --context c --max-batch-tokens 0", "argument --max-batch-tokens"),
     ("run --question q --context c --highlight --pre '<b>'", "--pre without --post: tags come in pairs"),
     ("run --model missing-model --question q --context c", "missing-model: no such model folder"),

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from engine.budget import Budget
 from engine.decide import PruneResult, Sentence
 from engine.families import FAMILIES
 
@@ -75,5 +76,8 @@ def test_the_wire_result_carries_every_field_of_the_engines():
                     sentences=[Sentence("A b.", 0, 4, 0.9, True), Sentence("C d.", 5, 9, 0.1, False)],
                     compression_rate=0.5, threshold=0.3, blocks=1, windows="sentences", lexical_weight=0.5)
     wire = PrunedPassage.of(r).model_dump(exclude_unset=True)
-    assert wire == dataclasses.asdict(r)
+    assert wire == r.to_dict()                                    # the engine's JSON form, field for field
+    assert set(dataclasses.asdict(r)) == set(wire) | {"budget"}   # budget: only when the call had one
+    budgeted = dataclasses.replace(r, budget=Budget(100, 40, 12, 1, "model"))
+    assert PrunedPassage.of(budgeted).model_dump(exclude_unset=True) == budgeted.to_dict()
     assert PrunedPassage.of(r, "<b>A b.</b> C d.").model_dump(exclude_unset=True)["highlighted"] == "<b>A b.</b> C d."

@@ -47,7 +47,7 @@ def test_every_call_option_is_a_field_of_every_adapter():
         assert {named.get(n, n) for n in (*OPTION_NAMES, *ADAPTER_FIELDS)} <= set(adapter.model_fields)
     from engine.integrations.haystack import PruneRanker
     every = {"threshold": 0.4, "title": "none", "alpha": 0.2, "top_k": 3, "reorder": True, "windows": "sentences",
-             "lexical_weight": 0.3, "passage_margin": 0.05}
+             "lexical_weight": 0.3, "passage_margin": 0.05, "budget_tokens": 400, "budget_tokenizer": "cl100k_base"}
     assert set(every) == set(OPTION_NAMES)
     for adapter in (PruneCompressor(pruner=Never(), **{named.get(k, k): v for k, v in every.items()}),
                     PrunePostprocessor(pruner=Never(), **{named.get(k, k): v for k, v in every.items()})):

@@ -113,7 +113,7 @@ def test_the_layout_has_the_documented_packages():
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("the spine's parts", ("engine", "engine.errors", "engine.settings", "engine.cpu", "engine.inputs", "engine.rules",
                            "engine.lexical", "engine.text", "engine.families", "engine.spec", "engine.encode", "engine.batching",
-                           "engine.decide", "engine.protocol", "engine.datafiles", "engine.fidelity", "engine.timing",
+                           "engine.decide", "engine.budget", "engine.protocol", "engine.datafiles", "engine.fidelity", "engine.timing",
                            "engine.triton", "engine.http")),     # the last two: their packages' empty __init__
     ("cores and transports", ("engine.backends.*", "engine.pytorch.*", "engine.triton.client", "engine.triton.replicas",
                               "engine.triton.wire", "engine.triton.watchdog", "engine.triton.server")),
