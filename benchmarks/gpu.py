@@ -1,44 +1,55 @@
-"""GPU throughput of a Provence-size model (DeBERTa-v3-large configuration, random
-weights: speed does not depend on them) through the engine's PyTorch module.
+"""Every GPU path of the engine side by side, in one budgeted run (benchmarks/gpu.sh):
+a Provence-size model (DeBERTa-v3-large configuration, random weights: speed does not
+depend on them), through the engine's ONNX Runtime backend and, as its peers, the same
+checkpoint's PyTorch module eager and under torch.compile.
 
-    python -m benchmarks.gpu --out results.json            # on a GPU machine (benchmarks/gpu.sh)
-    python -m benchmarks.gpu --tiny --device cpu --out x.json   # a dry run of the script on CPU
+    python -m benchmarks.gpu --out gpu.json --markdown gpu.md --rag-data squad-dev-rag.jsonl
+    python -m benchmarks.gpu --tiny --device cpu --out x.json     # a dry run on the CPU
 
-For lengths 128/512 and batch sizes 1/8/64/256 it times fp32, fp16 and bf16 eager
-forwards (and SDPA attention) of the full contract module (encoder, heads, float32
-softmax and sentence pooling), with CUDA events after warm-up, and reports sequences/s
-and the share of the GPU's dense fp16 peak, counting the model's FLOPs:
+In order, each part starting only while the budget allows it:
 
-    per sequence of L tokens, per layer: 2 x 12 h^2 L (projections and FFN, 4h intermediate)
-    + 2 x 2 x L^2 h (QK^T and AV) + 2 x 2 x L^2 h (DeBERTa's c2p and p2c terms)
-    + 2 x 2 x L x 2k x h (position key/query projections over 2k relative positions, k = 256)
+1. the checkpoints (24 layers, and a 6-layer cut of the same configuration), and the 24-layer
+   model's fp16 export by `prune export`, started at once in the background on the CPU;
+2. the cut at 1 x 512 and 16 x 512: torch eager fp16 while its fp16 export runs, the engine
+   as soon as the export is done (as `Pruner.load` opens it on the GPU: fixed-shape sessions
+   captured as CUDA graphs, IO binding), then torch.compile fp16;
+3. the 24-layer model (lengths 128/512 and batches 1/16/64 by default: fewer than the first
+   run's 1/8/64/256, to fit the budget): torch eager fp16 at those shapes while its export
+   runs, the engine's fp16 rows as soon as it is done, then torch.compile fp16 at 16 x 512
+   (when its compile, estimated from the cut's, fits before prune bench's share);
+4. with --rag-data, `prune bench --device cuda` on that workload with the same checkpoint
+   and export: the engine's fp16 path, torch batched fp16 and torch.compile batched fp16 on
+   the same calls (it gets `--bench-reserve-s` at least).
 
-The engine's own path runs first: the same configuration exported by `prune export`
-(fp16, the headline figure, then fp32) and run by the engine's ONNX Runtime backend (CUDA
-provider with IO binding; the TensorRT provider where the onnxruntime-gpu build has it),
-with p50/p99 at batch 1 and each graph's largest probability difference from the fp32
-PyTorch reference.
-
-One budget bounds the run (`--budget-s`, exports and sessions included): the engine's
-paths may start cases until `--engine-share` of it has passed, PyTorch's until all of it
-has; a case that would start later is listed as not measured. The report is rewritten
-after every case, and on SIGTERM (gpu.sh runs this under `timeout`), so what was measured
-comes back whatever stops the run.
-
-The PyTorch part needs torch and transformers; the ONNX Runtime part also onnxruntime-gpu
-and onnx (benchmarks/gpu.sh installs them from a folder of wheels).
+fp32 (its export and rows) only with --fp32; TensorRT's provider only with --tensorrt.
+Exports are counted in the budget and reused where `--keep` already holds an export of the
+same checkpoint at the same precision (said in the log and the report). Each shape: 3
+untimed runs, then `--iters` timed runs (wall time, the GPU synchronised; the median is
+reported), sequences/s, tokens/s and the share of the GPU's dense fp16 peak from the FLOP
+count (`gpu_run.cases.flops_per_sequence`: per layer 2 x 12 h^2 L for the projections and
+FFN, 2 x 2 x L^2 h each for QK^T, AV and DeBERTa's c2p + p2c terms, 2 x 2 x L x 2k x h for
+the position projections); torch.compile's compile time (the first call at a shape) is
+kept apart. The engine's graphs are checked against the fp32 PyTorch module (largest
+probability difference on a batch of 8). gpu.json and gpu.md are rewritten after every
+row and on SIGTERM (gpu.sh runs this under `timeout`): skipped cases, errors, export times
+and the parts not reached are listed in them; gpu.png at the end.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
-import os
-import platform
 import shlex
 import signal
 import sys
 import time
+from pathlib import Path
 
+from benchmarks.gpu_run.bench import read_bench, run_bench, stop_bench
+from benchmarks.gpu_run.cases import Context, engine_rows, flops_per_sequence, reference_probs, torch_rows  # noqa: F401
+from benchmarks.gpu_run.cases import feeds as _feeds  # noqa: F401 (../shared/gpu/compare_6layer.py imports it)
+from benchmarks.gpu_run.models import Export, checkpoint, config, load_module
+from benchmarks.gpu_run.report import markdown, plot, versions, write
 from engine.tools.harness import machine_info, stderr
 
 LARGE = {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096,
@@ -49,328 +60,333 @@ LARGE = {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16
          "hidden_act": "gelu", "layer_norm_eps": 1e-7, "num_labels": 1}
 TINY = {**LARGE, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,
         "vocab_size": 1000, "pooler_hidden_size": 64}
-
-
-def flops_per_sequence(cfg: dict, length: int) -> float:
-    h, n = cfg["hidden_size"], cfg["num_hidden_layers"]
-    k = cfg.get("position_buckets", 256)
-    per_layer = (2 * 12 * h * h * length + 2 * 2 * length * length * h + 2 * 2 * length * length * h
-                 + 2 * 2 * length * 2 * k * h)
-    return n * per_layer + 2 * h * 2 * length  # + token head
-
-
 LARGE_SIZES = {k: LARGE[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")}
 TINY_SIZES = {k: TINY[k] for k in LARGE_SIZES}
+SHORT = {"float16": "fp16", "float32": "fp32", "bfloat16": "bf16"}
 
 
-class _Feeds:
-    """The `ModelBatch` face the backends use: `.inputs(names)` and `.shape`."""
+class Budget:
+    """The run's seconds: `left()`, and whether a part may start (`allows(estimate)`:
+    more than `estimate` seconds left before the share kept for prune bench)."""
 
-    def __init__(self, arrays):
-        self.arrays, self.shape = arrays, arrays["input_ids"].shape
+    def __init__(self, seconds: float, reserve: float = 0.0):
+        self.seconds, self.reserve = seconds, reserve
+        self.began = time.time()
+        self.end = self.began + seconds
 
-    def inputs(self, names):
-        return {n: self.arrays[n] for n in names}
+    def left(self) -> float:
+        """Seconds left of the whole budget."""
+        return self.end - time.time()
 
-
-def _feeds(batch: int, length: int, vocab: int, seed: int = 0):
-    import numpy as np
-    rng = np.random.default_rng(seed)
-    return {"input_ids": rng.integers(5, vocab, size=(batch, length), dtype=np.int64),
-            "attention_mask": np.ones((batch, length), dtype=np.int64),
-            "sentence_ids": np.tile(np.arange(length, dtype=np.int64) // 32, (batch, 1))}
-
-
-def onnxruntime_rows(args, cfg_dict: dict, until: float, log, rows: list[dict], save) -> None:
-    """The engine's own path: a random-weight Provence-size checkpoint exported by
-    `prune export` (fp32 and fp16), run by the engine's ONNX Runtime backend on
-    `args.device` (CUDA with IO binding; the TensorRT provider too where present):
-    sequences/s per length and batch, p50/p99 at batch 1, and the largest probability
-    difference from the fp32 PyTorch reference on one batch."""
-    import statistics
-    import tempfile
-    from pathlib import Path
-
-    import numpy as np
-    import onnxruntime as ort
-    import torch
-
-    from engine.backends.onnxruntime import OnnxRuntimeBackend, tensorrt_options
-    from engine.pytorch.loading import load_torch_model
-    from export.checkpoints import make_test_checkpoint
-    from export.onnx import export_model
-
-    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="prune-gpu-"))
-    work.mkdir(parents=True, exist_ok=True)
-    ck = make_test_checkpoint("provence", work / "checkpoint", sizes=TINY_SIZES if args.tiny else LARGE_SIZES)
-    tm = load_torch_model(ck)
-    model = tm.module
-    vocab = int(model.config.vocab_size)
-    check = _feeds(8, min(128, max(args.lengths)), vocab, seed=1)
-    with torch.inference_mode():
-        _, ref_probs = model(*(torch.from_numpy(check[n]) for n in ("input_ids", "attention_mask", "sentence_ids")))
-    ref_probs = ref_probs.float().numpy()
-    del model, tm
-    cuda = args.device == "cuda"
-    # both exports first (prune bench, after this script, runs on them), then the sweeps, fp16
-    # first (the headline figure), each starting cases until the engine's share has passed
-    for precision in ("fp16", "fp32"):
-        t = time.time()
-        export_model(ck, work / precision, precision=precision, verify=False, overwrite=True,  # a rerun reuses --keep
-                     log=lambda m: None)
-        log(f"exported the {precision} graph in {time.time() - t:.0f} s")
-        rows.append({"path": f"export {precision}", "seconds": time.time() - t})
-        save()
-    for precision in ("fp16", "fp32"):
-        out = work / precision
-        if time.time() > until:
-            rows.append({"path": f"onnxruntime {precision}", "skipped": "the engine's share of the budget was spent"})
-            save()
-            continue
-        variants = [("onnxruntime-cuda" if cuda else "onnxruntime-cpu", None)]
-        if cuda and "TensorrtExecutionProvider" in ort.get_available_providers():
-            variants.append(("onnxruntime-tensorrt", tensorrt_options(
-                ["input_ids", "attention_mask", "sentence_ids"], sorted(set(args.lengths)), max(args.batches),
-                work / "trt-cache")))
-        for name, trt in variants:
-            try:
-                backend = OnnxRuntimeBackend(out / "model.onnx", device="cuda" if cuda else "cpu",
-                                             io_binding=True, tensorrt=trt, log=log)
-            except Exception as exc:
-                rows.append({"path": f"{name} {precision}", "error": str(exc)[:300]})
-                save()
-                continue
-            path = f"{name} {precision}"
-            if backend.tensorrt_fallback:     # CUDA under TensorRT's name: measured once, as CUDA
-                rows.append({"path": path, "skipped": "TensorRT's libraries did not load: ONNX Runtime ran CUDA"})
-                log(f"{path}: skipped (TensorRT's libraries did not load; ONNX Runtime fell back to CUDA)")
-                continue
-            _, probs = backend.infer(_Feeds(check))
-            dp = float(np.abs(probs - ref_probs).max())
-            rows.append({"path": path, "check": "vs fp32 PyTorch, batch 8", "max_abs_dprob": dp,
-                         "providers": backend.session.get_providers()})
-            save()
-            log(f"{path}: max |dp| vs fp32 PyTorch {dp:.2e} ({backend.session.get_providers()[0]})")
-            for length in args.lengths:
-                one = _Feeds(_feeds(1, length, vocab))
-                for _ in range(3):
-                    backend.infer(one)
-                lat = []
-                for _ in range(max(10, args.iters * 3)):
-                    t = time.perf_counter()
-                    backend.infer(one)
-                    lat.append(time.perf_counter() - t)
-                lat.sort()
-                rows.append({"path": path, "length": length, "batch": 1, "p50_ms": statistics.median(lat) * 1000,
-                             "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000})
-                for bs in args.batches:
-                    if time.time() > until:
-                        rows.append({"path": path, "length": length, "batch": bs,
-                                     "skipped": "the engine's share of the budget was spent"})
-                        continue
-                    feeds = _Feeds(_feeds(bs, length, vocab))
-                    try:
-                        for _ in range(2):
-                            backend.infer(feeds)
-                        t = time.perf_counter()
-                        for _ in range(args.iters):
-                            backend.infer(feeds)
-                        sec = (time.perf_counter() - t) / args.iters
-                    except Exception as exc:
-                        rows.append({"path": path, "length": length, "batch": bs, "error": str(exc)[:200]})
-                        break
-                    seq_s = bs / sec
-                    tflops = flops_per_sequence(cfg_dict, length) * seq_s / 1e12
-                    row = {"path": path, "length": length, "batch": bs, "ms_per_batch": sec * 1000,
-                           "sequences_per_s": seq_s, "tokens_per_s": seq_s * length, "tflops": tflops,
-                           "share_of_fp16_peak": tflops / args.peak_tflops}
-                    rows.append(row)
-                    save()
-                    print(json.dumps(row), flush=True)
-            del backend
+    def allows(self, estimate: float = 0.0) -> bool:
+        """Whether a part needing `estimate` seconds fits before prune bench's share."""
+        return self.left() - self.reserve > estimate
 
 
-def _path(row: dict) -> str:
-    """A row's path name: the ONNX Runtime rows carry one, the PyTorch rows attn and dtype."""
-    return row.get("path") or f"torch {row['attn']} {row['dtype']}"
-
-
-def markdown(report: dict) -> str:
-    """The best sequences/s per path and length, p50/p99 at batch 1, and the fidelity check."""
-    lines = [f"# GPU benchmark ({report['info'].get('gpu', report['info']['device'])}, "
-             f"{report['info']['config']})", "", f"Command: `{report['command']}`", "",
-             "| path | length | best sequences/s (batch) | share of fp16 peak | p50 / p99 ms at batch 1 |",
-             "|---|---|---|---|---|"]
-    rows = [r for r in report["rows"] if "sequences_per_s" in r or "p50_ms" in r]
-    keys = sorted({(_path(r), r["length"]) for r in rows})
-    for path, length in keys:
-        mine = [r for r in rows if _path(r) == path
-                and r["length"] == length]
-        best = max((r for r in mine if "sequences_per_s" in r), key=lambda r: r["sequences_per_s"], default=None)
-        lat = next((r for r in mine if "p50_ms" in r), None)
-        lines.append(f"| {path} | {length} | "
-                     + (f"{best['sequences_per_s']:.1f} ({best['batch']}) | {best['share_of_fp16_peak']:.1%}"
-                        if best else "- | -")
-                     + (f" | {lat['p50_ms']:.2f} / {lat['p99_ms']:.2f} |" if lat else " | - |"))
-    checks = [r for r in report["rows"] if "max_abs_dprob" in r]
-    if checks:
-        lines += ["", "| path | max abs probability difference vs fp32 PyTorch | providers |", "|---|---|---|"]
-        lines += [f"| {r['path']} | {r['max_abs_dprob']:.2e} | {', '.join(r['providers'])} |" for r in checks]
-    lines += [f"\nNot measured: {r['path']}: {r['skipped']}." for r in report["rows"] if "skipped" in r]
-    return "\n".join(lines) + "\n"
-
-
-def plot(report: dict, path) -> bool:
+def shape(text: str) -> tuple[int, int]:
+    """`16x512` -> (16, 512): batch x length."""
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    rows = [r for r in report["rows"] if "sequences_per_s" in r]
-    length = max((r["length"] for r in rows), default=None)
-    if length is None:
-        return False
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for name in sorted({_path(r) for r in rows}):
-        pts = sorted((r["batch"], r["sequences_per_s"]) for r in rows
-                     if _path(r) == name and r["length"] == length)
-        if pts:
-            ax.plot(*zip(*pts), marker="o", label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch")
-    ax.set_ylabel(f"sequences/s at length {length}")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return True
+        batch, length = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected BATCHxLENGTH (16x512), got {text!r}") from None
+    return batch, length
 
 
-def main(argv=None) -> int:
-    import torch
-
+def parse(argv=None) -> argparse.Namespace:
+    """The run's flags."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="a tiny configuration (dry run on CPU)")
-    ap.add_argument("--lengths", type=int, nargs="+", default=[128, 512])
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
-    ap.add_argument("--dtypes", nargs="+", default=["float32", "float16", "bfloat16"])
-    ap.add_argument("--attn", nargs="+", default=["eager", "sdpa"])
+    ap.add_argument("--lengths", type=int, nargs="+", default=[128, 512], help="the full model's lengths")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64], help="the full model's batch sizes")
+    ap.add_argument("--cut-layers", type=int, default=6, help="layers of the cut (0: none)")
+    ap.add_argument("--cut-shapes", type=shape, nargs="+", default=[(1, 512), (16, 512)])
+    ap.add_argument("--compile-shapes", type=shape, nargs="+", default=[(16, 512)],
+                    help="the full model's torch.compile shapes (a compile each)")
+    ap.add_argument("--peers", nargs="+", choices=["eager", "compile"], default=["eager", "compile"])
+    ap.add_argument("--dtypes", nargs="+", default=["float16"], help="the PyTorch peers' dtypes (float32 joins "
+                    "with --fp32)")
+    ap.add_argument("--attn", nargs="+", default=["eager"], help="the PyTorch module's attention implementations")
+    ap.add_argument("--compile-backend", default="inductor", help="torch.compile's backend (aot_eager: a dry run)")
+    ap.add_argument("--fp32", action="store_true", help="also export fp32 and measure it (the engine, PyTorch)")
+    ap.add_argument("--tensorrt", action="store_true", help="also ONNX Runtime's TensorRT provider, where it loads")
+    ap.add_argument("--fixed-shapes", action="store_true", help="on the CPU, open the GPU graph as the GPU does, in "
+                    "fixed-shape sessions (without CUDA graphs): the dry run's rehearsal of the engine's GPU path")
     ap.add_argument("--peak-tflops", type=float, default=990.0, help="dense fp16 peak (H200: ~990)")
-    ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--budget-s", type=float, default=300.0,
-                    help="seconds for the whole run, exports included: no case starts after it")
-    ap.add_argument("--engine-share", type=float, default=0.7,
-                    help="the share of the budget after which the engine's paths (first) start no case")
-    ap.add_argument("--out", required=True, help="the JSON report")
+    ap.add_argument("--iters", type=int, default=20, help="timed runs per shape (the median is reported)")
+    ap.add_argument("--budget-s", type=float, default=400.0, help="seconds for the whole run, exports and "
+                    "prune bench included: no part starts when it would not end in time")
+    ap.add_argument("--bench-reserve-s", type=float, default=150.0, help="with --rag-data: seconds kept for "
+                    "prune bench at the end")
+    ap.add_argument("--bench-min-s", type=float, default=45.0, help="prune bench is not started with less")
+    ap.add_argument("--rag-data", help="a RAG JSONL (squad-dev-rag.jsonl): then prune bench on it")
+    ap.add_argument("--rag-queries", type=int, default=10)
+    ap.add_argument("--rag-repeats", type=int, default=2)
+    ap.add_argument("--bench-paths", help="prune bench's --paths (default: the engine's fp16 path, torch batched "
+                    "fp16 and torch.compile batched fp16; their fp32 paths with --fp32)")
+    ap.add_argument("--out", required=True, help="the JSON report (bench.json and bench.md go beside it)")
     ap.add_argument("--markdown", help="also write a markdown summary here")
     ap.add_argument("--plot", help="also write a PNG here (needs matplotlib)")
     ap.add_argument("--no-onnxruntime", action="store_true", help="PyTorch paths only")
-    ap.add_argument("--keep", help="keep the checkpoint and the fp32/fp16 exports in this folder "
-                    "(checkpoint/, fp32/, fp16/: gpu.sh runs prune bench on them)")
-    args = ap.parse_args(argv)
-    log = stderr
+    ap.add_argument("--keep", help="keep the checkpoints and exports in this folder, and reuse them from there")
+    ap.add_argument("--logs", help="the exports' and prune bench's logs (default: KEEP/logs)")
+    return ap.parse_args(argv)
 
-    cfg_dict = TINY if args.tiny else LARGE
-    dev = torch.device(args.device)
-    rows: list[dict] = []
-    start = time.time()
-    info = {"torch": torch.__version__, "device": args.device, "python": platform.python_version(),
-            "config": "tiny" if args.tiny else "deberta-v3-large (Provence)", "budget_s": args.budget_s,
-            "machine": machine_info(args.device)}
-    if dev.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(0)
-    report = {"info": info, "rows": rows, "command": shlex.join(sys.argv)}
 
-    def save() -> None:
-        info["elapsed_s"] = time.time() - start
-        tmp = args.out + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(report, fh, indent=2)
-        os.replace(tmp, args.out)
+class Run:
+    """One run: its flags, budget, report (saved after every row) and exports."""
+
+    def __init__(self, args: argparse.Namespace, argv: list[str] | None = None):
+        import tempfile
+
+        import torch
+        self.args, self.log = args, stderr
+        reserve = args.bench_reserve_s if args.rag_data else 0.0
+        self.budget = Budget(args.budget_s, reserve)
+        self.work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="prune-gpu-"))
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.logs = Path(args.logs) if args.logs else self.work / "logs"
+        self.rows: list[dict] = []
+        self.exports: list[Export] = []
+        self.compiles: dict[int, float] = {}       # layers -> the first torch.compile's seconds
+        self.todo: list[str] = []
+        self.full = ""                             # the full model's label
+        self.bench_proc = None
+        self.bench_began = 0.0
+        self.info = {"device": args.device, "config": "tiny" if args.tiny else "deberta-v3-large (Provence)",
+                     "budget_s": args.budget_s, "bench_reserve_s": reserve, "compile_backend": args.compile_backend,
+                     "peak_tflops": args.peak_tflops, "versions": versions(), "machine": machine_info(args.device)}
+        if args.device == "cuda" and torch.cuda.is_available():
+            self.info["gpu"] = torch.cuda.get_device_name(0)
+        self.report = {"info": self.info, "rows": self.rows,
+                       "command": shlex.join(["python", "-m", "benchmarks.gpu", *(sys.argv[1:] if argv is None
+                                                                                   else argv)])}
+
+    def save(self) -> None:
+        """gpu.json and gpu.md, each written whole (a reader never sees half a file)."""
+        self.info["elapsed_s"] = time.time() - self.budget.began
+        write(Path(self.args.out), json.dumps(self.report, indent=2, default=str))
+        if self.args.markdown:
+            write(Path(self.args.markdown), markdown(self.report))
+
+    def emit(self, row: dict) -> None:
+        """A row into the report (with `at_s`, the run's seconds when it came), saved at once."""
+        row.setdefault("at_s", round(time.time() - self.budget.began, 1))
+        self.rows.append(row)
+        self.save()
+        print(json.dumps(row, default=str), flush=True)
+
+    def floor(self) -> float:
+        """What the engine's rows leave of the budget: prune bench's least (its reserve is
+        for what comes after the engine's rows, the peers' compiles)."""
+        return min(self.budget.reserve, self.args.bench_min_s) if self.args.rag_data else 0.0
+
+    def context(self, cfg: dict, engine: bool = False) -> Context:
+        """The cases' context for a model of configuration `cfg` (the engine's rows may use
+        prune bench's reserve down to its least)."""
+        def allows(estimate: float) -> bool:
+            return self.budget.left() - self.floor() > estimate if engine else self.budget.allows(estimate)
+        return Context(cfg=cfg, vocab=int(cfg["vocab_size"]), device=self.args.device, iters=self.args.iters,
+                       peak_tflops=self.args.peak_tflops, allows=allows,
+                       beside_export=lambda: any(e.running() for e in self.exports), log=self.log)
+
+    def done(self, stage: str) -> None:
+        """`stage` of the plan is over."""
+        if stage in self.todo:
+            self.todo.remove(stage)
+
+
+def torch_peers(run: Run, ck: Path, label: str, cfg: dict, shapes, mode: str):
+    """The PyTorch peers of one model in `mode` (eager, or compile: torch.compile, a shape
+    starting only where its compile, estimated from the cut's, fits), per attention and dtype."""
+    import torch
+    a = run.args
+    dtypes = list(dict.fromkeys(a.dtypes + (["float32"] if a.fp32 else [])))
+    layers = cfg["num_hidden_layers"]
+    if mode not in a.peers:
+        return
+
+    def estimate() -> float:
+        known = [s * layers / n for n, s in run.compiles.items()]
+        return max(known) if known else 0.0
+    for attn in a.attn:
+        module = load_module(ck, attn)
+        if isinstance(module, str):
+            yield {"model": label, "path": f"torch {attn}", "error": module}
+            continue
+        for dtype in dtypes:
+            module.to(torch.device(a.device), getattr(torch, dtype))
+            short, base = SHORT.get(dtype, dtype), {"model": label, "layers": layers}
+            if mode == "eager":
+                yield from torch_rows(module, f"torch {attn} {short}", shapes, run.context(cfg), base=base)
+                continue
+            name = f"torch.compile{'' if attn == 'eager' else ' ' + attn} {short}"
+            for row in torch_rows(module, name, shapes, run.context(cfg), a.compile_backend, estimate, base=base):
+                if "compile_s" in row and layers not in run.compiles:
+                    run.compiles[layers] = row["compile_s"]
+                yield row
+        del module
+        if a.device == "cuda":
+            torch.cuda.empty_cache()
+
+
+def engine(run: Run, export: Export, label: str, cfg: dict, shapes, reference) -> None:
+    """The engine's rows on `export`, opened as `Pruner.load` opens it on this device (and
+    with ONNX Runtime's TensorRT provider, with --tensorrt)."""
+    from engine.batching import BatchingConfig
+    from engine.pruner import Pruner
+    a = run.args
+    if not export.ready:
+        why = export.row().get("error") or export.row().get("skipped") or "not ready"
+        run.emit({"model": label, "path": f"onnxruntime-{a.device} {export.precision}",
+                  "skipped": f"no {export.precision} export ({why})"})
+        return
+    # a budget that holds every shape measured (the GPU graph's fixed shapes are sized by it)
+    batching = BatchingConfig(max_batch_tokens=max([16384] + [b * n for b, n in shapes]),
+                              max_batch_size=max([64] + [b for b, _ in shapes]))
+    base = {"model": label, "layers": cfg["num_hidden_layers"]}
+    variants = [(f"onnxruntime-{a.device} {export.precision}", {})]
+    if a.tensorrt and a.device == "cuda":
+        variants.append((f"onnxruntime-tensorrt {export.precision}", {"tensorrt": True}))
+    manifest = json.loads((export.out / "manifest.json").read_text())
+    for path, extra in variants:
+        def make(extra=extra):
+            if a.fixed_shapes and a.device == "cpu" and manifest.get("gpu_graph"):
+                from engine.backends.cuda_graphs import FixedShapeBackend
+                return FixedShapeBackend(export.out / manifest["graph"], manifest["buckets"], device="cpu",
+                                         batching=batching, log=run.log)
+            return Pruner.load(export.out, device=a.device, batching=batching, log=run.log, **extra).backend
+        for row in engine_rows(make, path, shapes, run.context(cfg, engine=True), reference, base=base):
+            run.emit(row)
+
+
+def reference(ck: Path, lengths) -> tuple | None:
+    """The fidelity check's batch and the fp32 PyTorch module's probabilities on it."""
+    module = load_module(ck, "eager")
+    if isinstance(module, str):
+        return None
+    return reference_probs(module, min(128, max(lengths)), int(config(ck)["vocab_size"]))
+
+
+def beside(run: Run, export: Export, pending, deadline: float) -> None:
+    """While `export` runs (the GPU idle), the next rows of torch eager (short cases: the
+    engine's rows start soon after the export ends); then wait for it until `deadline`
+    (stopped there) and report it."""
+    while export.running() and run.budget.allows():
+        row = next(pending, None)
+        if row is None:
+            break
+        run.emit(row)
+    export.wait(deadline)
+    run.emit(export.row())
+
+
+def measure_cut(run: Run, sizes: dict, layers: int) -> None:
+    """The cut: its fp16 export (its PyTorch peers meanwhile), the engine's rows as soon as
+    it is done, then the peers' remaining shapes."""
+    a = run.args
+    label = f"{layers}-layer cut"
+    ck, row = checkpoint(run.work / "cut-checkpoint", {**sizes, "num_hidden_layers": layers}, label)
+    run.emit(row)
+    cfg = config(ck)
+    pending = torch_peers(run, ck, label, cfg, a.cut_shapes, "eager")
+    if not a.no_onnxruntime:
+        export = Export(label, ck, run.work / "cut-fp16", "fp16", run.logs, run.log)
+        run.exports.append(export)
+        if run.budget.allows():
+            export.begin()
+        beside(run, export, pending, run.budget.end - run.budget.reserve)
+        engine(run, export, label, cfg, a.cut_shapes, reference(ck, [n for _, n in a.cut_shapes]))
+    run.done(f"{label}: engine fp16")
+    for row in itertools.chain(pending, torch_peers(run, ck, label, cfg, a.cut_shapes, "compile")):
+        run.emit(row)
+    run.done(f"{label}: torch")
+
+
+def measure_full(run: Run, ck: Path) -> None:
+    """The full model: its PyTorch peers while its export runs, the engine's rows once it
+    is done, then the peers' remaining shapes; fp32 last (with --fp32)."""
+    a, label, cfg = run.args, run.full, config(ck)
+    shapes = [(b, n) for n in a.lengths for b in a.batches]
+    pending = torch_peers(run, ck, label, cfg, shapes, "eager")
+    ref = reference(ck, a.lengths) if not a.no_onnxruntime else None
+    for export in [e for e in run.exports if e.label == label]:
+        if export.began is None and run.budget.allows():
+            export.begin()              # fp32 after fp16: one export at a time beside the cases
+        beside(run, export, pending, run.budget.end - run.floor())
+        engine(run, export, label, cfg, shapes, ref)
+        run.done(f"{label}: engine {export.precision}")
+    for row in itertools.chain(pending, torch_peers(run, ck, label, cfg, a.compile_shapes, "compile")):
+        run.emit(row)
+    run.done(f"{label}: torch")
+
+
+def plan(run: Run) -> None:
+    """The run, in order (the module's docstring)."""
+    a = run.args
+    sizes = TINY_SIZES if a.tiny else LARGE_SIZES
+    layers = sizes["num_hidden_layers"]
+    cut = min(a.cut_layers, layers - 1) if a.cut_layers > 0 else 0
+    run.full = label = f"{layers} layers"
+    precisions = ["fp16"] + (["fp32"] if a.fp32 else [])
+    engine_stages = [f"{label}: engine {p}" for p in precisions] if not a.no_onnxruntime else []
+    run.todo = ([f"{cut}-layer cut: engine fp16", f"{cut}-layer cut: torch"] if cut else []) + [
+        f"{label}: torch"] + engine_stages + (["prune bench"] if a.rag_data else [])
+    ck, row = checkpoint(run.work / "checkpoint", sizes, label)
+    run.emit(row)
+    if not a.no_onnxruntime:
+        run.exports += [Export(label, ck, run.work / p, p, run.logs, run.log, background=True) for p in precisions]
+        run.exports[0].begin()       # fp16 now, in the background
+    if cut:
+        measure_cut(run, sizes, cut)
+    measure_full(run, ck)
+    if a.rag_data:
+        run_bench(run, ck)
+
+
+def main(argv=None) -> int:
+    """Run the plan; the report is written whatever stops it."""
+    args = parse(argv)
+    run = Run(args, argv)
 
     def stop(signum, frame):
-        raise SystemExit(f"stopped by signal {signum}")
-    signal.signal(signal.SIGTERM, stop)
+        raise SystemExit(f"stopped by {signal.Signals(signum).name}")
+    before = signal.signal(signal.SIGTERM, stop)
+    status = 0
     try:
-        if not args.no_onnxruntime:
-            try:
-                onnxruntime_rows(args, cfg_dict, start + args.engine_share * args.budget_s, log, rows, save)
-            except Exception as exc:   # the PyTorch figures are still measured
-                rows.append({"path": "onnxruntime", "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
-                log(f"onnxruntime paths failed: {exc}")
-        torch_rows(args, cfg_dict, dev, start + args.budget_s, rows, save)
+        plan(run)
+    except SystemExit as exc:
+        run.info["stopped"] = f"{exc} after {time.time() - run.budget.began:.0f} s"
+        run.log(run.info["stopped"])
+    except Exception as exc:        # listed in the report, which is still written
+        import traceback
+        run.info["stopped"] = f"{type(exc).__name__} after {time.time() - run.budget.began:.0f} s"
+        run.rows.append({"kind": "run", "path": "the run", "error": f"{type(exc).__name__}: {str(exc)[:300]}",
+                         "traceback": traceback.format_exc()[-2000:]})
+        run.log(traceback.format_exc())
+        status = 1
     finally:
-        save()
-        if args.markdown:
-            with open(args.markdown, "w") as fh:
-                fh.write(markdown(report))
-        if args.plot and not plot(report, args.plot):
-            log("no plot: matplotlib is not installed")
-    return 0
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)       # the report is written in full
+        finish(run)
+        signal.signal(signal.SIGTERM, before)
+    return status
 
 
-def torch_rows(args, cfg_dict: dict, dev, until: float, rows: list[dict], save) -> None:
-    """PyTorch eager and SDPA forwards in each dtype, until `until`."""
-    import torch
-    from transformers import AutoConfig
-
-    from engine.pytorch.modeling import ProvenceModel
-    for attn in args.attn:
-        cfg = AutoConfig.for_model("deberta-v2", **cfg_dict)
-        cfg._attn_implementation = attn
-        try:
-            base = ProvenceModel(cfg).eval()
-        except Exception as exc:  # an attention implementation DeBERTa lacks
-            rows.append({"attn": attn, "error": str(exc)[:200]})
-            continue
-        for dtype_name in args.dtypes:
-            dtype = getattr(torch, dtype_name)
-            model = base.to(dev, dtype)
-            for length in args.lengths:
-                for bs in args.batches:
-                    if time.time() > until:
-                        rows.append({"attn": attn, "dtype": dtype_name, "length": length, "batch": bs,
-                                     "skipped": "the budget was spent"})
-                        continue
-                    ids = torch.randint(5, cfg.vocab_size, (bs, length), device=dev)
-                    mask = torch.ones_like(ids)
-                    sid = torch.arange(length, device=dev).div(32, rounding_mode="floor").expand(bs, length).contiguous()
-                    try:
-                        with torch.inference_mode():
-                            for _ in range(2):
-                                model(ids, mask, sid)
-                            if dev.type == "cuda":
-                                torch.cuda.synchronize()
-                                t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                                t0.record()
-                                for _ in range(args.iters):
-                                    r, p = model(ids, mask, sid)
-                                t1.record()
-                                torch.cuda.synchronize()
-                                sec = t0.elapsed_time(t1) / 1000 / args.iters
-                            else:
-                                t = time.perf_counter()
-                                for _ in range(args.iters):
-                                    r, p = model(ids, mask, sid)
-                                sec = (time.perf_counter() - t) / args.iters
-                        finite = bool(torch.isfinite(p).all() and torch.isfinite(r).all())
-                    except torch.cuda.OutOfMemoryError if dev.type == "cuda" else MemoryError:
-                        rows.append({"attn": attn, "dtype": dtype_name, "length": length, "batch": bs, "error": "OOM"})
-                        if dev.type == "cuda":
-                            torch.cuda.empty_cache()
-                        continue
-                    seq_s = bs / sec
-                    tflops = flops_per_sequence(cfg_dict, length) * seq_s / 1e12
-                    row = {"attn": attn, "dtype": dtype_name, "length": length, "batch": bs,
-                           "ms_per_batch": sec * 1000, "sequences_per_s": seq_s, "tflops": tflops,
-                           "share_of_fp16_peak": tflops / args.peak_tflops, "finite": finite}
-                    rows.append(row)
-                    save()
-                    print(json.dumps(row), flush=True)
-            del model
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
+def finish(run: Run) -> None:
+    """Exports still running are stopped, prune bench is waited for, the parts of the plan
+    not reached are listed, the report and plot written."""
+    why = run.info.get("stopped") or "the run ended"
+    for export in run.exports:
+        if export.running():
+            export.stop(why)
+            run.rows.append(export.row())
+    stop_bench(run, 7)              # SIGTERM reached it too (timeout signals the group): it writes its report
+    read_bench(run)
+    for stage in run.todo:
+        run.rows.append({"kind": "stage", "path": stage, "skipped": f"not reached or not finished: {why}"})
+    run.save()
+    if run.args.plot and not plot(run.report, run.args.plot):
+        run.log("no plot: matplotlib is not installed, or nothing was measured")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ def add(new) -> None:
     b.add_argument("--model", help="exported fp32 folder (default: the default model)")
     b.add_argument("--int8", help="exported int8 folder (default: the default model's, exported on first use)")
     b.add_argument("--fp16", help="exported fp16 folder (default with --device cuda: the default model's, "
-                   "exported on first use)")
+                   "exported on first use); without --model, the only export measured (no fp32 paths)")
     b.add_argument("--openvino", action="store_true", help="also OpenVINO: fp32, bf16 inference (where the CPU has "
                    "it) and static INT8 (--ov-int8, else quantized here from --model with NNCF); [openvino] extra")
     b.add_argument("--ov-int8", help="an `prune export --precision ov-int8` folder for --openvino")
@@ -29,7 +29,14 @@ def add(new) -> None:
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: PyTorch fp32/fp16 and ONNX Runtime's CUDA provider (fp32, fp16) on the GPU "
                         "(pip install 'prune-engine[gpu]')")
-    b.add_argument("--checkpoint", help="the checkpoint, for the PyTorch reference paths")
+    b.add_argument("--checkpoint", help="the checkpoint, for the PyTorch reference paths (unbatched, batched, and "
+                   "torch.compile on the engine's batches: fp16 with --device cuda)")
+    b.add_argument("--compile-backend", metavar="NAME", help="torch.compile's backend for the torch.compile path "
+                   "(default inductor; on the CPU that path runs only when this is given, as inductor compiles C++ "
+                   "for every batch shape there; aot_eager traces the model without generating code)")
+    b.add_argument("--budget-s", type=_seconds, metavar="SECONDS", help="stop measuring after this many seconds: "
+                   "bench.json and bench.md then hold the repeats that ended, and say which paths were not "
+                   "measured (SIGTERM, e.g. from `timeout`, stops it the same way)")
     b.add_argument("--queries", type=positive_int, default=30, help="queries per path and repeat")
     b.add_argument("--repeats", type=positive_int, default=3, help="interleaved repeats (medians are reported)")
     b.add_argument("--threads", type=positive_int, help="intra-op threads (default: all cores)")
@@ -71,9 +78,20 @@ def _concurrencies(text: str) -> tuple[int, ...]:
     return values
 
 
+def _seconds(text: str) -> float:
+    import argparse
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
 def run(args) -> int:
     """Run `prune bench`; the exit status."""
-    from engine.tools.bench import BenchOptions, bench, registry, select
+    from engine.tools.bench import BenchOptions, Stop, bench, registry, select
     from engine.tools.bench_report import markdown, plot
     from engine.default_model import default_checkpoint, default_model_dir, ensure_default_model
     log = args.log
@@ -92,17 +110,18 @@ def run(args) -> int:
     def default(precision: str) -> Path:
         """The default model at `precision`: exported on first use, but not to be listed."""
         return default_model_dir(precision) if args.list else ensure_default_model(log, precision=precision)
-    models = {"fp32": Path(args.model) if args.model else default("fp32")}
-    if args.device == "cpu" and not args.model:    # what Pruner.load("default") gives a user here
+    own = bool(args.model or args.fp16)        # the user's exports: no default model joins them
+    models = {"fp32": Path(args.model)} if args.model else {} if args.fp16 else {"fp32": default("fp32")}
+    if args.device == "cpu" and not own:    # what Pruner.load("default") gives a user here
         from engine.settings import setting
         models["default"] = default(setting("default_precision"))
-    if args.device == "cpu" and (args.int8 or not args.model):
+    if args.device == "cpu" and (args.int8 or not own):
         models["int8"] = Path(args.int8) if args.int8 else default("int8")
-    if args.fp16 or (args.device == "cuda" and not args.model):
+    if args.fp16 or (args.device == "cuda" and not own):
         models["fp16"] = Path(args.fp16) if args.fp16 else default("fp16")
     if args.ov_int8:
         models["ov-int8"] = Path(args.ov_int8)
-    checkpoint = args.checkpoint or (None if args.model else default_checkpoint())
+    checkpoint = args.checkpoint or (None if own else default_checkpoint())
     options = BenchOptions(models=models, data=Path(args.data), checkpoint=checkpoint, queries=args.queries,
                            repeats=args.repeats, threads=args.threads, triton=args.triton, only=args.paths,
                            concurrencies=args.concurrencies,
@@ -110,22 +129,25 @@ def run(args) -> int:
                            perf_analyzer=args.perf_analyzer, perf_window_ms=args.perf_analyzer_window,
                            replicas=args.replicas, device=args.device,
                            server_url=args.server, text_model=args.text_model or "default_text", api_url=args.api,
-                           openvino=args.openvino or bool(args.ov_int8), peer_python=args.peer_python)
+                           openvino=args.openvino or bool(args.ov_int8), peer_python=args.peer_python,
+                           budget_s=args.budget_s, compile_backend=args.compile_backend)
     if args.list:                  # nothing is exported, started or measured
         from engine.spec import Manifest
-        family = Manifest.read(models["fp32"]).family if args.model else "embedding"   # the default model's
+        family = Manifest.read(models[options.base]).family if own else "embedding"   # the default model's
         for p in select(registry(options, family), args.paths):
             print(f"{p.id:48} {p.group:11} {p.name}")
         return 0
     out_dir = Path(args.out) / time.strftime("bench-%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
-    report = bench(options, log=log, out_dir=out_dir)
-    command = shlex.join(["prune", *sys.argv[1:]])
-    report["command"] = command
-    (out_dir / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
-    text = markdown(report, command)
-    (out_dir / "bench.md").write_text(text)
-    plot(report, out_dir / "bench.png")
+    with Stop(options.budget_s).on_signals() as stop:     # stopped early, it still writes what it measured
+        report = bench(options, log=log, out_dir=out_dir, stop=stop)
+        command = shlex.join(["prune", *sys.argv[1:]])
+        report["command"] = command
+        (out_dir / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
+        text = markdown(report, command)
+        (out_dir / "bench.md").write_text(text)
+        plot(report, out_dir / "bench.png")
     print(text)
-    print(f"wrote {out_dir}/bench.json, bench.md, bench.png")
+    print(f"wrote {out_dir}/bench.json, bench.md" + (", bench.png" if report["paths"] else "")
+          + (f" (stopped early: {report['stopped']})" if report.get("stopped") else ""))
     return 0

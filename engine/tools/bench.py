@@ -7,7 +7,13 @@ Built in three parts:
   a tritonserver, a `prune api` process) only when the path is selected, from the
   `Session` the paths share (engine.tools.bench_session, beside `BenchOptions`);
 - **the runner** (`measure`, here): starts the selected paths, then runs them interleaved
-  over the repeats (`engine.timing.interleave`) so that drift hits them alike;
+  over the repeats (every path once a round, as `engine.timing.interleave` does) so that
+  drift hits them alike (on a GPU, each path first runs the workload once, untimed:
+  sessions per shape, CUDA graphs and compiles are made there); it stops early when its
+  budget (`--budget-s`) is spent or
+  SIGTERM comes, keeping every repeat that ended (under a budget the engine's paths start
+  first, and each path's first repeat runs as soon as it has started), and a path that
+  cannot start or fails is listed as not measured with the reason, not a crash;
 - **the report** (engine.tools.bench_figures): medians, latencies, the machine, the
   batching ablation, the client's share, bytes per passage, perf_analyzer and each path's
   share of this machine's GEMM rate (`bench_report` writes it as markdown and a chart).
@@ -16,7 +22,10 @@ Each query of the data (a question and its passages) is one call of the full pip
 sentence splitting, tokenization, model, decisions. The groups:
 
 - reference: `torch-unbatched (reference)` (the fp32 PyTorch module one passage per
-  forward, as users run Provence today: the ratios' baseline), `torch-batched`;
+  forward, as users run Provence today: the ratios' baseline), `torch-batched` (fp32,
+  and fp16 on a GPU), and `torch.compile batched` (the same module under torch.compile,
+  fp16 on a GPU, through the engine's pipeline and token budget: the compiler's peer on
+  the same calls; its first pass, where it compiles, is counted apart);
 - peer: fastembed fp32/int8 and sentence-transformers on the same checkpoint (embedding
   family);
 - in-process: the exported graphs through ONNX Runtime, the batching ablation (fixed
@@ -31,16 +40,19 @@ Timings are never asserted in tests; they are printed with the machine and setti
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.timing import interleave, workload_batches
-from engine.tools.bench_figures import report
-from engine.tools.bench_session import PEERS, BenchOptions, BenchPath, Runner, Session
+from engine.timing import workload_batches
+from engine.tools.bench_figures import report, stopped_report
+from engine.tools.bench_session import COMPILE_ON_CPU, PEERS, BenchOptions, BenchPath, Runner, Session
 from engine.tools.measure import (
+    BenchStopped,
     PathResult,
     RerankClient,
     SharedPruner,
+    Stop,
     core_input_data,
     perf_analyzer,
     run_concurrent,
@@ -71,8 +83,23 @@ def _peer(pid: str):
     def start(s: Session) -> Runner | None:
         peer = s.peers().get(pid)
         if peer is None:
-            return None
+            return s.not_here(f"{pid} does not run here (the log says why)")
         return lambda r: run_sequential(peer, s.queries, r)
+    return start
+
+
+def _compiled(dtype: str):
+    """The torch.compile path: its compile time (a first pass over the workload) is kept
+    in its row as `compile_s`, apart from the timed repeats."""
+    def start(s: Session) -> Runner | None:
+        if s.options.device == "cpu" and s.options.compile_backend is None:
+            return s.not_here(COMPILE_ON_CPU)
+        pruner, seconds = s.compiled(dtype)
+
+        def run(r: PathResult) -> float:
+            r.extra["compile_s"] = seconds
+            return run_sequential(pruner, s.queries, r)
+        return run
     return start
 
 
@@ -109,8 +136,7 @@ def _bf16(name: str, make: Callable[[Session], Any]) -> Callable[[Session], Runn
         from engine.backends.openvino import bf16_supported
         from engine.cpu import BF16_MISSING
         if not bf16_supported():
-            s.log(f"{name}: {BF16_MISSING}")
-            return None
+            return s.not_here(BF16_MISSING)
         return _sequential(make)(s)
     return start
 
@@ -163,6 +189,8 @@ def registry(o: BenchOptions, family: str) -> list[BenchPath]:
                   BenchPath("torch-batched", "reference", _sequential(lambda s: s.torch()), "fp32")]
         if o.device == "cuda":
             paths.append(BenchPath("torch-batched fp16", "reference", _sequential(lambda s: s.torch(dtype="float16"))))
+        paths.append(BenchPath("torch.compile batched" + (" fp16" if o.device == "cuda" else ""), "reference",
+                               _compiled("float16" if o.device == "cuda" else "float32")))
         if family == "embedding":
             paths += [BenchPath(name, "peer", _peer(pid), pid, "int8" if pid.endswith("int8") else "fp32", "peer")
                       for pid, name in PEERS.items()]
@@ -175,15 +203,16 @@ def registry(o: BenchOptions, family: str) -> list[BenchPath]:
         # the default model's work per token is the fp32 graph's: its share is computed on that
         paths.append(BenchPath(f"default ({pick[0]}: Pruner.load('default'), no flags)", "in-process",
                                _sequential(lambda s: s.pruner("default", backend=None)), "fp32", pick[1]))
-    paths += [BenchPath(f"onnxruntime{on}-fp32", "in-process", _sequential(lambda s: s.pruner("fp32")), "fp32"),
-              BenchPath(f"onnxruntime{on}-fp32, fixed batches of 8 in input order", "in-process",
-                        _sequential(lambda s: s.pruner("fp32", batching=fixed)), "fp32", batches="fixed")]
+    if "fp32" in o.models:
+        paths += [BenchPath(f"onnxruntime{on}-fp32", "in-process", _sequential(lambda s: s.pruner("fp32")), "fp32"),
+                  BenchPath(f"onnxruntime{on}-fp32, fixed batches of 8 in input order", "in-process",
+                            _sequential(lambda s: s.pruner("fp32", batching=fixed)), "fp32", batches="fixed")]
     if "fp16" in o.models:
         paths.append(BenchPath(f"onnxruntime{on}-fp16", "in-process", _sequential(lambda s: s.pruner("fp16"))))
     if int8:
         paths.append(BenchPath("onnxruntime-int8", "in-process", _sequential(lambda s: s.pruner("int8")),
                                "int8", "int8"))
-    if o.openvino and o.device == "cpu":
+    if o.openvino and o.device == "cpu" and "fp32" in o.models:
         paths += [BenchPath("openvino-fp32", "in-process", _sequential(lambda s: s.pruner("fp32", backend="openvino")),
                             "fp32"),
                   BenchPath("openvino-bf16", "in-process",
@@ -238,52 +267,129 @@ def select(paths: list[BenchPath], only: str | None) -> list[BenchPath]:
 
 
 def workload(session: Session) -> list:
-    """The padded batches the engine sends for the workload (the fp32 export, its batching),
-    made once a session."""
-    return session.once("batches", lambda: workload_batches(session.pruner("fp32"), session.queries))
+    """The padded batches the engine sends for the workload (the base export's batching:
+    fp32, else fp16), made once a session."""
+    return session.once("batches", lambda: workload_batches(session.pruner(session.options.base), session.queries))
+
+
+def _start(session: Session, p: BenchPath) -> Runner | None:
+    """`p` started (None: it cannot run here, or failed to start: the reason is kept);
+    BenchStopped passes through."""
+    session.log(f"starting {p.id} ...")
+    session.starting = p.name
+    try:
+        runner = p.start(session)
+    except BenchStopped:
+        raise
+    except Exception as exc:
+        return session.not_here(f"failed to start: {type(exc).__name__}: {str(exc)[:300]}")
+    if runner is None and p.name not in session.reasons:
+        return session.not_here("not measurable here (the log says why)")
+    if runner is not None and session.options.device == "cuda":
+        # a GPU path's first pass makes what later passes reuse (sessions per shape, CUDA
+        # graphs, cuDNN's choices, compiled kernels): once over the workload, untimed
+        session.stop.check()
+        t0 = time.perf_counter()
+        try:
+            runner(PathResult(p.name))
+        except BenchStopped:
+            raise
+        except Exception as exc:
+            return session.not_here(f"failed in its warm-up pass: {type(exc).__name__}: {str(exc)[:300]}")
+        session.warmups[p.name] = time.perf_counter() - t0
+        session.log(f"{p.id}: warm-up pass {session.warmups[p.name]:.1f} s")
+    return runner
+
+
+def _repeat(session: Session, active: dict[str, Runner], name: str, results: dict[str, PathResult], rnd: int,
+            repeats: int) -> None:
+    """One timed repeat of path `name` (round `rnd`), its seconds kept as it ends. A path
+    that fails leaves `active` (its reason kept); BenchStopped passes through."""
+    session.stop.check()
+    t0 = time.perf_counter()
+    try:
+        own = active[name](results[name])
+    except BenchStopped:
+        raise
+    except Exception as exc:
+        session.reasons[name] = f"failed in round {rnd}: {type(exc).__name__}: {str(exc)[:300]}"
+        session.log(f"{name}: {session.reasons[name]}")
+        del active[name]
+        return
+    seconds = time.perf_counter() - t0 if own is None else float(own)
+    results[name].seconds.append(seconds)
+    session.log(f"round {rnd}/{repeats} {name}: {seconds:.3f} s")
+
+
+def start_order(session: Session, paths: list[BenchPath]) -> list[BenchPath]:
+    """The order the paths start in: the registry's; under a budget, the engine's own
+    (in-process) paths first, so that a peer's long start (a compile) cannot leave them out."""
+    if session.options.budget_s is None:
+        return paths
+    return sorted(paths, key=lambda p: p.group != "in-process")
 
 
 def measure(session: Session, paths: list[BenchPath], repeats: int) -> dict[str, PathResult]:
-    """Start the paths (a path that cannot run here is logged and left out), then run them
-    interleaved over `repeats`; each measured path's result."""
-    runners: dict[str, Runner] = {}
-    for p in paths:
-        session.log(f"starting {p.id} ...")
-        runner = p.start(session)
-        if runner is None:
-            session.log(f"{p.id}: not measured here")
-            continue
-        runners[p.name] = runner
+    """Start the paths (a path that cannot run here is logged and left out, with its
+    reason in `session.reasons`), then run them interleaved over `repeats`, every path once
+    a round; each measured path's result. Under a budget, a path's first repeat runs as
+    soon as it has started. Stopped early (the budget, SIGTERM), it keeps every repeat
+    that ended."""
     n_passages = sum(len(q.passages) for q in session.queries)
     tokens = sum(int(b.attention_mask.sum()) for b in workload(session))
-    results = {name: PathResult(name, passages=n_passages, tokens=tokens) for name in runners}
+    results: dict[str, PathResult] = {}
+    first = 2 if session.options.budget_s is not None else 1
+    try:
+        with session.stop.measuring():
+            active: dict[str, Runner] = {}
+            for p in start_order(session, paths):
+                session.stop.check()
+                runner = _start(session, p)
+                if runner is None:
+                    continue
+                active[p.name] = runner
+                results[p.name] = PathResult(p.name, passages=n_passages, tokens=tokens)
+                if p.name in session.warmups:
+                    results[p.name].extra["warmup_s"] = session.warmups[p.name]
+                if first == 2:
+                    _repeat(session, active, p.name, results, 1, repeats)
+            for rnd in range(first, repeats + 1):
+                for name in list(active):
+                    _repeat(session, active, name, results, rnd, repeats)
+    except BenchStopped as exc:
+        session.log(f"prune bench stopped: {exc}; keeping the {sum(bool(r.seconds) for r in results.values())} "
+                    "path(s) measured so far")
+    for p in paths:
+        r = results.get(p.name)
+        if (r is None or not r.seconds or not r.latencies) and p.name not in session.reasons:
+            started = "started, no repeat ended" if r is not None else "not started"
+            session.reasons[p.name] = f"{started}: prune bench stopped ({session.stop.reason})"
+    return {name: r for name, r in results.items() if r.seconds and r.latencies}
 
-    def timed(name: str) -> Callable[[], float]:
-        return lambda: runners[name](results[name])
-    for name, seconds in interleave({n: timed(n) for n in runners}, repeats, session.log).items():
-        results[name].seconds = seconds
-    empty = [n for n, r in results.items() if not r.latencies]
-    if empty:
-        raise RuntimeError(f"no latencies for {empty}")
-    return results
 
-
-def bench(o: BenchOptions, log=print, out_dir: Path | None = None) -> dict[str, Any]:
+def bench(o: BenchOptions, log=print, out_dir: Path | None = None, stop: Stop | None = None) -> dict[str, Any]:
     """Measure the selected paths of the registry and return the report (`bench_report`
     writes it). With `server_url`/`api_url` and no `only`, only the deployment's paths
-    run (the local model still gives the workload's token counts)."""
+    run (the local model still gives the workload's token counts). `stop` (default: the
+    options' budget): when it says so, the report holds what was measured by then."""
     only = o.only if o.only is not None or not (o.server_url or o.api_url) else "^deployment-"
     qs = load_rag_data(o.data, o.queries)
-    session = Session(o, qs, log)
+    session = Session(o, qs, log, stop=stop or Stop(o.budget_s))
     with session.stack:
-        fp32 = session.pruner("fp32")
-        paths = select(registry(o, fp32.family.name), only)
+        try:
+            with session.stop.measuring():
+                session.stop.check()
+                base = session.pruner(o.base)
+                paths = select(registry(o, base.family.name), only)
+        except BenchStopped as exc:
+            log(f"prune bench stopped before it measured anything: {exc}")
+            return stopped_report(session, str(exc))
         results = measure(session, paths, o.repeats)
         pa = None
-        if session.started("servers") and out_dir is not None and o.perf:
+        if session.started("servers") and out_dir is not None and o.perf and session.stop.reason is None:
             log("perf_analyzer ...")
             server = session.servers()[0]
-            core = session.pruner("int8" if "int8" in o.models else "fp32")
+            core = session.pruner("int8" if "int8" in o.models else o.base)
             pa = {"bench": perf_analyzer(server.grpc_url, "bench", core_input_data(core, qs), o.concurrencies,
                                          out_dir, o.perf_analyzer, o.perf_window_ms),
                   "bench_text": perf_analyzer(server.grpc_url, "bench_text", text_input_data(qs), o.concurrencies,

@@ -8,21 +8,61 @@ import numpy as np
 
 
 
+def _header(report: dict[str, Any], command: str) -> list[str]:
+    """The title, the command, the machine and the workload (whatever of them the report has)."""
+    m, s = report.get("machine") or {}, report.get("settings") or {}
+    tokens = s.get("tokens")
+    return [f"# Benchmark {report.get('date', '')}", "", "Command:", "", "```", command, "```", "",
+            f"Machine: {m.get('cpu_model', m.get('processor', '-'))}, {m.get('cpus', '-')} CPUs"
+            + (f", {m['gpu']}" if m.get("gpu") else "") + f"; Python {m.get('python', '-')}, "
+            f"onnxruntime {m.get('onnxruntime', '-')}, torch {m.get('torch', '-')}.",
+            f"Workload: {s.get('queries', '-')} queries, {s.get('passages', '-')} passages, "
+            + (f"{tokens} tokens (with special tokens, unpadded)" if tokens is not None else "tokens not counted")
+            + f" of {s.get('data', '-')}; {s.get('repeats', '-')} repeats, medians; threads {s.get('threads')}.", ""]
+
+
+def _stopped(report: dict[str, Any]) -> list[str]:
+    """What a run stopped early did and did not measure, and why."""
+    lines = []
+    if report.get("stopped"):
+        done = ", ".join(f"{r['path']} {r.get('repeats', '?')}" for r in report.get("paths", [])) or "none"
+        lines += [f"**Stopped early**: {report['stopped']} (after {report.get('elapsed_s', 0):.0f} s); the rows hold "
+                  f"the repeats that ended (repeats per path: {done}).", ""]
+    reasons = report.get("not_measured_reasons") or {i: "not measured" for i in report.get("not_measured", [])}
+    if reasons:
+        lines += ["Not measured:", ""] + [f"- {pid}: {why}" for pid, why in reasons.items()] + [""]
+    return lines
+
+
+def _first_passes(rows: list[dict[str, Any]]) -> list[str]:
+    """The untimed first passes: a GPU path's warm-up, torch.compile's compile."""
+    lines: list[str] = []
+    warmed = [r for r in rows if r.get("warmup_s") is not None]
+    if warmed:
+        lines += ["", "Warm-up (one untimed pass over the workload before the repeats, on a GPU): " + "; ".join(
+            f"{r['path']} {r['warmup_s']:.1f} s" for r in warmed) + "."]
+    compiled = [r for r in rows if "compile_s" in r]
+    if compiled:
+        lines += ["", "torch.compile: " + "; ".join(f"{r['path']}: {r['compile_s']:.1f} s for its first pass over the "
+                                                     "workload, compiling (not in the timed repeats)"
+                                                     for r in compiled) + "."]
+    return lines
+
+
 def markdown(report: dict[str, Any], command: str) -> str:
-    """The benchmark's report as markdown, with the command that made it."""
-    m, s = report["machine"], report["settings"]
-    lines = [f"# Benchmark {report['date']}", "", "Command:", "", "```", command, "```", "",
-             f"Machine: {m.get('cpu_model', m['processor'])}, {m['cpus']} CPUs; Python {m['python']}, "
-             f"onnxruntime {m['onnxruntime']}, torch {m.get('torch', '-')}.",
-             f"Workload: {s['queries']} queries, {s['passages']} passages, {s['tokens']} tokens (with special "
-             f"tokens, unpadded) of {s['data']}; {s['repeats']} repeats, medians; threads {s['threads']}.", "",
-             "| path | passages/s | tokens/s | p50 ms | p95 ms | p99 ms | vs reference | vs torch batched |",
-             "|---|---|---|---|---|---|---|---|"]
+    """The benchmark's report as markdown, with the command that made it; a run stopped
+    early says so, and which paths it did not measure, and why."""
+    lines = _header(report, command) + _stopped(report)
+    if not report.get("paths"):
+        return "\n".join(lines + ["No path was measured."]) + "\n"
+    lines += ["| path | passages/s | tokens/s | p50 ms | p95 ms | p99 ms | vs reference | vs torch batched |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in report["paths"]:
-        vs = f"{r['speedup_vs_reference']:.2f}x" if r["speedup_vs_reference"] else "-"
+        vs = f"{r['speedup_vs_reference']:.2f}x" if r.get("speedup_vs_reference") else "-"
         vb = f"{r['speedup_vs_torch_batched']:.2f}x" if r.get("speedup_vs_torch_batched") else "-"
         lines.append(f"| {r['path']} | {r['passages_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['p50_ms']:.0f} | "
                      f"{r['p95_ms']:.0f} | {r['p99_ms']:.0f} | {vs} | {vb} |")
+    lines += _first_passes(report["paths"])
     limits = report.get("limits") or {}
     if "gemm" in limits:
         g = limits["gemm"]
@@ -58,7 +98,9 @@ def markdown(report: dict[str, Any], command: str) -> str:
     if api_vs:
         lines += ["", "The HTTP API in front of the text model, against the text model over gRPC: "
                   + "; ".join(api_vs) + "."]
-    c = report["client"]
+    c = report.get("client")
+    if c is None:
+        return "\n".join(lines) + "\n"
     lines += ["", "Client-side work (split, tokenize, encode, batch, decide): "
               f"{c['client_passages_per_s_one_core']:.0f} "
               f"passages/s on one core" + (f"; {100 * c['share_of_int8_total']:.1f}% of the INT8 path's total time."
@@ -91,6 +133,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = report["paths"]
+    if not rows:
+        return
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     names = [r["path"] for r in rows]
     axes[0].barh(names, [r["passages_per_s"] for r in rows], color="tab:blue")

@@ -7,23 +7,30 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.tools.measure import PathResult, path_id, start_api
+from engine.tools.measure import PathResult, Stop, path_id, start_api
 
 Runner = Callable[[PathResult], float]     # runs the workload once; its seconds
 PEERS = {"fastembed-fp32": "peer: fastembed (ONNX Runtime fp32, plain export; embed + cosine, no decisions)",
          "fastembed-int8": "peer: fastembed (ONNX Runtime int8 dynamic, per-tensor weights; embed + cosine, "
                            "no decisions)",
          "sentence-transformers": "peer: sentence-transformers (torch fp32; encode + cosine, no decisions)"}
+#: why the torch.compile path waits for --compile-backend on the CPU (measured on this project's 2-core
+#: machines, the 2-layer test checkpoint, torch 2.13: inductor's first compile 35 s, 12-15 s for each new shape)
+COMPILE_ON_CPU = ("on the CPU, inductor compiles C++ for each batch shape (35 s for the first, 12-15 s for each "
+                  "further one, on a 2-layer test model with 2 cores): this path is measured with --device cuda, "
+                  "or here when --compile-backend names a backend (inductor, or aot_eager: a trace without code "
+                  "generation)")
 
 
 @dataclass(frozen=True)
 class BenchOptions:
     """What `prune bench` measures: the models, the workload and which paths."""
-    models: dict[str, Path]                 # "fp32" (required), "int8", "fp16": exported folders
+    models: dict[str, Path]                 # "fp32" or "fp16" (one at least), "int8": exported folders
     data: Path
     checkpoint: str | None = None           # the PyTorch reference paths and the peers
     queries: int = 30
@@ -43,8 +50,12 @@ class BenchOptions:
     api_url: str | None = None
     openvino: bool = False                  # OpenVINO fp32, bf16 (where the CPU has it) and static INT8
     peer_python: str | None = None          # an interpreter with sentence-transformers[onnx,openvino]
+    budget_s: float | None = None           # stop measuring after this many seconds (what was measured is kept)
+    compile_backend: str | None = None      # torch.compile's backend (None: inductor; on the CPU, not run)
 
     def __post_init__(self):
+        if not {"fp32", "fp16"} & set(self.models):
+            raise ValueError("prune bench needs an fp32 (--model) or fp16 (--fp16) export")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
         if self.device == "cuda" and self.triton:
@@ -52,6 +63,13 @@ class BenchOptions:
                              "--target gpu and serve it in NVIDIA's container (docs/triton.md)")
         if self.repeats < 1 or self.queries < 1:
             raise ValueError("--repeats and --queries must be at least 1")
+        if self.budget_s is not None and self.budget_s <= 0:
+            raise ValueError("--budget-s must be positive")
+
+    @property
+    def base(self) -> str:
+        """The export that counts the workload's tokens and batches: fp32, else fp16."""
+        return "fp32" if "fp32" in self.models else "fp16"
 
 
 @dataclass
@@ -79,7 +97,19 @@ class Session:
     queries: list
     log: Callable[[str], None] = print
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    stop: Stop = field(default_factory=Stop)
+    reasons: dict[str, str] = field(default_factory=dict)     # why a path was not measured, by name
+    warmups: dict[str, float] = field(default_factory=dict)   # a GPU path's untimed first pass, seconds
+    starting: str | None = None                               # the path being started
     _cache: dict[Any, Any] = field(default_factory=dict)
+
+    def not_here(self, reason: str) -> None:
+        """What a path's `start` returns when it cannot run here: the reason, logged and
+        kept for the report."""
+        name = self.starting or "?"
+        self.reasons[name] = reason
+        self.log(f"{name}: not measured: {reason}")
+        return None
 
     def started(self, key: Any) -> bool:
         """Whether `key` (e.g. "servers", "peers") was started by a path."""
@@ -129,6 +159,29 @@ class Session:
                          lambda: Pruner.load(o.checkpoint, backend="torch", threads=o.threads, device=o.device,
                                              **kw))
 
+    def compiled(self, dtype: str) -> tuple[Any, float]:
+        """The checkpoint through PyTorch at `dtype`, its module under torch.compile (the
+        options' backend, inductor by default; dynamic shapes: the workload's batches come
+        in many), and the seconds of a first, untimed pass over the workload, in which it
+        compiles: (pruner, seconds)."""
+        o = self.options
+
+        def make():
+            import torch
+
+            from engine.pruner import Pruner
+            pruner = Pruner.load(o.checkpoint, backend="torch", threads=o.threads, device=o.device, dtype=dtype)
+            pruner.backend.model = torch.compile(pruner.backend.model, backend=o.compile_backend or "inductor",
+                                                 dynamic=True)
+            t0 = time.perf_counter()
+            for q in self.queries:
+                self.stop.check()
+                pruner.prune(q.question, q.passages)
+            seconds = time.perf_counter() - t0
+            self.log(f"torch.compile {dtype}: first pass over the workload, compiling, {seconds:.1f} s")
+            return pruner, seconds
+        return self.once(("compiled", dtype), make)
+
     def servers(self) -> list:
         """The local tritonservers (`--replicas` of them) on the bench repository."""
         return self.once("servers", self._start_servers)
@@ -140,7 +193,7 @@ class Session:
         from export.triton import RepositoryOptions, build_repository
         o = self.options
         repo = Path(self.stack.enter_context(tempfile.TemporaryDirectory(prefix="prune-bench-repo-")))
-        build_repository(o.models.get("int8", o.models["fp32"]), repo,
+        build_repository(o.models.get("int8", o.models[o.base]), repo,
                          RepositoryOptions(target="cpu", name="bench", max_batch_size=64,
                                            intra_op_threads=o.threads or 0, text_instances=o.text_instances),
                          log=lambda m: None)

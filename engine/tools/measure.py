@@ -1,12 +1,14 @@
-"""The measuring parts of `prune bench` (engine.tools.bench): a path's timings, the
-machine's description, sequential and concurrent runs, the HTTP API as a process, the
-client's share of the work, padding, and Triton's perf_analyzer.
+"""The measuring parts of `prune bench` (engine.tools.bench): a path's timings, when a run
+stops early (its budget, SIGTERM), sequential and concurrent runs, the HTTP API as a
+process, the client's share of the work, padding, and Triton's perf_analyzer.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -39,7 +41,65 @@ class PathResult:
                 "passages_per_s": self.passages / t, "tokens_per_s": self.tokens / t,
                 "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)),
                 "p99_ms": float(np.percentile(lat, 99)),
-                "speedup_vs_reference": (baseline / t) if baseline else None, **self.extra}
+                "speedup_vs_reference": (baseline / t) if baseline else None, "repeats": len(self.seconds),
+                **self.extra}
+
+
+class BenchStopped(Exception):
+    """`prune bench` stopped before its end: its budget was spent, or a signal came."""
+
+
+class Stop:
+    """When a `prune bench` run stops early: `budget_s` seconds after it began, or at
+    SIGTERM (a `timeout` around it). `check()` raises BenchStopped once either has come;
+    while `armed` (measuring), SIGTERM raises it at once, so a long repeat is cut short;
+    unarmed (writing the report), SIGTERM is only recorded and the report is still written."""
+
+    def __init__(self, budget_s: float | None = None, clock: Callable[[], float] = time.monotonic):
+        self.budget_s, self.clock = budget_s, clock
+        self.began = clock()
+        self.reason: str | None = None
+        self.armed = False
+
+    def elapsed(self) -> float:
+        """Seconds since the run began."""
+        return self.clock() - self.began
+
+    def check(self) -> None:
+        """BenchStopped when the budget is spent or a signal came."""
+        if self.reason is None and self.budget_s is not None and self.elapsed() >= self.budget_s:
+            self.reason = f"its budget of {self.budget_s:g} s was spent"
+        if self.reason is not None:
+            raise BenchStopped(self.reason)
+
+    def signalled(self, signum: int, frame: Any = None) -> None:
+        """The SIGTERM handler: records the stop; raises BenchStopped while armed."""
+        if self.reason is None:
+            self.reason = signal.Signals(signum).name
+        if self.armed:
+            self.armed = False
+            raise BenchStopped(self.reason)
+
+    @contextlib.contextmanager
+    def on_signals(self):
+        """SIGTERM handled by `signalled` while inside (where this is the main thread)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        old = signal.signal(signal.SIGTERM, self.signalled)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGTERM, old)
+
+    @contextlib.contextmanager
+    def measuring(self):
+        """Armed while inside: a SIGTERM then stops the work at once."""
+        self.armed = True
+        try:
+            yield self
+        finally:
+            self.armed = False
 
 
 def run_sequential(pruner, queries, res: PathResult, per_passage: bool = False) -> float:

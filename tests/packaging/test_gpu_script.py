@@ -1,8 +1,11 @@
 """benchmarks/gpu.sh, rehearsed on CPU with a tiny configuration (GPU_DRY_RUN=1) so the
 GPU run cannot rot: it installs offline from a folder of wheels (one of them split into
-pieces, as a size-limited transfer leaves it: joined first), reports the providers,
-and writes JSON, markdown and PNG with the PyTorch and ONNX Runtime paths and the fidelity
-check; packages and models stay outside OUT, which holds at most 8 files under 16 MiB."""
+pieces, as a size-limited transfer leaves it: joined first), reports the providers, exports
+fp16 only (the full model in the background, the cut), and writes JSON, markdown and PNG with
+the engine's rows, torch eager and torch.compile (traced by aot_eager here) on the full model
+and its cut, the fidelity check and the export times, then prune bench's rows (the engine,
+torch batched, torch.compile batched); packages and models stay outside OUT, which holds at
+most 8 files under 16 MiB; the exports' manifests are such that a rerun reuses them."""
 import json
 import os
 import subprocess
@@ -27,9 +30,10 @@ def python(request) -> Path:
     return request.getfixturevalue("machine_python")
 
 
-def test_gpu_script_dry_run(tmp_path, python):
-    # a wheel folder as a size-limited transfer leaves it: one wheel in 3 pieces, in folders of
-    # their own (here a tiny pure Python wheel of ours, so the install runs for real offline)
+def wheels_and_workload(tmp_path: Path) -> tuple[Path, Path]:
+    """A wheel folder as a size-limited transfer leaves it (one wheel in 3 pieces, in folders of
+    their own; a tiny pure Python wheel of ours, so the install runs for real offline), and a
+    RAG workload of 3 calls."""
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     build = tmp_path / "pkg"
@@ -52,9 +56,47 @@ def test_gpu_script_dry_run(tmp_path, python):
         (wheels / f"p{k + 1}" / f"{whl.name}.part-{suffix}").write_bytes(data[k * size:(k + 1) * size])
     rag = tmp_path / "rag.jsonl"
     rag.write_text("".join((tmp_path / "rag-all.jsonl").read_text().splitlines(keepends=True)[:3]))
+    return wheels, rag
+
+
+def check_report(out: Path) -> None:
+    """gpu.json, gpu.md and prune bench's report: every row of both models, fp16 only."""
+    report = json.loads((out / "gpu.json").read_text())
+    rows = report["rows"]
+    assert not [r for r in rows if "error" in r or "skipped" in r], [r for r in rows if "error" in r or "skipped" in r]
+    timed = {(r["model"], r["path"], r["batch"], r["length"]) for r in rows if "ms_per_batch" in r}
+    for model, shapes in (("1-layer cut", [(1, 64), (4, 64)]), ("2 layers", [(1, 32), (4, 32), (1, 64), (4, 64)])):
+        for b, n in shapes:
+            assert {(model, "onnxruntime-cpu fp16", b, n), (model, "torch eager fp16", b, n)} <= timed, (model, b, n)
+        assert (model, "torch.compile fp16", 4, 64) in timed
+    assert all(r["compile_s"] > 0 for r in rows if r.get("path") == "torch.compile fp16")
+    # the engine's rows ran its GPU graph as the GPU does: fixed-shape sessions (CUDA graphs there)
+    backends = [r["backend"] for r in rows if r.get("kind") == "backend"]
+    assert len(backends) == 2 and all("fixed shapes" in b for b in backends), backends
+    checks = {r["model"]: r["max_abs_dprob"] for r in rows if "max_abs_dprob" in r}
+    assert set(checks) == {"1-layer cut", "2 layers"} and max(checks.values()) < 2e-2, checks
+    exports = {(r["model"], r["precision"]): r for r in rows if r.get("kind") == "export"}
+    assert set(exports) == {("2 layers", "fp16"), ("1-layer cut", "fp16")}
+    assert all(r["seconds"] > 0 and not r["reused"] for r in exports.values()) and exports[("2 layers", "fp16")][
+        "background"]
+    md = (out / "gpu.md").read_text()
+    assert "| 1-layer cut | 4 x 64 |" in md and "| 1-layer cut | export | fp16 |" in md
+    assert "| model | batch x length | onnxruntime-cpu fp16 | torch eager fp16 | torch.compile fp16 |" in md
+    assert (out / "gpu.png").stat().st_size > 1000
+    # prune bench on the RAG workload with the kept export and checkpoint (on the GPU: --device cuda)
+    bench = json.loads((out / "bench.json").read_text())
+    assert bench["settings"]["device"] == "cpu" and not bench["stopped"]
+    assert [r["path"] for r in bench["paths"]] == ["torch-batched", "torch.compile batched", "onnxruntime-fp16"]
+    assert bench["paths"][1]["compile_s"] > 0
+    assert [r["path"] for r in report["bench"]["paths"]] == [r["path"] for r in bench["paths"]]
+    assert "| onnxruntime-fp16 |" in md and "prune bench: exit status 0" in md
+
+
+def test_gpu_script_dry_run(tmp_path, python):
+    wheels, rag = wheels_and_workload(tmp_path)
     out = tmp_path / "out"
     work = tmp_path / "work"
-    env = {**os.environ, "GPU_DRY_RUN": "1", "WHEELS": str(wheels), "BUDGET_S": "120", "GPU_WORK": str(work),
+    env = {**os.environ, "GPU_DRY_RUN": "1", "WHEELS": str(wheels), "BUDGET_S": "300", "GPU_WORK": str(work),
            "RAG_DATA": str(rag), "RAG_QUERIES": "3",
            "PATH": f"{python.parent}:{os.environ['PATH']}"}
     proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), str(out)], cwd=ROOT, env=env,
@@ -67,12 +109,17 @@ def test_gpu_script_dry_run(tmp_path, python):
     assert "provider CPUExecutionProvider: runs" in providers, providers
     if python != Path(sys.executable):
         assert "onnxruntime 1.31.1" in providers and "transformers 5.17.0" in providers, providers
+    assert "budget: 300 s in all, install included" in proc.stdout
+    seconds = int(proc.stdout.split("gpu.sh: ")[1].split(" s in all")[0])
+    assert seconds <= 300 + 10, seconds                                 # within its budget
+    # fp16 only: the full model (in the background) and its cut; fp32 only when asked
+    assert (work / "models" / "fp16" / "manifest.json").is_file() and (work / "models" / "cut-fp16").is_dir()
+    assert not (work / "models" / "fp32").exists()
     # no If node in the exports (transformers 5.17 scripts DeBERTa's helpers; traced as Python)
     import onnx
-    for precision in ("fp32", "fp16"):
-        graph = onnx.load(str(work / "models" / precision / "model.onnx"), load_external_data=False).graph
-        assert not [n for n in graph.node if n.op_type == "If"], precision
-    assert "budget: 120 s in all" in proc.stdout
+    for folder in ("fp16", "cut-fp16"):
+        graph = onnx.load(str(work / "models" / folder / "model.onnx"), load_external_data=False).graph
+        assert not [n for n in graph.node if n.op_type == "If"], folder
     # what comes back from the GPU machine: at most 8 files, each under 16 MiB, no packages or models
     files = [f for f in out.rglob("*") if f.is_file()]
     assert len(files) <= 8 and all(f.stat().st_size < 16 * 2 ** 20 for f in files), files
@@ -80,17 +127,14 @@ def test_gpu_script_dry_run(tmp_path, python):
     import tarfile
     with tarfile.open(out / "results.tar.gz") as tar:
         names = tar.getnames()
-    assert {"logs/gpu.log", "logs/bench.log", "logs/providers.txt"} <= set(names), names
-    report = json.loads((out / "gpu.json").read_text())
-    paths = {r.get("path") or f"torch {r.get('attn')} {r.get('dtype')}" for r in report["rows"]}
-    assert {"torch eager float32", "onnxruntime-cpu fp32", "onnxruntime-cpu fp16"} <= paths
-    checks = {r["path"]: r["max_abs_dprob"] for r in report["rows"] if "max_abs_dprob" in r}
-    assert checks["onnxruntime-cpu fp32"] < 1e-5 and checks["onnxruntime-cpu fp16"] < 2e-2
-    assert not [r for r in report["rows"] if "error" in r], [r for r in report["rows"] if "error" in r]
-    md = (out / "gpu.md").read_text()
-    assert "| onnxruntime-cpu fp32 | 64 |" in md and "p50 / p99" in md
-    assert (out / "gpu.png").stat().st_size > 1000
-    # prune bench on the RAG workload with the kept exports (on the GPU: --device cuda)
-    bench = json.loads((out / "bench.json").read_text())
-    assert bench["settings"]["device"] == "cpu"
-    assert {"torch-unbatched (reference)", "onnxruntime-fp32", "onnxruntime-fp16"} <= {r["path"] for r in bench["paths"]}
+    assert {"logs/gpu.log", "logs/bench.log", "logs/providers.txt", "logs/export-2-layers-fp16.log",
+            "logs/export-1-layer-cut-fp16.log"} <= set(names), names
+    check_report(out)
+    # a rerun into the same work folder reuses both exports: their manifests, as prune export wrote them,
+    # name the same checkpoint, weights and precision (tests/unit/test_gpu_budget.py: the reuse itself)
+    from benchmarks.gpu_run.models import not_reusable
+    models = work / "models"
+    assert not_reusable(models / "fp16", models / "checkpoint", "fp16") is None
+    assert not_reusable(models / "cut-fp16", models / "cut-checkpoint", "fp16") is None
+    assert not_reusable(models / "fp16", models / "checkpoint", "fp32") == "its precision is fp16"
+    assert not_reusable(models / "cut-fp16", models / "checkpoint", "fp16").startswith("it was exported from ")
