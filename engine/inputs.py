@@ -106,13 +106,18 @@ def check_threshold(value: Any, name: str = "threshold") -> float:
     return float(value)
 
 
+def _positive_int(value: Any, name: str, unit: str = "") -> int | None:
+    """None, or `value` as a positive int (InputError naming `name` otherwise)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise InputError(f"{name} must be a positive integer{unit}, got {value!r}")
+    return int(value)
+
+
 def check_top_k(top_k: Any) -> int | None:
     """None or a positive int."""
-    if top_k is None:
-        return None
-    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1:
-        raise InputError(f"top_k must be a positive integer, got {top_k!r}")
-    return int(top_k)
+    return _positive_int(top_k, "top_k")
 
 
 def check_title(title: Any) -> str | None:
@@ -170,11 +175,7 @@ def check_reorder(reorder: Any) -> bool:
 def check_budget_tokens(value: Any) -> int | None:
     """None (no budget) passes; else a positive integer (a budget of 0 or less could keep
     nothing: refused)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise InputError(f"budget_tokens must be a positive integer (tokens), got {value!r}")
-    return int(value)
+    return _positive_int(value, "budget_tokens", " (tokens)")
 
 
 def check_budget_tokenizer(value: Any) -> str | None:
