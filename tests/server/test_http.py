@@ -114,7 +114,12 @@ def test_health_info_metrics_and_schema(api):
     assert {"/rerank", "/v1/rerank", "/v2/rerank", "/v1/prune", "/health", "/info"} <= set(schema["paths"])
     # every field of /v1/prune's answer is in the schema, typed
     passage = schema["components"]["schemas"]["PrunedPassage"]["properties"]
-    assert set(passage) == set(local.prune(Q, TEXTS[:1])[0].to_dict()) | {"highlighted"}
+    plain = local.prune(Q, TEXTS[:1])[0].to_dict()
+    assert "budget" not in plain        # present only on a call with budget_tokens
+    assert set(passage) == set(plain) | {"highlighted", "budget"}
+    assert passage["budget"]["anyOf"][0] == {"$ref": "#/components/schemas/BudgetOut"}
+    budgeted = local.prune(Q, TEXTS[:1], budget_tokens=1000)[0].to_dict()
+    assert set(schema["components"]["schemas"]["BudgetOut"]["properties"]) == set(budgeted["budget"])
     assert passage["sentences"]["items"] == {"$ref": "#/components/schemas/SentenceOut"}
     assert schema["components"]["schemas"]["PruneResponse"]["properties"]["results"]["items"] == {
         "$ref": "#/components/schemas/PrunedPassage"}
