@@ -63,6 +63,7 @@ def run(args) -> int:
     if args.model_service_port is not None and not api_on:
         args.log("prune serve: Milvus's model service runs beside the HTTP API, which is off: no model service")
     triton_host = args.triton_host or ("127.0.0.1" if api_on else args.host)
+    check_ports(args, triton_host, api_on)
     server = TritonServer(args.model_repository, host=triton_host, http_port=args.http_port,
                           grpc_port=args.grpc_port, metrics_port=args.metrics_port, forward_logs=not args.quiet,
                           admin_key=args.admin_key, restrict_admin=not args.open_admin_apis,
@@ -106,6 +107,27 @@ def run(args) -> int:
     args.log(f"prune serve: {why}: " + ("the HTTP API and " if api else "") + "tritonserver "
              + ("drained and stopped" if clean else "did not stop in time and was killed"))
     return 0 if clean else 1
+
+
+def check_ports(args, triton_host: str, api_on: bool) -> None:
+    """A PruneError (one line) before tritonserver starts when a port `prune serve` would
+    bind is named twice or is in use (tritonserver's own ports, the HTTP API's and the model
+    service's)."""
+    from engine.http.milvus import port_is_free
+    ports = [("--grpc-port", triton_host, args.grpc_port), ("--metrics-port", triton_host, args.metrics_port)]
+    if args.triton_http == "on":
+        ports.insert(0, ("--http-port", triton_host, args.http_port))
+    if api_on:
+        ports.append(("--api-port", args.host, args.api_port))
+        if args.model_service_port:
+            ports.append(("--model-service-port", args.host, args.model_service_port))
+    seen: dict[int, str] = {}
+    for flag, host, port in ports:
+        if port in seen:
+            raise PruneError(f"{seen[port]} and {flag} are both {port}: each server needs a port of its own")
+        seen[port] = flag
+        if not port_is_free(host, port):
+            raise PruneError(f"{flag} {port}: {host}:{port} is in use; choose another port")
 
 
 class _Stop(Exception):

@@ -201,3 +201,24 @@ def test_a_taken_http_port_is_one_line_before_the_model_loads(workdir, capsys):
         port = taken.getsockname()[1]
         code, err = _run(["api", "--port", str(port)], capsys)
     assert (code, err) == (2, f"prune api: error: --port {port}: 127.0.0.1:{port} is in use; choose another port\n")
+
+
+def test_prune_serve_checks_its_ports_before_tritonserver_starts(workdir, capsys, monkeypatch):
+    """`prune serve` with a port named twice or taken: one line and exit 2 before tritonserver
+    starts (the server's start fails the test), for tritonserver's ports and the HTTP API's."""
+    import socket
+    from engine.triton import server as triton_server
+    monkeypatch.setattr(triton_server.TritonServer, "start", lambda *a, **k: pytest.fail("tritonserver started"))
+    (Path("folder") / "demo_text").mkdir()         # a repository with a text model: the API is on
+    (Path("folder") / "demo_text" / "config.pbtxt").write_text('name: "demo_text"\n')
+    code, err = _run(["serve", "--model-repository", "folder", "--http-port", "9100", "--grpc-port", "9100"], capsys)
+    assert (code, err.splitlines()[-1]) == (2, "prune serve: error: --http-port and --grpc-port are both 9100: "
+                                               "each server needs a port of its own"), err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for flag in ("--grpc-port", "--api-port"):
+            code, err = _run(["serve", "--model-repository", "folder", flag, str(port)], capsys)
+            assert (code, err.splitlines()[-1]) == (
+                2, f"prune serve: error: {flag} {port}: 127.0.0.1:{port} is in use; choose another port"), err

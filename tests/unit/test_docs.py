@@ -177,6 +177,17 @@ def test_documented_commands_read_files_a_fresh_clone_has():
     assert not bad, "\n".join(bad)
 
 
+def test_the_cpu_set_up_names_the_pinned_torch_on_its_cpu_index():
+    """A CPU set-up stays CPU-only on a plain index (pypi.org, whose Linux torch wheels pull the
+    CUDA libraries): the README and docs/installing.md install the pinned torch from PyTorch's CPU
+    index first, at the version pyproject pins (a pin moved without them fails here)."""
+    pins = re.findall(r'"(torch==[^"]+)"', (ROOT / "pyproject.toml").read_text())
+    assert len(pins) == 1, pins
+    line = f"pip install {pins[0]} --index-url https://download.pytorch.org/whl/cpu"
+    for page in ("README.md", "docs/installing.md"):
+        assert line in (ROOT / page).read_text(), f"{page} does not say `{line}`"
+
+
 def test_the_readme_is_under_8_kb():
     """First contact only: tables, figures and details live on their docs pages, the README
     links them (issue #46)."""
