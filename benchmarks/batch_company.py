@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     study = Study("batch-company", "benchmarks.batch_company", argv)
 
-    from engine.batching import BatchingConfig
-    from engine.default_model import ensure_default_model
+    from engine.core.batching import BatchingConfig
+    from engine.runtime.default_model import ensure_default_model
     from engine.pruner import Pruner
     from engine.triton.server import TritonServer
     from export.triton import RepositoryOptions, build_repository

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     study = Study("comparison", "benchmarks.compare_optimizer", argv)
     from llama_index.core.postprocessor import SentenceEmbeddingOptimizer
     from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
-    from engine.default_model import ensure_default_model
+    from engine.runtime.default_model import ensure_default_model
     from engine.integrations.llamaindex import EngineEmbedding, PrunePostprocessor
     from engine.pruner import Pruner
     from engine.rag.embedder import Embedder, ensure_default_encoder

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     import onnx
     import onnxruntime as ort
     from engine.pruner import Pruner
-    from engine.text import split_sentences
+    from engine.core.text import split_sentences
     from engine.tools.quality import load_rag_data
     from export import deberta
     from export.checkpoints import make_test_checkpoint

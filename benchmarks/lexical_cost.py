@@ -1,4 +1,4 @@
-"""What the lexical fusion (engine.lexical, the default model's `lexical_weight` 0.5)
+"""What the lexical fusion (engine.core.lexical, the default model's `lexical_weight` 0.5)
 costs a call: the same RAG calls with the default model at lexical_weight 0 and 0.5,
 interleaved call by call and repeated, and the lexical part alone timed on the same
 inputs (sentence splitting reused from the call, as the pruner does):
@@ -23,9 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     study = Study("lexical-cost", "benchmarks.lexical_cost", argv)
 
-    from engine import lexical
+    from engine.core import lexical
     from engine.pruner import Pruner
-    from engine.text import split_sentences
+    from engine.core.text import split_sentences
     from engine.tools.quality import load_rag_data
 
     rag = load_rag_data(args.data, args.queries)

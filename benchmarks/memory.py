@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine.spec import Manifest
+from engine.core.spec import Manifest
 from engine.tools.harness import Study, parser
 
 VARIANTS = ("arena", "arena+shrink", "no-arena", "arena+shrink-large")

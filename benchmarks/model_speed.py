@@ -14,7 +14,7 @@ from pathlib import Path
 
 from benchmarks.precision_choice import INT8_VARIANTS
 from engine.pruner import Pruner
-from engine.text import split_sentences
+from engine.core.text import split_sentences
 from engine.tools.harness import Study, interleave, medians, model_passes, parser, stderr
 from engine.tools.quality import load_rag_data
 from export.onnx import export_model
@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     study = Study("model-speed", "benchmarks.model_speed", argv)
     if args.model == "default":
-        from engine.default_model import default_checkpoint
+        from engine.runtime.default_model import default_checkpoint
         args.model = default_checkpoint()
     queries = load_rag_data(args.data, args.queries)
     with tempfile.TemporaryDirectory() as tmp:

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import re
 
-    from engine.default_model import default_checkpoint, ensure_default_model
+    from engine.runtime.default_model import default_checkpoint, ensure_default_model
     from engine.pruner import Pruner
     from engine.tools.fidelity import fidelity_report, load_docs, run_model
     from export.openvino import quantize

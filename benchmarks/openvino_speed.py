@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--int8", help="its dynamic INT8 export (default: the default model's)")
     args = ap.parse_args(argv)
     from engine.backends.openvino import bf16_supported
-    from engine.default_model import ensure_default_model
+    from engine.runtime.default_model import ensure_default_model
     from engine.pruner import Pruner
     from engine.tools.measure import workload_batches
     from engine.tools.quality import load_rag_data

@@ -15,7 +15,7 @@ of gold passages with something kept, and the F2 of "the passage keeps something
 per domain, how often the gold passage ranks first, in the top 2, in the top 3 by
 reranking score: what no gate on that score can beat.
 
-The gates tried: the margin below the call's best (the engine's, engine.decide.gate_passages);
+The gates tried: the margin below the call's best (the engine's, engine.core.decide.gate_passages);
 the margin scaled by the call's spread (best minus median, best minus mean) or its standard
 deviation; the top n passages always kept, n fixed or a share of the call, beside a margin;
 a margin that grows as the call's best score falls (vague questions score low everywhere);
@@ -85,7 +85,7 @@ Ranker = Callable[[str, list[str], np.ndarray], np.ndarray]   # (question, passa
 def rankers(weight: float) -> dict[str, Ranker]:
     """The passage scores a gate may compare (module docstring); `weight`: the lexical
     weight the engine's reranking scores were fused with, to recover the cosine."""
-    from engine.lexical import passage_score, sentence_scores
+    from engine.core.lexical import passage_score, sentence_scores
 
     def cosine(q: str, ps: list[str], s: np.ndarray) -> np.ndarray:
         lex = np.array([passage_score(q, p) for p in ps], dtype=np.float32)
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     study = Study("passage-gate", "benchmarks.passage_gate", argv)
 
-    from engine.families import FAMILIES
+    from engine.core.families import FAMILIES
     by_domain, described, seconds = ungated(args)
     candidates = gates()
     table: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)

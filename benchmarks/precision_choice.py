@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     study = Study("precision-choice", "benchmarks.precision_choice", argv)
     if args.model == "default":
-        from engine.default_model import default_checkpoint
+        from engine.runtime.default_model import default_checkpoint
         args.model = default_checkpoint()
     docs = load_docs(args.data, args.limit)
     log = stderr

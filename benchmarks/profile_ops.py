@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.spec import Manifest
+from engine.core.spec import Manifest
 from engine.tools.harness import Study, parser
 
 WIDE = {"hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 16, "intermediate_size": 4096}
@@ -91,9 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=8)
     args = ap.parse_args(argv)
     study = Study("profile", "benchmarks.profile_ops", argv)
-    from engine.default_model import ensure_default_model
+    from engine.runtime.default_model import ensure_default_model
     from engine.pruner import Pruner
-    from engine.text import split_sentences
+    from engine.core.text import split_sentences
     from engine.tools.quality import load_rag_data
     from export.checkpoints import make_test_checkpoint
     from export.onnx import export_model

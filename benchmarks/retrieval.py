@@ -169,7 +169,7 @@ def main(argv=None) -> int:
     db = Path(args.db) if args.db else out / "bench.db"
     rows = [json.loads(line) for line in open(args.rag)][:args.limit]
     if args.model == "default-int8":
-        from engine.default_model import ensure_default_model
+        from engine.runtime.default_model import ensure_default_model
         model, label = ensure_default_model(precision="int8"), "default INT8 (all-MiniLM-L6-v2, embedding family)"
     else:
         model = args.model

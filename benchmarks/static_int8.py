@@ -39,7 +39,7 @@ def static_quantize(fp32_dir: Path, out: Path, calibration: list[str]) -> dict:
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     from engine.pruner import Pruner
-    from engine.text import split_sentences
+    from engine.core.text import split_sentences
     from export.optimize import weight_matmuls
     out.mkdir(parents=True, exist_ok=True)
     for f in fp32_dir.iterdir():
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     study = Study("static-int8", "benchmarks.static_int8", argv)
     from scipy.stats import spearmanr
 
-    from engine.default_model import ensure_default_model
+    from engine.runtime.default_model import ensure_default_model
     from engine.pruner import Pruner
     from engine.tools.quality import load_prune_data, load_rag_data
     out = Path(args.out)

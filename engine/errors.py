@@ -26,4 +26,5 @@ class SettingError(PruneError, ValueError):
 
 
 class Cancelled(PruneError):
-    """The caller gave up on the call (its deadline passed): its work stopped between two batches (engine.cancel)."""
+    """The caller gave up on the call (its deadline passed): its work stopped between two
+    batches (engine.runtime.cancel)."""

@@ -31,12 +31,12 @@ from typing import Any, Callable
 import torch
 
 import engine
-from engine.batching import BatchingConfig
-from engine.encode import Encoder
+from engine.core.batching import BatchingConfig
+from engine.core.encode import Encoder
 from engine.errors import ExportError
-from engine.families import Family
+from engine.core.families import Family
 from engine.pytorch.loading import TorchModel, embedding_rows, load_torch_model
-from engine.spec import GRAPH_OUTPUTS, MANIFEST_FORMAT, Manifest
+from engine.core.spec import GRAPH_OUTPUTS, MANIFEST_FORMAT, Manifest
 from export import deberta
 from export import gpu as gpu_graph
 from export.optimize import convert_fp16, encoder_dims, fix_graph, optimize_graph, quantize_int8
@@ -331,7 +331,7 @@ def manifest_defaults(fam: Family) -> dict[str, Any]:
 
 def manifest_of(checkpoint: str | Path, source: Source, opts: ExportOptions, stage: Path,
                 details: dict[str, Any], checks: list[dict[str, Any]]) -> dict[str, Any]:
-    """The manifest of the export staged in `stage` (engine.spec.Manifest reads it):
+    """The manifest of the export staged in `stage` (engine.core.spec.Manifest reads it):
     `details`, what the conversion steps did; `checks`, the parity reports."""
     import onnx
     tm, fam = source.model, source.family

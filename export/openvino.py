@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine.errors import ExportError
-from engine.spec import Manifest
+from engine.core.spec import Manifest
 
 #: generic text for calibration (written for this purpose; no evaluation set): the engine
 #: blocks each question with all of them, as a call would
@@ -67,7 +67,7 @@ def calibration_feeds(fp32: Path, texts: list[str] | None = None, questions: lis
                       ) -> list[dict[str, Any]]:
     """The engine's padded batches of the calibration texts, one feed per block (row)."""
     from engine.pruner import Pruner
-    from engine.text import split_sentences
+    from engine.core.text import split_sentences
     pruner = Pruner.load(fp32, threads=1)
     texts = texts or CALIBRATION_TEXTS
     feeds = []

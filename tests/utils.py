@@ -47,7 +47,7 @@ PASSAGES = [
 
 def with_window(pruner, max_length: int, **batching):
     """The same model and backend with a smaller window (forces multi-block passages)."""
-    from engine.batching import BatchingConfig
+    from engine.core.batching import BatchingConfig
     from engine.pruner import Pruner
     spec = dataclasses.replace(pruner.spec, max_length=max_length)
     return Pruner(pruner.backend, pruner.encoder.tokenizer, spec,
@@ -168,7 +168,7 @@ def write_tiny_data(root: Path) -> Path:
     (each question with all three passages); `root`."""
     import json
 
-    from engine.text import split_sentences
+    from engine.core.text import split_sentences
     prune_rows, rag_rows = [], []
     for i, (q, ctx, gold) in enumerate(TINY_DOCS):
         spans = split_sentences(ctx)

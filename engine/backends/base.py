@@ -5,7 +5,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from engine.batching import BatchingConfig, ModelBatch
+from engine.core.batching import BatchingConfig, ModelBatch
 
 
 class Backend(ABC):

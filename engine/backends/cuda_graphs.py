@@ -16,7 +16,7 @@ relative-position indices become initializers.
   its inputs and outputs bound once, on the device, and a run copies the batch in and the
   pooled outputs (B floats and B x L probabilities) out.
 - Batching: from the longest block down, a batch padded to its longest
-  (engine.batching "longest"): a call that fits the token budget is one run.
+  (engine.core.batching "longest"): a call that fits the token budget is one run.
 
 On the CPU provider (device "cpu") the same sessions run without CUDA graphs: that is how
 the tests check the shapes, the padding and the outputs without a GPU.
@@ -34,7 +34,7 @@ import numpy as np
 from engine.backends.base import Backend
 from engine.backends.onnxruntime import (check_cuda_ran, preload_cuda_libraries, require_cuda, session_options,
                                          thread_denormals)
-from engine.batching import BatchingConfig, ModelBatch
+from engine.core.batching import BatchingConfig, ModelBatch
 from engine.errors import BackendError, ModelLoadError
 from engine.settings import DEFAULTS
 

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 
 from engine.backends.base import Backend
-from engine.batching import ModelBatch
-from engine.cpu import BF16_FLAGS, cpu_flags
+from engine.core.batching import ModelBatch
+from engine.measure.cpu import BF16_FLAGS, cpu_flags
 from engine.errors import BackendError, ModelLoadError
-from engine.spec import RUNTIMES
+from engine.core.spec import RUNTIMES
 
 PRECISIONS = RUNTIMES["openvino"]
 

@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.base import Backend
-from engine.batching import ModelBatch
+from engine.core.batching import ModelBatch
 from engine.errors import BackendError
 
 

@@ -14,9 +14,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from engine.backends.base import Backend
-from engine.batching import ModelBatch
+from engine.core.batching import ModelBatch
 from engine.errors import BackendError, ModelLoadError
-from engine.spec import GRAPH_OUTPUTS
+from engine.core.spec import GRAPH_OUTPUTS
 from engine.triton.client import Transport
 
 

@@ -5,7 +5,7 @@ import json
 
 from engine.cli.common import add_db, add_renamed, add_setting, add_tags, load_models, pipeline, tags
 from engine.errors import PruneError
-from engine.inputs import CallOptions
+from engine.core.inputs import CallOptions
 
 
 def add(new) -> None:

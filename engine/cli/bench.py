@@ -93,7 +93,7 @@ def run(args) -> int:
     """Run `prune bench`; the exit status."""
     from engine.tools.bench import BenchOptions, Stop, bench, registry, select
     from engine.tools.bench_report import markdown, plot
-    from engine.default_model import default_checkpoint, default_model_dir, ensure_default_model
+    from engine.runtime.default_model import default_checkpoint, default_model_dir, ensure_default_model
     log = args.log
     # bad input is reported before any model is exported or loaded
     input_file(args.data, "--data")
@@ -132,7 +132,7 @@ def run(args) -> int:
                            openvino=args.openvino or bool(args.ov_int8), peer_python=args.peer_python,
                            budget_s=args.budget_s, compile_backend=args.compile_backend)
     if args.list:                  # nothing is exported, started or measured
-        from engine.spec import Manifest
+        from engine.core.spec import Manifest
         family = Manifest.read(models[options.base]).family if own else "embedding"   # the default model's
         for p in select(registry(options, family), args.paths):
             print(f"{p.id:48} {p.group:11} {p.name}")

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 from engine.errors import PruneError
-from engine.families import FAMILIES
-from engine.inputs import (OPTION_NAMES, WINDOWS, CallOptions, check_tags, option_choices, option_help,
+from engine.core.families import FAMILIES
+from engine.core.inputs import (OPTION_NAMES, WINDOWS, CallOptions, check_tags, option_choices, option_help,
                            option_type)
 from engine.settings import SETTINGS, help_text, positive_int, setting
-from engine.spec import RUNTIMES
+from engine.core.spec import RUNTIMES
 
 
 def add_setting(p, name: str, extra: str = "", **kwargs) -> None:
@@ -141,7 +141,7 @@ def add_windows(p: argparse.ArgumentParser) -> None:
 
 
 def add_call_options(p: argparse.ArgumentParser) -> None:
-    """One flag per option of a call (engine.inputs.CallOptions), with its own meaning;
+    """One flag per option of a call (engine.core.inputs.CallOptions), with its own meaning;
     unset: the model's default."""
     for name in OPTION_NAMES:
         flag, kind, choices = "--" + name.replace("_", "-"), option_type(name), option_choices(name)
@@ -165,13 +165,13 @@ def add_tags(p: argparse.ArgumentParser, when: str = "") -> None:
 
 def tags(args) -> tuple[str, str]:
     """(pre, post) of --pre and --post: both, or neither (<em> and </em>); one alone is an
-    InputError before any model loads (engine.inputs.check_tags: tags come in pairs)."""
+    InputError before any model loads (engine.core.inputs.check_tags: tags come in pairs)."""
     return (args.pre, args.post) if check_tags(args.pre, args.post, ("--pre", "--post")) else ("<em>", "</em>")
 
 
 def batching(args):
     """The BatchingConfig the flags ask for."""
-    from engine.batching import BatchingConfig
+    from engine.core.batching import BatchingConfig
     return BatchingConfig(max_batch_tokens=args.max_batch_tokens, max_batch_size=args.max_batch_size)
 
 
@@ -198,7 +198,7 @@ def model_path(args) -> str:
     """--model, or the default model: exported (onnxruntime) or its checkpoint (torch)."""
     if args.model and args.model != "default":
         return args.model
-    from engine.default_model import default_model
+    from engine.runtime.default_model import default_model
     return str(default_model(args.backend, getattr(args, "device", "cpu"), args.log))
 
 

@@ -34,7 +34,7 @@ def run(args) -> int:
     from engine.tools.quality import evaluate
     from engine.tools.quality_report import (domain_table, rag_domain_table, rag_table, rerank_table, table,
                                             write_report)
-    from engine.default_model import ensure_default_model
+    from engine.runtime.default_model import ensure_default_model
     from engine.pruner import Pruner
     # bad input is reported before any model loads (the default one is exported on first use)
     if not args.data and not args.rag_data:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from engine.cli.common import add_embedding_options, embedding_options, input_file, output_folder
 from engine.errors import PruneError
-from engine.families import FAMILIES
+from engine.core.families import FAMILIES
 from engine.settings import positive_int
 
 
@@ -55,7 +55,7 @@ def add(new) -> None:
 def run(args) -> int:
     """Run `prune export`; the exit status."""
     if args.model == "default":
-        from engine.default_model import default_checkpoint
+        from engine.runtime.default_model import default_checkpoint
         args.model = default_checkpoint()
     # bad input is reported before any work starts: flags that do not go together, then files
     if args.precision is None:

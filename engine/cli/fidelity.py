@@ -6,7 +6,7 @@ from pathlib import Path
 from engine.cli.common import add_batching, add_openvino, add_windows, batching, input_file, output_file
 from engine.errors import PruneError
 from engine.settings import positive_int
-from engine.spec import Manifest
+from engine.core.spec import Manifest
 
 
 def add(new) -> None:

@@ -42,7 +42,7 @@ def add(new) -> None:
 def run(args) -> int:
     """Run `prune repository`; the exit status."""
     from export.triton import RepositoryOptions, build_repository
-    from engine.default_model import ensure_default_model
+    from engine.runtime.default_model import ensure_default_model
     from engine.settings import setting
     output_folder(args.out, "--out")        # bad input is reported before the default model is exported
     is_default = args.model in (None, "default")

@@ -9,7 +9,7 @@ from pathlib import Path
 from engine.cli.common import (add_batching, add_call_options, add_openvino, add_renamed, add_setting, add_tags,
                                batching, call_options, input_file, model_path, output_file, tags)
 from engine.errors import PruneError
-from engine.inputs import CallOptions
+from engine.core.inputs import CallOptions
 from engine.settings import TORCH_ATTENTIONS, TORCH_DTYPES, positive_int
 
 

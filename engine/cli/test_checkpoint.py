@@ -20,7 +20,7 @@ def add(new) -> None:
 
 def run(args) -> int:
     """Run `prune test-checkpoint`; the exit status."""
-    from engine.families import FAMILIES
+    from engine.core.families import FAMILIES
     from export.checkpoints import make_test_checkpoint
     names = list(FAMILIES) if args.family == "all" else [args.family]
     output_folder(args.out, "--out")

@@ -32,7 +32,7 @@ from typing import Annotated, Any
 
 from engine.errors import InputError, PruneError
 from engine.http.state import ApiConfig, ApiState, Busy
-from engine.inputs import CallOptions, check_tags
+from engine.core.inputs import CallOptions, check_tags
 from engine.protocol import PrunerProtocol
 
 try:

@@ -6,7 +6,7 @@
 
 Only the standard library: a framework adapter (engine.integrations) can point at a
 server without installing FastAPI. The input is checked here with the same validator as
-in-process (engine.inputs), against the server's limits (from `/info`), so a bad call
+in-process (engine.core.inputs), against the server's limits (from `/info`), so a bad call
 gets the same InputError before it is sent; an error the server answers is raised as
 InputError (4xx) or BackendError (5xx, unreachable), with the server's message."""
 from __future__ import annotations
@@ -19,12 +19,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from engine.decide import PruneResult, Sentence
+from engine.core.decide import PruneResult, Sentence
 from engine.errors import BackendError, InputError
-from engine.families import Family, get_family
-from engine.budget import Budget
-from engine.inputs import CallOptions, Limits, check_call
-from engine.rules import Rules
+from engine.core.families import Family, get_family
+from engine.core.budget import Budget
+from engine.core.inputs import CallOptions, Limits, check_call
+from engine.core.rules import Rules
 
 
 def result_from_dict(d: dict[str, Any]) -> PruneResult:

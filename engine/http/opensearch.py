@@ -28,11 +28,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from engine.decide import PruneResult
+from engine.core.decide import PruneResult
 from engine.errors import InputError
 from engine.http.models import StrictRequest
-from engine.inputs import CallOptions, option_fields
-from engine.text import running_offsets
+from engine.core.inputs import CallOptions, option_fields
+from engine.core.text import running_offsets
 
 PATHS = ("/v1/highlight", "/opensearch/highlight", "/predictions/semantic_highlighter")
 

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from engine.decide import PruneResult
+from engine.core.decide import PruneResult
 from engine.errors import InputError
-from engine.inputs import OPTION_NAMES, CallOptions, option_fields
+from engine.core.inputs import OPTION_NAMES, CallOptions, option_fields
 
 
-#: an adapter's own fields, beside the call's options (engine.inputs.CallOptions): default, meaning
+#: an adapter's own fields, beside the call's options (engine.core.inputs.CallOptions): default, meaning
 ADAPTER_FIELD_HELP: dict[str, tuple[Any, str]] = {
     "keep_empty": (False, "keep a document pruned to nothing (otherwise it is dropped)"),
     "pre": ("<em>", "the tag before each kept sentence in the metadata's highlighted text"),
@@ -119,7 +119,7 @@ def framework(module: str, package: str, extra: str) -> Iterator[None]:
 
 def relevance(engine: Any, result: PruneResult) -> float:
     """The score a framework's reranker reports: the passage's reranking score in [0, 1],
-    as the HTTP API's `relevance_score` (engine.families.Family.rank_score)."""
+    as the HTTP API's `relevance_score` (engine.core.families.Family.rank_score)."""
     return engine.family.rank_score(result.reranking_score)
 
 
@@ -140,7 +140,7 @@ def resolve_pruner(pruner: Any) -> Any:
             return HttpPruner(text)
         from engine.pruner import Pruner
         if text == "default":
-            from engine.default_model import ensure_default_model
+            from engine.runtime.default_model import ensure_default_model
             return Pruner.load(ensure_default_model())
         return Pruner.load(text)
     check_pruner(pruner)

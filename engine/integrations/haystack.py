@@ -31,7 +31,7 @@ class PruneRanker(Adapter):
     """Sentence-level pruning (and, with top_k or reorder, reranking) of documents.
 
     `pruner`: an exported folder, 'default', the HTTP API's URL, or a pruner object. The
-    options are engine.inputs.CallOptions's, by name (`top_k` as Haystack's rankers say),
+    options are engine.core.inputs.CallOptions's, by name (`top_k` as Haystack's rankers say),
     and the adapter's own (`keep_empty`, `pre`, `post`, `metadata_key`); an unknown name
     is an InputError naming the known ones. The model is opened in `warm_up()` (a
     Pipeline calls it; `run` calls it when nobody has). `to_dict`/`from_dict` round-trip

@@ -57,7 +57,7 @@ class _Compressor(PrunerModel, BaseDocumentCompressor):
 
 PruneCompressor = with_options(
     _Compressor, "PruneCompressor", "Sentence-level pruning of retrieved documents, in one call per query: a "
-    "LangChain document compressor with every option of engine.inputs.CallOptions (`top_k` is `top_n`).")
+    "LangChain document compressor with every option of engine.core.inputs.CallOptions (`top_k` is `top_n`).")
 
 
 class EngineEmbeddings(Embeddings):

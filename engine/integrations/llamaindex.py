@@ -64,7 +64,7 @@ class _Postprocessor(PrunerModel, BaseNodePostprocessor):
 
 PrunePostprocessor = with_options(
     _Postprocessor, "PrunePostprocessor", "Sentence-level pruning of retrieved nodes, in one call per query: a "
-    "LlamaIndex node postprocessor with every option of engine.inputs.CallOptions (`top_k` is `top_n`).")
+    "LlamaIndex node postprocessor with every option of engine.core.inputs.CallOptions (`top_k` is `top_n`).")
 
 
 class EngineEmbedding(BaseEmbedding):

@@ -1,6 +1,6 @@
 """What the LangChain and LlamaIndex adapters share, both being pydantic models: the
 `pruner` field, the engine it opens, the old option names, and the option fields made
-from engine.inputs.CallOptions (`top_k` named `top_n`, as both frameworks' rerankers say)."""
+from engine.core.inputs.CallOptions (`top_k` named `top_n`, as both frameworks' rerankers say)."""
 from __future__ import annotations
 
 from typing import Any

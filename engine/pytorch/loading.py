@@ -5,9 +5,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.encode import check_vocabulary
+from engine.core.encode import check_vocabulary
 from engine.errors import ModelLoadError
-from engine.spec import ModelSpec, special_ids
+from engine.core.spec import ModelSpec, special_ids
 
 
 def load_hf_tokenizer(folder: str | Path) -> Any:

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from engine import cancel
+from engine.runtime import cancel
 from engine.backends.onnxruntime import thread_denormals
 from engine.errors import InputError, ModelLoadError
 
@@ -29,14 +29,14 @@ BATCH_SIZE = 8            # measured: 41 texts/s at 8, 36 at 32 (MiniLM, 2 cores
 
 def default_encoder_dir() -> Path:
     """The cached export of the default retrieval encoder."""
-    from engine.default_model import default_model_dir
+    from engine.runtime.default_model import default_model_dir
     base = default_model_dir()
     return base.with_name(base.name + "-encoder")
 
 
 def ensure_default_encoder(log: Callable[[str], None] | None = None) -> Path:
     """The default model's exported encoder folder, exporting it first if needed."""
-    from engine.default_model import DEFAULT_MODEL, default_checkpoint, export_into_cache, exporter, stderr_log
+    from engine.runtime.default_model import DEFAULT_MODEL, default_checkpoint, export_into_cache, exporter, stderr_log
     target = default_encoder_dir()
     if (target / ENCODER_FILE).is_file():
         return target
@@ -78,7 +78,7 @@ class Embedder:
             raise ModelLoadError("onnxruntime is not installed: pip install 'prune-engine[cpu]'") from exc
         from tokenizers import Tokenizer
         from engine.backends.onnxruntime import session_options
-        from engine.loading import LoadOptions
+        from engine.runtime.loading import LoadOptions
         o = LoadOptions.from_env(threads=threads)          # PRUNE_INTRA_OP_THREADS, PRUNE_ORT_ARENA, ..._DENORMALS
         opts, runs = session_options(ort, o.threads, arena=o.arena, denormals=o.denormals)
         with thread_denormals(False):          # ORT's first session sets this thread's flags: undone
@@ -122,7 +122,7 @@ class Embedder:
 
     def embed(self, ids: Sequence[Sequence[int]], *, batch_size: int = BATCH_SIZE) -> np.ndarray:
         """L2-normalised embeddings of token id sequences (`tokenize`'s), [N, dim] float32; a
-        caller that gave up on the call (engine.cancel) stops it between two batches."""
+        caller that gave up on the call (engine.runtime.cancel) stops it between two batches."""
         out = np.zeros((len(ids), self.dim), dtype=np.float32)
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))   # little padding
         for b in range(0, len(order), batch_size):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from engine.decide import PruneResult
-from engine.inputs import check_threshold
+from engine.core.decide import PruneResult
+from engine.core.inputs import check_threshold
 from engine.errors import InputError
 
 

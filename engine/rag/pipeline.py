@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import engine
-from engine.decide import PruneResult
-from engine.inputs import check_threshold
+from engine.core.decide import PruneResult
+from engine.core.inputs import check_threshold
 from engine.errors import InputError, ModelLoadError, PruneError
 from engine.rag.documents import (CHUNK_TOKENS, MAX_ID_CHARS, MAX_TEXT_BYTES, check_document,  # noqa: F401
                                   chunk_spans, read_documents)

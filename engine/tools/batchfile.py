@@ -1,7 +1,7 @@
 """Batch files: `prune run --input queries.jsonl --output results.jsonl`.
 
 One JSON object per input line: `question`, `passages` (a list of strings; or `context`,
-one string), and optionally `id` and any option of `engine.inputs.CallOptions` (`threshold`,
+one string), and optionally `id` and any option of `engine.core.inputs.CallOptions` (`threshold`,
 `title`, `alpha`, `top_k`, `reorder`, `windows`, `lexical_weight`, `passage_margin`).
 One output line per input line, in the same order: `{"id", "results": [...]}` (each
 result as `PruneResult.to_dict()`, without the passage text the input already holds),
@@ -29,12 +29,12 @@ import time
 from collections.abc import Iterator
 from typing import IO, Any
 
-from engine.datafiles import json_error
+from engine.measure.datafiles import json_error
 from engine.errors import InputError
-from engine.inputs import OPTION_NAMES, CallOptions
+from engine.core.inputs import OPTION_NAMES, CallOptions
 from engine.protocol import PrunerProtocol
 
-#: the fields of a line that are the call's options (engine.inputs.CallOptions)
+#: the fields of a line that are the call's options (engine.core.inputs.CallOptions)
 OPTIONS = OPTION_NAMES
 #: the fields of a line that are not options: every other field must be one
 FIELDS = ("id", "question", "passages", "context")

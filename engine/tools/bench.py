@@ -7,7 +7,7 @@ Built in three parts:
   a tritonserver, a `prune api` process) only when the path is selected, from the
   `Session` the paths share (engine.tools.bench_session, beside `BenchOptions`);
 - **the runner** (`measure`, here): starts the selected paths, then runs them interleaved
-  over the repeats (every path once a round, as `engine.timing.interleave` does) so that
+  over the repeats (every path once a round, as `engine.measure.timing.interleave` does) so that
   drift hits them alike (on a GPU, each path first runs the workload once, untimed:
   sessions per shape, CUDA graphs and compiles are made there); it stops early when its
   budget (`--budget-s`) is spent or
@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.timing import workload_batches
+from engine.measure.timing import workload_batches
 from engine.tools.bench_figures import report, stopped_report
 from engine.tools.bench_session import COMPILE_ON_CPU, PEERS, BenchOptions, BenchPath, Runner, Session
 from engine.tools.measure import (
@@ -134,7 +134,7 @@ def _bf16(name: str, make: Callable[[Session], Any]) -> Callable[[Session], Runn
     """A path computing in bf16 on OpenVINO: `make(session)`'s pruner, where the CPU has bf16."""
     def start(s: Session) -> Runner | None:
         from engine.backends.openvino import bf16_supported
-        from engine.cpu import BF16_MISSING
+        from engine.measure.cpu import BF16_MISSING
         if not bf16_supported():
             return s.not_here(BF16_MISSING)
         return _sequential(make)(s)
@@ -175,7 +175,7 @@ def _deployed(url: str, model: str):
 
 def registry(o: BenchOptions, family: str) -> list[BenchPath]:
     """Every path these options make possible, in report order; nothing is started."""
-    from engine.batching import BatchingConfig
+    from engine.core.batching import BatchingConfig
     on = "" if o.device == "cpu" else "-cuda"
     cs = o.concurrencies
     int8 = "int8" in o.models and o.device == "cpu"
@@ -250,7 +250,7 @@ def registry(o: BenchOptions, family: str) -> list[BenchPath]:
 def default_pick(folder: Path) -> tuple[str, str]:
     """(what the default model's export is, the arithmetic its share is computed on): its
     `--precision auto` pick where it has one; "not exported yet" for `--list`."""
-    from engine.spec import MANIFEST, Manifest
+    from engine.core.spec import MANIFEST, Manifest
     if not (Path(folder) / MANIFEST).is_file():
         return "not exported yet", "fp32"
     manifest = Manifest.read(folder)

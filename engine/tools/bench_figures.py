@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.spec import Manifest
-from engine.timing import workload_batches
+from engine.core.spec import Manifest
+from engine.measure.timing import workload_batches
 from engine.tools.bench_session import BenchPath, Session
 from engine.tools.harness import machine_info
 from engine.tools.measure import PathResult, client_share, output_bytes, padding_share
@@ -27,7 +27,7 @@ def fixed_batches(pruner, queries) -> list:
     the pruner's core runs, as the GPU's fixed shapes do)."""
     import copy
 
-    from engine.batching import BatchingConfig
+    from engine.core.batching import BatchingConfig
     fixed = copy.copy(pruner)
     fixed.batching = BatchingConfig(strategy="fixed", max_batch_size=8)
     return workload_batches(fixed, queries)

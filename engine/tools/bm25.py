@@ -1,4 +1,4 @@
-"""The lexical baseline of `prune eval`: Okapi BM25 over engine.lexical's words, for
+"""The lexical baseline of `prune eval`: Okapi BM25 over engine.core.lexical's words, for
 sentences (against the question) and for a call's passages (its ranking)."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Sequence
 
 import numpy as np
 
-from engine import lexical
+from engine.core import lexical
 from engine.tools.datasets import PruneSample, RagSample
 
-#: the words BM25 counts: engine.lexical's (case-folded; CJK as character bigrams)
+#: the words BM25 counts: engine.core.lexical's (case-folded; CJK as character bigrams)
 words = lexical.words
 
 

@@ -1,5 +1,5 @@
 """The evaluation data files: sentence-labelled prune files and RAG files (JSONL), read
-and checked, with a clear error when one is the other (on engine.datafiles' JSONL reader, whose
+and checked, with a clear error when one is the other (on engine.measure.datafiles' JSONL reader, whose
 progress bar is offered here too). `prune eval`, `prune fidelity`, `prune bench` and the
 benchmarks read their data here.
 """
@@ -11,8 +11,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from engine.datafiles import progress  # noqa: F401 (re-exported: the tools' progress bar)
-from engine.datafiles import read_jsonl
+from engine.measure.datafiles import progress  # noqa: F401 (re-exported: the tools' progress bar)
+from engine.measure.datafiles import read_jsonl
 
 
 # --------------------------------------------------------------------------- data

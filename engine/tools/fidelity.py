@@ -1,6 +1,6 @@
 """`prune fidelity`'s report: the fidelity of a precision against the fp32 PyTorch
 reference, as text and as JSON. The comparison and the gate are the engine's
-(engine.fidelity, which `prune export --precision auto` gates with); they are offered here
+(engine.measure.fidelity, which `prune export --precision auto` gates with); they are offered here
 beside the report.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engine.fidelity import (  # noqa: F401 (re-exported: prune fidelity's and the studies' names)
+from engine.measure.fidelity import (  # noqa: F401 (re-exported: prune fidelity's and the studies' names)
     GATE,
     fidelity_report,
     gate,

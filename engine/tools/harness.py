@@ -3,7 +3,7 @@ benchmarks/ (benchmarks/README.md indexes them).
 
 - `machine_info` / `machine_line`: the machine, in a report's words;
 - `interleave`, `medians`, `model_passes`, `stderr`: the engine's own timing
-  (engine.timing, which `prune export --precision auto` times with), offered here beside
+  (engine.measure.timing, which `prune export --precision auto` times with), offered here beside
   the rest;
 - `Study`: a study's command line, its machine, and its report written as `NAME.json`
   (the figures, the command, the machine, the date) and `NAME.md` (the command and the
@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.timing import cpu_model
-from engine.timing import interleave, medians, model_passes, stderr  # noqa: F401 (re-exported for the studies)
+from engine.measure.timing import cpu_model
+from engine.measure.timing import interleave, medians, model_passes, stderr  # noqa: F401 (re-exported for the studies)
 
 
 def machine_info(device: str = "cpu") -> dict[str, Any]:
@@ -38,7 +38,7 @@ def machine_info(device: str = "cpu") -> dict[str, Any]:
     model = cpu_model()
     if model is not None:
         info["cpu_model"] = model
-    from engine.cpu import CpuKind
+    from engine.measure.cpu import CpuKind
     kind = CpuKind.here()
     info["cpu_flags"], info["cpu_kind"] = kind.shown_flags(), kind.name
     try:

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from engine.timing import workload_batches
+from engine.measure.timing import workload_batches
 
 
 @dataclass
@@ -248,8 +248,8 @@ def start_api(args: list[str], log=print, timeout: float = 300.0) -> tuple[subpr
 
 def client_share(pruner, queries) -> dict[str, float]:
     """Time of the client-side work alone (split, tokenize, encode, batch, decide)."""
-    from engine.decide import build_result, keep_mask
-    from engine.text import split_sentences
+    from engine.core.decide import build_result, keep_mask
+    from engine.core.text import split_sentences
     fam = pruner.family
     t0 = time.perf_counter()
     n = 0

@@ -36,7 +36,7 @@ BATCH = 64
 def call_texts(question: str, passages: list[str]) -> tuple[list[str], list[int]]:
     """A call's texts for a peer: the question, then every sentence of every passage (split
     as the engine splits them); and each passage's sentence count."""
-    from engine.text import split_sentences
+    from engine.core.text import split_sentences
     sents = [[p[a:b] for a, b in split_sentences(p)] for p in passages]
     return [question] + [x for ss in sents for x in ss], [len(ss) for ss in sents]
 
@@ -155,7 +155,7 @@ class RemotePeer:
 def int8_config() -> str:
     """sentence-transformers' dynamic INT8 configuration for this CPU (its documentation
     names one per instruction set: avx512_vnni, avx512, avx2, arm64)."""
-    from engine.cpu import CpuKind
+    from engine.measure.cpu import CpuKind
     kind = CpuKind.here()
     if kind.int8_dot and "avx512f" in kind.flags:
         return "avx512_vnni"
@@ -167,7 +167,7 @@ def remote_peers(python: str, checkpoint: str, folder: Path, log: Callable[[str]
     """sentence-transformers' ONNX and OpenVINO backends in the environment of `python`, by
     bench path name, each with its worker (to close). The OpenVINO one calibrates on the
     engine's generic calibration text, split into sentences (never evaluation data)."""
-    from engine.text import split_sentences
+    from engine.core.text import split_sentences
     from export.openvino import CALIBRATION_QUESTIONS, CALIBRATION_TEXTS
     calibration = folder / "calibration" / "train.jsonl"
     calibration.parent.mkdir(parents=True, exist_ok=True)

@@ -29,9 +29,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from engine import lexical
-from engine.decide import gate_passages
-from engine.families import FAMILIES
+from engine.core import lexical
+from engine.core.decide import gate_passages
+from engine.core.families import FAMILIES
 from engine.tools.datasets import PruneSample, RagSample, load_prune_data, load_rag_data  # noqa: F401 (re-exported)
 from engine.tools.datasets import progress as progress_bar
 from engine.tools.bm25 import BM25, bm25_rankings, bm25_sentence_scores, words  # noqa: F401 (re-exported)
@@ -129,8 +129,8 @@ def keep_all_baseline(labels: Sequence[np.ndarray]) -> GridResult:
 
 
 #: The hybrid's setting, chosen on squad-dev alone (docs/quality.md) and the default
-#: family's default (engine.families): the weight of the in-passage lexical score
-#: (engine.lexical) and the keep threshold and backoff with it. prune eval scores every
+#: family's default (engine.core.families): the weight of the in-passage lexical score
+#: (engine.core.lexical) and the keep threshold and backoff with it. prune eval scores every
 #: family's model at it (the trained families' own default weight is 0).
 HYBRID = {"lexical_weight": FAMILIES["embedding"].rules.lexical_weight,
           "threshold": FAMILIES["embedding"].rules.lexical_threshold, "alpha": FAMILIES["embedding"].rules.alpha}
@@ -146,13 +146,13 @@ def hybrid_setting(family) -> dict[str, Any]:
 
 
 def passage_lexical_scores(samples: Sequence[PruneSample]) -> list[np.ndarray]:
-    """engine.lexical's sentence scores: BM25 with the IDF of the passage's own sentences."""
+    """engine.core.lexical's sentence scores: BM25 with the IDF of the passage's own sentences."""
     return [lexical.sentence_scores(s.question, [s.context[a:b] for a, b in s.spans]) for s in samples]
 
 
 def hybrid_rows(name: str, pruner, samples: Sequence[PruneSample], scores: Sequence[np.ndarray],
                 labels: Sequence[np.ndarray], strict: bool) -> list[GridResult]:
-    """The model's sentence scores fused with engine.lexical's (as Pruner does with
+    """The model's sentence scores fused with engine.core.lexical's (as Pruner does with
     lexical_weight): at the best setting of the grid, and at hybrid_setting's."""
     setting = hybrid_setting(pruner.family)
     w = setting["lexical_weight"]
@@ -323,7 +323,7 @@ def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: st
         labels = [s.labels for s in samples]
         rows = [keep_all_baseline(labels), first_k_baseline(labels),
                 grid_search("BM25 (sentence vs question)", bm25_sentence_scores(samples), labels),
-                grid_search("BM25 over the passage's own sentences (engine.lexical)",
+                grid_search("BM25 over the passage's own sentences (engine.core.lexical)",
                             passage_lexical_scores(samples), labels)]
         half = len(samples) // 2
         defaults: dict[str, list[np.ndarray]] = {}
@@ -367,7 +367,7 @@ def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: st
         for name, pruner in models.items():
             fam = pruner.family
             log(f"running {len(rag)} RAG calls with {name} ...")
-            # one pass without the gate; the family's gate (engine.decide) then gives the defaults
+            # one pass without the gate; the family's gate (engine.core.decide) then gives the defaults
             ungated = rag_calls(pruner, rag, progress, f"{name}: RAG calls", windows=windows, passage_margin=-1.0)
             margin = fam.rules.passage_margin
             at_defaults = [gate_passages(results, margin) for results in ungated]

@@ -1,6 +1,6 @@
 """`prune eval --budgets`: what a token budget keeps (#57), beside the threshold's figures.
 
-For each model and budget (tokens of the model's own tokenizer, engine.budget):
+For each model and budget (tokens of the model's own tokenizer, engine.core.budget):
 - on sentence-labelled data (--data): the sentence F1 of what each document keeps, one
   call per document on the dataset's own sentences, at the family's defaults and then cut
   to the budget; and the mean tokens kept;
@@ -28,7 +28,7 @@ def prune_budget_rows(name: str, pruner, samples: Sequence[Any], budgets: Sequen
                       windows: str | None = None) -> list[dict[str, Any]]:
     """One row per setting (the defaults, then each budget): sentence P/R/F1 against the
     labels and the mean tokens a document keeps."""
-    from engine import budget as budget_mod
+    from engine.core import budget as budget_mod
     count = budget_mod.counter(None, pruner.encoder.tokenizer)
     labels = [s.labels for s in samples]
     rows = []
@@ -47,7 +47,7 @@ def rag_budget_rows(name: str, pruner, samples: Sequence[Any], budgets: Sequence
                     windows: str | None = None) -> list[dict[str, Any]]:
     """One row per setting (the defaults, then each budget): the RAG pruning metrics and
     the mean tokens a call keeps."""
-    from engine import budget as budget_mod
+    from engine.core import budget as budget_mod
     count = budget_mod.counter(None, pruner.encoder.tokenizer)
     rows = []
     for b in (None, *budgets):

@@ -72,7 +72,7 @@ def test_reranking_score_of_a_multi_block_passage(pruners, name):
 
 def test_passage_limits_are_enforced(pruners, monkeypatch):
     """The call limits, here set through their PRUNE_* variables (engine.settings)."""
-    from engine.inputs import Limits
+    from engine.core.inputs import Limits
     monkeypatch.setenv("PRUNE_MAX_PASSAGES", "3")
     monkeypatch.setenv("PRUNE_MAX_CALL_CHARS", str(len(Q) + 54))
     base = pruners["opensearch"][0]

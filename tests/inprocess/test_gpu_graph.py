@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 from engine.backends.cuda_graphs import FixedShapeBackend, row_sizes
-from engine.batching import BatchingConfig
+from engine.core.batching import BatchingConfig
 from engine.errors import BackendError
 from engine.pruner import Pruner
 from export.checkpoints import make_test_checkpoint
@@ -106,7 +106,7 @@ def test_a_batch_runs_in_the_smallest_shape_that_holds_it(gpu_exports):
                              batching=BatchingConfig(max_batch_tokens=1024, max_batch_size=64), intra_op_threads=THREADS)
     assert core.rows_for(64) == row_sizes(16) == (1, 2, 4, 8, 16) and core.rows_for(128) == (1, 2, 4, 8)
     rng = np.random.default_rng(0)
-    from engine.batching import ModelBatch
+    from engine.core.batching import ModelBatch
     ids = rng.integers(5, 100, size=(3, 64)).astype(np.int64)
     mask = np.ones_like(ids)
     sid = np.tile(np.arange(64) // 16, (3, 1)).astype(np.int64)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from engine.cli import main
-from engine.cpu import AUTO_PRECISIONS, CpuKind
+from engine.measure.cpu import AUTO_PRECISIONS, CpuKind
 from engine.errors import ModelLoadError
 from engine.pruner import Pruner
 from tests.utils import FAMILY_NAMES, PASSAGES, QUESTION
@@ -89,7 +89,7 @@ def _preferring(folder, tmp_path, backend, precision):
     """A copy of an export whose manifest prefers `backend` at `precision`."""
     import shutil
 
-    from engine.spec import Manifest, Runtime
+    from engine.core.spec import Manifest, Runtime
     out = tmp_path / f"{folder.name}-{backend}-{precision}"
     shutil.copytree(folder, out)
     Manifest.read(out).with_changes(runtime=Runtime(backend, precision)).write(out)
@@ -366,7 +366,7 @@ def test_the_default_models_first_use_picks_as_auto_does(checkpoints, tmp_path, 
     """By default (PRUNE_DEFAULT_PRECISION unset: auto) the first use exports the default model (here the
     embedding test checkpoint in its place) as `prune export --precision auto` does, into a
     folder of its own, and `--model default` runs the pick."""
-    import engine.default_model as dm
+    import engine.runtime.default_model as dm
     monkeypatch.setattr(dm, "default_checkpoint", lambda: str(checkpoints["embedding"]))
     monkeypatch.setenv("PRUNE_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("PRUNE_DEFAULT_PRECISION", raising=False)       # the default: auto

@@ -34,7 +34,7 @@ def test_model_math_and_template_equal_the_original_code(family, tmp_path):
             r = engine.prune(doc["question"], [doc["context"]], sentences=sentences)[0]
             assert r.blocks == 1
             spans = [[(s.start, s.end) for s in r.sentences]]
-            assert len(engine.encode(doc["question"], [doc["context"]], spans)[0]) == doc["n_tokens"], doc["id"]
+            assert len(engine.core.encode(doc["question"], [doc["context"]], spans)[0]) == doc["n_tokens"], doc["id"]
             np.testing.assert_allclose([s.probability for s in r.sentences], doc["probs"], atol=1e-5, rtol=0,
                                        err_msg=doc["id"])
             assert r.reranking_score == pytest.approx(doc["rerank"], abs=1e-4), doc["id"]
@@ -131,7 +131,7 @@ def test_opensearch_windows_decide_as_its_pipeline_does(tmp_path):
     export_model(PEER / family / "checkpoint", tmp_path / family, log=lambda m: None)
     pruner = Pruner.load(tmp_path / family, threads=1)
     assert pruner.family.rules.windows == "reference"
-    from engine.decide import keep_mask
+    from engine.core.decide import keep_mask
     windows_seen, differ, total, ties = 0, 0, 0, []
     for name in ("full", "short"):
         docs = json.loads((PEER / family / f"peer_outputs_{name}.json").read_text())

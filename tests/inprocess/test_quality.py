@@ -75,7 +75,7 @@ def test_default_model_int8_keeps_the_answers(default_pruner, tmp_path):
     """`prune export --model default --precision int8` path: the INT8 default model keeps
     the same answer sentences, probabilities within 0.05 of fp32."""
     import os
-    from engine.default_model import ensure_default_model
+    from engine.runtime.default_model import ensure_default_model
     from engine.pruner import Pruner
     os.environ["PRUNE_CACHE"] = str(tmp_path)
     try:

@@ -14,7 +14,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from engine.batching import BatchingConfig
+from engine.core.batching import BatchingConfig
 from engine.errors import BackendError
 from engine.pruner import Pruner
 from engine.triton.server import TritonServer
@@ -273,8 +273,8 @@ def test_infer_many_splits_and_repads_the_sentence_axis(server, pruners):
     remote = Pruner.connect(server.grpc_url, "opensearch")
     counts = [1] * 16 + [3] * 16 + [2] * 8
     passages = [" ".join(f"Sentence {k} of passage {i}." for k in range(n)) for i, n in enumerate(counts)]
-    from engine.batching import collate
-    from engine.text import split_sentences
+    from engine.core.batching import collate
+    from engine.core.text import split_sentences
     spans = [split_sentences(p) for p in passages]
     assert [len(sp) for sp in spans] == counts
     blocks = local.encode(QUESTION, passages, spans)

@@ -119,9 +119,9 @@ def workdir(tmp_path, monkeypatch):
 
     def no_model(*args, **kwargs):
         raise AssertionError("a model was exported or loaded before the input was checked")
-    import engine.default_model
+    import engine.runtime.default_model
     import engine.rag.embedder
-    monkeypatch.setattr(engine.default_model, "ensure_default_model", no_model)
+    monkeypatch.setattr(engine.runtime.default_model, "ensure_default_model", no_model)
     monkeypatch.setattr(engine.rag.embedder, "ensure_default_encoder", no_model)
     return tmp_path
 

@@ -2,7 +2,7 @@
 
 Every import statement counts, at module level or inside a function (a lazy import is
 still a dependency of whoever calls that function). Importlib calls with a string are
-not seen: `engine.default_model` exports the default model on first use that way, and
+not seen: `engine.runtime.default_model` exports the default model on first use that way, and
 says so."""
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _hits(names: set[str], forbidden: tuple[str, ...]) -> list[str]:
 
 
 #: the client-safe spine: what a torch-free client, the Triton text model and the HTTP API run
-SPINE = _modules("engine/*.py")
+SPINE = _modules("engine/*.py", "engine/core/*.py", "engine/measure/*.py", "engine/runtime/*.py")
 CLIENT_SAFE = SPINE + _modules("engine/backends/base.py", "engine/backends/onnxruntime.py",
                                "engine/backends/triton.py", "engine/triton/*.py")
 #: who may import the torch modelling (engine.pytorch)
@@ -87,6 +87,20 @@ def test_import_rule(rule):
     assert violations(files, forbidden) == {}, rule
 
 
+@pytest.mark.parametrize("package, allowed", [
+    ("core", ("engine.errors", "engine.settings", "engine.core")),
+    ("measure", ("engine.errors", "engine.settings", "engine.core", "engine.measure")),
+])
+def test_the_client_core_and_the_measures_stand_on_their_own(package, allowed):
+    """engine.core (text to input, output to decisions) imports of the engine only the errors,
+    the settings and itself; engine.measure adds the core: neither reaches a backend, the
+    pruner or a transport, so the Triton text model and a remote client run them as they are."""
+    reached = {str(p.relative_to(ROOT)): sorted(n for n in imports(p) if n.split(".")[0] in ("engine", "export")
+                                                and not _hits({n}, allowed))
+               for p in _modules(f"engine/{package}/*.py")}
+    assert reached and {k: v for k, v in reached.items() if v} == {}
+
+
 def test_the_rules_see_lazy_imports(tmp_path):
     """A function-level import is caught as well as a module-level one."""
     f = tmp_path / "m.py"
@@ -95,7 +109,7 @@ def test_the_rules_see_lazy_imports(tmp_path):
 
 
 def test_the_layout_has_the_documented_packages():
-    for pkg in ("engine/backends", "engine/triton", "engine/pytorch", "engine/tools", "engine/rag",
+    for pkg in ("engine/core", "engine/measure", "engine/runtime", "engine/backends", "engine/triton", "engine/pytorch", "engine/tools", "engine/rag",
                 "engine/integrations", "engine/cli"):
         assert (ROOT / pkg / "__init__.py").is_file(), pkg
     text = (ROOT / "docs" / "development.md").read_text()
@@ -111,13 +125,12 @@ def test_the_layout_has_the_documented_packages():
 #: whose modules are all of its layer; the spine's modules (and those of the packages split
 #: across layers) are named one by one, so a module nobody placed has no layer
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("the spine's parts", ("engine", "engine.errors", "engine.settings", "engine.cpu", "engine.inputs", "engine.rules",
-                           "engine.lexical", "engine.text", "engine.families", "engine.spec", "engine.encode", "engine.batching",
-                           "engine.decide", "engine.budget", "engine.protocol", "engine.datafiles", "engine.fidelity", "engine.timing",
-                           "engine.triton", "engine.http")),     # the last two: their packages' empty __init__
+    ("the spine and the client core", ("engine", "engine.errors", "engine.settings", "engine.protocol", "engine.core.*",
+                                       "engine.measure.*",
+                                       "engine.triton", "engine.http")),     # the last two: their packages' empty __init__
     ("cores and transports", ("engine.backends.*", "engine.pytorch.*", "engine.triton.client", "engine.triton.replicas",
                               "engine.triton.wire", "engine.triton.watchdog", "engine.triton.server")),
-    ("the pruner and its loading", ("engine.pruner", "engine.cancel", "engine.loading", "engine.default_model")),
+    ("the pruner and its loading", ("engine.pruner", "engine.runtime.*")),
     ("remote pruners", ("engine.triton.text_pruner", "engine.triton.connect", "engine.triton.probe",
                         "engine.http.client")),
     ("the HTTP API", ("engine.http.models", "engine.http.state", "engine.http.opensearch", "engine.http.milvus",
@@ -177,7 +190,7 @@ def test_a_module_has_a_layer_only_where_an_entry_places_it():
     assert layer_of("engine.new_module") is None and layer_of("engine.triton.new_module") is None
     assert layer_of("engine.toolsmith") is None
     assert layer_of("engine.tools") == layer_of("engine.tools.new_module") == layer_of("export.onnx")
-    assert layer_of("engine.timing") == layer_of("engine.errors") == 0
+    assert layer_of("engine.measure.timing") == layer_of("engine.errors") == 0
 
 
 def test_no_module_imports_a_layer_above_its_own():
@@ -212,7 +225,7 @@ def test_the_imports_have_no_cycle():
 
 def test_the_direction_rules_catch_an_upward_import(tmp_path, monkeypatch):
     """The rules see a spine module importing the HTTP API."""
-    fake = {**_graph(), "engine.decide": _graph()["engine.decide"] | {"engine.http.app"}}
+    fake = {**_graph(), "engine.core.decide": _graph()["engine.core.decide"] | {"engine.http.app"}}
     monkeypatch.setattr(sys.modules[__name__], "_graph", lambda: fake)
     with pytest.raises(AssertionError):
         test_no_module_imports_a_layer_above_its_own()

@@ -1,4 +1,4 @@
-"""A call's options have one definition (engine.inputs.CallOptions) with one meaning, and
+"""A call's options have one definition (engine.core.inputs.CallOptions) with one meaning, and
 every surface takes exactly those: the Python API, `prune run`'s flags, `/v1/prune`'s
 body, the text model's inputs, batch-file fields and the three adapters. A surface that
 drifts (an option missing, renamed, or with its own meaning) fails here."""
@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.errors import InputError
-from engine.families import get_family
-from engine.inputs import OPTION_NAMES, CallOptions, option_help, option_type
+from engine.core.families import get_family
+from engine.core.inputs import OPTION_NAMES, CallOptions, option_help, option_type
 
 pytestmark = pytest.mark.unit
 
@@ -126,7 +126,7 @@ def test_the_wire_and_the_http_body_carry_options_unchanged(options):
     """What the text model's client sends is what its server reads (float32 on the wire),
     and `/v1/prune`'s body gives back the same options."""
     from engine.http.app import PruneRequest
-    from engine.inputs import Limits
+    from engine.core.inputs import Limits
     from engine.triton.wire import options_to_tensors, read_request
     tensors = {"question": np.array([b"q?"], dtype=np.object_), "passages": np.array([b"p."], dtype=np.object_),
                **options_to_tensors(options)}

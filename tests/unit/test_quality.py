@@ -60,7 +60,7 @@ def test_mrr_with_several_gold_passages_counts_the_best_ranked_one():
 
 
 def test_rag_pruning_metrics_by_hand():
-    from engine.decide import PruneResult, Sentence
+    from engine.core.decide import PruneResult, Sentence
     from engine.tools.quality import RagSample, rag_pruning_metrics
 
     def res(i, score, kept):          # sentences of 10 characters each
@@ -136,7 +136,7 @@ def test_dataset_loads_with_its_own_spans():
 
 
 def test_lost_answers_lists_each_domains_lost_gold_passages_with_their_calls():
-    from engine.decide import PruneResult, Sentence
+    from engine.core.decide import PruneResult, Sentence
     from engine.tools.quality import RagSample, lost_answers
 
     def res(i, score, kept):

@@ -1,13 +1,13 @@
-"""The decision settings have one definition (engine.rules.Rules), and every surface is made of it."""
+"""The decision settings have one definition (engine.core.rules.Rules), and every surface is made of it."""
 from __future__ import annotations
 
 from dataclasses import fields
 
 import pytest
 
-from engine.families import FAMILIES, Family, get_family
-from engine.inputs import OPTION_NAMES, CallOptions
-from engine.rules import RECORDED, Rules
+from engine.core.families import FAMILIES, Family, get_family
+from engine.core.inputs import OPTION_NAMES, CallOptions
+from engine.core.rules import RECORDED, Rules
 
 pytestmark = pytest.mark.unit
 

@@ -119,7 +119,7 @@ class TritonPythonModel:
         # the requests beside it (INT8 scales are taken per batch; export/triton.py)
         self.join = params.get("join_requests", "true") == "true"
         self.pad = {**PAD, "input_ids": int(params.get("pad_id", "0"))}
-        # read raw: this core model runs in Triton without the engine installed (engine.spec.Manifest)
+        # read raw: this core model runs in Triton without the engine installed (engine.core.spec.Manifest)
         manifest = json.loads(params.get("prune_manifest", "{}"))
         # Bounds a request must respect (graph-independent: checked before allocation).
         self.max_length = int(manifest.get("max_length", 512))

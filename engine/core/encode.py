@@ -22,7 +22,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from engine.errors import InputError, ModelLoadError
-from engine.spec import ModelSpec
+from engine.core.spec import ModelSpec
 
 MIN_CONTEXT_TOKENS = 64
 
@@ -68,7 +68,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
 
 
 def manifest_tokenizer(folder: str | Path, manifest: Any, family: Any) -> Tokenizer:
-    """An export folder's tokenizer (the file its `engine.spec.Manifest` names), checked
+    """An export folder's tokenizer (the file its `engine.core.spec.Manifest` names), checked
     against its model (check_vocabulary)."""
     tok = load_tokenizer(Path(folder) / manifest.tokenizer.file)
     check_vocabulary(tok, manifest.embedding_rows, family, str(folder))

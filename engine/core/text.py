@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import nupunkt
 
 from engine.errors import InputError
-from engine.inputs import check_unicode  # noqa: F401  (re-exported)
+from engine.core.inputs import check_unicode  # noqa: F401  (re-exported)
 
 Span = tuple[int, int]
 

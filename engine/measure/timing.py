@@ -53,7 +53,7 @@ def medians(times: dict[str, list[float]]) -> dict[str, float]:
 
 def workload_batches(pruner, queries) -> list:
     """The padded batches the engine sends for the workload (one call per query)."""
-    from engine.text import split_sentences
+    from engine.core.text import split_sentences
     out = []
     for q in queries:
         out += pruner.batches(pruner.encode(q.question, q.passages, [split_sentences(p) for p in q.passages]))

@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from engine import lexical
-from engine.families import Family
-from engine.inputs import TITLE_RULES, CallOptions, check_threshold, check_top_k  # noqa: F401  (re-exported)
-from engine.rules import Rules
+from engine.core import lexical
+from engine.core.families import Family
+from engine.core.inputs import TITLE_RULES, CallOptions, check_threshold, check_top_k  # noqa: F401  (re-exported)
+from engine.core.rules import Rules
 
 
 
@@ -63,8 +63,8 @@ class PruneResult:
     threshold: float
     blocks: int = 1                 # model windows the passage needed
     windows: str = "sentences"      # how the passage was cut: "sentences" or "reference"
-    lexical_weight: float = 0.0     # the lexical score's share in the probabilities (engine.lexical)
-    budget: Any = None              # engine.budget.Budget when the call set budget_tokens
+    lexical_weight: float = 0.0     # the lexical score's share in the probabilities (engine.core.lexical)
+    budget: Any = None              # engine.core.budget.Budget when the call set budget_tokens
 
     @property
     def highlights(self) -> list[dict[str, Any]]:
@@ -216,7 +216,7 @@ def merge_blocks(family: Family, n_passages: int, spans: Sequence[Sequence[tuple
     weighted by their tokens, or as a plain mean with `unweighted`, OpenProvence's
     fragments) and the reranking score (the first block's, or the best block's where the
     family merges by "max"; its sigmoid where the family reports that). `blocks` are
-    `engine.encode.Block`s, `outputs` (rerank score, slot probabilities) per block."""
+    `engine.core.encode.Block`s, `outputs` (rerank score, slot probabilities) per block."""
     weighted = [np.zeros(len(sp)) for sp in spans]
     tokens = [np.zeros(len(sp)) for sp in spans]
     rerank: list[float | None] = [None] * n_passages
@@ -261,7 +261,7 @@ def window_decisions(family: Family, scored: list[Scored], blocks: Sequence[Any]
 
 def fuse_lexical(scored: list[Scored], question: str, passages: Sequence[str],
                  spans: Sequence[Sequence[tuple[int, int]]], weight: float) -> list[Scored]:
-    """The in-passage lexical score fused with the model's at `weight` (engine.lexical):
+    """The in-passage lexical score fused with the model's at `weight` (engine.core.lexical):
     each sentence's probability, and each passage's reranking score."""
     if not weight:
         return scored
@@ -293,9 +293,9 @@ def decide_passages(family: Family, rules: Rules, question: str, passages: Seque
 
 def within_budget(results: list[PruneResult], rules: Rules, tokenizer: Any = None) -> list[PruneResult]:
     """Rule 5, last: with a call's `budget_tokens`, the results cut to the budget
-    (engine.budget), counted by `rules.budget_tokenizer`, else by the model's `tokenizer`."""
+    (engine.core.budget), counted by `rules.budget_tokenizer`, else by the model's `tokenizer`."""
     if rules.budget_tokens is None:
         return results
-    from engine import budget
+    from engine.core import budget
     return budget.apply_budget(results, rules.budget_tokens, budget.counter(rules.budget_tokenizer, tokenizer),
                                with_kept)

@@ -1,13 +1,13 @@
 """The decision rules: the one definition of the settings that decide what a call keeps.
 
-A family gives the defaults (`Family.rules`, engine.families), an export's manifest may
-override them (its `defaults`, engine.spec), and a call may override those
-(engine.inputs.CallOptions): `Rules.resolve` gives the rules one call runs with, computed
+A family gives the defaults (`Family.rules`, engine.core.families), an export's manifest may
+override them (its `defaults`, engine.core.spec), and a call may override those
+(engine.core.inputs.CallOptions): `Rules.resolve` gives the rules one call runs with, computed
 once and carried with the call (engine.pruner's `Call`). The names are the same on every
 surface: the Python keywords, `prune run`'s flags, `/v1/prune`'s fields, the manifest's
 `defaults`, `/info`'s `rules` and `defaults`, the text model's inputs.
 
-The threshold comes in a pair, because the in-passage lexical fusion (engine.lexical) makes
+The threshold comes in a pair, because the in-passage lexical fusion (engine.core.lexical) makes
 another score with a threshold of its own: `threshold` applies to the model's scores alone,
 `lexical_threshold` (when not None) to the fused ones. A call's resolved rules hold the one
 threshold it runs with in `threshold` (and `lexical_threshold` None): the threshold its
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from engine.inputs import (CallOptions, check_alpha, check_passage_margin, check_threshold, check_title,
+from engine.core.inputs import (CallOptions, check_alpha, check_passage_margin, check_threshold, check_title,
                            check_top_k, check_windows)
 
 KEEP_RULES = ("gt", "ge")
@@ -33,22 +33,22 @@ OLD_NAMES = {"backoff_alpha": "alpha"}
 
 @dataclass(frozen=True)
 class Rules:
-    """The decision settings (engine.decide's rules): a family's defaults, or one call's."""
+    """The decision settings (engine.core.decide's rules): a family's defaults, or one call's."""
     threshold: float                          # keep a sentence whose probability passes this
     keep_rule: str = "gt"                     # "gt": probability > threshold; "ge": >=
     title: str = "none"                       # "first_sentence": the first sentence is a title
     alpha: float | None = None                # backoff: keep the best sentence when it reaches this; None: off
-    windows: str = "sentences"                # how a long passage is cut (engine.inputs.WINDOWS)
+    windows: str = "sentences"                # how a long passage is cut (engine.core.inputs.WINDOWS)
     lexical_weight: float = 0.0               # the lexical score's share in the fused scores (0: the model alone)
     lexical_threshold: float | None = None    # the threshold when lexical_weight > 0; None: `threshold`
     passage_margin: float | None = None       # the passage gate's margin below the call's best; None: no gate
     top_k: int | None = None                  # keep the k best passages by reranking score
     reorder: bool = False                     # return the passages best first
-    budget_tokens: int | None = None          # a call's: keep within this many tokens (engine.budget)
+    budget_tokens: int | None = None          # a call's: keep within this many tokens (engine.core.budget)
     budget_tokenizer: str | None = None       # what counts them; None: the model's own tokenizer
 
     def __post_init__(self) -> None:
-        """Each value checked as a call's option is (engine.inputs: InputError, a ValueError)."""
+        """Each value checked as a call's option is (engine.core.inputs: InputError, a ValueError)."""
         for name in ("threshold", "lexical_weight", "lexical_threshold", "alpha"):
             if getattr(self, name) is not None:
                 check_threshold(getattr(self, name), name)
@@ -99,7 +99,7 @@ class Rules:
 
 
 #: the rules a negative value turns off (None in Rules: no backoff, no passage gate), each with
-#: its check (engine.inputs: a negative number is the option's "off", written -1.0)
+#: its check (engine.core.inputs: a negative number is the option's "off", written -1.0)
 SWITCHABLE = {"alpha": check_alpha, "passage_margin": check_passage_margin}
 
 

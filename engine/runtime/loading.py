@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from engine.backends.base import Backend
-from engine.batching import BatchingConfig
-from engine.encode import manifest_tokenizer
+from engine.core.batching import BatchingConfig
+from engine.core.encode import manifest_tokenizer
 from engine.errors import InputError, ModelLoadError
 from engine.settings import DEFAULTS, TORCH_ATTENTIONS, TORCH_DTYPES, checked, setting
-from engine.spec import Manifest, ModelSpec, Runtime
+from engine.core.spec import Manifest, ModelSpec, Runtime
 
 BACKENDS = ("onnxruntime", "openvino", "torch")
 PRECISIONS = ("fp32", "bf16")
@@ -99,7 +99,7 @@ def open_model(path: str | Path, options: LoadOptions, log: Any = None) -> tuple
     `runtime` says (`prune export --precision auto`'s pick), else on ONNX Runtime."""
     o = options
     if str(path) == "default" and not Path("default").exists():
-        from engine.default_model import default_model
+        from engine.runtime.default_model import default_model
         path = default_model(o.runtime, o.device)
     path = Path(path)
     if o.runtime == "torch":
@@ -158,7 +158,7 @@ def runtime_missing(runtime: Runtime) -> str | None:
         return "OpenVINO is not installed (pip install 'prune-engine[openvino]')"
     if runtime.precision == "bf16":
         from engine.backends.openvino import bf16_supported
-        from engine.cpu import BF16_MISSING
+        from engine.measure.cpu import BF16_MISSING
         if not bf16_supported():
             return BF16_MISSING
     return None

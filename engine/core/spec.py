@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ModelLoadError
-from engine.families import Family, get_family
+from engine.core.families import Family, get_family
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "prune-engine/1"
@@ -110,7 +110,7 @@ class Manifest:
     inputs: tuple[str, ...] = ()
     buckets: tuple[int, ...] = ()
     precision: str | None = None
-    # the decision rules' defaults this export records over its family's (engine.rules:
+    # the decision rules' defaults this export records over its family's (engine.core.rules:
     # the names of Rules.recorded; a name left out is the family's)
     defaults: dict[str, Any] = field(default_factory=dict)
     embedding_rows: int = 0             # input_ids must stay below this (0: unknown)

@@ -20,7 +20,7 @@ from typing import Callable
 import engine
 from engine.errors import ModelLoadError
 from engine.settings import setting
-from engine.spec import MANIFEST
+from engine.core.spec import MANIFEST
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"

@@ -1,7 +1,7 @@
 """Prune to a budget: the best sentences of a whole call within N tokens of the reader's
 tokenizer (the call option `budget_tokens`; #57).
 
-After the threshold, the passage gate and top_k have decided (engine.decide), the budget
+After the threshold, the passage gate and top_k have decided (engine.core.decide), the budget
 only cuts further:
 - the kept sentences of every passage the call returns are ranked together, the most
   probable first, ties broken by the passage's reranking score, then by position;

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.encode import Block
+from engine.core.encode import Block
 from engine.settings import DEFAULTS
 
 # Multiples of 32: on the RAG workload (SQuAD paragraphs, 20 per query) padding is 8% of

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ModelLoadError
-from engine.inputs import WINDOWS, CallOptions  # noqa: F401  (WINDOWS re-exported)
-from engine.rules import Rules
+from engine.core.inputs import WINDOWS, CallOptions  # noqa: F401  (WINDOWS re-exported)
+from engine.core.rules import Rules
 
-#: a Family's attributes before engine.rules, and what they are now (Family.__getattr__)
+#: a Family's attributes before engine.core.rules, and what they are now (Family.__getattr__)
 _RENAMED = {"threshold": "threshold", "keep_rule": "keep_rule", "title": "title", "backoff_alpha": "alpha",
             "windows": "windows", "lexical_weight": "lexical_weight", "lexical_threshold": "lexical_threshold",
             "passage_margin": "passage_margin", "default_threshold": "threshold_at", "gate_margin": "resolve"}
@@ -32,7 +32,7 @@ class Family:
     has_rerank_head: bool
     uses_token_type_ids: bool
     seps_between: int             # separator tokens between question and context
-    rules: Rules                  # the decision rules' defaults (engine.rules)
+    rules: Rules                  # the decision rules' defaults (engine.core.rules)
     description: str
     sentence_specials: bool = False  # each sentence wrapped in its own [CLS] ... [SEP]
     rerank_merge: str = "first"      # passage score from the "first" block, or the "max" over blocks
@@ -81,7 +81,7 @@ class Family:
         return s
 
     def __getattr__(self, name: str) -> Any:
-        """The decision settings' old names (before engine.rules): each still read, with a
+        """The decision settings' old names (before engine.core.rules): each still read, with a
         DeprecationWarning naming the new one."""
         new = _RENAMED.get(name)
         if new is None or name.startswith("__"):
@@ -140,7 +140,7 @@ FAMILIES: dict[str, Family] = {
         name="embedding", backbone="auto", sentence_pooling="embedding",
         # threshold 0.87 (cosine 0.74 with the default mapping) and keep-the-best backoff:
         # chosen on the first half of squad-dev-prune, F1 73.3 on the other half (docs/families.md).
-        # Fused half and half with the in-passage lexical score (engine.lexical), kept above
+        # Fused half and half with the in-passage lexical score (engine.core.lexical), kept above
         # 0.83: chosen on squad-dev-prune and kept on coqa-dev's seven domains
         # (docs/quality.md); lexical_weight=0 turns it off. The passage gate's margin 0.1:
         # chosen on squad-dev-rag and a RAG-shaped coqa-dev (docs/quality.md), so that the

@@ -21,8 +21,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from engine.datafiles import progress as progress_bar
-from engine.datafiles import read_jsonl
+from engine.measure.datafiles import progress as progress_bar
+from engine.measure.datafiles import read_jsonl
 
 THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
 #: The gate a reduced precision passes to be offered (`prune fidelity` says whether it
@@ -113,8 +113,8 @@ def run_model(pruner, docs: Sequence[Doc], progress: bool, desc: str, windows: s
     fam = pruner.family
     from dataclasses import replace
 
-    from engine import text as textmod
-    from engine.decide import decide_passages
+    from engine.core import text as textmod
+    from engine.core.decide import decide_passages
     rules = replace(fam.rules, lexical_weight=0.0)       # the model's own decisions, at the family's threshold
     for d in progress_bar(docs, len(docs), desc, progress):
         spans = d.spans if d.spans is not None else textmod.split_sentences(d.context)

@@ -153,13 +153,13 @@ def _off(value: Any, name: str, what: str) -> bool:
 
 
 def check_lexical_weight(weight: Any) -> float | None:
-    """None (the family's default) passes; a number must be in [0, 1] (engine.lexical)."""
+    """None (the family's default) passes; a number must be in [0, 1] (engine.core.lexical)."""
     return None if weight is None else check_threshold(weight, "lexical_weight")
 
 
 def check_passage_margin(margin: Any) -> float | None:
     """None (the family's default) passes; a finite number: the passage gate's margin, a
-    negative one (-1.0) turning the gate off (engine.decide.gate_passages)."""
+    negative one (-1.0) turning the gate off (engine.core.decide.gate_passages)."""
     if margin is None:
         return None
     return -1.0 if _off(margin, "passage_margin", "no passage gate") else float(margin)
@@ -179,7 +179,7 @@ def check_budget_tokens(value: Any) -> int | None:
 
 
 def check_budget_tokenizer(value: Any) -> str | None:
-    """None (the model's tokenizer) passes; else a non-empty name or path (engine.budget
+    """None (the model's tokenizer) passes; else a non-empty name or path (engine.core.budget
     loads it when a call uses it)."""
     if value is None:
         return None
