@@ -15,7 +15,7 @@ from pathlib import Path
 from benchmarks.precision_choice import INT8_VARIANTS
 from engine.pruner import Pruner
 from engine.core.text import split_sentences
-from engine.tools.harness import Study, interleave, medians, model_passes, parser, stderr
+from engine.tools.harness import checkpoint_of, Study, interleave, medians, model_passes, parser, stderr
 from engine.tools.quality import load_rag_data
 from export.onnx import export_model
 
@@ -23,16 +23,12 @@ VARIANTS = [("fp32", dict(precision="fp32")), *INT8_VARIANTS]
 
 
 def main(argv=None) -> int:
-    ap = parser(__doc__, repeats=5)
-    ap.add_argument("--model", required=True, help="checkpoint folder, or 'default'")
-    ap.add_argument("--data", required=True)
+    ap = parser(__doc__, repeats=5, checkpoint=True, data="RAG JSONL (question, passages)")
     ap.add_argument("--queries", type=int, default=10)
     args = ap.parse_args(argv)
     study = Study("model-speed", "benchmarks.model_speed", argv)
-    if args.model == "default":
-        from engine.runtime.default_model import default_checkpoint
-        args.model = default_checkpoint()
     queries = load_rag_data(args.data, args.queries)
+    args.model = checkpoint_of(args.model)
     with tempfile.TemporaryDirectory() as tmp:
         pruners = {}
         for k, (name, kw) in enumerate(VARIANTS, 1):

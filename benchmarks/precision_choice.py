@@ -12,7 +12,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from engine.tools.harness import Study, interleave, medians, parser, stderr
+from engine.tools.harness import checkpoint_of, Study, interleave, medians, parser, stderr
 from engine.tools.fidelity import fidelity_report, format_report, load_docs, run_model
 from engine.pruner import Pruner
 from export.onnx import export_model
@@ -28,15 +28,11 @@ VARIANTS = [("fp32 (optimized)", dict(precision="fp32")), *INT8_VARIANTS,
 
 
 def main(argv=None) -> int:
-    ap = parser(__doc__, repeats=3)
-    ap.add_argument("--model", required=True, help="checkpoint folder, or 'default' (all-MiniLM-L6-v2)")
-    ap.add_argument("--data", required=True)
+    ap = parser(__doc__, repeats=3, checkpoint=True, data="sentence-labelled JSONL (question, context, sentences)")
     ap.add_argument("--limit", type=int, default=100)
     args = ap.parse_args(argv)
     study = Study("precision-choice", "benchmarks.precision_choice", argv)
-    if args.model == "default":
-        from engine.runtime.default_model import default_checkpoint
-        args.model = default_checkpoint()
+    args.model = checkpoint_of(args.model)
     docs = load_docs(args.data, args.limit)
     log = stderr
     with tempfile.TemporaryDirectory() as tmp:

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -43,6 +44,37 @@ PASSAGES = [
     "one single sentence without any punctuation " * 60,   # longer than a window: pieces
     "Short.",
 ]
+
+
+def run_in_threads(target, n: int, join_s: float | None = 60) -> None:
+    """`target(k)` for k in range(n), each in a thread of its own, all started before any is
+    joined (for `join_s` seconds each; None: until it ends). The callers collect their own
+    errors: a thread's exception is not raised here."""
+    threads = [threading.Thread(target=target, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_s)
+
+
+def load_test(connect, call, clients: int, seconds: float = 3.0, per_client: int = 200) -> tuple[list, list]:
+    """`clients` threads, client k calls `call(pruner, k, n)` for n = 0, 1, ... on its own
+    `connect(k)` until `seconds` pass or it made `per_client` calls. What the calls returned
+    and the repr of each exception they raised (a check that fails raises)."""
+    done, errors = [], []
+    stop = time.monotonic() + seconds
+
+    def client(k: int) -> None:
+        pruner = connect(k)
+        n = 0
+        while time.monotonic() < stop and n < per_client:
+            try:
+                done.append(call(pruner, k, n))
+            except Exception as exc:  # noqa: BLE001 (returned to the test, which asserts on it)
+                errors.append(repr(exc))
+            n += 1
+    run_in_threads(client, clients, join_s=30)
+    return done, errors
 
 
 def with_window(pruner, max_length: int, **batching):

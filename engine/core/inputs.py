@@ -18,6 +18,7 @@ The rules:
 """
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from collections.abc import Sequence
@@ -116,28 +117,36 @@ def _positive_int(value: Any, name: str, unit: str = "") -> int | None:
 
 
 def check_top_k(top_k: Any) -> int | None:
-    """None or a positive int."""
+    """keep only the k best passages by reranking score, best first"""
+    # checked: None or a positive int.
     return _positive_int(top_k, "top_k")
 
 
 def check_title(title: Any) -> str | None:
-    """None or one of TITLE_RULES."""
+    """first_sentence: the first sentence is a title, kept when it passes the threshold itself or
+    when another sentence is kept; none: no title rule"""
+    # checked: None or one of TITLE_RULES.
     if title is not None and title not in TITLE_RULES:
         raise InputError(f"title must be one of {TITLE_RULES}, got {title!r}")
     return title
 
 
 def check_windows(windows: Any) -> str | None:
-    """None or one of WINDOWS."""
+    """how a long passage is cut: reference, as the family's own code (OpenSearch's 510-token
+    windows with a decision per window, OpenProvence's fragments); sentences, blocks of whole
+    sentences with one decision per passage"""
+    # checked: None or one of WINDOWS.
     if windows is not None and windows not in WINDOWS:
         raise InputError(f"windows must be one of {WINDOWS}, got {windows!r}")
     return windows
 
 
 def check_alpha(alpha: Any) -> float | None:
-    """None (the family's default) passes; a number in [0, 1] is the backoff alpha; a
-    negative number turns the backoff off (-1.0). `...`, the old spelling of the default,
-    is taken as None."""
+    """backoff: when no sentence passes, keep the best one if its probability is at least alpha, in
+    [0, 1]; negative: no backoff"""
+    # checked: None (the family's default) passes; a number in [0, 1] is the backoff alpha; a
+    # negative number turns the backoff off (-1.0). `...`, the old spelling of the default, is
+    # taken as None.
     if alpha is None or alpha is ...:
         return None
     if _off(alpha, "alpha", "no backoff"):
@@ -153,34 +162,44 @@ def _off(value: Any, name: str, what: str) -> bool:
 
 
 def check_lexical_weight(weight: Any) -> float | None:
-    """None (the family's default) passes; a number must be in [0, 1] (engine.core.lexical)."""
+    """the in-passage lexical score's share in the sentence and reranking scores, in [0, 1]; 0: the
+    model alone"""
+    # checked: None (the family's default) passes; a number must be in [0, 1]
+    # (engine.core.lexical).
     return None if weight is None else check_threshold(weight, "lexical_weight")
 
 
 def check_passage_margin(margin: Any) -> float | None:
-    """None (the family's default) passes; a finite number: the passage gate's margin, a
-    negative one (-1.0) turning the gate off (engine.core.decide.gate_passages)."""
+    """the passage gate: a passage whose reranking score is below the call's best minus this margin
+    keeps nothing; negative: no gate"""
+    # checked: None (the family's default) passes; a finite number: the passage gate's margin, a
+    # negative one (-1.0) turning the gate off (engine.core.decide.gate_passages).
     if margin is None:
         return None
     return -1.0 if _off(margin, "passage_margin", "no passage gate") else float(margin)
 
 
 def check_reorder(reorder: Any) -> bool:
-    """A bool."""
+    """return the passages by reranking score, best first"""
+    # checked: A bool.
     if not isinstance(reorder, (bool, np.bool_)):
         raise InputError(f"reorder must be true or false, got {reorder!r}")
     return bool(reorder)
 
 
 def check_budget_tokens(value: Any) -> int | None:
-    """None (no budget) passes; else a positive integer (a budget of 0 or less could keep
-    nothing: refused)."""
+    """keep the call's most probable kept sentences, across its passages, within this many tokens of
+    the reader's tokenizer (after the threshold and the gate)"""
+    # checked: None (no budget) passes; else a positive integer (a budget of 0 or less could keep
+    # nothing: refused).
     return _positive_int(value, "budget_tokens", " (tokens)")
 
 
 def check_budget_tokenizer(value: Any) -> str | None:
-    """None (the model's tokenizer) passes; else a non-empty name or path (engine.core.budget
-    loads it when a call uses it)."""
+    """what budget_tokens counts: the model's own tokenizer (default), a tiktoken encoding
+    (cl100k_base, o200k_base) or a tokenizer.json path"""
+    # checked: None (the model's tokenizer) passes; else a non-empty name or path
+    # (engine.core.budget loads it when a call uses it).
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip():
@@ -188,11 +207,14 @@ def check_budget_tokenizer(value: Any) -> str | None:
     return value.strip()
 
 
-def _option(default: Any, check: Any, help: str) -> Any:
-    return field(default=default, metadata={"check": check, "help": help})
+def _option(default: Any, check: Any) -> Any:
+    """A CallOptions field: its default and its check, whose docstring says what the option
+    means (the one text the CLI, the HTTP schema and the docs use)."""
+    return field(default=default, metadata={"check": check, "help": " ".join(inspect.getdoc(check).split())})
 
 
 def _threshold_or_none(value: Any) -> float | None:
+    """keep a sentence whose probability passes this, in [0, 1]"""
     return None if value is None else check_threshold(value)
 
 
@@ -206,32 +228,16 @@ class CallOptions:
     `passage_margin` a negative number turns the rule off. Values are checked when the
     object is made (InputError, naming the option)."""
 
-    threshold: float | None = _option(None, _threshold_or_none,
-                                      "keep a sentence whose probability passes this, in [0, 1]")
-    title: str | None = _option(
-        None, check_title, "first_sentence: the first sentence is a title, kept when it passes the threshold "
-                           "itself or when another sentence is kept; none: no title rule")
-    alpha: float | None = _option(
-        None, check_alpha, "backoff: when no sentence passes, keep the best one if its probability is at least "
-                           "alpha, in [0, 1]; negative: no backoff")
-    top_k: int | None = _option(None, check_top_k, "keep only the k best passages by reranking score, best first")
-    reorder: bool = _option(False, check_reorder, "return the passages by reranking score, best first")
-    windows: str | None = _option(
-        None, check_windows, "how a long passage is cut: reference, as the family's own code (OpenSearch's "
-                             "510-token windows with a decision per window, OpenProvence's fragments); sentences, "
-                             "blocks of whole sentences with one decision per passage")
-    lexical_weight: float | None = _option(
-        None, check_lexical_weight, "the in-passage lexical score's share in the sentence and reranking scores, "
-                                    "in [0, 1]; 0: the model alone")
-    passage_margin: float | None = _option(
-        None, check_passage_margin, "the passage gate: a passage whose reranking score is below the call's best "
-                                    "minus this margin keeps nothing; negative: no gate")
-    budget_tokens: int | None = _option(
-        None, check_budget_tokens, "keep the call's most probable kept sentences, across its passages, within this "
-                                   "many tokens of the reader's tokenizer (after the threshold and the gate)")
-    budget_tokenizer: str | None = _option(
-        None, check_budget_tokenizer, "what budget_tokens counts: the model's own tokenizer (default), a tiktoken "
-                                      "encoding (cl100k_base, o200k_base) or a tokenizer.json path")
+    threshold: float | None = _option(None, _threshold_or_none)
+    title: str | None = _option(None, check_title)
+    alpha: float | None = _option(None, check_alpha)
+    top_k: int | None = _option(None, check_top_k)
+    reorder: bool = _option(False, check_reorder)
+    windows: str | None = _option(None, check_windows)
+    lexical_weight: float | None = _option(None, check_lexical_weight)
+    passage_margin: float | None = _option(None, check_passage_margin)
+    budget_tokens: int | None = _option(None, check_budget_tokens)
+    budget_tokenizer: str | None = _option(None, check_budget_tokenizer)
 
     def __post_init__(self) -> None:
         for f in fields(self):

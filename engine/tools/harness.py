@@ -64,10 +64,17 @@ def machine_line(info: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def parser(doc: str | None, out: str | None = None, repeats: int = 5) -> argparse.ArgumentParser:
+def parser(doc: str | None, out: str | None = None, repeats: int = 5, checkpoint: bool = False,
+           data: str | None = None) -> argparse.ArgumentParser:
     """A study's argument parser with the flags every study shares: --repeats, --threads
-    and --out (required when `out` is None, else that folder by default)."""
+    and --out (required when `out` is None, else that folder by default); with `checkpoint`,
+    --model (a checkpoint folder, or 'default': read it with `checkpoint_of`); with `data`
+    (what the file holds), a required --data."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if checkpoint:
+        ap.add_argument("--model", required=True, help="checkpoint folder, or 'default' (all-MiniLM-L6-v2)")
+    if data:
+        ap.add_argument("--data", required=True, help=data)
     ap.add_argument("--repeats", type=int, default=repeats, help=f"interleaved rounds, medians (default {repeats})")
     ap.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
     if out is None:
@@ -75,6 +82,14 @@ def parser(doc: str | None, out: str | None = None, repeats: int = 5) -> argpars
     else:
         ap.add_argument("--out", type=Path, default=Path(out), help=f"folder for the report (default {out})")
     return ap
+
+
+def checkpoint_of(model: str) -> str:
+    """A study's --model as a checkpoint folder: 'default' is the default model's checkpoint."""
+    if model != "default":
+        return model
+    from engine.runtime.default_model import default_checkpoint
+    return default_checkpoint()
 
 
 class Study:

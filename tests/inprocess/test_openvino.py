@@ -8,7 +8,6 @@ PyTorch (as ONNX Runtime's, tests/inprocess/test_parity.py); bf16 within 2e-2 (i
 mantissa; docs/precisions.md gives the fidelity on real weights).
 """
 import json
-import threading
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ from engine.cli import main
 from engine.measure.cpu import AUTO_PRECISIONS, CpuKind
 from engine.errors import ModelLoadError
 from engine.pruner import Pruner
-from tests.utils import FAMILY_NAMES, PASSAGES, QUESTION
+from tests.utils import FAMILY_NAMES, PASSAGES, QUESTION, run_in_threads
 
 pytestmark = pytest.mark.inprocess
 
@@ -59,11 +58,7 @@ def test_a_shared_pruner_answers_the_same_from_many_threads(ov_pruners):
             got.append(_probs(ov.prune(QUESTION, PASSAGES, lexical_weight=0)))
         except Exception as exc:      # noqa: BLE001 (reported below)
             errors.append(exc)
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_in_threads(lambda _: work(), 4, join_s=None)
     assert not errors and len(got) == 4
     for g in got:
         for a, b in zip(g, want):

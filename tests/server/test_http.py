@@ -17,7 +17,7 @@ pytest.importorskip("fastapi")
 import httpx  # noqa: E402
 
 from engine.http.app import ApiConfig  # noqa: E402
-from tests.utils import serve_api as serving  # noqa: E402
+from tests.utils import run_in_threads, serve_api as serving  # noqa: E402
 
 pytestmark = pytest.mark.server
 
@@ -181,11 +181,7 @@ def test_concurrent_clients_each_get_their_own_results(api):
                 body = http.post(f"{url}/rerank", json={"query": q, "texts": t}).json()
                 if [(b["index"], b["pruned_text"]) for b in body] != expected[i]:
                     errors.append((i, body))
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    run_in_threads(client, 8, join_s=120)
     assert not errors, errors[:2]
 
 

@@ -7,7 +7,6 @@ within 1e-4.
 """
 import json
 import threading
-import time
 import urllib.error
 import urllib.request
 
@@ -23,7 +22,7 @@ from engine.errors import InputError
 from engine.pruner import Pruner
 from engine.triton.text_pruner import TritonTextPruner
 from export.triton import RepositoryOptions, build_repository
-from tests.utils import CORE_MAX_BATCH, FAMILY_NAMES, TEXT_MAX_CHARS, TEXT_MAX_PASSAGES
+from tests.utils import CORE_MAX_BATCH, FAMILY_NAMES, TEXT_MAX_CHARS, TEXT_MAX_PASSAGES, load_test, run_in_threads
 from tests.utils import PASSAGES, QUESTION
 
 pytestmark = pytest.mark.server
@@ -180,11 +179,7 @@ def test_concurrent_text_requests_meet_in_the_core_batcher(server, pruners):
             barrier.wait()
             results[i] = clients[i % len(clients)].prune(questions[i], [PASSAGES[0], PASSAGES[1]])
 
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(questions))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        run_in_threads(work, len(questions), join_s=60)
         req1, exe1 = _stats(server, name)
         print(f"\n16 concurrent text requests: {req1 - req0} core requests in {exe1 - exe0} core executions")
         assert req1 - req0 >= len(questions)          # at least one core request per text request
@@ -204,27 +199,16 @@ def test_text_load_test_no_lost_or_mixed_results(server, pruners):
     docs = [f"The stadium {i} was built in {1900 + i}. It holds {i * 1000} people. Football is played."
             for i in range(12)]
     expected = {i: local.prune(f"When was stadium {i} built?", [docs[i], docs[(i + 1) % 12]]) for i in range(12)}
-    errors, done = [], []
-    stop = time.monotonic() + 3.0
 
-    def client(k):
+    def connect(k):
         proto = "grpc" if k % 2 == 0 else "http"
-        p = Pruner.connect(server.grpc_url if proto == "grpc" else server.http_url, f"{name}_text", protocol=proto)
-        n = 0
-        while time.monotonic() < stop and n < 200:
-            i = (k * 5 + n) % 12
-            try:
-                same(p.prune(f"When was stadium {i} built?", [docs[i], docs[(i + 1) % 12]]), expected[i])
-                done.append(i)
-            except Exception as exc:  # collected, asserted below
-                errors.append(repr(exc))
-            n += 1
+        return Pruner.connect(server.grpc_url if proto == "grpc" else server.http_url, f"{name}_text", protocol=proto)
 
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    def call(p, k, n):
+        i = (k * 5 + n) % 12
+        same(p.prune(f"When was stadium {i} built?", [docs[i], docs[(i + 1) % 12]]), expected[i])
+        return i
+    done, errors = load_test(connect, call, clients=6)
     assert not errors, errors[:3]
     assert len(done) >= 12
 
@@ -410,11 +394,7 @@ def test_int8_answers_do_not_depend_on_their_batch_company(server, exported_int8
                 except Exception as exc:  # collected, asserted below
                     errors.append(repr(exc))
 
-        threads = [threading.Thread(target=client, args=(k,)) for k in range(len(clients))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        run_in_threads(client, len(clients), join_s=120)
         req1, exe1 = _stats(server, "xprovence_int8")
         print(f"\nINT8 company round {attempt}: {req1 - req0} core requests in {exe1 - exe0} executions, "
               f"{len(wrong)} answers differing from the call sent alone")

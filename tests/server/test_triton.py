@@ -19,7 +19,7 @@ from engine.errors import BackendError
 from engine.pruner import Pruner
 from engine.triton.server import TritonServer
 from export.triton import RepositoryOptions, build_repository
-from tests.utils import CORE_MAX_BATCH, FAMILY_NAMES, free_ports
+from tests.utils import CORE_MAX_BATCH, FAMILY_NAMES, free_ports, load_test, run_in_threads
 from tests.utils import PASSAGES, QUESTION
 
 pytestmark = pytest.mark.server
@@ -81,11 +81,7 @@ def test_dynamic_batching_happens_and_changes_nothing(server, pruners):
         except Exception as exc:
             errors.append(repr(exc))
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(questions))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    run_in_threads(work, len(questions), join_s=60)
     assert not errors and all(r is not None for r in results), errors[:3]
     # Triton updates its statistics after it has sent the responses: on a busy machine the
     # last execution's counts can lag the clients by a moment
@@ -108,27 +104,12 @@ def test_load_test_no_lost_or_mixed_results(server, pruners):
     local = pruners[name][0]
     docs = [f"The stadium {i} was built in {1900 + i}. It holds {i * 1000} people. Football is played." for i in range(16)]
     expected = {i: local.prune(f"When was stadium {i} built?", [docs[i]]) for i in range(16)}
-    errors, done = [], []
-    stop = time.monotonic() + 3.0
 
-    def client(k):
-        p = Pruner.connect(server.grpc_url, name)
-        n = 0
-        while time.monotonic() < stop and n < 200:
-            i = (k * 7 + n) % 16
-            try:
-                got = p.prune(f"When was stadium {i} built?", [docs[i]])
-                _same(got, expected[i])
-                done.append(i)
-            except Exception as exc:  # collected, asserted below
-                errors.append(repr(exc))
-            n += 1
-
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    def call(p, k, n):
+        i = (k * 7 + n) % 16
+        _same(p.prune(f"When was stadium {i} built?", [docs[i]]), expected[i])
+        return i
+    done, errors = load_test(lambda k: Pruner.connect(server.grpc_url, name), call, clients=8)
     assert not errors, errors[:3]
     assert len(done) >= 8
 
