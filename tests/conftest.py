@@ -9,6 +9,7 @@ import pytest
 
 from tests.utils import (CORE_MAX_BATCH, FAMILY_NAMES, TEXT_MAX_CHARS, TEXT_MAX_PASSAGES,  # noqa: F401
                          built_once, free_ports, processes_under)
+from tests.xdist_crash import pytest_testnodedown  # noqa: F401  (a crashed worker's exit status, in the output)
 
 # No model hub is reachable in tests: fail fast instead of waiting on the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

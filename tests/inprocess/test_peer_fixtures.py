@@ -34,7 +34,7 @@ def test_model_math_and_template_equal_the_original_code(family, tmp_path):
             r = engine.prune(doc["question"], [doc["context"]], sentences=sentences)[0]
             assert r.blocks == 1
             spans = [[(s.start, s.end) for s in r.sentences]]
-            assert len(engine.core.encode(doc["question"], [doc["context"]], spans)[0]) == doc["n_tokens"], doc["id"]
+            assert len(engine.encode(doc["question"], [doc["context"]], spans)[0]) == doc["n_tokens"], doc["id"]
             np.testing.assert_allclose([s.probability for s in r.sentences], doc["probs"], atol=1e-5, rtol=0,
                                        err_msg=doc["id"])
             assert r.reranking_score == pytest.approx(doc["rerank"], abs=1e-4), doc["id"]

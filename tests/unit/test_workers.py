@@ -4,6 +4,7 @@ a module's tests run on one worker (pyproject's `--dist`), so its fixtures are b
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -73,6 +74,7 @@ def test_one_process_builds_each_time_in_a_new_folder(tmp_path, monkeypatch):
 
 MODULE = """
 import os
+import re
 from pathlib import Path
 import pytest
 
@@ -100,3 +102,39 @@ def test_a_modules_tests_run_on_one_worker(tmp_path):
     for f in (tmp_path / "ran").iterdir():
         workers.setdefault(f.name.split("-")[0], set()).add(f.read_text())
     assert set(workers) == {"test_a", "test_b"} and all(len(w) == 1 for w in workers.values()), workers
+
+
+CRASHING = '''
+import os
+import re
+import signal
+import time
+
+
+def test_dies():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_waits():
+    time.sleep(1)
+'''
+
+
+def test_a_crashed_worker_ends_the_run_and_says_how_it_died(tmp_path):
+    """A worker killed mid-test (what a segfault or an outside SIGKILL does): the run ends
+    there, failed (no replacement worker, which pytest-xdist 3.8 was seen waiting on forever),
+    and prints the worker's pid and the signal that killed it (tests/xdist_crash.py)."""
+    root = Path(__file__).resolve().parents[2]
+    addopts = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    (tmp_path / "test_crash.py").write_text(CRASHING)
+    (tmp_path / "conftest.py").write_text("from tests.xdist_crash import pytest_testnodedown  # noqa: F401\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider",
+                          *addopts.split(), "-o", "addopts=", str(tmp_path)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    out = run.stdout + run.stderr
+    assert run.returncode != 0, out[-3000:]
+    assert re.search(r"\[gw\d\] worker pid \d+ killed by SIGKILL", out), out[-3000:]
+    # no replacement worker goes on with the crashed worker's tests (--max-worker-restart 0)
+    assert re.search(r"^1 failed in ", out, re.M) and "passed" not in out, out[-3000:]
