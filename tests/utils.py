@@ -46,6 +46,29 @@ PASSAGES = [
 ]
 
 
+class Preceded:
+    """A pruner that calls `before()` (a wait, a sleep, a raise) at the start of each
+    `prune`, then `base`'s; everything else is `base`'s."""
+
+    def __init__(self, base, before):
+        self._base, self._before = base, before
+
+    def __getattr__(self, name):
+        return getattr(self._base, name)
+
+    def prune(self, *args, **kwargs):
+        self._before()
+        return self._base.prune(*args, **kwargs)
+
+
+def started_threads(target, n: int) -> list[threading.Thread]:
+    """n threads running `target()`, started (join them yourself)."""
+    threads = [threading.Thread(target=target) for _ in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+
+
 def run_in_threads(target, n: int, join_s: float | None = 60) -> None:
     """`target(k)` for k in range(n), each in a thread of its own, all started before any is
     joined (for `join_s` seconds each; None: until it ends). The callers collect their own

@@ -17,7 +17,7 @@ pytest.importorskip("fastapi")
 import httpx  # noqa: E402
 
 from engine.http.app import ApiConfig  # noqa: E402
-from tests.utils import run_in_threads, serve_api as serving  # noqa: E402
+from tests.utils import Preceded, run_in_threads, serve_api as serving, started_threads  # noqa: E402
 
 pytestmark = pytest.mark.server
 
@@ -277,24 +277,12 @@ def test_json_sent_as_a_form_is_told_the_content_type(guarded, route, body):
 
 def test_past_max_concurrent_the_answer_is_429_with_retry_after(pruners):
     """Requests beyond `max_concurrent` in flight are refused at once, not queued without bound."""
-    base = pruners["opensearch"][0]
     gate = threading.Event()
-
-    class Slow:
-        def __getattr__(self, name):
-            return getattr(base, name)
-
-        def prune(self, *args, **kwargs):
-            gate.wait(10)
-            return base.prune(*args, **kwargs)
-    with serving(Slow(), ApiConfig(max_concurrent=2, workers=2)) as url:
+    with serving(Preceded(pruners["opensearch"][0], lambda: gate.wait(10)),
+                 ApiConfig(max_concurrent=2, workers=2)) as url:
         results = []
-
-        def call():
-            results.append(httpx.post(f"{url}/rerank", json={"query": Q, "texts": ["a."]}, timeout=30))
-        threads = [threading.Thread(target=call) for _ in range(2)]
-        for t in threads:
-            t.start()
+        threads = started_threads(lambda: results.append(
+            httpx.post(f"{url}/rerank", json={"query": Q, "texts": ["a."]}, timeout=30)), 2)
         time.sleep(0.5)
         refused = httpx.post(f"{url}/rerank", json={"query": Q, "texts": ["a."]}, timeout=30)
         gate.set()
@@ -309,26 +297,17 @@ def test_health_does_not_flap_under_load_and_turns_503_when_the_engine_fails(pru
     calls (past the old fixed 5 s limit), every health check answers 200 in time; once the
     engine fails, it answers 503 until the engine answers again."""
     from engine.errors import BackendError
-    base = pruners["opensearch"][0]
     broken = threading.Event()
 
-    class Busy:
-        def __getattr__(self, name):
-            return getattr(base, name)
-
-        def prune(self, *args, **kwargs):
-            if broken.is_set():
-                raise BackendError("the backend is gone")
-            time.sleep(1.5)
-            return base.prune(*args, **kwargs)
-    with serving(Busy(), ApiConfig(max_concurrent=16, workers=1, request_timeout=60)) as url:
+    def busy():
+        if broken.is_set():
+            raise BackendError("the backend is gone")
+        time.sleep(1.5)
+    with serving(Preceded(pruners["opensearch"][0], busy),
+                 ApiConfig(max_concurrent=16, workers=1, request_timeout=60)) as url:
         results = []
-
-        def call():
-            results.append(httpx.post(f"{url}/rerank", json={"query": Q, "texts": ["a."]}, timeout=60))
-        threads = [threading.Thread(target=call) for _ in range(6)]
-        for t in threads:
-            t.start()
+        threads = started_threads(lambda: results.append(
+            httpx.post(f"{url}/rerank", json={"query": Q, "texts": ["a."]}, timeout=60)), 6)
         checks = []
         while any(t.is_alive() for t in threads):
             t0 = time.monotonic()
