@@ -19,6 +19,8 @@ One InferRequest per thread: a Pruner shared by a service's threads runs them si
 """
 from __future__ import annotations
 
+import functools
+
 import threading
 from pathlib import Path
 from typing import Any
@@ -34,8 +36,15 @@ from engine.core.spec import RUNTIMES
 PRECISIONS = RUNTIMES["openvino"]
 
 
+@functools.cache
 def openvino_core():
-    """An `openvino.Core`, or a clear error naming the extra."""
+    """The process's one `openvino.Core` (or a clear error naming the extra), kept until the
+    process ends, as OpenVINO recommends (one Core per application). Not one per model: the
+    CPU plugin gives a thread that compiles a model an alternate signal stack of each Core's
+    own and puts the previous one back when that Core goes, so Cores dropped in the order
+    they were made left the thread on a stack already unmapped, and the next signal with a
+    Python handler there (SIGTERM to `prune api`) was a SIGSEGV
+    (tests/inprocess/test_openvino.py). Each model's settings go with its compile_model."""
     try:
         import openvino as ov
     except ImportError as exc:

@@ -8,6 +8,9 @@ PyTorch (as ONNX Runtime's, tests/inprocess/test_parity.py); bf16 within 2e-2 (i
 mantissa; docs/precisions.md gives the fidelity on real weights).
 """
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +22,8 @@ from engine.pruner import Pruner
 from tests.utils import FAMILY_NAMES, PASSAGES, QUESTION, run_in_threads
 
 pytestmark = pytest.mark.inprocess
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytest.importorskip("openvino", reason="OpenVINO comes with the [openvino] extra (in [dev])")
 from engine.backends.openvino import BF16_FLAGS, bf16_supported  # noqa: E402
@@ -384,3 +389,29 @@ def test_export_flags_that_do_not_go_together(checkpoints, tmp_path, capsys):
     assert main(["export", "--model", ck, "--out", str(tmp_path / "b"), "--precision", "auto", "--tensorrt"]) != 0
     assert "not from --precision auto" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+SIGNAL_AFTER_TWO_PRUNERS = '''
+import gc, os, signal, sys
+from engine.pruner import Pruner
+first = Pruner.load(sys.argv[1], backend="openvino", threads=1)
+second = Pruner.load(sys.argv[1], backend="openvino", threads=1)
+first.prune("Q?", ["A sentence. Another one."]); second.prune("Q?", ["A sentence. Another one."])
+del first; gc.collect()         # dropped in the order they were made
+del second; gc.collect()
+signal.signal(signal.SIGTERM, lambda signum, frame: print("handled", flush=True))
+os.kill(os.getpid(), signal.SIGTERM)      # a handled signal on this thread, as prune api's SIGTERM
+print("alive", flush=True)
+'''
+
+
+def test_a_handled_signal_after_two_openvino_pruners_is_not_a_segfault(exported):
+    """OpenVINO's CPU plugin gives the thread that compiles a model an alternate signal stack
+    of its own (one per Core) and puts the previous one back when that Core goes. Two Cores
+    dropped in the order they were made left the thread on the first one's stack, unmapped:
+    the next signal with a Python handler (SIGTERM to `prune api`, `prune bench`'s stop) was a
+    SIGSEGV (the pytest worker deaths at test_bench_stop and test_gpu_paths). The engine's
+    backends share one Core, so its stack stays mapped."""
+    run = subprocess.run([sys.executable, "-c", SIGNAL_AFTER_TWO_PRUNERS, str(exported["opensearch"])],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert (run.returncode, run.stdout.split()) == (0, ["handled", "alive"]), (run.returncode, run.stderr[-2000:])
