@@ -71,25 +71,34 @@ def add_encoder(p) -> None:
 def check_ports(args) -> None:
     """A PruneError (one line) before anything loads when a port of `prune api` cannot be
     bound: --port taken, --model-service-port taken or unservable, or both the same."""
-    from engine.http.milvus import port_is_free
-    if args.port and args.port == getattr(args, "model_service_port", None):
-        raise PruneError(f"--port and --model-service-port are both {args.port}: the HTTP API and Milvus's model "
-                         "service need a port each")
-    if args.port and not port_is_free(args.host, args.port):
-        raise PruneError(f"--port {args.port}: {args.host}:{args.port} is in use; choose another port")
     check_model_service(args)
+    check_port_table([("--port", args.host, args.port),
+                      ("--model-service-port", args.host, getattr(args, "model_service_port", None))])
+
+
+def check_port_table(ports: list[tuple[str, str, int | None]]) -> None:
+    """A PruneError (one line) when a port of `ports` ((flag, host, port); 0 or None: none,
+    or one the system picks) is named twice or cannot be bound now: `prune api` and `prune
+    serve` check theirs with it before anything loads."""
+    from engine.http.milvus import port_is_free
+    seen: dict[int, str] = {}
+    for flag, host, port in ports:
+        if not port:
+            continue
+        if port in seen:
+            raise PruneError(f"{seen[port]} and {flag} are both {port}: each server needs a port of its own")
+        seen[port] = flag
+        if not port_is_free(host, port):
+            raise PruneError(f"{flag} {port}: {host}:{port} is in use; choose another port")
 
 
 def check_model_service(args) -> None:
-    """A PruneError (one line) before anything loads when --model-service-port cannot serve:
-    grpcio-tools missing, or the port taken."""
-    port = getattr(args, "model_service_port", None)
-    if port is None:
+    """A PruneError (one line) before anything loads when --model-service-port is given and
+    cannot be served: grpcio-tools missing (its port is check_port_table's)."""
+    if getattr(args, "model_service_port", None) is None:
         return
-    from engine.http.milvus import port_is_free, proto_modules
+    from engine.http.milvus import proto_modules
     proto_modules()
-    if port and not port_is_free(args.host, port):
-        raise PruneError(f"--model-service-port {port}: {args.host}:{port} is in use; choose another port")
 
 
 def model_is_default(args) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from engine.cli.api import add_encoder, api_app, check_model_service, service_note
+from engine.cli.api import add_encoder, api_app, check_model_service, check_port_table, service_note
 from engine.cli.common import add_setting, api_imports, non_negative_int, port_number, positive_float
 from engine.errors import PruneError
 
@@ -113,21 +113,12 @@ def check_ports(args, triton_host: str, api_on: bool) -> None:
     """A PruneError (one line) before tritonserver starts when a port `prune serve` would
     bind is named twice or is in use (tritonserver's own ports, the HTTP API's and the model
     service's)."""
-    from engine.http.milvus import port_is_free
-    ports = [("--grpc-port", triton_host, args.grpc_port), ("--metrics-port", triton_host, args.metrics_port)]
-    if args.triton_http == "on":
-        ports.insert(0, ("--http-port", triton_host, args.http_port))
+    ports = [("--http-port", triton_host, args.http_port if args.triton_http == "on" else None),
+             ("--grpc-port", triton_host, args.grpc_port), ("--metrics-port", triton_host, args.metrics_port)]
     if api_on:
-        ports.append(("--api-port", args.host, args.api_port))
-        if args.model_service_port:
-            ports.append(("--model-service-port", args.host, args.model_service_port))
-    seen: dict[int, str] = {}
-    for flag, host, port in ports:
-        if port in seen:
-            raise PruneError(f"{seen[port]} and {flag} are both {port}: each server needs a port of its own")
-        seen[port] = flag
-        if not port_is_free(host, port):
-            raise PruneError(f"{flag} {port}: {host}:{port} is in use; choose another port")
+        ports += [("--api-port", args.host, args.api_port),
+                  ("--model-service-port", args.host, args.model_service_port)]
+    check_port_table(ports)
 
 
 class _Stop(Exception):

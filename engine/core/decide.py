@@ -287,6 +287,13 @@ def decide_passages(family: Family, rules: Rules, question: str, passages: Seque
         rerank = 0.0 if family.zero_rerank_when_empty and sc.rerank is not None and not kept.any() else sc.rerank
         results.append(build_result(i, p, sp, sc.probs, kept, rerank, rules.threshold, sc.blocks,
                                     windows=rules.windows, lexical_weight=rules.lexical_weight))
+    return call_rules(results, rules, tokenizer)
+
+
+def call_rules(results: list[PruneResult], rules: Rules, tokenizer: Any = None) -> list[PruneResult]:
+    """The rules over a whole call's results, in their order: the passage gate, then the
+    order and top_k, then the budget (counted by the model's `tokenizer` unless the call
+    names one). The in-process pruner and the text model's client both end a call here."""
     return within_budget(order_results(gate_passages(results, rules.passage_margin), rules.reorder, rules.top_k),
                          rules, tokenizer)
 

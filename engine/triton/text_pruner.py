@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from engine.core import budget
-from engine.core.decide import PruneResult, gate_passages, order_results, within_budget
+from engine.core.decide import PruneResult, call_rules
 from engine.errors import BackendError, InputError, PruneError
 from engine.core.inputs import CallOptions, Limits, check_call, default_limits
 from engine.protocol import FromSpec
@@ -123,8 +123,7 @@ class TritonTextPruner(FromSpec):
                                           lexical_weight=rules.lexical_weight)
         if len(results) != len(passages):
             raise BackendError(f"the text model returned {len(results)} results for {len(passages)} passages")
-        return within_budget(order_results(gate_passages(results, rules.passage_margin), rules.reorder, rules.top_k),
-                             rules)
+        return call_rules(results, rules)
 
     def prune_many(self, queries: Sequence[dict[str, Any]]) -> list[list[PruneResult] | Exception]:
         """Several calls at once (`Pruner.prune_many`): each query is sent as its own call,
