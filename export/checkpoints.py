@@ -45,10 +45,15 @@ def _train_sentencepiece(**ids) -> bytes:
     import sentencepiece as spm
     buf = io.BytesIO()
     lines = [line for line in _CORPUS.splitlines() if line.strip()] * 20
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_writer=buf, vocab_size=800, model_type="unigram",
-        character_coverage=1.0, byte_fallback=True, hard_vocab_limit=False, minloglevel=2,
-        seed_sentencepiece_size=100000, num_threads=1, **ids)
+    # from a file, not a Python iterator the trainer calls back into: the same pieces and
+    # scores; one run saw the trainer abort (SIGABRT) in a test worker on the iterator path
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp, "corpus.txt")
+        corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        spm.SentencePieceTrainer.train(
+            input=str(corpus), model_writer=buf, vocab_size=800, model_type="unigram",
+            character_coverage=1.0, byte_fallback=True, hard_vocab_limit=False, minloglevel=2,
+            seed_sentencepiece_size=100000, num_threads=1, **ids)
     return buf.getvalue()
 
 
