@@ -10,14 +10,19 @@ In order, each part starting only while the budget allows it:
 
 1. the checkpoints (24 layers, and a 6-layer cut of the same configuration), and the 24-layer
    model's fp16 export by `prune export`, started at once in the background on the CPU;
-2. the cut at 1 x 512 and 16 x 512: torch eager fp16 while its fp16 export runs, the engine
-   as soon as the export is done (as `Pruner.load` opens it on the GPU: fixed-shape sessions
-   captured as CUDA graphs, IO binding), then torch.compile fp16;
-3. the 24-layer model (lengths 128/512 and batches 1/16/64 by default: fewer than the first
+2. the GPU check (gpu_run/check.py, under 3 minutes): the design on this GPU, each check
+   PASS or FAIL with its figure (capture and replay in ONNX Runtime's log, the weights
+   shared, fresh inputs at a captured shape, 4 threads, every node on the CUDA provider,
+   device memory of 4 shapes of a hidden-1024 model);
+3. the cut at 1 x 512 and 16 x 512: torch eager fp16 while its fp16 export runs, the engine
+   as soon as the export is done (as `Pruner.load` opens it on the GPU: one copy of the
+   weights, each timed shape captured as a CUDA graph before it is timed, IO binding);
+4. the 24-layer model (lengths 128/512 and batches 1/16/64 by default: fewer than the first
    run's 1/8/64/256, to fit the budget): torch eager fp16 at those shapes while its export
-   runs, the engine's fp16 rows as soon as it is done, then torch.compile fp16 at 16 x 512
-   (when its compile, estimated from the cut's, fits before prune bench's share);
-4. with --rag-data, `prune bench --device cuda` on that workload with the same checkpoint
+   runs, the engine's fp16 rows as soon as it is done; only then torch.compile fp16, the
+   cut's first, then the full model's at 16 x 512 (when its compile, estimated from the
+   cut's, fits before prune bench's share);
+5. with --rag-data, `prune bench --device cuda` on that workload with the same checkpoint
    and export: the engine's fp16 path, torch batched fp16 and torch.compile batched fp16 on
    the same calls (it gets `--bench-reserve-s` at least).
 
@@ -30,7 +35,8 @@ count (`gpu_run.cases.flops_per_sequence`: per layer 2 x 12 h^2 L for the projec
 FFN, 2 x 2 x L^2 h each for QK^T, AV and DeBERTa's c2p + p2c terms, 2 x 2 x L x 2k x h for
 the position projections); torch.compile's compile time (the first call at a shape) is
 kept apart. The engine's graphs are checked against the fp32 PyTorch module (largest
-probability difference on a batch of 8). gpu.json and gpu.md are rewritten after every
+probability difference at a timed shape, `check_shape`, the reference computed on the device
+in fp32). gpu.json and gpu.md are rewritten after every
 row and on SIGTERM (gpu.sh runs this under `timeout`): skipped cases, errors, export times
 and the parts not reached are listed in them; gpu.png at the end.
 """
@@ -128,6 +134,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--markdown", help="also write a markdown summary here")
     ap.add_argument("--plot", help="also write a PNG here (needs matplotlib)")
     ap.add_argument("--no-onnxruntime", action="store_true", help="PyTorch paths only")
+    ap.add_argument("--no-check", action="store_true", help="skip the first step, the GPU check "
+                    "(benchmarks/gpu_run/check.py: capture, shared weights, fresh inputs, threads, providers, memory)")
     ap.add_argument("--keep", help="keep the checkpoints and exports in this folder, and reuse them from there")
     ap.add_argument("--logs", help="the exports' and prune bench's logs (default: KEEP/logs)")
     return ap.parse_args(argv)
@@ -252,20 +260,30 @@ def engine(run: Run, export: Export, label: str, cfg: dict, shapes, reference) -
     for path, extra in variants:
         def make(extra=extra):
             if a.fixed_shapes and a.device == "cpu" and manifest.get("gpu_graph"):
-                from engine.backends.cuda_graphs import FixedShapeBackend
-                return FixedShapeBackend(export.out / manifest["graph"], manifest["buckets"], device="cpu",
-                                         batching=batching, log=run.log)
+                from engine.backends.gpu_graph import GpuGraphBackend
+                return GpuGraphBackend(export.out / manifest["graph"], manifest["buckets"], device="cpu",
+                                       batching=batching, log=run.log)
             return Pruner.load(export.out, device=a.device, batching=batching, log=run.log, **extra).backend
         for row in engine_rows(make, path, shapes, run.context(cfg, engine=True), reference, base=base):
             run.emit(row)
 
 
-def reference(ck: Path, lengths) -> tuple | None:
-    """The fidelity check's batch and the fp32 PyTorch module's probabilities on it."""
+def check_shape(shapes) -> tuple[int, int]:
+    """The timed shape the fidelity check runs at (no session is made for it alone): at the
+    shortest length, the most rows up to 16."""
+    length = min(n for _, n in shapes)
+    return max((b for b, n in shapes if n == length and b <= 16), default=min(b for b, n in shapes if n == length)), \
+        length
+
+
+def reference(ck: Path, shapes, device: str) -> tuple | None:
+    """The fidelity check's batch (at a timed shape) and the fp32 PyTorch module's
+    probabilities on it (on `device`; TF32 off, as PyTorch's default)."""
     module = load_module(ck, "eager")
     if isinstance(module, str):
         return None
-    return reference_probs(module, min(128, max(lengths)), int(config(ck)["vocab_size"]))
+    rows, length = check_shape(shapes)
+    return reference_probs(module, rows, length, int(config(ck)["vocab_size"]), device)
 
 
 def beside(run: Run, export: Export, pending, deadline: float) -> None:
@@ -281,9 +299,10 @@ def beside(run: Run, export: Export, pending, deadline: float) -> None:
     run.emit(export.row())
 
 
-def measure_cut(run: Run, sizes: dict, layers: int) -> None:
+def measure_cut(run: Run, sizes: dict, layers: int):
     """The cut: its fp16 export (its PyTorch peers meanwhile), the engine's rows as soon as
-    it is done, then the peers' remaining shapes."""
+    it is done; returns the peers' remaining rows (eager, then torch.compile), which run after
+    the full model's engine rows."""
     a = run.args
     label = f"{layers}-layer cut"
     ck, row = checkpoint(run.work / "cut-checkpoint", {**sizes, "num_hidden_layers": layers}, label)
@@ -296,27 +315,30 @@ def measure_cut(run: Run, sizes: dict, layers: int) -> None:
         if run.budget.allows():
             export.begin()
         beside(run, export, pending, run.budget.end - run.budget.reserve)
-        engine(run, export, label, cfg, a.cut_shapes, reference(ck, [n for _, n in a.cut_shapes]))
+        engine(run, export, label, cfg, a.cut_shapes, reference(ck, a.cut_shapes, a.device))
     run.done(f"{label}: engine fp16")
-    for row in itertools.chain(pending, torch_peers(run, ck, label, cfg, a.cut_shapes, "compile")):
-        run.emit(row)
-    run.done(f"{label}: torch")
+
+    def later():
+        yield from itertools.chain(pending, torch_peers(run, ck, label, cfg, a.cut_shapes, "compile"))
+        run.done(f"{label}: torch")
+    return later()
 
 
-def measure_full(run: Run, ck: Path) -> None:
+def measure_full(run: Run, ck: Path, after_engine=()) -> None:
     """The full model: its PyTorch peers while its export runs, the engine's rows once it
-    is done, then the peers' remaining shapes; fp32 last (with --fp32)."""
+    is done (fp32 last, with --fp32), then `after_engine` (the cut's torch.compile) and the
+    peers' remaining shapes: no torch.compile before the engine's rows."""
     a, label, cfg = run.args, run.full, config(ck)
     shapes = [(b, n) for n in a.lengths for b in a.batches]
     pending = torch_peers(run, ck, label, cfg, shapes, "eager")
-    ref = reference(ck, a.lengths) if not a.no_onnxruntime else None
+    ref = reference(ck, shapes, a.device) if not a.no_onnxruntime else None
     for export in [e for e in run.exports if e.label == label]:
         if export.began is None and run.budget.allows():
             export.begin()              # fp32 after fp16: one export at a time beside the cases
         beside(run, export, pending, run.budget.end - run.floor())
         engine(run, export, label, cfg, shapes, ref)
         run.done(f"{label}: engine {export.precision}")
-    for row in itertools.chain(pending, torch_peers(run, ck, label, cfg, a.compile_shapes, "compile")):
+    for row in itertools.chain(after_engine, pending, torch_peers(run, ck, label, cfg, a.compile_shapes, "compile")):
         run.emit(row)
     run.done(f"{label}: torch")
 
@@ -330,16 +352,21 @@ def plan(run: Run) -> None:
     run.full = label = f"{layers} layers"
     precisions = ["fp16"] + (["fp32"] if a.fp32 else [])
     engine_stages = [f"{label}: engine {p}" for p in precisions] if not a.no_onnxruntime else []
-    run.todo = ([f"{cut}-layer cut: engine fp16", f"{cut}-layer cut: torch"] if cut else []) + [
+    run.todo = (["GPU check"] if not a.no_check and not a.no_onnxruntime else []) + (
+        [f"{cut}-layer cut: engine fp16", f"{cut}-layer cut: torch"] if cut else []) + [
         f"{label}: torch"] + engine_stages + (["prune bench"] if a.rag_data else [])
     ck, row = checkpoint(run.work / "checkpoint", sizes, label)
     run.emit(row)
     if not a.no_onnxruntime:
         run.exports += [Export(label, ck, run.work / p, p, run.logs, run.log, background=True) for p in precisions]
         run.exports[0].begin()       # fp16 now, in the background
-    if cut:
-        measure_cut(run, sizes, cut)
-    measure_full(run, ck)
+    if not a.no_check and not a.no_onnxruntime:
+        from benchmarks.gpu_run.check import run_checks
+        run_checks(a.device, run.work / "check", run.emit, run.log,
+                   lambda seconds: run.budget.left() - run.floor() > seconds)
+        run.done("GPU check")
+    later = measure_cut(run, sizes, cut) if cut else ()
+    measure_full(run, ck, later)
     if a.rag_data:
         run_bench(run, ck)
 

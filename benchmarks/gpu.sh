@@ -51,15 +51,38 @@ if [ -n "${WHEELS:-}" ]; then
 fi
 export PYTHONPATH="$pythonpath${PYTHONPATH:+:$PYTHONPATH}"
 echo "install: $(( $(date +%s) - t0 )) s"
-# Which providers really run: a one-node session on each, after the CUDA libraries are
-# loaded as the engine's backend loads them (a provider whose libraries do not load falls
-# back to the CPU, and is listed as such).
-timeout 120 python3 - <<'PY' 2>&1 | tee "$work/logs/providers.txt" || true
-import numpy as np, onnxruntime as ort, torch
+# What the run needs, checked in seconds before anything else: the modules every export and the
+# engine import (a bare GPU image lacks nupunkt and onnxruntime-gpu: docs/performance.md names the
+# wheels to carry) and, on a GPU, ONNX Runtime's CUDA provider; one line naming what is missing
+# stops the run. Then which providers really run: a one-node session on each, after the CUDA
+# libraries are loaded as the engine's backend loads them (a provider whose libraries do not load
+# falls back to the CPU, and is listed as such).
+status=0
+timeout 120 python3 - <<'PY' 2>&1 | tee "$work/logs/providers.txt" || status=$?
+import importlib, os, sys
+wheels = {"nupunkt": "nupunkt (pip download nupunkt)", "onnxruntime": "onnxruntime-gpu 1.31.1 (cp312, CUDA 13)",
+          "onnx": "onnx", "tokenizers": "tokenizers", "transformers": "transformers", "torch": "torch"}
+missing = []
+for module in ("nupunkt", "onnxruntime", "onnx", "tokenizers", "transformers", "torch", "engine.pruner",
+               "export.onnx"):
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        top = (exc.name or module).split(".")[0]
+        missing.append(wheels.get(top, "the engine (run gpu.sh from the repository root)" if top in ("engine", "export")
+                                  else f"{top} (imported by {module})"))
+gpu = os.environ.get("GPU_DRY_RUN") != "1"
+if gpu and "onnxruntime" in sys.modules and "CUDAExecutionProvider" not in sys.modules["onnxruntime"].get_available_providers():
+    ort = sys.modules["onnxruntime"]
+    missing.append(f"onnxruntime-gpu 1.31.1 (cp312, CUDA 13): this onnxruntime {ort.__version__} has no CUDA provider")
+if missing:
+    print("gpu.sh: missing: " + "; ".join(dict.fromkeys(missing)) + ": put these wheels in WHEELS "
+          "(docs/performance.md, 'The GPU run')")
+    sys.exit(3)
+import numpy as np, onnxruntime as ort, torch, transformers
 from onnx import TensorProto, helper
 from engine.backends.onnxruntime import preload_cuda_libraries
 print("onnxruntime", ort.__version__, ort.__file__)
-import transformers
 print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "transformers", transformers.__version__)
 offered = ort.get_available_providers()
 print("offered", offered)
@@ -79,6 +102,13 @@ for p in offered:
     except Exception as exc:
         print(f"provider {p}: fails ({type(exc).__name__}: {str(exc)[:200]})")
 PY
+if [ "$status" != 0 ]; then
+  line="$(grep '^gpu.sh:' "$work/logs/providers.txt" | head -1)"
+  printf '# GPU benchmark: not run\n\n%s\n' "${line:-the probe failed (status $status): see providers.txt}" > "$out/gpu.md"
+  echo "gpu.sh: stopped after $(( $(date +%s) - t0 )) s: ${line:-the probe failed}"
+  tar -czf "$out/results.tar.gz" -C "$work" logs
+  exit 3
+fi
 if [ "${GPU_DRY_RUN:-0}" = 1 ]; then
   # the CPU rehearsal: tiny shapes, the engine's GPU graph in fixed-shape sessions as on the GPU (without
   # CUDA graphs), and torch.compile traced without code generation (aot_eager)

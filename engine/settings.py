@@ -80,6 +80,10 @@ _ALL = [
     Setting("ort_denormals", "flush", "ONNX Runtime's denormal floats: flush (to zero, FTZ/DAZ: masked attention "
             "makes them, and on Intel CPUs each costs a microcode assist) or keep (IEEE, ORT's default)",
             choices=("flush", "keep"), flag_too=False),
+    Setting("gpu_graphs", 24, "shapes (rows x length) the GPU graph captures as CUDA graphs at most (--device cuda): "
+            "each shares the one copy of the weights and holds its own activations; a batch whose shape is not "
+            "captured runs on the dynamic session, and its shape is captured when the GPU is next idle; 0: none",
+            int, flag_too=False),
     # ---- what one call may hold (every entry point: docs/limits.md)
     Setting("max_passages", 10_000, "passages in one call", positive_int, flag_too=False),
     Setting("max_call_chars", 2_000_000, "characters in one call, question and passages together "

@@ -8,7 +8,6 @@ without a model hub.
 """
 from __future__ import annotations
 
-import io
 import json
 import tempfile
 from pathlib import Path
@@ -41,20 +40,38 @@ TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
         "intermediate_size": 64, "max_position_embeddings": 512}
 
 
+#: trains the tiny SentencePiece model in a process of its own: argv[1] the corpus file, argv[2]
+#: the model file to write, argv[3] the special ids (JSON)
+_TRAIN = """
+import json, sys
+import sentencepiece as spm
+with open(sys.argv[2], "wb") as out:
+    spm.SentencePieceTrainer.train(
+        input=sys.argv[1], model_writer=out, vocab_size=800, model_type="unigram", character_coverage=1.0,
+        byte_fallback=True, hard_vocab_limit=False, minloglevel=2, seed_sentencepiece_size=100000, num_threads=1,
+        **json.loads(sys.argv[3]))
+"""
+
+
 def _train_sentencepiece(**ids) -> bytes:
-    import sentencepiece as spm
-    buf = io.BytesIO()
+    """The tiny SentencePiece model (unigram, 800 pieces) trained on _CORPUS, with these special
+    ids. The trainer runs in a process of its own, tried twice: in pytest's workers it was seen to
+    abort the whole process (SIGABRT inside SentencePieceTrainer, twice in a hundred or so runs,
+    from a file as from an iterator; never alone), which took the worker and the run with it."""
+    import json
+    import subprocess
+    import sys
     lines = [line for line in _CORPUS.splitlines() if line.strip()] * 20
-    # from a file, not a Python iterator the trainer calls back into: the same pieces and
-    # scores; one run saw the trainer abort (SIGABRT) in a test worker on the iterator path
     with tempfile.TemporaryDirectory() as tmp:
-        corpus = Path(tmp, "corpus.txt")
+        corpus, model = Path(tmp, "corpus.txt"), Path(tmp, "spm.model")
         corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        spm.SentencePieceTrainer.train(
-            input=str(corpus), model_writer=buf, vocab_size=800, model_type="unigram",
-            character_coverage=1.0, byte_fallback=True, hard_vocab_limit=False, minloglevel=2,
-            seed_sentencepiece_size=100000, num_threads=1, **ids)
-    return buf.getvalue()
+        for attempt in range(2):
+            proc = subprocess.run([sys.executable, "-c", _TRAIN, str(corpus), str(model), json.dumps(ids)],
+                                  capture_output=True, text=True, timeout=300)
+            if proc.returncode == 0 and model.is_file():
+                return model.read_bytes()
+        raise RuntimeError(f"training the test SentencePiece model failed twice (exit {proc.returncode}): "
+                           f"{proc.stderr.strip()[-500:]}")
 
 
 def _load_slow_folder(files: dict[str, bytes], tokenizer_class: str, **options):
@@ -189,9 +206,12 @@ def make_test_checkpoint(family_name: str, out: str | Path, seed: int = 0,
     tok = make_tokenizer("bert" if fam.backbone == "auto" or backbone else fam.backbone)
     config = _modernbert_open_provence(tok) if backbone else _config(fam.name, len(tok))
     if sizes:
-        config.update(sizes)
-        if "pooler_hidden_size" in config:
-            config["pooler_hidden_size"] = config["hidden_size"]
+        target = config.get("base_model_config", config)      # OpenProvence nests its backbone's
+        target.update(sizes)
+        if "pooler_hidden_size" in target:
+            target["pooler_hidden_size"] = target["hidden_size"]
+        if "pruning_config" in config:
+            config["pruning_config"]["hidden_size"] = target["hidden_size"]
     torch.manual_seed(seed)
     model = build_model(fam, config, set(), options=None)
     gen = torch.Generator().manual_seed(seed + 1)

@@ -17,7 +17,7 @@ While `torch.onnx.export` traces (`gpu_graph`):
   block's sentences are 0), not max(sentence_ids) + 1, so the output's shape depends on
   the input's shape only (engine.pytorch.common.all_sentence_columns).
 
-At a fixed shape (ONNX Runtime's free-dimension overrides, engine/backends/cuda_graphs.py),
+At a fixed shape (ONNX Runtime's free-dimension overrides, engine/backends/gpu_graph.py),
 constant folding then removes every Shape node and the shape arithmetic after it, and the
 session can be captured as a CUDA graph. `check_gpu_graph` folds a graph at one shape on
 the CPU and lists what would not run on the CUDA provider.
@@ -202,17 +202,23 @@ def _short(owner: Any) -> str:
 
 #: ops that compute shapes or branch: at a fixed shape none may be left (they run on the CPU)
 SHAPE_OPS = ("Shape", "Size", "If", "Loop", "NonZero")
-#: inputs that ONNX Runtime's CUDA kernels read on the CPU (shapes, axes, counts): at a fixed
-#: shape each must be an initializer, or a node feeding it would be placed on the CPU
+#: inputs that ONNX Runtime's CUDA kernels read on the CPU (shapes, axes, counts, bounds): at a
+#: fixed shape each must be an initializer, or a node feeding it would be placed on the CPU
 CPU_INPUTS = {"Reshape": (1,), "Expand": (1,), "Tile": (1,), "Range": (0, 1, 2), "ConstantOfShape": (0,),
               "Slice": (1, 2, 3, 4), "Unsqueeze": (1,), "Squeeze": (1,), "ReduceSum": (1,), "ReduceMax": (1,),
-              "ReduceMean": (1,), "TopK": (1,), "Pad": (1, 2, 3), "Split": (1,), "Resize": (1, 2, 3), "OneHot": (1,)}
+              "ReduceMean": (1,), "TopK": (1,), "Pad": (1, 2, 3), "Split": (1,), "Resize": (1, 2, 3), "OneHot": (1,),
+              "Clip": (1, 2), "CumSum": (1,), "Trilu": (1,)}
 CUDA_KERNELS = "ort_cuda_kernels.json"
+_TYPE_NAMES = {1: "tensor(float)", 2: "tensor(uint8)", 3: "tensor(int8)", 4: "tensor(uint16)", 5: "tensor(int16)",
+               6: "tensor(int32)", 7: "tensor(int64)", 9: "tensor(bool)", 10: "tensor(float16)",
+               11: "tensor(double)", 12: "tensor(uint32)", 13: "tensor(uint64)", 16: "tensor(bfloat16)"}
 
 
 def cuda_kernels() -> dict[str, dict[str, Any]]:
-    """The operators ONNX Runtime's CUDA provider implements, by domain (from ONNX Runtime's
-    docs/OperatorKernels.md; the file names its commit)."""
+    """The operators ONNX Runtime's CUDA provider implements, by domain: each op's parameters
+    (per alternative: direction, name, type constraint or concrete type) and its kernels (per
+    version range, the types of each constraint); from ONNX Runtime's docs/OperatorKernels.md
+    (the file names its commit)."""
     import json
     from pathlib import Path
     return json.loads((Path(__file__).with_name(CUDA_KERNELS)).read_text())["ops"]
@@ -234,26 +240,117 @@ def fold(graph: str, batch: int, length: int, out: str) -> Any:
     return onnx.load(str(out))
 
 
-def gpu_graph_problems(model: Any) -> list[str]:
-    """What, in a graph folded at a fixed shape (`fold`), would not run on ONNX Runtime's
-    CUDA provider: shape and control-flow nodes, shape inputs computed at run time, and ops
-    (or float16 ops) the provider has no kernel for. [] for a GPU graph."""
-    kernels = cuda_kernels()
+def typed(graph: Any, batch: int, length: int) -> Any:
+    """`graph` (a path or an onnx.ModelProto) as exported, not folded, with its free dimensions
+    fixed and every tensor's type inferred (ONNX Runtime's symbolic shape inference, which knows
+    its contrib ops): the types each node runs at on the GPU. (Folding on the CPU provider would
+    wrap every node it has no float16 kernel for in float32 casts, and hide them.)"""
+    from pathlib import Path
+
+    import onnx
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    model = onnx.load(str(graph)) if not isinstance(graph, onnx.ModelProto) else onnx.ModelProto.FromString(
+        graph.SerializeToString())
+    fixed = {"batch": int(batch), "sequence": int(length)}
+    for value in model.graph.input:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param in fixed:
+                dim.dim_value = fixed[dim.dim_param]
+    dump = [Path("sym_shape_infer_temp.onnx"), Path("sym_shape_infer_temp.onnx.data")]
+    left = [f for f in dump if not f.exists()]
+    try:
+        return SymbolicShapeInference.infer_shapes(model, auto_merge=False, guess_output_rank=False)
+    except Exception:           # an op it does not know: ONNX's own inference (standard ops' types)
+        for f in left:          # what it saves into the working folder when it gives up
+            f.unlink(missing_ok=True)
+        return onnx.shape_inference.infer_shapes(model)
+
+
+def _op_version(node: Any, opsets: dict[str, int]) -> int:
+    """The version of `node`'s operator in a model of these opsets (ai.onnx: the schema in force)."""
+    domain = node.domain or "ai.onnx"
+    opset = opsets.get(node.domain or "", opsets.get(domain, 1))
+    if domain != "ai.onnx":
+        return opset
+    import onnx
+    try:
+        return onnx.defs.get_schema(node.op_type, max_inclusive_version=opset, domain="").since_version
+    except Exception:
+        return opset
+
+
+def _type_problems(node: Any, kernel: dict[str, Any], version: int, types: dict[str, int]) -> list[str]:
+    """What in `node`'s input and output types no CUDA kernel of its op at `version` takes."""
+    rows = [k for k in kernel["kernels"] if k["versions"][0] <= version <= (k["versions"][1] or version)]
+    where = f"{node.op_type} {node.name!r}"
+    if not rows:
+        spans = ", ".join(f"{lo}-{hi or ''}" for lo, hi in (k["versions"] for k in kernel["kernels"]))
+        return [f"{where}: the CUDA provider has no kernel for version {version} (it has {spans})"]
+    best: list[str] | None = None
+    for params in kernel["params"]:
+        ins = [p for p in params if p[0] == "in"]
+        outs = [p for p in params if p[0] == "out"]
+        found = []
+        for kind, names, formal in (("input", node.input, ins), ("output", node.output, outs)):
+            for i, tensor in enumerate(names):
+                if not tensor or not formal:
+                    continue
+                constraint = formal[min(i, len(formal) - 1)][2]       # a variadic parameter repeats
+                actual = _TYPE_NAMES.get(types.get(tensor, 0))
+                if actual is None:
+                    found.append(f"{where}: {kind} {i} ({tensor}) has no inferred type")
+                    continue
+                allowed = [constraint] if constraint.startswith("tensor(") else \
+                    sorted({t for k in rows for t in k["types"].get(constraint, [])})
+                if allowed and actual not in allowed:
+                    found.append(f"{where}: {kind} {i} ({tensor}) is {actual}; the CUDA provider's {node.op_type} "
+                                 f"(version {version}) takes {constraint} in {', '.join(allowed)}")
+        if not found:
+            return []
+        best = found if best is None or len(found) < len(best) else best
+    return best or []
+
+
+def gpu_graph_problems(graph: str, batch: int, length: int, folded_out: str) -> list[str]:
+    """What in `graph` (an exported GPU graph) would not run on ONNX Runtime's CUDA provider
+    at batch x length. On the graph folded at that shape (`fold`, saved to `folded_out`):
+    shape and control-flow nodes, and shape inputs computed at run time. On the graph as
+    exported with that shape's types (`typed`): ops the provider has no kernel for, at the
+    node's version, and every input and output whose type no kernel of its op takes. [] for a
+    GPU graph."""
+    return folded_problems(fold(graph, batch, length, folded_out)) + kernel_problems(typed(graph, batch, length))
+
+
+def folded_problems(model: Any) -> list[str]:
+    """Shape and control-flow nodes, and shape inputs computed at run time, in a folded graph."""
     constants = {i.name for i in model.graph.initializer}
     constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
-    half = {o.name for o in list(model.graph.value_info) + list(model.graph.input)
-            if o.type.tensor_type.elem_type == 10}
     problems = []
     for n in model.graph.node:
         where = f"{n.op_type} {n.name!r}"
         if n.op_type in SHAPE_OPS:
             problems.append(f"{where}: a shape or control-flow node is left at a fixed shape")
-        kernel = kernels.get(n.domain or "ai.onnx", {}).get(n.op_type)
-        if n.op_type != "Constant" and kernel is None:
-            problems.append(f"{where}: the CUDA provider has no kernel for {n.domain or 'ai.onnx'}.{n.op_type}")
-        elif kernel is not None and any(i in half for i in n.input[:1]) and "tensor(float16)" not in kernel["types"]:
-            problems.append(f"{where}: the CUDA provider has no float16 kernel for it")
         for k in CPU_INPUTS.get(n.op_type, ()):
             if k < len(n.input) and n.input[k] and n.input[k] not in constants:
                 problems.append(f"{where}: input {k} ({n.input[k]}) is computed at run time and read on the CPU")
+    return problems
+
+
+def kernel_problems(model: Any) -> list[str]:
+    """Ops without a CUDA kernel and types no kernel takes, in a typed graph (`typed`)."""
+    kernels = cuda_kernels()
+    opsets = {o.domain: o.version for o in model.opset_import}
+    types = {v.name: v.type.tensor_type.elem_type
+             for v in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)}
+    types.update({t.name: t.data_type for t in model.graph.initializer})
+    problems = []
+    for n in model.graph.node:
+        if n.op_type == "Constant":
+            continue
+        kernel = kernels.get(n.domain or "ai.onnx", {}).get(n.op_type)
+        if kernel is None:
+            problems.append(f"{n.op_type} {n.name!r}: the CUDA provider has no kernel for "
+                            f"{n.domain or 'ai.onnx'}.{n.op_type}")
+            continue
+        problems += _type_problems(n, kernel, _op_version(n, opsets), types)
     return problems

@@ -287,7 +287,8 @@ def convert(source: Source, fp32: Path, work: Path, opts: ExportOptions, parity:
     graph, and what each step did (for the manifest)."""
     heads, hidden = source.dims
     current, details = fp32, {}
-    if opts.optimize:
+    # the fp16 conversion runs the optimizer itself, on the fp32 graph: not twice
+    if opts.optimize and opts.precision != "fp16":
         log("optimizing the graph (ONNX Runtime transformer optimizer) ...")
         opt = _step_path(work, "optimized")
         details["fusions"] = optimize_graph(current, opt, heads, hidden, external_data=source.external)
@@ -308,6 +309,7 @@ def convert(source: Source, fp32: Path, work: Path, opts: ExportOptions, parity:
         # included (the CPU graph's is split back, export.optimize.unfuse_skip_layer_norm)
         details["fp16"] = convert_fp16(fp32, h, heads, hidden, source.family.backbone == "deberta-v2",
                                        source.external)
+        details["fusions"] = details["fp16"].pop("fusions")
         parity.check(h, "fp16", FP16_TOLERANCE)
         current = h
     return current, details

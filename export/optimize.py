@@ -25,9 +25,18 @@ from typing import Any
 import onnx
 from onnx import TensorProto
 
-# The nodes of the backbone carry these in their exported names; the heads and the
+# The nodes of the backbone carry these in their exported names (BERT, DeBERTa and XLM-R:
+# ".../encoder/layer.N/..."; ModernBERT: ".../layers.N/..."); the heads and the
 # sentence pooling do not (they are "/model/MatMul", "/model/token_classifier/MatMul"...).
-_ENCODER_MARKERS = ("/encoder/layer", "Attention_")
+_ENCODER_MARKERS = ("/encoder/layer", "/layers.", "Attention_")
+
+
+def in_encoder(node: onnx.NodeProto) -> bool:
+    """Whether `node` is part of the backbone's layers: its name says so, or, for a node the
+    optimizer fused and named after its op ("Gelu_AddBias_0", "SkipLayerNorm_AddBias_3"), an
+    output it writes does (the fused nodes keep the output names of the nodes they replace).
+    Inputs do not count: a head reads the last layer's output."""
+    return any(m in name for m in _ENCODER_MARKERS for name in (node.name, *node.output))
 
 
 @contextlib.contextmanager
@@ -51,6 +60,19 @@ def encoder_dims(config: dict[str, Any]) -> tuple[int, int]:
     return int(base.get("num_attention_heads", 0)), int(base.get("hidden_size", 0))
 
 
+FUSED_OPS = ("Attention", "MultiHeadAttention", "SkipLayerNormalization", "EmbedLayerNormalization", "BiasGelu",
+             "Gelu", "FastGelu", "LayerNormalization")
+
+
+def fused_ops(graph) -> dict[str, int]:
+    """How many of each fused op (FUSED_OPS) `graph` has."""
+    counts: dict[str, int] = {}
+    for n in graph.node:
+        if n.op_type in FUSED_OPS:
+            counts[n.op_type] = counts.get(n.op_type, 0) + 1
+    return counts
+
+
 def optimize_graph(src: Path, dst: Path, num_heads: int, hidden_size: int, opt_level: int = 1,
                    external_data: bool = False) -> dict[str, int]:
     """Run the transformer optimizer; returns the count of fused ops by type."""
@@ -58,11 +80,7 @@ def optimize_graph(src: Path, dst: Path, num_heads: int, hidden_size: int, opt_l
     with _quiet_ort_logs():
         opt = optimize_model(str(src), model_type="bert", num_heads=num_heads, hidden_size=hidden_size,
                              opt_level=opt_level)
-    counts: dict[str, int] = {}
-    for n in opt.model.graph.node:
-        if n.op_type in ("Attention", "MultiHeadAttention", "SkipLayerNormalization", "EmbedLayerNormalization",
-                         "BiasGelu", "Gelu", "FastGelu", "LayerNormalization"):
-            counts[n.op_type] = counts.get(n.op_type, 0) + 1
+    counts = fused_ops(opt.model.graph)
     unfused = unfuse_skip_layer_norm(opt.model.graph)
     if unfused:
         counts["SkipLayerNormalization unfused (Add + LayerNormalization)"] = unfused
@@ -107,9 +125,9 @@ def weight_matmuls(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
     for n in model.graph.node:
         if n.op_type not in ("MatMul", "Gemm", "Attention"):
             continue
-        in_encoder = any(m in n.name for m in _ENCODER_MARKERS)
+        encoder = in_encoder(n)
         has_weight = n.op_type == "Attention" or any(i in inits for i in n.input[1:2])
-        (quantize if in_encoder and has_weight else other).append(n.name)
+        (quantize if encoder and has_weight else other).append(n.name)
     return quantize, other
 
 
@@ -133,7 +151,8 @@ def quantize_int8(src: Path, dst: Path, weight_type: str = "QInt8", per_channel:
 
 def convert_fp16(src: Path, dst: Path, num_heads: int, hidden_size: int, keep_layernorm_fp32: bool,
                  external_data: bool = False) -> dict[str, Any]:
-    """fp16 graph with float32 I/O; Softmax, heads and pooling (and LayerNorm) in float32."""
+    """fp16 graph with float32 I/O; Softmax, heads and pooling (and LayerNorm) in float32. It
+    runs the transformer optimizer on `src` (the plain fp32 graph) first: `fusions` counts them."""
     from onnxruntime.transformers.optimizer import optimize_model
     with _quiet_ort_logs():
         opt = optimize_model(str(src), model_type="bert", num_heads=num_heads, hidden_size=hidden_size,
@@ -142,14 +161,16 @@ def convert_fp16(src: Path, dst: Path, num_heads: int, hidden_size: int, keep_la
     if keep_layernorm_fp32:
         keep_ops += ["LayerNormalization", "SkipLayerNormalization"]
     head_nodes = [n.name for n in opt.model.graph.node
-                  if not any(m in n.name for m in _ENCODER_MARKERS) and "/embeddings/" not in n.name]
+                  if not in_encoder(n) and "embeddings/" not in n.name
+                  and not any("embeddings." in i for i in n.input)]  # DeBERTa's rel_embeddings, read by an encoder node
+    fusions = fused_ops(opt.model.graph)
     with _quiet_ort_logs():
         opt.convert_float_to_float16(keep_io_types=True, op_block_list=keep_ops, node_block_list=head_nodes)
     dropped = drop_repeated_nodes(opt.model.graph)
     renamed = unique_node_names(opt.model.graph)
     opt.save_model_to_file(str(dst), use_external_data_format=external_data)
-    return {"float32_ops": keep_ops, "float32_nodes": len(head_nodes), "repeated_casts_dropped": dropped,
-            "renamed_nodes": renamed}
+    return {"fusions": fusions, "float32_ops": keep_ops, "float32_nodes": len(head_nodes),
+            "repeated_casts_dropped": dropped, "renamed_nodes": renamed}
 
 
 def drop_repeated_nodes(graph) -> int:

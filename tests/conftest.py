@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.utils import (CORE_MAX_BATCH, FAMILY_NAMES, TEXT_MAX_CHARS, TEXT_MAX_PASSAGES,  # noqa: F401
+from tests.utils import (CORE_MAX_BATCH, FAMILY_NAMES, GPU_FAMILIES, TEXT_MAX_CHARS, TEXT_MAX_PASSAGES,  # noqa: F401
                          built_once, free_ports, processes_under)
 from tests.xdist_crash import pytest_testnodedown  # noqa: F401  (a crashed worker's exit status, in the output)
 
@@ -130,6 +130,22 @@ def pytest_sessionfinish(session, exitstatus):
         print("\nERROR: the test run left server processes behind:\n" + "\n".join(
             f"  {pid}: {cmd[:160]}" for pid, cmd in left.items()))
         session.exitstatus = 1
+
+
+@pytest.fixture(scope="session")
+def gpu_exports(checkpoints, tmp_path_factory) -> dict[str, Path]:
+    """Every family's tiny checkpoint exported at fp16: the GPU graph (export/gpu.py)."""
+    from export.checkpoints import make_test_checkpoint
+    from export.onnx import export_model
+
+    def build(root: Path) -> None:
+        sources = dict(checkpoints)
+        sources["open_provence-modernbert"] = make_test_checkpoint("open_provence", root / "ck-modernbert",
+                                                                   backbone="modernbert")
+        for name in GPU_FAMILIES:
+            export_model(sources[name], root / name, precision="fp16", log=lambda m: None)
+    root = built_once(tmp_path_factory, "gpu-exports", build)
+    return {name: root / name for name in GPU_FAMILIES}
 
 
 @pytest.fixture(scope="session")

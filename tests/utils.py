@@ -12,10 +12,17 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 FAMILY_NAMES = ["provence", "xprovence", "open_provence", "opensearch", "embedding"]
+#: the fp16 GPU graphs' exports (conftest.gpu_exports): every family, and OpenProvence on ModernBERT
+GPU_FAMILIES = FAMILY_NAMES + ["open_provence-modernbert"]
 
 #: Intra-op threads of a real model a test runs in-process: one under pytest-xdist's workers
 #: (the README's `-n auto` runs a worker per core, and ONNX Runtime's spinning threads on a
@@ -277,3 +284,86 @@ def milvus_calls(address: str, calls: list[dict]) -> list[dict]:
                           capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
+
+
+# --------------------------------------------------------------------------- a recording onnxruntime
+# A stand-in for a module (onnxruntime): every call made through it, on any object it hands
+# out, is recorded with the calling thread, its arguments and when it ran, and passed on to
+# the real thing. The GPU backend's tests read from it which thread made and ran every
+# session, and in what order the copies, the synchronisation and the runs came.
+
+_PLAIN = (str, bytes, int, float, bool, type(None), list, tuple, dict, np.ndarray, np.generic)
+
+
+@dataclass
+class Call:
+    """One call: the thread that made it, `Class.method` (or the module's function), its
+    arguments (real objects, not proxies), and its start and end (perf_counter)."""
+    thread: int
+    name: str
+    args: tuple
+    start: float
+    end: float
+
+
+class Recorder:
+    """`wrap(module)`: the module as a proxy; `calls`: what was called through it."""
+
+    def __init__(self):
+        self.calls: list[Call] = []
+        self.lock = threading.Lock()
+
+    def wrap(self, target: Any, name: str | None = None) -> Any:
+        """`target` behind a recording proxy."""
+        return _Proxy(target, name or getattr(target, "__name__", type(target).__name__), self)
+
+    def named(self, *names: str) -> list[Call]:
+        """The calls of these names, in order."""
+        return [c for c in self.calls if c.name in names]
+
+
+def unwrapped(value: Any) -> Any:
+    """The real object behind a recording proxy (and inside lists, tuples and dicts)."""
+    if isinstance(value, _Proxy):
+        return object.__getattribute__(value, "_target")
+    if isinstance(value, list):
+        return [unwrapped(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(unwrapped(v) for v in value)
+    if isinstance(value, dict):
+        return {k: unwrapped(v) for k, v in value.items()}
+    return value
+
+
+class _Proxy:
+    def __init__(self, target: Any, name: str, recorder: Recorder):
+        object.__setattr__(self, "_target", target)
+        object.__setattr__(self, "_name", name)
+        object.__setattr__(self, "_recorder", recorder)
+
+    def __getattr__(self, attr: str) -> Any:
+        target = object.__getattribute__(self, "_target")
+        value = getattr(target, attr)
+        if callable(value) or isinstance(value, types.ModuleType):
+            owner = target.__name__ if isinstance(target, (type, types.ModuleType)) else type(target).__name__
+            return _Proxy(value, f"{owner}.{attr}", object.__getattribute__(self, "_recorder"))
+        return value
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        setattr(object.__getattribute__(self, "_target"), attr, unwrapped(value))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        target = object.__getattribute__(self, "_target")
+        recorder: Recorder = object.__getattribute__(self, "_recorder")
+        args, kwargs = unwrapped(args), unwrapped(kwargs)
+        start = time.perf_counter()
+        result = target(*args, **kwargs)
+        end = time.perf_counter()
+        name = object.__getattribute__(self, "_name")
+        if isinstance(target, type):
+            name = f"{target.__name__}()"
+        with recorder.lock:
+            recorder.calls.append(Call(threading.get_ident(), name, args + tuple(kwargs.values()), start, end))
+        if isinstance(result, _PLAIN):
+            return result
+        return _Proxy(result, type(result).__name__, recorder)

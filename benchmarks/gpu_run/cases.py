@@ -97,13 +97,19 @@ def timed_row(base: Row, ctx: Context, batch: int, length: int, times: tuple[flo
             "share_of_fp16_peak": tflops / ctx.peak_tflops, "beside_export": ctx.beside_export()}
 
 
-def reference_probs(module, length: int, vocab: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """A check batch (8 x `length`) and the fp32 PyTorch module's probabilities on it (CPU)."""
+def reference_probs(module, rows: int, length: int, vocab: int, device: str = "cpu"
+                    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """A check batch (`rows` x `length`) and the fp32 PyTorch module's probabilities on it,
+    computed on `device` (then the module goes back to the CPU)."""
     import torch
-    check = feeds(8, length, vocab, seed=1)
-    with torch.inference_mode():
-        _, probs = module(*(torch.from_numpy(check[n]) for n in INPUTS))
-    return check, probs.float().numpy()
+    check = feeds(rows, length, vocab, seed=1)
+    module.to(device=device, dtype=torch.float32)
+    try:
+        with torch.inference_mode():
+            _, probs = module(*(torch.from_numpy(check[n]).to(device) for n in INPUTS))
+        return check, probs.float().cpu().numpy()
+    finally:
+        module.to("cpu")
 
 
 def engine_rows(make: Callable[[], Any], path: str, shapes: list[tuple[int, int]], ctx: Context, reference,
@@ -139,11 +145,16 @@ def engine_rows(make: Callable[[], Any], path: str, shapes: list[tuple[int, int]
             continue
         one = model_batch(feeds(batch, length, ctx.vocab))
         try:
+            t0 = time.perf_counter()
+            captured = getattr(backend, "capture", None)
+            if captured is not None:         # the GPU graph: its session for the shape made (and captured) first
+                captured(batch, length)
+            capture_s = time.perf_counter() - t0
             times = _times(lambda: backend.infer(one), ctx.iters, lambda: None)
         except Exception as exc:
             yield {**base, "batch": batch, "length": length, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             continue
-        yield timed_row(base, ctx, batch, length, times)
+        yield {**timed_row(base, ctx, batch, length, times), **({"capture_s": capture_s} if captured else {})}
     yield {**base, "kind": "backend", "backend": backend.describe()}
     backend.close()
 

@@ -119,6 +119,15 @@ def _checks(rows: list[dict]) -> list[str]:
         ["", "The engine's backends, as measured:", ""] + backends if backends else [])
 
 
+def _gpu_check(rows: list[dict]) -> list[str]:
+    checks = [r for r in rows if r.get("kind") == "check"]
+    if not checks:
+        return []
+    return ["", "## The GPU check (the design on this device, before anything is timed: gpu_run/check.py)", ""] + \
+        _table(["check", "result", "figure"], [[r.get("check", "-"), r.get("result", "-"), r.get("figure", "-")]
+                                               for r in checks])
+
+
 def _bench(bench: Any) -> list[str]:
     if not isinstance(bench, dict):
         return []
@@ -150,8 +159,8 @@ def _left_out(rows: list[dict]) -> list[str]:
 
 
 def markdown(report: dict) -> str:
-    """gpu.md: the budget, the exports, ms per batch per path, every case, fidelity, the
-    RAG workload, and what was not measured or failed, and why."""
+    """gpu.md: the budget, the GPU check, the exports, ms per batch per path, every case,
+    fidelity, the RAG workload, and what was not measured or failed, and why."""
     info = report.get("info") or {}
     rows = [r for r in report.get("rows") or [] if isinstance(r, dict)]
     lines = [f"# GPU benchmark ({info.get('gpu') or info.get('device', '-')}, {info.get('config', '-')})", "",
@@ -160,7 +169,7 @@ def markdown(report: dict) -> str:
              + (f"; stopped: {info['stopped']}" if info.get("stopped") else "") + "."]
     if info.get("versions"):
         lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()) + "."]
-    for part in (_exports(rows), _pivot(rows), _cases(rows, info.get("peak_tflops")), _checks(rows),
+    for part in (_gpu_check(rows), _exports(rows), _pivot(rows), _cases(rows, info.get("peak_tflops")), _checks(rows),
                  _bench(report.get("bench")), _left_out(rows)):
         lines += part
     return "\n".join(lines) + "\n"

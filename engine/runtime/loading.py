@@ -168,9 +168,9 @@ def _onnxruntime(path: Path, graph_file: Path, spec: ModelSpec, manifest: Manife
                  log: Any) -> Backend:
     from engine.backends.onnxruntime import OnnxRuntimeBackend
     if o.device == "cuda" and not o.tensorrt and o.graph is None and manifest.data.get("gpu_graph"):
-        from engine.backends.cuda_graphs import FixedShapeBackend     # the fp16 export: fixed shapes, CUDA graphs
-        return FixedShapeBackend(graph_file, list(manifest.buckets or [spec.max_length]), device="cuda",
-                                 batching=o.batching, intra_op_threads=o.threads, log=log)
+        from engine.backends.gpu_graph import GpuGraphBackend     # the fp16 export: shared weights, CUDA graphs
+        return GpuGraphBackend(graph_file, list(manifest.buckets or [spec.max_length]), device="cuda",
+                               batching=o.batching, max_graphs=setting("gpu_graphs"), log=log)
     trt = None
     if o.tensorrt:
         from engine.backends.onnxruntime import tensorrt_options

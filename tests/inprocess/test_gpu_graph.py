@@ -1,48 +1,29 @@
-"""The GPU graph (#55), checked without a GPU: every family's fp16 export, folded at a
-fixed batch and length as the GPU's sessions make it, has no shape or control-flow node,
-no shape input computed at run time, only ops ONNX Runtime's CUDA provider implements
-(export/ort_cuda_kernels.json, from ONNX Runtime's kernel table), and attention as one
-MultiHeadAttention per layer; and the fixed-shape sessions that run it agree with the fp32
-PyTorch reference on the CPU provider (fp16 tolerance: |dp| <= 0.005, decisions >= 99%)."""
+"""The GPU graph (#55, #60), checked without a GPU: every family's fp16 export, folded at a
+fixed batch and length as the GPU's sessions make it, has no shape or control-flow node and
+no shape input computed at run time; as exported, with that shape's types, every input and
+output of every node is a type a CUDA kernel of its op takes at its version
+(export/ort_cuda_kernels.json, ONNX Runtime's kernel table); attention is one
+MultiHeadAttention per layer, fed float16, and the encoder's weights and compute are
+float16 in every family. The backend that runs it: test_gpu_backend.py."""
 from __future__ import annotations
 
-import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto
 
-from engine.backends.cuda_graphs import FixedShapeBackend, row_sizes
-from engine.core.batching import BatchingConfig
-from engine.errors import BackendError
-from engine.pruner import Pruner
-from export.checkpoints import make_test_checkpoint
-from export.gpu import fold, gpu_graph_problems
-from export.onnx import export_model
-from tests.utils import FAMILY_NAMES, PASSAGES, QUESTION, THREADS
+from export.gpu import fold, folded_problems, gpu_graph_problems, kernel_problems, typed
+from tests.utils import GPU_FAMILIES
 
 pytestmark = pytest.mark.inprocess
 
-GPU_FAMILIES = FAMILY_NAMES + ["open_provence-modernbert"]
 LAYERS = {"open_provence-modernbert": 3}          # the tiny ModernBERT's layers; the others have 2
-
-
-@pytest.fixture(scope="module")
-def gpu_exports(checkpoints, tmp_path_factory):
-    root = tmp_path_factory.mktemp("gpu-graphs")
-    sources = dict(checkpoints)
-    sources["open_provence-modernbert"] = make_test_checkpoint("open_provence", root / "ck-modernbert",
-                                                               backbone="modernbert")
-    out = {}
-    for name in GPU_FAMILIES:
-        out[name] = root / name
-        export_model(sources[name], out[name], precision="fp16", log=lambda m: None)
-    return out
 
 
 @pytest.mark.parametrize("name", GPU_FAMILIES)
 @pytest.mark.parametrize("batch,length", [(4, 64), (1, 512)])
 def test_gpu_graph_runs_every_node_on_cuda_at_a_fixed_shape(gpu_exports, name, batch, length, tmp_path):
-    folded = fold(str(gpu_exports[name] / "model.onnx"), batch, length, str(tmp_path / "folded.onnx"))
-    assert gpu_graph_problems(folded) == []
+    assert gpu_graph_problems(str(gpu_exports[name] / "model.onnx"), batch, length, str(tmp_path / "folded.onnx")) == []
+    folded = onnx.load(str(tmp_path / "folded.onnx"))
     ops = [n.op_type for n in folded.graph.node]
     assert ops.count("MultiHeadAttention") == LAYERS.get(name, 2), ops
     assert "Softmax" not in [n.op_type for n in folded.graph.node if "/encoder/" in n.name]
@@ -50,9 +31,16 @@ def test_gpu_graph_runs_every_node_on_cuda_at_a_fixed_shape(gpu_exports, name, b
 
 def test_the_check_finds_what_the_cpu_graph_leaves_on_the_cpu(exported, tmp_path):
     # the fp32 CPU export pools to max(sentence_ids) + 1 columns: a length computed at run time
-    folded = fold(str(exported["provence"] / "model.onnx"), 4, 64, str(tmp_path / "folded.onnx"))
-    problems = gpu_graph_problems(folded)
+    problems = folded_problems(fold(str(exported["provence"] / "model.onnx"), 4, 64, str(tmp_path / "folded.onnx")))
     assert any("Range" in p and "computed at run time" in p for p in problems), problems
+
+
+def _model(nodes, inputs, outputs, opset=17):
+    from onnx import helper
+    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    return model
 
 
 def test_the_check_finds_shape_nodes_and_unknown_ops():
@@ -60,14 +48,93 @@ def test_the_check_finds_shape_nodes_and_unknown_ops():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 3])
     y = helper.make_tensor_value_info("y", TensorProto.INT64, [2])
     nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Range", ["s", "s", "s"], ["r"]),
-             helper.make_node("EyeLike", ["x"], ["e"]), helper.make_node("Det", ["x"], ["d"]),
-             helper.make_node("Identity", ["s"], ["y"])]
-    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]))
-    problems = gpu_graph_problems(model)
-    assert any(p.startswith("Shape") and "shape or control-flow" in p for p in problems)
-    assert any(p.startswith("Range") and "computed at run time" in p for p in problems)
-    assert any(p.startswith("EyeLike") and "no float16 kernel" in p for p in problems), problems
-    assert any(p.startswith("Det") and "has no kernel for ai.onnx.Det" in p for p in problems), problems
+             helper.make_node("Det", ["x"], ["d"]), helper.make_node("Identity", ["s"], ["y"])]
+    model = _model(nodes, [x], [y])
+    folded = folded_problems(model)
+    assert any(p.startswith("Shape") and "shape or control-flow" in p for p in folded)
+    assert any(p.startswith("Range") and "computed at run time" in p for p in folded)
+    d = helper.make_tensor_value_info("d", TensorProto.FLOAT16, [2])
+    kernels = kernel_problems(typed(_model([helper.make_node("Det", ["x"], ["d"])], [x], [d]), 2, 3))
+    assert any(p.startswith("Det") and "has no kernel for ai.onnx.Det" in p for p in kernels), kernels
+
+
+def test_the_type_check_sees_the_ops_the_cpu_would_run_in_float32(tmp_path):
+    # EyeLike has no float16 kernel on CUDA: fed fp16, it feeds MultiHeadAttention fp16. Folded on
+    # the CPU provider (the check before #60), the fp16 EyeLike is wrapped in float32 casts and looks fine
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["batch", "sequence"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [0])
+    nodes = [helper.make_node("EyeLike", ["x"], ["e"], name="eye"),
+             helper.make_node("Unsqueeze", ["e", "axes"], ["q"]),
+             helper.make_node("MultiHeadAttention", ["q", "q", "q"], ["y"], domain="com.microsoft", num_heads=2,
+                              name="attention")]
+    model = _model(nodes, [x], [y])
+    model.graph.initializer.append(axes)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    problems = gpu_graph_problems(str(tmp_path / "m.onnx"), 1, 16, str(tmp_path / "folded.onnx"))
+    assert any(p.startswith("EyeLike 'eye': input 0 (x) is tensor(float16)") for p in problems), problems
+    assert not any("attention" in p for p in problems)
+    folded = onnx.load(str(tmp_path / "folded.onnx"))
+    eye = next(n for n in folded.graph.node if n.op_type == "EyeLike")
+    casts = {o for n in folded.graph.node if n.op_type == "Cast" for o in n.output}
+    assert eye.input[0] in casts                        # the CPU ran it in float32
+
+
+@pytest.mark.parametrize("opset,expected", [(13, "version 11"), (14, None)])
+def test_the_type_check_reads_the_kernel_of_the_node_version(opset, expected):
+    # CUDA's CumSum takes float16 from version 14 only
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["batch", "sequence"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["batch", "sequence"])
+    axis = helper.make_tensor("axis", TensorProto.INT64, [], [1])
+    model = _model([helper.make_node("CumSum", ["x", "axis"], ["y"], name="cumsum")], [x], [y], opset)
+    model.graph.initializer.append(axis)
+    problems = kernel_problems(typed(model, 2, 8))
+    if expected is None:
+        assert problems == []
+    else:
+        assert [p.split(":")[1].split(" (")[0] for p in problems] == [" input 0", " output 0"], problems
+        assert all(expected in p and "is tensor(float16)" in p for p in problems), problems
+
+
+#: checkpoints whose encoder dominates their weights, as real models' do (the tiny ones are mostly embeddings):
+#: 4 layers of 256 (DeBERTa's relative-position table scaled with them: 64 buckets)
+WIDE = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 1024}
+
+
+@pytest.mark.parametrize("name", GPU_FAMILIES)
+def test_fp16_export_runs_the_encoder_in_float16(name, tmp_path):
+    from export.checkpoints import make_test_checkpoint
+    from export.onnx import export_model
+    family, _, backbone = name.partition("-")
+    sizes = {**WIDE, **({"position_buckets": 64} if family == "provence" else {})}
+    ck = make_test_checkpoint(family, tmp_path / "ck", sizes=sizes, backbone=backbone or None)
+    export_model(ck, tmp_path / "fp16", precision="fp16", log=lambda m: None)    # parity with fp32 PyTorch checked
+    model = typed(str(tmp_path / "fp16" / "model.onnx"), 2, 64)
+    from onnx import numpy_helper
+    sizes = {}
+    for t in model.graph.initializer:
+        sizes[t.data_type] = sizes.get(t.data_type, 0) + numpy_helper.to_array(t).nbytes
+    floats = sizes.get(TensorProto.FLOAT16, 0) + sizes.get(TensorProto.FLOAT, 0)
+    assert sizes.get(TensorProto.FLOAT16, 0) >= 0.9 * floats, sizes
+    types = {v.name: v.type.tensor_type.elem_type for v in model.graph.value_info}
+    types.update({t.name: t.data_type for t in model.graph.initializer})
+    attention = [n for n in model.graph.node if n.op_type == "MultiHeadAttention"]
+    assert len(attention) == WIDE["num_hidden_layers"]
+    for n in attention:
+        assert [types[i] for i in n.input if i] == [TensorProto.FLOAT16] * 4, n.name     # q, k, v and the bias
+    def half(n):
+        return types.get(n.input[0]) == TensorProto.FLOAT16
+    layers = WIDE["num_hidden_layers"]
+    for op in ("BiasGelu", "SkipLayerNormalization"):           # only the layers have these
+        if op == "SkipLayerNormalization" and family == "provence":
+            continue                                   # DeBERTa keeps its LayerNorm in float32 (it overflows)
+        nodes = [n for n in model.graph.node if n.op_type == op]
+        assert [n.name for n in nodes if not half(n)] == [], op
+    matmuls = [n for n in model.graph.node if n.op_type == "MatMul"]
+    assert sum(map(half, matmuls)) >= 4 * layers           # each layer's projections (4 in ModernBERT, 6+ elsewhere)
+    assert len(matmuls) - sum(map(half, matmuls)) <= 3     # the heads' and the pooling's, in float32
 
 
 def test_gpu_graph_is_recorded_in_the_manifest(gpu_exports):
@@ -77,51 +144,6 @@ def test_gpu_graph_is_recorded_in_the_manifest(gpu_exports):
     assert manifest["gpu_graph"] == {"fused_attention_implementations": 1, "sentence_columns": "sequence"}
     graph = onnx.load(str(gpu_exports["provence"] / "model.onnx"))
     assert graph.graph.output[1].type.tensor_type.shape.dim[1].dim_param == "sequence"
-
-
-@pytest.mark.parametrize("name", GPU_FAMILIES[:5])
-def test_fixed_shape_sessions_agree_with_pytorch(gpu_exports, pruners, name):
-    _, reference = pruners[name]
-    spec_pruner = Pruner.load(gpu_exports[name], threads=THREADS)
-    core = FixedShapeBackend(gpu_exports[name] / "model.onnx", [64, 128, 256, 512], device="cpu",
-                             batching=BatchingConfig(max_batch_tokens=2048, max_batch_size=16), intra_op_threads=THREADS)
-    fixed = Pruner(core, spec_pruner.encoder.tokenizer, spec_pruner.spec, BatchingConfig())
-    assert fixed.batching.strategy == "longest" and fixed.batching.buckets == (64, 128, 256, 512)
-    total = same = 0
-    for t in (0.1, 0.3, 0.5):
-        ref = reference.prune(QUESTION, PASSAGES, threshold=t)
-        got = fixed.prune(QUESTION, PASSAGES, threshold=t)
-        for ra, rb in zip(ref, got):
-            assert [(s.start, s.end) for s in ra.sentences] == [(s.start, s.end) for s in rb.sentences]
-            assert abs(ra.reranking_score - rb.reranking_score) <= 0.01
-            for a, b in zip(ra.sentences, rb.sentences):
-                assert abs(a.probability - b.probability) <= 0.005
-                total, same = total + 1, same + (a.kept == b.kept)
-    assert same / total >= 0.99
-    assert all(length in (64, 128, 256, 512) for _, length in core.shapes)
-
-
-def test_a_batch_runs_in_the_smallest_shape_that_holds_it(gpu_exports):
-    core = FixedShapeBackend(gpu_exports["xprovence"] / "model.onnx", [64, 128], device="cpu",
-                             batching=BatchingConfig(max_batch_tokens=1024, max_batch_size=64), intra_op_threads=THREADS)
-    assert core.rows_for(64) == row_sizes(16) == (1, 2, 4, 8, 16) and core.rows_for(128) == (1, 2, 4, 8)
-    rng = np.random.default_rng(0)
-    from engine.core.batching import ModelBatch
-    ids = rng.integers(5, 100, size=(3, 64)).astype(np.int64)
-    mask = np.ones_like(ids)
-    sid = np.tile(np.arange(64) // 16, (3, 1)).astype(np.int64)
-    batch = ModelBatch(ids, mask, sid, np.zeros_like(ids), [0, 1, 2])
-    rerank, probs = core.infer(batch)
-    assert rerank.shape == (3,) and probs.shape == (3, 64)
-    assert (4, 64) in core.shapes                     # 3 rows ran in the 4-row shape
-    alone = [core.infer(ModelBatch(ids[i:i + 1], mask[i:i + 1], sid[i:i + 1], np.zeros_like(ids[i:i + 1]), [i]))
-             for i in range(3)]
-    assert np.allclose(np.concatenate([a[1] for a in alone]), probs, atol=2e-3)   # spare rows change nothing
-    assert (1, 64) in core.shapes
-    with pytest.raises(BackendError, match="largest fixed shape"):
-        core.infer(ModelBatch(*(np.zeros((9, 128), np.int64) for _ in range(4)), list(range(9))))
-    with pytest.raises(BackendError, match="fixed lengths"):
-        core.infer(ModelBatch(*(np.zeros((1, 96), np.int64) for _ in range(4)), [0]))
 
 
 def test_fused_deberta_attention_equals_transformers(monkeypatch):

@@ -72,7 +72,19 @@ def check_report(out: Path) -> None:
     assert all(r["compile_s"] > 0 for r in rows if r.get("path") == "torch.compile fp16")
     # the engine's rows ran its GPU graph as the GPU does: fixed-shape sessions (CUDA graphs there)
     backends = [r["backend"] for r in rows if r.get("kind") == "backend"]
-    assert len(backends) == 2 and all("fixed shapes" in b for b in backends), backends
+    assert len(backends) == 2 and all("GPU graph" in b and "shared" in b for b in backends), backends
+    # each timed shape captured before it was timed (no session made for anything else)
+    engine_rows = [r for r in rows if r.get("path") == "onnxruntime-cpu fp16" and "ms_per_batch" in r]
+    assert engine_rows and all(r["capture_s"] >= 0 for r in engine_rows)
+    # the first step, the GPU check: on the CPU, what a CPU can show passes and the rest says why not
+    checks = {r["check"]: r["result"] for r in rows if r.get("kind") == "check"}
+    assert checks == {"capture": "SKIP", "shared weights": "SKIP", "fresh inputs": "PASS", "threads": "PASS",
+                      "providers": "PASS", "memory": "SKIP"}, checks
+    assert rows.index(next(r for r in rows if r.get("kind") == "check")) < min(
+        i for i, r in enumerate(rows) if "ms_per_batch" in r)                   # the check before anything is timed
+    first_compile = min(i for i, r in enumerate(rows) if r.get("path", "").startswith("torch.compile"))
+    assert all(i < first_compile for i, r in enumerate(rows) if r.get("path", "").startswith("onnxruntime")
+               and "ms_per_batch" in r)                                        # every engine row before any compile
     checks = {r["model"]: r["max_abs_dprob"] for r in rows if "max_abs_dprob" in r}
     assert set(checks) == {"1-layer cut", "2 layers"} and max(checks.values()) < 2e-2, checks
     exports = {(r["model"], r["precision"]): r for r in rows if r.get("kind") == "export"}
@@ -80,6 +92,7 @@ def check_report(out: Path) -> None:
     assert all(r["seconds"] > 0 and not r["reused"] for r in exports.values()) and exports[("2 layers", "fp16")][
         "background"]
     md = (out / "gpu.md").read_text()
+    assert "## The GPU check" in md and "| fresh inputs | PASS |" in md
     assert "| 1-layer cut | 4 x 64 |" in md and "| 1-layer cut | export | fp16 |" in md
     assert "| model | batch x length | onnxruntime-cpu fp16 | torch eager fp16 | torch.compile fp16 |" in md
     assert (out / "gpu.png").stat().st_size > 1000
@@ -137,3 +150,27 @@ def test_gpu_script_dry_run(tmp_path, python):
     assert not_reusable(models / "cut-fp16", models / "cut-checkpoint", "fp16") is None
     assert not_reusable(models / "fp16", models / "checkpoint", "fp32") == "its precision is fp16"
     assert not_reusable(models / "cut-fp16", models / "checkpoint", "fp16").startswith("it was exported from ")
+
+
+@pytest.mark.parametrize("case", ["no CUDA provider", "no nupunkt"])
+def test_gpu_script_stops_at_once_naming_the_missing_wheel(tmp_path, case):
+    # the GPU machine's image has the CPU onnxruntime and no nupunkt: the run stops in seconds
+    # with one line naming the wheel to carry, in its output and in gpu.md
+    env = {k: v for k, v in os.environ.items() if k != "GPU_DRY_RUN"}
+    env.update({"GPU_WORK": str(tmp_path / "work"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    if case == "no nupunkt":
+        shadow = tmp_path / "shadow" / "nupunkt"
+        shadow.mkdir(parents=True)
+        (shadow / "__init__.py").write_text("raise ImportError('not installed', name='nupunkt')\n")
+        env["PYTHONPATH"] = str(tmp_path / "shadow")
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), str(tmp_path / "out")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    # one line names every wheel missing: here the CUDA build of onnxruntime, and nupunkt where it is gone
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("gpu.sh: missing: ")]
+    assert len(lines) == 1 and "onnxruntime-gpu 1.31.1 (cp312, CUDA 13): this onnxruntime" in lines[0], proc.stdout
+    assert ("nupunkt (pip download nupunkt)" in lines[0]) == (case == "no nupunkt"), lines[0]
+    assert lines[0] in (tmp_path / "out" / "gpu.md").read_text()
+    assert not (tmp_path / "work" / "models").exists()          # nothing was exported
+    seconds = int(proc.stdout.split("stopped after ")[1].split(" s")[0])
+    assert seconds <= 60
