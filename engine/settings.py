@@ -126,7 +126,7 @@ _ALL = [
             "(/health and /metrics excepted; default: no key)", secret=True),
     Setting("workers", None, "threads the HTTP API runs its one shared pruner in; default: 1 in-process (the "
             "session already uses every core: 1 thread was fastest at 16 concurrent clients, "
-            "benchmarks/results/api-workers/), 4 with --device cuda (the next calls are tokenized while the GPU runs), "
+            "docs/decisions.md), 4 with --device cuda (the next calls are tokenized while the GPU runs), "
             "16 in front of a Triton server (the calls wait on the network)",
             positive_int),
     Setting("max_concurrent", 64, "requests the HTTP API serves at once; past it, 429 with Retry-After",

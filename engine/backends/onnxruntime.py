@@ -18,11 +18,11 @@ from engine.settings import DEFAULTS, checked
 
 #: What ONNX Runtime's CPU arena does after a run: engine.settings' ort_arena (shrink, keep, off).
 #: "shrink" gives the memory a large batch took back to the system after it; "off" (no arena)
-#: returns memory too but makes large batches slower (benchmarks/results/memory/).
+#: returns memory too but makes large batches slower (docs/decisions.md, memory).
 #: "shrink" shrinks the arena after a batch of more than this many padded tokens only:
 #: smaller batches keep the arena they grew (401 MB after an 8 x 512 batch of the default
 #: INT8 model), for shrinking after each of them cost a fifth of the RAG workload's speed
-#: (docs/limits.md; the study: benchmarks/README.md).
+#: (docs/limits.md; docs/decisions.md, memory).
 SHRINK_ABOVE_TOKENS = 4096
 
 
@@ -157,17 +157,16 @@ class ArenaRuns:
     than SHRINK_ABOVE_TOKENS padded tokens gives back the memory it took; other runs (and
     every run in the modes "keep" and "off") use plain RunOptions."""
 
-    def __init__(self, ort: Any, mode: str, shrink_above: int = SHRINK_ABOVE_TOKENS):
+    def __init__(self, ort: Any, mode: str):
         self.plain = ort.RunOptions()
         self.shrink = None
-        self.shrink_above = shrink_above
         if mode == "shrink":
             self.shrink = ort.RunOptions()
             self.shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
 
     def __call__(self, tokens: int) -> Any:
         """The run options for a batch of `tokens` tokens (the arena shrunk after a large one)."""
-        return self.shrink if self.shrink is not None and tokens > self.shrink_above else self.plain
+        return self.shrink if self.shrink is not None and tokens > SHRINK_ABOVE_TOKENS else self.plain
 
 
 def session_options(ort: Any, intra_op_threads: int | None = None, inter_op_threads: int | None = None,

@@ -61,7 +61,7 @@ def add(new) -> None:
     add_setting(b, "text_model")
     b.add_argument("--api", help="measure an existing HTTP API (prune api, prune serve): its URL, TEI's /rerank "
                                  "at concurrency 1/4/16; alone, only its paths run")
-    b.add_argument("--out", default="benchmarks/results", help="folder for the bench-DATE results")
+    b.add_argument("--out", default="build/bench", help="folder for the bench-DATE results (default build/bench)")
     b.add_argument("--list", action="store_true", help="list the paths these flags make possible (id, group, "
                    "name) and exit, measuring nothing")
     b.set_defaults(func=run)

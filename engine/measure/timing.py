@@ -24,18 +24,17 @@ def stderr(message: str) -> None:
 
 
 def interleave(variants: dict[str, Callable[[], float | None]], repeats: int, log: Log = stderr,
-               warmup: bool = False, abba: bool = False) -> dict[str, list[float]]:
+               warmup: bool = False) -> dict[str, list[float]]:
     """Run every variant once per round, `repeats` rounds; each variant's seconds per round.
 
     A variant returns its own seconds (when it times only part of its work) or None (the
-    harness times the whole call). `warmup`: one untimed round first. `abba`: every other
-    round in reverse order (A B, B A, ...), so that neither variant always runs first."""
+    harness times the whole call). `warmup`: one untimed round first."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     times: dict[str, list[float]] = {name: [] for name in variants}
     for rnd in range(-1 if warmup else 0, repeats):
         order = list(variants.items())
-        for name, run in (order[::-1] if abba and rnd % 2 else order):
+        for name, run in order:
             t0 = time.perf_counter()
             own = run()
             seconds = time.perf_counter() - t0 if own is None else float(own)

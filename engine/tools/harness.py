@@ -1,13 +1,10 @@
-"""The measuring harness every speed measurement shares: `prune bench` and each study under
-benchmarks/ (benchmarks/README.md indexes them).
+"""What the benchmarks share: `prune bench`, the retrieval benchmark and the operator
+profiler (benchmarks/, dev/).
 
 - `machine_info` / `machine_line`: the machine, in a report's words;
-- `interleave`, `medians`, `model_passes`, `stderr`: the engine's own timing
-  (engine.measure.timing, which `prune export --precision auto` times with), offered here beside
-  the rest;
-- `Study`: a study's command line, its machine, and its report written as `NAME.json`
+- `Study`: a benchmark's command line, its machine, and its report written as `NAME.json`
   (the figures, the command, the machine, the date) and `NAME.md` (the command and the
-  machine above the study's own table).
+  machine above its own table).
 """
 from __future__ import annotations
 
@@ -22,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from engine.measure.timing import cpu_model
-from engine.measure.timing import interleave, medians, model_passes, stderr  # noqa: F401 (re-exported for the studies)
 
 
 def machine_info(device: str = "cpu") -> dict[str, Any]:
@@ -64,17 +60,10 @@ def machine_line(info: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def parser(doc: str | None, out: str | None = None, repeats: int = 5, checkpoint: bool = False,
-           data: str | None = None) -> argparse.ArgumentParser:
-    """A study's argument parser with the flags every study shares: --repeats, --threads
-    and --out (required when `out` is None, else that folder by default); with `checkpoint`,
-    --model (a checkpoint folder, or 'default': read it with `checkpoint_of`); with `data`
-    (what the file holds), a required --data."""
+def parser(doc: str | None, out: str | None = None, repeats: int = 5) -> argparse.ArgumentParser:
+    """A benchmark's argument parser with the flags every one shares: --repeats, --threads
+    and --out (required when `out` is None, else that folder by default)."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    if checkpoint:
-        ap.add_argument("--model", required=True, help="checkpoint folder, or 'default' (all-MiniLM-L6-v2)")
-    if data:
-        ap.add_argument("--data", required=True, help=data)
     ap.add_argument("--repeats", type=int, default=repeats, help=f"interleaved rounds, medians (default {repeats})")
     ap.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
     if out is None:
@@ -84,16 +73,8 @@ def parser(doc: str | None, out: str | None = None, repeats: int = 5, checkpoint
     return ap
 
 
-def checkpoint_of(model: str) -> str:
-    """A study's --model as a checkpoint folder: 'default' is the default model's checkpoint."""
-    if model != "default":
-        return model
-    from engine.runtime.default_model import default_checkpoint
-    return default_checkpoint()
-
-
 class Study:
-    """One run of a study: `Study("model-speed", "benchmarks.model_speed", argv)`; its
+    """One run of a benchmark: `Study("retrieval", "benchmarks.retrieval", argv)`; its
     `command` (to paste beside the figures), `machine` and `write`."""
 
     def __init__(self, name: str, module: str, argv: list[str] | None = None, device: str = "cpu"):

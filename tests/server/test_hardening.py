@@ -241,7 +241,7 @@ def test_onnxruntime_gives_memory_back_by_default(exported, monkeypatch, tmp_pat
     """The arena is shrunk after every run larger than SHRINK_ABOVE_TOKENS padded tokens
     unless told otherwise (PRUNE_ORT_ARENA; the server's core model: the ort_arena and
     ort_shrink_above_tokens parameters); a wrong value is a clear error.
-    benchmarks/memory.py measures what it buys: 1,354 -> 158 MB after a 32 x 512 batch."""
+    what it buys, measured (docs/decisions.md, memory): 1,354 -> 158 MB after a 32 x 512 batch."""
     from engine.backends.onnxruntime import SHRINK_ABOVE_TOKENS, OnnxRuntimeBackend
     from export.triton import RepositoryOptions, build_repository
     graph = exported["opensearch"] / "model.onnx"

@@ -367,7 +367,7 @@ def test_served_int8_model_equals_in_process_int8(server, exported_int8):
 
 def test_int8_answers_do_not_depend_on_their_batch_company(server, exported_int8):
     """Dynamic INT8 takes activation scales per batch, so a core run that joined requests
-    would move each answer with its neighbours (measured: benchmarks/batch_company.py).
+    would move each answer with its neighbours (measured: docs/decisions.md, batch company).
     12 different calls from 4 concurrent clients, 3 times each in shuffled order, must each
     equal the same call sent alone, bit for bit, in a round where the core batcher really
     grouped requests (fewer executions than requests)."""

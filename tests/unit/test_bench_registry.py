@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from engine.tools.bench import GROUPS, BenchOptions, Session, measure, registry, select
-from engine.tools.harness import interleave
+from engine.measure.timing import interleave
 
 pytestmark = pytest.mark.unit
 

@@ -64,8 +64,8 @@ RULES = {
     "only the adapters import the RAG frameworks, and nothing imports the adapters":
         ([p for p in _modules("engine/**/*.py", "export/*.py", "triton_models/*/model.py")
           if "integrations" not in p.relative_to(ROOT).parts], FRAMEWORKS),
-    "nothing installed imports the benchmarks (a clone's studies, not in the wheel)":
-        (_modules("engine/**/*.py", "export/*.py", "triton_models/*/model.py"), ("benchmarks",)),
+    "nothing installed imports the benchmarks or the developer tools (a clone's, not in the wheel)":
+        (_modules("engine/**/*.py", "export/*.py", "triton_models/*/model.py"), ("benchmarks", "dev")),
     "the exporter never imports the offline tools (--precision auto gates and times with the engine's own)":
         (_modules("export/*.py"), ("engine.tools",)),
 }

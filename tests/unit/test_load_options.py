@@ -55,13 +55,13 @@ def _calls(paths, name):
 
 
 def test_every_load_keyword_in_the_code_is_a_load_option():
-    files = [p for d in ("engine", "export", "benchmarks", "triton_models") for p in (ROOT / d).rglob("*.py")]
+    files = [p for d in ("engine", "export", "benchmarks", "dev", "triton_models") for p in (ROOT / d).rglob("*.py")]
     seen = 0
     for path, call in _calls(files, "load"):
         seen += 1
         given = {k.arg for k in call.keywords if k.arg is not None}
         assert given <= NAMES | {"log", "options"}, (path, given - NAMES)
-    assert seen > 20
+    assert seen > 12
 
 
 def test_nothing_below_the_doors_reads_the_environment():

@@ -154,39 +154,3 @@ def test_lost_answers_lists_each_domains_lost_gold_passages_with_their_calls():
     assert out["news"]["lost_calls"] == [{"id": "a", "question": "qa", "passages": 3, "best_score": 0.9,
                                           "lost": [{"index": 2, "reranking_score": 0.4, "rank": 3}]}]
     assert out["forum"]["lost_calls"][0]["lost"] == [{"index": 0, "reranking_score": 0.2, "rank": 2}]
-
-
-def test_the_gate_study_scores_gates_and_chooses_constraint_first():
-    """benchmarks/passage_gate.py: a gate's figures by hand, the rank ceilings, and the rule
-    that chooses (95% of gold kept on every domain first, then mean F2, then fewest parameters)."""
-    from benchmarks.passage_gate import ceilings, choose, score
-    calls = [([0], np.array([0.9, 0.5, 0.85], np.float32), np.array([True, True, True])),
-             ([1], np.array([0.9, 0.7, 0.2], np.float32), np.array([True, True, True]))]
-    m = score(calls, lambda s: s >= s.max() - 0.1)
-    # call 1 keeps 0 and 2 (gold 0 kept, one spare), call 2 keeps 0 only (gold 1 lost)
-    assert m["gold_kept"] == 0.5 and m["non_gold_emptied"] == pytest.approx(2 / 4) and m["gold_lost"] == 1
-    assert ceilings(calls) == {"top1": 0.5, "top2": 1.0, "top3": 1.0}
-    row = {"gold_kept": 1.0, "non_gold_emptied": 0.5}
-    table = {"a": {"wide": {**row, "f2": 0.80}, "two": {**row, "f2": 0.805}, "tight": {**row, "gold_kept": 0.9,
-                                                                                       "f2": 0.95}},
-             "b": {"wide": {**row, "f2": 0.80}, "two": {**row, "f2": 0.805}, "tight": {**row, "f2": 0.95}}}
-    # "tight" has the best F2 but loses answers on a; "two" beats "wide" by half a point: fewer parameters win
-    assert choose(table, {"wide": 1, "two": 2, "tight": 1}) == "wide"
-    assert choose({"a": {"tight": table["a"]["tight"]}}, {"tight": 1}) is None
-
-
-def test_the_gate_studys_passage_scores_recover_the_cosine_and_fuse_the_calls_bm25():
-    """benchmarks/passage_gate.py's rankers: the cosine is the engine's score less its lexical
-    half; the call's BM25 is each passage's BM25 among the call's passages over the best."""
-    from benchmarks.passage_gate import rankers
-    q = "When did the volcano erupt?"
-    ps = ["The volcano erupted in 1980.", "Paella is a rice dish.", "The volcano is tall."]
-    cos = np.array([0.6, 0.1, 0.5], np.float32)
-    overlap = np.array([2 / 5, 0.0, 2 / 5], np.float32)       # "the", "volcano" of 5 words; erupt != erupted
-    engine = 0.5 * cos + 0.5 * overlap
-    r = rankers(0.5)
-    np.testing.assert_allclose(r["engine"](q, ps, engine), engine)
-    np.testing.assert_allclose(r["cosine"](q, ps, engine), cos, atol=1e-6)
-    bm25 = r["0.5 cosine + 0.5 call BM25"](q, ps, engine) * 2 - cos
-    assert bm25[1] == pytest.approx(0.0, abs=1e-6) and max(bm25) == pytest.approx(1.0)
-    assert bm25[2] > bm25[0]          # same words matched, the shorter passage scores higher (BM25's b)

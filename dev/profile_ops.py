@@ -1,7 +1,7 @@
 """ONNX Runtime's per-operator profile of the engine's graphs on the RAG workload (#26):
 where the time goes, before any change to the INT8 path.
 
-    python -m benchmarks.profile_ops --rag ../shared/data/squad-dev-rag.jsonl \\
+    python -m dev.profile_ops --rag tests/data/squad-dev-rag.jsonl \\
         --out benchmarks/results/profile-ops
 
 Models: the default model (fp32 and its dynamic INT8 export), and two test checkpoints at
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queries", type=int, default=10)
     ap.add_argument("--top", type=int, default=8)
     args = ap.parse_args(argv)
-    study = Study("profile", "benchmarks.profile_ops", argv)
+    study = Study("profile", "dev.profile_ops", argv)
     from engine.runtime.default_model import ensure_default_model
     from engine.pruner import Pruner
     from engine.core.text import split_sentences
