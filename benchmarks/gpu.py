@@ -56,8 +56,8 @@ from benchmarks.gpu_run.cases import Context, engine_rows, flops_per_sequence, r
 from benchmarks.gpu_run.cases import feeds as _feeds  # noqa: F401 (../shared/gpu/compare_6layer.py imports it)
 from benchmarks.gpu_run.models import Export, checkpoint, config, load_module
 from benchmarks.gpu_run.report import markdown, plot, versions, write
-from engine.measure.timing import stderr
-from engine.tools.harness import machine_info
+from engine.machine.timing import stderr
+from engine.machine.describe import machine_info
 
 LARGE = {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096,
          "vocab_size": 128100, "max_position_embeddings": 512, "relative_attention": True,
@@ -242,7 +242,7 @@ def torch_peers(run: Run, ck: Path, label: str, cfg: dict, shapes, mode: str):
 def engine(run: Run, export: Export, label: str, cfg: dict, shapes, reference) -> None:
     """The engine's rows on `export`, opened as `Pruner.load` opens it on this device (and
     with ONNX Runtime's TensorRT provider, with --tensorrt)."""
-    from engine.core.batching import BatchingConfig
+    from engine.pipeline.batching import BatchingConfig
     from engine.pruner import Pruner
     a = run.args
     if not export.ready:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.tools.harness import Study, parser
+from engine.bench.harness import Study, parser
 
 KS = (1, 5, 10, 20)
 
@@ -162,14 +162,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     study = Study("retrieval", "benchmarks.retrieval", argv)
     from engine.rag.embedder import Embedder
-    from engine.rag.pipeline import CHUNK_TOKENS, Pipeline
+    from engine.rag.retrieval import CHUNK_TOKENS, Pipeline
     from engine.pruner import Pruner
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     db = Path(args.db) if args.db else out / "bench.db"
     rows = [json.loads(line) for line in open(args.rag)][:args.limit]
     if args.model == "default-int8":
-        from engine.runtime.default_model import ensure_default_model
+        from engine.models.default_model import ensure_default_model
         model, label = ensure_default_model(precision="int8"), "default INT8 (all-MiniLM-L6-v2, embedding family)"
     else:
         model = args.model

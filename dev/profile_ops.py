@@ -23,8 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.core.spec import Manifest
-from engine.tools.harness import Study, parser
+from engine.pipeline.spec import Manifest
+from engine.bench.harness import Study, parser
 
 WIDE = {"hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 16, "intermediate_size": 4096}
 QUANTIZED = ("MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention")
@@ -72,9 +72,9 @@ def profile(folder: Path, batches, threads: int | None, timed_passes: int = 0) -
 
 
 def limit_share(folder: Path, batches, wall_s: float, gemm: dict) -> dict:
-    """The dense arithmetic of `batches` (engine.tools.limits) over the plain pass's time,
+    """The dense arithmetic of `batches` (engine.bench.limits) over the plain pass's time,
     as a share of this machine's matching GEMM rate."""
-    from engine.tools.limits import graph_work, workload_flops
+    from engine.bench.limits import graph_work, workload_flops
     manifest = Manifest.read(folder)
     work = graph_work(folder / manifest.graph)
     flops = workload_flops([b.input_ids.shape for b in batches], work, int(manifest.source.hidden_size))
@@ -91,10 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=8)
     args = ap.parse_args(argv)
     study = Study("profile", "dev.profile_ops", argv)
-    from engine.runtime.default_model import ensure_default_model
+    from engine.models.default_model import ensure_default_model
     from engine.pruner import Pruner
-    from engine.core.text import split_sentences
-    from engine.tools.quality import load_rag_data
+    from engine.pipeline.text import split_sentences
+    from engine.evaluate.quality import load_rag_data
     from export.checkpoints import make_test_checkpoint
     from export.onnx import export_model
 
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             models[f"{label} {precision}"] = out
     report: dict = {"queries": len(rag), "models": {}}
     if args.repeats:
-        from engine.tools.limits import gemm_rates
+        from engine.bench.limits import gemm_rates
         report["gemm"] = gemm_rates(args.threads)
     for name, folder in models.items():
         pruner = Pruner.load(folder, threads=1)
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         g = report["gemm"]
         lines += [f"Share of the limit: the graph's dense arithmetic over the median of {args.repeats} plain "
                   f"passes, against this run's GEMM rates (fp32 MatMul {g['fp32_gflops']:.0f} GFLOP/s, int8 "
-                  f"MatMulInteger {g['int8_gops']:.0f} GOP/s; engine/tools/limits.py).", ""]
+                  f"MatMulInteger {g['int8_gops']:.0f} GOP/s; engine/bench/limits.py).", ""]
     lines += ["| model | node ms | plain pass s | share of the limit | float products | quantized products "
               "(incl. activation quantization) | top operators |", "|---|---|---|---|---|---|---|"]
     for name, p in report["models"].items():

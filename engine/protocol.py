@@ -4,7 +4,7 @@ Two classes satisfy it: `engine.pruner.Pruner` (in-process, or a Triton core mod
 client-side tokenization) and `engine.triton.text_pruner.TritonTextPruner` (a Triton text
 model: text in, results out). `Pruner.load` and `Pruner.connect` return one of them; code
 above the pruner (batch files, the HTTP API, the framework adapters) is written against
-this protocol alone. Both check their input with `engine.core.inputs`, so a bad call gets the
+this protocol alone. Both check their input with `engine.pipeline.inputs`, so a bad call gets the
 same InputError from either.
 """
 from __future__ import annotations
@@ -12,17 +12,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from engine.core.decide import PruneResult
-from engine.core.families import Family
-from engine.core.inputs import CallOptions, Limits
-from engine.core.spec import ModelSpec
+from engine.pipeline.decide import PruneResult
+from engine.pipeline.families import Family
+from engine.pipeline.inputs import CallOptions, Limits
+from engine.pipeline.spec import ModelSpec
 
 
 @runtime_checkable
 class PrunerProtocol(Protocol):
     """What every pruner offers (in-process, Triton text model, HTTP): prune, aprune, family,
     max_length, limits."""
-    limits: Limits                  # what one call may hold (engine.core.inputs)
+    limits: Limits                  # what one call may hold (engine.pipeline.inputs)
 
     @property
     def family(self) -> Family:

@@ -3,7 +3,7 @@
     pruner = Pruner.load("build/provence")            # ONNX Runtime in-process
     results = pruner.prune(question, [p1, p2, ...], threshold=0.1)
 
-Pipeline (engine.core's modules): split sentences (text) -> tokenize once, build blocks (encode)
+Pipeline (engine.pipeline's modules): split sentences (text) -> tokenize once, build blocks (encode)
 -> sort and pack by a token budget (batching) -> backend.infer -> merge blocks and decide (decide).
 """
 from __future__ import annotations
@@ -16,20 +16,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.backends.base import Backend
-from engine.core import text as textmod
-from engine.core.batching import BatchingConfig, ModelBatch, collate, plan
-from engine.core.decide import PruneResult, Scored, decide_passages, merge_blocks, window_decisions
-from engine.core.encode import Block, Encoder
-from engine.core.inputs import CallOptions, Limits, check_call, check_sentences, default_limits
-from engine.core.rules import Rules
-from engine.core.spec import ModelSpec
+from engine.pipeline import text as textmod
+from engine.pipeline.batching import BatchingConfig, ModelBatch, collate, plan
+from engine.pipeline.decide import PruneResult, Scored, decide_passages, merge_blocks, window_decisions
+from engine.pipeline.encode import Block, Encoder
+from engine.pipeline.inputs import CallOptions, Limits, check_call, check_sentences, default_limits
+from engine.pipeline.rules import Rules
+from engine.pipeline.spec import ModelSpec
 from engine.errors import BackendError, InputError, PruneError
 from engine.protocol import FromSpec, PrunerProtocol
-from engine.runtime import cancel
+from engine import cancel
 from engine.settings import DEFAULTS
 
 if TYPE_CHECKING:
-    from engine.runtime.loading import LoadOptions
+    from engine.models.loading import LoadOptions
 
 #: the characters one call may hold by default (engine.settings: PRUNE_MAX_CALL_CHARS; docs/limits.md)
 MAX_CALL_CHARS = DEFAULTS.max_call_chars
@@ -38,7 +38,7 @@ MAX_CALL_CHARS = DEFAULTS.max_call_chars
 @dataclass
 class Call:
     """One prepared `prune` call: the checked inputs, the rules it runs with (its options
-    resolved once, engine.core.rules) and how its passages are cut, the sentence spans of every
+    resolved once, engine.pipeline.rules) and how its passages are cut, the sentence spans of every
     passage, its blocks and the padded batches the core must run."""
     passages: list[str]
     spans: list[list[tuple[int, int]]]
@@ -74,13 +74,13 @@ class Pruner(FromSpec):
         machine has it, else on ONNX Runtime, saying why (to `log`, else as a warning).
 
         How it is opened is `options` (also taken as the second argument), an
-        `engine.runtime.loading.LoadOptions` (backend, precision, threads, device, providers,
+        `engine.models.loading.LoadOptions` (backend, precision, threads, device, providers,
         tensorrt, arena, graph, shape_cache, batching; for torch family, module_options,
         dtype, attn: each field says what it does). Its field names are keyword shortcuts
         here (`threads=2`, `device="cuda"`, `tensorrt=True` or a cache folder), over
         `options` or, without it, over the `PRUNE_*` variables in force
         (`LoadOptions.from_env`)."""
-        from engine.runtime.loading import LoadOptions, open_model
+        from engine.models.loading import LoadOptions, open_model
         if isinstance(backend, LoadOptions):              # Pruner.load(path, options)
             backend, options = None, backend
         if options is not None and not isinstance(options, LoadOptions):     # the old torch keyword
@@ -126,7 +126,7 @@ class Pruner(FromSpec):
         """Prune each passage for `question`; one PruneResult per passage, in input order
         (or by reranking score with `reorder` / `top_k`).
 
-        The call's options are `options` and the keywords of `engine.core.inputs.CallOptions`
+        The call's options are `options` and the keywords of `engine.pipeline.inputs.CallOptions`
         (threshold, title, alpha, top_k, reorder, windows, lexical_weight, passage_margin;
         None is the model's default, a negative alpha or passage_margin turns that rule off).
         sentences: per passage, the caller's own sentences (strings found in order in the
@@ -148,7 +148,7 @@ class Pruner(FromSpec):
     def prepare_checked(self, question: str, passages: list[str], options: CallOptions,
                         sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None,
                         batched: bool = True) -> "Call":
-        """`prepare` of a call already checked (engine.core.inputs; the Triton text model's
+        """`prepare` of a call already checked (engine.pipeline.inputs; the Triton text model's
         request is checked as it is read); without `batched`, no batches (`prune_many`
         packs the blocks of several calls together)."""
         rules = self.spec.family.rules.resolve(options)
@@ -176,7 +176,7 @@ class Pruner(FromSpec):
                                self.scores(call, per_block), self.encoder.tokenizer)
 
     def scores(self, call: "Call", per_block: Sequence[tuple[float, np.ndarray]]) -> list[Scored]:
-        """The call's per-passage model scores (engine.core.decide: blocks merged; with token
+        """The call's per-passage model scores (engine.pipeline.decide: blocks merged; with token
         windows, each window's own decisions at the call's threshold and backoff)."""
         fam, rules = self.spec.family, call.rules
         scored = merge_blocks(fam, len(call.passages), call.spans, call.blocks, per_block,

@@ -2,7 +2,7 @@
 the fidelity gate against the fp32 export and timed here; the fastest that passes is
 written to `--out`, with what was measured in its manifest (`auto`).
 
-Candidates (which are worth trying on this CPU's kind: engine.measure.cpu): fp32 and dynamic
+Candidates (which are worth trying on this CPU's kind: engine.machine.cpu): fp32 and dynamic
 INT8 on ONNX Runtime; with `[openvino]`, the NNCF static INT8 IR (ov-int8) on OpenVINO
 where the CPU has int8 dot products (VNNI or AMX) and, where it computes bf16 (AVX512_BF16 or AMX),
 OpenVINO's bf16 inference of the fp32 graph (ov-bf16: the fp32 export whose manifest
@@ -11,7 +11,7 @@ float (ov-int8-bf16: the IR, preferring bf16). OpenVINO's f32 inference is not a
 candidate: it runs the fp32 graph at ONNX Runtime's fp32 speed (docs/performance.md), and
 a tie would tie the export to OpenVINO for nothing.
 
-The gate is `prune fidelity`'s (engine.measure.fidelity.GATE): at least 99% of sentence
+The gate is `prune fidelity`'s (engine.fidelity_check.GATE): at least 99% of sentence
 decisions the same as fp32's at the family's threshold, and a Spearman correlation of
 the reranking scores of at least 0.99. It is measured on `gate_data` (a JSONL that
 `prune fidelity --data` reads: bring your own domain's), else on the built-in generic
@@ -30,12 +30,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from engine.measure.cpu import BF16_MISSING, CpuKind
+from engine.machine.cpu import BF16_MISSING, CpuKind
 from engine.errors import ExportError
-from engine.core.spec import Manifest, Runtime
+from engine.pipeline.spec import Manifest, Runtime
 
 #: Generic RAG calls for the gate: a question, the passage that answers it and two that do
-#: not. Written for this purpose; apart from the calibration text (export/openvino.py).
+#: not. Written for this purpose; apart from the calibration text (export/ov_int8.py).
 GATE_CALLS: list[tuple[str, list[str]]] = [
     ("How do bees find their way back to the hive?", [
         "Honey bees navigate with the sun as a compass. They correct for its movement across the sky during the day. "
@@ -115,7 +115,7 @@ GATE_CALLS: list[tuple[str, list[str]]] = [
 def gate_docs(gate_data: str | Path | None = None):
     """The documents the gate is measured on: `gate_data` (`prune fidelity --data`'s formats)
     or the built-in calls, one document per passage."""
-    from engine.measure.fidelity import Doc, load_docs
+    from engine.fidelity_check import Doc, load_docs
     if gate_data is not None:
         docs = load_docs(gate_data)
         if not docs:
@@ -189,10 +189,10 @@ def export_candidates(checkpoint: str | Path, tmp: Path, kind: CpuKind, export_a
         int8_from(found.folders["fp32"], found.folders["int8"], export_args)
     found.not_tried = {p: why for p, why in kind.auto_candidates(_openvino_installed()).items() if why}
     if not kind.known:
-        from engine.measure.cpu import FLAGS_UNKNOWN
+        from engine.machine.cpu import FLAGS_UNKNOWN
         log(f"auto: {FLAGS_UNKNOWN}")
     if "ov-int8" not in found.not_tried:
-        from export.openvino import quantize
+        from export.ov_int8 import quantize
         log("auto: quantizing ov-int8 (NNCF static INT8 for OpenVINO) ...")
         quantize(found.folders["fp32"], tmp / "ov-int8", texts=calibration, progress=progress, log=_indent(log))
         found.folders["ov-int8"] = tmp / "ov-int8"
@@ -220,9 +220,9 @@ def _bf16_candidates(found: Candidates) -> None:
 
 
 def gate_candidates(pruners: dict[str, Any], docs, log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
-    """Each candidate's runtime and its gate against fp32 on `docs` (engine.measure.fidelity); fp32
+    """Each candidate's runtime and its gate against fp32 on `docs` (engine.fidelity_check); fp32
     passes as the reference."""
-    from engine.measure.fidelity import gate, measure
+    from engine.fidelity_check import gate, measure
     reference = pruners["fp32"]
     candidates: dict[str, dict[str, Any]] = {}
     for precision, pruner in pruners.items():
@@ -240,9 +240,9 @@ def gate_candidates(pruners: dict[str, Any], docs, log: Callable[[str], None]) -
 def time_candidates(pruners: dict[str, Any], docs, repeats: int, candidates: dict[str, dict[str, Any]],
                     log: Callable[[str], None]) -> int:
     """Each candidate's model alone over the same padded batches of the gate's calls,
-    interleaved rounds, medians (engine.measure.timing): its `seconds` and `speedup` over fp32, in
+    interleaved rounds, medians (engine.machine.timing): its `seconds` and `speedup` over fp32, in
     its entry of `candidates`; the number of batches."""
-    from engine.measure.timing import interleave, medians, model_passes, workload_batches
+    from engine.machine.timing import interleave, medians, model_passes, workload_batches
     calls = [SimpleNamespace(question=q, passages=ps) for q, ps in _calls(docs)]
     batches = workload_batches(pruners["fp32"], calls)
     log(f"auto: timing {len(pruners)} precisions over {len(batches)} batches, {repeats} interleaved rounds ...")
@@ -267,7 +267,7 @@ def _log_table(candidates: dict[str, dict[str, Any]], picked: str, log: Callable
 
 def _machine(kind: CpuKind) -> dict[str, Any]:
     """The machine in the record: the CPU's model (where it says), its cores, kind and flags."""
-    from engine.measure.timing import cpu_model
+    from engine.machine.timing import cpu_model
     model = cpu_model()
     return {**({"cpu_model": model} if model is not None else {}), "cpus": os.cpu_count(),
             "cpu_kind": kind.name, "cpu_flags": kind.shown_flags()}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from engine.core.families import FAMILIES, get_family
+from engine.pipeline.families import FAMILIES, get_family
 from engine.pytorch.modeling import build_model, save_checkpoint
 
 # A little English and Chinese text to train the tiny sentencepiece models on.

@@ -15,7 +15,7 @@ While `torch.onnx.export` traces (`gpu_graph`):
     handed is the bias;
 - the sentence pooling returns one column per token position ([B, L]; columns past the
   block's sentences are 0), not max(sentence_ids) + 1, so the output's shape depends on
-  the input's shape only (engine.pytorch.common.all_sentence_columns).
+  the input's shape only (engine.pytorch.pooling.all_sentence_columns).
 
 At a fixed shape (ONNX Runtime's free-dimension overrides, engine/backends/gpu_graph.py),
 constant folding then removes every Shape node and the shape arithmetic after it, and the
@@ -169,7 +169,7 @@ def _eager_modules(model: torch.nn.Module) -> list[Any]:
 def fused_attention(model: torch.nn.Module, log: Callable[[str], None] = lambda m: None):
     """While exporting `model`, its attention traced as MultiHeadAttention (see the module
     doc); yields the number of attention implementations swapped."""
-    from engine.pytorch.common import all_sentence_columns
+    from engine.pytorch.pooling import all_sentence_columns
     swapped: list[tuple[Any, str, Any]] = []
     deb = sys.modules.get(_DEBERTA)
     cls = getattr(deb, "DisentangledSelfAttention", None)

@@ -31,12 +31,12 @@ from typing import Any, Callable
 import torch
 
 import engine
-from engine.core.batching import BatchingConfig
-from engine.core.encode import Encoder
+from engine.pipeline.batching import BatchingConfig
+from engine.pipeline.encode import Encoder
 from engine.errors import ExportError
-from engine.core.families import Family
-from engine.pytorch.loading import TorchModel, embedding_rows, load_torch_model
-from engine.core.spec import GRAPH_OUTPUTS, MANIFEST_FORMAT, Manifest
+from engine.pipeline.families import Family
+from engine.pytorch.torch_model import TorchModel, embedding_rows, load_torch_model
+from engine.pipeline.spec import GRAPH_OUTPUTS, MANIFEST_FORMAT, Manifest
 from export import deberta
 from export import gpu as gpu_graph
 from export.optimize import convert_fp16, encoder_dims, fix_graph, optimize_graph, quantize_int8
@@ -273,7 +273,7 @@ def save_fp32(raw: Path, fp32: Path, source: Source) -> None:
 def save_tokenizer(tm: TorchModel, stage: Path) -> None:
     """The checkpoint's tokenizer files into `stage`, and tokenizer.json: the tokenizer the
     engine runs, the checkpoint's own tokenizer.json where it has one
-    (engine.pytorch.loading.checkpoint_tokenizer), never a rebuilt one."""
+    (engine.pytorch.torch_model.checkpoint_tokenizer), never a rebuilt one."""
     tm.hf_tokenizer.save_pretrained(str(stage))
     tm.tokenizer.save(str(stage / "tokenizer.json"))
     if not (stage / "tokenizer.json").is_file():
@@ -333,7 +333,7 @@ def manifest_defaults(fam: Family) -> dict[str, Any]:
 
 def manifest_of(checkpoint: str | Path, source: Source, opts: ExportOptions, stage: Path,
                 details: dict[str, Any], checks: list[dict[str, Any]]) -> dict[str, Any]:
-    """The manifest of the export staged in `stage` (engine.core.spec.Manifest reads it):
+    """The manifest of the export staged in `stage` (engine.pipeline.spec.Manifest reads it):
     `details`, what the conversion steps did; `checks`, the parity reports."""
     import onnx
     tm, fam = source.model, source.family

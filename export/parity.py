@@ -12,10 +12,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from engine.core.encode import Encoder
+from engine.pipeline.encode import Encoder
 from engine.errors import ExportError
-from engine.pytorch.loading import TorchModel
-from engine.core.spec import GRAPH_OUTPUTS, ModelSpec
+from engine.pytorch.torch_model import TorchModel
+from engine.pipeline.spec import GRAPH_OUTPUTS, ModelSpec
 from export.samples import sample_batches
 
 PARITY_TOLERANCE = 1e-4               # fp32 graph vs fp32 PyTorch, on probabilities and scores

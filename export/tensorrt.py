@@ -181,8 +181,8 @@ def export_tensorrt(folder: Path, precision: str = "fp16", max_batch_size: int =
                     log=print) -> dict[str, Any]:
     """Add a TensorRT plan to an exported folder: fixed graph, build script, and (where
     TensorRT exists) the plan, checked against ONNX Runtime. Updates the manifest."""
-    from engine.core.encode import Encoder, manifest_tokenizer
-    from engine.core.spec import Manifest
+    from engine.pipeline.encode import Encoder, manifest_tokenizer
+    from engine.pipeline.spec import Manifest
     from export.samples import sample_batches
     if precision not in ("fp32", "fp16"):
         raise ExportError("TensorRT INT8/FP8 need a graph with calibrated Q/DQ nodes (e.g. from NVIDIA "

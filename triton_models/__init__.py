@@ -3,7 +3,7 @@
 - `python_core/model.py`: the CPU core model (python backend running ONNX Runtime);
 - `python_text/model.py`: the text model (text in, pruned text out; BLS to the core).
 
-`prune repository` (export/triton.py) copies them into a repository with `template()`.
+`prune repository` (export/triton_repository.py) copies them into a repository with `template()`.
 """
 from importlib.resources import files
 from pathlib import Path

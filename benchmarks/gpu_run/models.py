@@ -186,7 +186,7 @@ def config(ck: Path) -> dict:
 
 def load_module(ck: Path, attn: str):
     """The checkpoint's PyTorch module (fp32, CPU), or the error in words."""
-    from engine.pytorch.loading import load_torch_model
+    from engine.pytorch.torch_model import load_torch_model
     try:
         return load_torch_model(ck, attn=attn).module.eval()
     except Exception as exc:      # an attention implementation DeBERTa lacks

@@ -5,7 +5,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from engine.core.batching import BatchingConfig, ModelBatch
+from engine.pipeline.batching import BatchingConfig, ModelBatch
 
 
 class Backend(ABC):

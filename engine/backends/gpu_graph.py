@@ -49,7 +49,7 @@ from engine.backends.base import Backend
 from engine.backends.gpu_shared import GpuThread, SharedWeights
 from engine.backends.onnxruntime import (check_cuda_ran, preload_cuda_libraries, require_cuda, session_options,
                                          thread_denormals)
-from engine.core.batching import BatchingConfig, ModelBatch
+from engine.pipeline.batching import BatchingConfig, ModelBatch
 from engine.errors import BackendError, ModelLoadError
 from engine.settings import DEFAULTS
 

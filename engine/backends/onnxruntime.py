@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.base import Backend
-from engine.core.batching import ModelBatch
+from engine.pipeline.batching import ModelBatch
 from engine.errors import BackendError, ModelLoadError
 from engine.settings import DEFAULTS, checked
 
@@ -83,7 +83,7 @@ def denormal_state(flush: bool) -> str:
 
 def arena_mode(value: str = DEFAULTS.ort_arena) -> str:
     """The arena mode `value`, checked (PRUNE_ORT_ARENA is read where a process starts:
-    engine.runtime.loading.LoadOptions.from_env)."""
+    engine.models.loading.LoadOptions.from_env)."""
     return checked("ort_arena", value.strip().lower(), ModelLoadError, "the ONNX Runtime arena")
 
 

@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 
 from engine.backends.base import Backend
-from engine.core.batching import ModelBatch
-from engine.measure.cpu import BF16_FLAGS, cpu_flags
+from engine.pipeline.batching import ModelBatch
+from engine.machine.cpu import BF16_FLAGS, cpu_flags
 from engine.errors import BackendError, ModelLoadError
-from engine.core.spec import RUNTIMES
+from engine.pipeline.spec import RUNTIMES
 
 PRECISIONS = RUNTIMES["openvino"]
 

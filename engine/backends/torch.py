@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.base import Backend
-from engine.core.batching import ModelBatch
+from engine.pipeline.batching import ModelBatch
 from engine.errors import BackendError
 
 
@@ -47,6 +47,6 @@ class TorchBackend(Backend):
                         attn: str = "eager", device: str = "cpu", dtype: str = "float32",
                         threads: int | None = None) -> tuple["TorchBackend", Any, Any]:
         """(backend, tokenizer, ModelSpec) of a checkpoint folder (or hub id)."""
-        from engine.pytorch.loading import load_torch_model
+        from engine.pytorch.torch_model import load_torch_model
         tm = load_torch_model(path, family=family, options=options, attn=attn)
         return cls(tm.module, threads=threads, device=device, dtype=dtype), tm.tokenizer, tm.spec

@@ -14,9 +14,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from engine.backends.base import Backend
-from engine.core.batching import ModelBatch
+from engine.pipeline.batching import ModelBatch
 from engine.errors import BackendError, ModelLoadError
-from engine.core.spec import GRAPH_OUTPUTS
+from engine.pipeline.spec import GRAPH_OUTPUTS
 from engine.triton.client import Transport
 
 

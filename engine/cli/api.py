@@ -5,7 +5,7 @@ from pathlib import Path
 
 from engine.errors import PruneError
 
-from engine.cli.common import (add_batching, add_openvino, add_setting, api_imports, batching, model_path,
+from engine.cli.flags import (add_batching, add_openvino, add_setting, api_imports, batching, model_path,
                                port_number, positive_float)
 
 

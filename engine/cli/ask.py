@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import json
 
-from engine.cli.common import add_db, add_renamed, add_setting, add_tags, load_models, pipeline, tags
+from engine.cli.flags import add_db, add_renamed, add_setting, add_tags, load_models, pipeline, tags
 from engine.errors import PruneError
-from engine.core.inputs import CallOptions
+from engine.pipeline.inputs import CallOptions
 
 
 def add(new) -> None:

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine.cli.common import add_setting, input_file, output_folder
+from engine.cli.flags import add_setting, input_file, output_folder
 from engine.settings import positive_int
 
 
@@ -91,9 +91,9 @@ def _seconds(text: str) -> float:
 
 def run(args) -> int:
     """Run `prune bench`; the exit status."""
-    from engine.tools.bench import BenchOptions, Stop, bench, registry, select
-    from engine.tools.bench_report import markdown, plot
-    from engine.runtime.default_model import default_checkpoint, default_model_dir, ensure_default_model
+    from engine.bench.registry import BenchOptions, Stop, bench, registry, select
+    from engine.bench.report import markdown, plot
+    from engine.models.default_model import default_checkpoint, default_model_dir, ensure_default_model
     log = args.log
     # bad input is reported before any model is exported or loaded
     input_file(args.data, "--data")
@@ -101,7 +101,7 @@ def run(args) -> int:
         input_file(getattr(args, flag), "--" + flag.replace("_", "-"))
     if not args.list:
         output_folder(args.out, "--out")
-        from engine.tools.datasets import load_rag_data
+        from engine.datafiles import load_rag_data
         load_rag_data(args.data, args.queries)      # the queries bench reads, checked
     if args.device == "cuda" and not args.list:   # the CUDA provider is checked before any export or measurement
         from engine.backends.onnxruntime import require_cuda
@@ -132,7 +132,7 @@ def run(args) -> int:
                            openvino=args.openvino or bool(args.ov_int8), peer_python=args.peer_python,
                            budget_s=args.budget_s, compile_backend=args.compile_backend)
     if args.list:                  # nothing is exported, started or measured
-        from engine.core.spec import Manifest
+        from engine.pipeline.spec import Manifest
         family = Manifest.read(models[options.base]).family if own else "embedding"   # the default model's
         for p in select(registry(options, family), args.paths):
             print(f"{p.id:48} {p.group:11} {p.name}")

@@ -21,7 +21,7 @@ def add(new) -> None:
 
 def run(args) -> int:
     """Run `prune capacity`; the exit status."""
-    from engine.tools.capacity import report_lines
+    from engine.bench.sizing import report_lines
     try:
         report = json.loads(Path(args.bench).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:

@@ -5,7 +5,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from engine.cli.common import add_batching, add_windows, batching, input_file, output_folder
+from engine.cli.flags import add_batching, add_windows, batching, input_file, output_folder
 from engine.errors import PruneError
 from engine.settings import positive_int
 
@@ -31,10 +31,10 @@ def add(new) -> None:
 
 def run(args) -> int:
     """Run `prune eval`; the exit status."""
-    from engine.tools.quality import evaluate
-    from engine.tools.quality_report import (domain_table, rag_domain_table, rag_table, rerank_table, table,
+    from engine.evaluate.quality import evaluate
+    from engine.evaluate.quality_report import (domain_table, rag_domain_table, rag_table, rerank_table, table,
                                             write_report)
-    from engine.runtime.default_model import ensure_default_model
+    from engine.models.default_model import ensure_default_model
     from engine.pruner import Pruner
     # bad input is reported before any model loads (the default one is exported on first use)
     if not args.data and not args.rag_data:
@@ -42,7 +42,7 @@ def run(args) -> int:
     input_file(args.data, "--data")
     input_file(args.rag_data, "--rag-data")
     output_folder(args.out, "--out")
-    from engine.tools.datasets import load_prune_data, load_rag_data
+    from engine.datafiles import load_prune_data, load_rag_data
     if args.data:
         load_prune_data(args.data, args.limit)      # read again by evaluate(): a bad record is named now
     if args.rag_data:
@@ -77,10 +77,10 @@ def run(args) -> int:
 
 
 def budgets(args, models) -> dict:
-    """--budgets: each model at each budget on --data and --rag-data (engine.tools.quality_budget),
+    """--budgets: each model at each budget on --data and --rag-data (engine.evaluate.quality_budget),
     printed as tables; the report's `budgets`."""
-    from engine.tools.datasets import load_prune_data, load_rag_data
-    from engine.tools.quality_budget import budget_table, prune_budget_rows, rag_budget_rows
+    from engine.datafiles import load_prune_data, load_rag_data
+    from engine.evaluate.quality_budget import budget_table, prune_budget_rows, rag_budget_rows
     progress, out = not (args.no_progress or args.quiet), {}
     if args.data:
         samples = load_prune_data(args.data, args.limit)

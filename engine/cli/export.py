@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.cli.common import add_embedding_options, embedding_options, input_file, output_folder
+from engine.cli.flags import add_embedding_options, embedding_options, input_file, output_folder
 from engine.errors import PruneError
-from engine.core.families import FAMILIES
+from engine.pipeline.families import FAMILIES
 from engine.settings import positive_int
 
 
@@ -55,7 +55,7 @@ def add(new) -> None:
 def run(args) -> int:
     """Run `prune export`; the exit status."""
     if args.model == "default":
-        from engine.runtime.default_model import default_checkpoint
+        from engine.models.default_model import default_checkpoint
         args.model = default_checkpoint()
     # bad input is reported before any work starts: flags that do not go together, then files
     if args.precision is None:
@@ -69,7 +69,7 @@ def run(args) -> int:
     input_file(args.gate_data, "--gate-data")
     output_folder(args.out, "--out")
     try:
-        from export.embedder import export_encoder
+        from export.backbone import export_encoder
         from export.onnx import export_model
     except ImportError as exc:
         raise PruneError(f"prune export needs PyTorch, transformers and onnx (missing here: {exc.name}): "
@@ -111,7 +111,7 @@ def _calibration(args) -> list[str] | None:
     if not args.calibration:
         return None
     if args.calibration.endswith(".jsonl"):
-        from engine.tools.datasets import read_jsonl
+        from engine.datafiles import read_jsonl
         texts = []
         for n, row in enumerate(read_jsonl(args.calibration), 1):
             if not (isinstance(row, dict) and isinstance(row.get("text"), str)):
@@ -140,7 +140,7 @@ def _openvino_int8(args) -> int:
     import tempfile
 
     from export.onnx import export_model
-    from export.openvino import quantize
+    from export.ov_int8 import quantize
     if args.tensorrt:
         raise PruneError("--tensorrt builds from an ONNX export, not from ov-int8")
     texts = _calibration(args)

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.cli.common import add_batching, add_openvino, add_windows, batching, input_file, output_file
+from engine.cli.flags import add_batching, add_openvino, add_windows, batching, input_file, output_file
 from engine.errors import PruneError
 from engine.settings import positive_int
-from engine.core.spec import Manifest
+from engine.pipeline.spec import Manifest
 
 
 def add(new) -> None:
@@ -26,7 +26,7 @@ def add(new) -> None:
 
 def run(args) -> int:
     """Run `prune fidelity`; the exit status."""
-    from engine.tools.fidelity import format_report, gate, load_docs, measure, save
+    from engine.fidelity_check import format_report, gate, load_docs, measure, save
     from engine.pruner import Pruner
     input_file(args.data, "--data")       # bad input is reported before any model loads
     output_file(args.out, "--out", make_folders=True)

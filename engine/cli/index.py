@@ -1,7 +1,7 @@
 """`prune index`: chunk, embed and store documents in Milvus for `prune ask`."""
 from __future__ import annotations
 
-from engine.cli.common import add_db, add_setting, input_file, load_models, output_file, pipeline
+from engine.cli.flags import add_db, add_setting, input_file, load_models, output_file, pipeline
 
 
 def add(new) -> None:
@@ -16,7 +16,7 @@ def add(new) -> None:
 
 def run(args) -> int:
     """Run `prune index`; the exit status."""
-    from engine.rag.pipeline import read_documents
+    from engine.rag.retrieval import read_documents
     input_file(args.data, "--data")       # bad input is reported before any model loads
     if "://" not in args.db:              # a Milvus Lite file, not a server's URI
         output_file(args.db, "--db")

@@ -1,7 +1,7 @@
 """`prune repository`: an exported model into a Triton model repository."""
 from __future__ import annotations
 
-from engine.cli.common import add_openvino, add_setting, non_negative_int, output_folder
+from engine.cli.flags import add_openvino, add_setting, non_negative_int, output_folder
 from engine.settings import positive_int
 
 
@@ -41,8 +41,8 @@ def add(new) -> None:
 
 def run(args) -> int:
     """Run `prune repository`; the exit status."""
-    from export.triton import RepositoryOptions, build_repository
-    from engine.runtime.default_model import ensure_default_model
+    from export.triton_repository import RepositoryOptions, build_repository
+    from engine.models.default_model import ensure_default_model
     from engine.settings import setting
     output_folder(args.out, "--out")        # bad input is reported before the default model is exported
     is_default = args.model in (None, "default")

@@ -6,10 +6,10 @@ import sys
 import time
 from pathlib import Path
 
-from engine.cli.common import (add_batching, add_call_options, add_openvino, add_renamed, add_setting, add_tags,
+from engine.cli.flags import (add_batching, add_call_options, add_openvino, add_renamed, add_setting, add_tags,
                                batching, call_options, input_file, model_path, output_file, tags)
 from engine.errors import PruneError
-from engine.core.inputs import CallOptions
+from engine.pipeline.inputs import CallOptions
 from engine.settings import TORCH_ATTENTIONS, TORCH_DTYPES, positive_int
 
 
@@ -140,7 +140,7 @@ def _read_contexts(args) -> list[str]:
 def _read_passages_file(name: str) -> list[str]:
     """The passages of a JSONL file: one a line, a JSON string or an object with `text`
     (what a retriever returns; `prune index --data` reads the same)."""
-    from engine.tools.datasets import read_jsonl
+    from engine.datafiles import read_jsonl
     out = []
     try:
         for n, row in enumerate(read_jsonl(name), 1):
@@ -156,7 +156,7 @@ def _read_passages_file(name: str) -> list[str]:
 
 
 def _run_file(pruner, args, options: CallOptions) -> int:
-    from engine.tools.batchfile import run_file
+    from engine.batchfile import run_file
     source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
     sink = sys.stdout if args.output in (None, "-") else open(args.output, "w", encoding="utf-8")
     try:

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from engine.cli.api import add_encoder, api_app, check_model_service, check_port_table, service_note
-from engine.cli.common import add_setting, api_imports, non_negative_int, port_number, positive_float
+from engine.cli.flags import add_setting, api_imports, non_negative_int, port_number, positive_float
 from engine.errors import PruneError
 
 
@@ -78,7 +78,7 @@ def run(args) -> int:
         print(f"tritonserver ready: gRPC {server.grpc_url}  {http}  metrics {server.metrics_url}"
               "  (Ctrl-C stops)", flush=True)
         if text_model:
-            from engine.http.server import ApiThread
+            from engine.http.api_thread import ApiThread
             from engine.pruner import Pruner
             pruner = Pruner.connect(server.grpc_url, text_model, timeout=args.request_timeout)
             api = ApiThread(api_app(args, pruner, text_model, remote=True), args.host, args.api_port,

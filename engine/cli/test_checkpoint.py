@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.cli.common import output_folder
+from engine.cli.flags import output_folder
 from engine.errors import PruneError
 
 
@@ -20,7 +20,7 @@ def add(new) -> None:
 
 def run(args) -> int:
     """Run `prune test-checkpoint`; the exit status."""
-    from engine.core.families import FAMILIES
+    from engine.pipeline.families import FAMILIES
     from export.checkpoints import make_test_checkpoint
     names = list(FAMILIES) if args.family == "all" else [args.family]
     output_folder(args.out, "--out")

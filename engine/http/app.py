@@ -32,7 +32,7 @@ from typing import Annotated, Any
 
 from engine.errors import InputError, PruneError
 from engine.http.state import ApiConfig, ApiState, Busy
-from engine.core.inputs import CallOptions, check_tags
+from engine.pipeline.inputs import CallOptions, check_tags
 from engine.protocol import PrunerProtocol
 
 try:
@@ -41,7 +41,7 @@ try:
     from fastapi.responses import JSONResponse, PlainTextResponse, Response
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
-    from engine.http import opensearch
+    from engine.http import opensearch_api as opensearch
     from engine.http.models import (POST_ERRORS, ApiError, CohereDocumentOut, CohereRerankRequest,
                                     CohereRerankResponse, CohereResult, ErrorBody, HealthResponse,
                                     InfoResponse, PrunedPassage, PruneRequest, PruneResponse, TeiRank,
@@ -183,7 +183,7 @@ async def prune_endpoint(req: PruneRequest, api: Api):
              summary="The same at TorchServe's path, as OpenSearch's own connector names it")
 async def opensearch_highlight(req: opensearch.OpenSearchRequest, api: Api):  # type: ignore[valid-type]
     """OpenSearch's remote semantic-highlighting model: each document's kept sentences as
-    UTF-16 spans, one list per document of a batch (engine/http/opensearch.py)."""
+    UTF-16 spans, one list per document of a batch (engine/http/opensearch_api.py)."""
     t0 = time.perf_counter()
     calls, batch = opensearch.queries(req)
     api.pruner.limits.check_count(len(calls), "documents in one request")

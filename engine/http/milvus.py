@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import InputError, PruneError
-from engine.core.inputs import CallOptions, check_tags
+from engine.pipeline.inputs import CallOptions, check_tags
 from engine.http.state import ApiState, Busy
 
 PACKAGE = "milvus.proto.modelservice"

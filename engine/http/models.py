@@ -1,7 +1,7 @@
 """The HTTP API's public types: every request and response body, and its one error enum.
 
 These models are the wire contract, kept apart from the engine's dataclasses
-(`engine.core.decide.PruneResult`): a field renamed inside the engine fails here, loudly,
+(`engine.pipeline.decide.PruneResult`): a field renamed inside the engine fails here, loudly,
 instead of changing what clients read. TEI's and Cohere's bodies keep their protocols'
 field names; `/v1/prune` is the engine's own (docs/http-api.md). OpenAPI (`/openapi.json`)
 shows every field of every body.
@@ -15,10 +15,10 @@ from typing import Any, Literal, get_type_hints
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from pydantic_core import PydanticCustomError
 
-from engine.core.decide import PruneResult
-from engine.core.families import Family
-from engine.core.inputs import CallOptions, option_fields, unknown_name
-from engine.core.rules import Rules
+from engine.pipeline.decide import PruneResult
+from engine.pipeline.families import Family
+from engine.pipeline.inputs import CallOptions, option_fields, unknown_name
+from engine.pipeline.rules import Rules
 
 # --------------------------------------------------------------------------- errors
 
@@ -203,7 +203,7 @@ PruneRequest = create_model(
 
 
 class BudgetOut(BaseModel):
-    """What a call's budget did (engine.core.budget.Budget), on each passage of a call that set budget_tokens."""
+    """What a call's budget did (engine.pipeline.budget.Budget), on each passage of a call that set budget_tokens."""
     tokens: int = Field(description="the call's budget_tokens")
     used: int = Field(description="tokens the call's pruned texts hold together")
     kept: int = Field(description="tokens this passage's pruned text holds")
@@ -259,19 +259,19 @@ class HealthResponse(BaseModel):
 
 
 def _rules_fields() -> dict[str, tuple[Any, Any]]:
-    """engine.core.rules.Rules' settings as pydantic fields: the one definition, by its names."""
+    """engine.pipeline.rules.Rules' settings as pydantic fields: the one definition, by its names."""
     hints = get_type_hints(Rules)
     return {f.name: (hints[f.name], ... if f.default is MISSING else f.default) for f in fields(Rules)}
 
 
-RulesBody = create_model("RulesBody", __doc__="The model's decision rules (engine.core.rules.Rules): its family's "
+RulesBody = create_model("RulesBody", __doc__="The model's decision rules (engine.pipeline.rules.Rules): its family's "
                          "defaults with its export's; threshold applies to the model's scores alone, "
                          "lexical_threshold (when not null) to the fused ones.", **_rules_fields())
 
 Defaults = create_model(
     "Defaults", __base__=RulesBody,
     __doc__="The decision settings a call gets when it passes none: the model's rules resolved for such a call "
-            "(engine.core.rules.Rules.resolve; `threshold` the one it runs with), and what they mean.",
+            "(engine.pipeline.rules.Rules.resolve; `threshold` the one it runs with), and what they mean.",
     threshold_without_lexical=(float, Field(description="the threshold of a call that sets lexical_weight 0")),
     score_kind=(str, Field(description="what reranking_score is: logit, probability, cosine or none")),
     zero_rerank_when_empty=(bool, Field(False, description="a passage with nothing kept scores 0.0")),

@@ -13,11 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from engine.runtime import cancel
-from engine.core.decide import PruneResult
+from engine import cancel
+from engine.pipeline.decide import PruneResult
 from engine.errors import Cancelled, InputError, PruneError
-from engine.core.families import Family
-from engine.core.inputs import CallOptions
+from engine.pipeline.families import Family
+from engine.pipeline.inputs import CallOptions
 from engine.protocol import PrunerProtocol
 from engine.settings import DEFAULTS
 
@@ -176,7 +176,7 @@ class ApiState:
     async def in_pool(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` in the worker pool, at most `max_concurrent` at once (Busy past it),
         within the deadline (asyncio.TimeoutError past it). A call given up on (past the
-        deadline, or its caller gone) is told to stop (engine.runtime.cancel): a call still queued
+        deadline, or its caller gone) is told to stop (engine.cancel): a call still queued
         never starts, one running stops at its next batch, so the pool is free again within
         one batch's time."""
         with self.in_flight.slot():

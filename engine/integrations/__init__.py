@@ -5,5 +5,5 @@
 - `engine.integrations.haystack`: PruneRanker (a Haystack 2.x component)
 
 Each wraps any pruner: an in-process `Pruner`, a Triton text model (`Pruner.connect`), or
-the HTTP API's URL (`engine.http.client.HttpPruner`). Nothing in the engine imports them.
+the HTTP API's URL (`engine.http.pruner_client.HttpPruner`). Nothing in the engine imports them.
 """

@@ -9,7 +9,7 @@
     pipe.connect("retriever.documents", "pruner.documents")
 
 Each document comes back as a copy whose content is its pruned text, `meta["pruning"]`
-(the original text, scores, spans, the highlighted text; engine.integrations.common) and
+(the original text, scores, spans, the highlighted text; engine.integrations.adapter) and
 the reranking score in [0, 1] as its `score`, as Haystack's rankers give theirs. A document
 with no text content (a blob, an image)
 or empty text is passed through unchanged. The input documents are not changed."""
@@ -19,7 +19,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from engine.integrations.common import (Adapter, Outcome, PruneOptions, check_pruner, framework, relevance,
+from engine.integrations.adapter import (Adapter, Outcome, PruneOptions, check_pruner, framework, relevance,
                                         resolve_pruner)
 
 with framework(__name__, "haystack-ai 2.x", "haystack"):
@@ -31,7 +31,7 @@ class PruneRanker(Adapter):
     """Sentence-level pruning (and, with top_k or reorder, reranking) of documents.
 
     `pruner`: an exported folder, 'default', the HTTP API's URL, or a pruner object. The
-    options are engine.core.inputs.CallOptions's, by name (`top_k` as Haystack's rankers say),
+    options are engine.pipeline.inputs.CallOptions's, by name (`top_k` as Haystack's rankers say),
     and the adapter's own (`keep_empty`, `pre`, `post`, `metadata_key`); an unknown name
     is an InputError naming the known ones. The model is opened in `warm_up()` (a
     Pipeline calls it; `run` calls it when nobody has). `to_dict`/`from_dict` round-trip

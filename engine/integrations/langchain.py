@@ -10,7 +10,7 @@
 Each document's `page_content` becomes its pruned text; `metadata["relevance_score"]` its
 reranking score in [0, 1] (where LangChain's rerankers put theirs), and
 `metadata["pruning"]` the original text, scores, spans and the highlighted text
-(engine.integrations.common). `top_n` keeps the n best, as LangChain's rerankers do
+(engine.integrations.adapter). `top_n` keeps the n best, as LangChain's rerankers do
 (`top_k`, its old name, is deprecated). The input documents are not changed: the
 compressor returns new ones."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.integrations.common import Outcome, PruneOptions, framework, relevance
+from engine.integrations.adapter import Outcome, PruneOptions, framework, relevance
 
 with framework(__name__, "langchain-core", "langchain"):
     from langchain_core.callbacks import Callbacks
@@ -57,7 +57,7 @@ class _Compressor(PrunerModel, BaseDocumentCompressor):
 
 PruneCompressor = with_options(
     _Compressor, "PruneCompressor", "Sentence-level pruning of retrieved documents, in one call per query: a "
-    "LangChain document compressor with every option of engine.core.inputs.CallOptions (`top_k` is `top_n`).")
+    "LangChain document compressor with every option of engine.pipeline.inputs.CallOptions (`top_k` is `top_n`).")
 
 
 class EngineEmbeddings(Embeddings):

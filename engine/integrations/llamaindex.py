@@ -5,7 +5,7 @@
     query_engine = index.as_query_engine(node_postprocessors=[PrunePostprocessor(pruner="default")])
 
 Each node comes back as a copy whose text is its pruned text, with `metadata["pruning"]`
-(the original text, scores, spans, the highlighted text; engine.integrations.common) and
+(the original text, scores, spans, the highlighted text; engine.integrations.adapter) and
 the reranking score in [0, 1] as the NodeWithScore's score, as LlamaIndex's rerankers give
 theirs. `top_n` keeps the n best, as they do (`top_k`, its old name, is deprecated). `pruning` is excluded from the text
 the LLM and the embedder see. The input nodes are not changed."""
@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from engine.integrations.common import Outcome, PruneOptions, framework, relevance
+from engine.integrations.adapter import Outcome, PruneOptions, framework, relevance
 
 with framework(__name__, "llama-index-core", "llamaindex"):
     from llama_index.core.base.embeddings.base import BaseEmbedding
@@ -64,7 +64,7 @@ class _Postprocessor(PrunerModel, BaseNodePostprocessor):
 
 PrunePostprocessor = with_options(
     _Postprocessor, "PrunePostprocessor", "Sentence-level pruning of retrieved nodes, in one call per query: a "
-    "LlamaIndex node postprocessor with every option of engine.core.inputs.CallOptions (`top_k` is `top_n`).")
+    "LlamaIndex node postprocessor with every option of engine.pipeline.inputs.CallOptions (`top_k` is `top_n`).")
 
 
 class EngineEmbedding(BaseEmbedding):

@@ -1,13 +1,13 @@
 """What the LangChain and LlamaIndex adapters share, both being pydantic models: the
 `pruner` field, the engine it opens, the old option names, and the option fields made
-from engine.core.inputs.CallOptions (`top_k` named `top_n`, as both frameworks' rerankers say)."""
+from engine.pipeline.inputs.CallOptions (`top_k` named `top_n`, as both frameworks' rerankers say)."""
 from __future__ import annotations
 
 from typing import Any
 
 from pydantic import BaseModel, Field, PrivateAttr, create_model, model_validator
 
-from engine.integrations.common import (TOP_N, Adapter, PruneOptions, adapter_fields, options_of, renamed,
+from engine.integrations.adapter import (TOP_N, Adapter, PruneOptions, adapter_fields, options_of, renamed,
                                         resolve_pruner)
 
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from engine.errors import ModelLoadError
-from engine.pytorch.common import backbone_config, pool_hidden, sentence_onehot
+from engine.pytorch.pooling import backbone_config, pool_hidden, sentence_onehot
 
 
 EMBEDDING_MODES = ("isolated", "passage", "full")

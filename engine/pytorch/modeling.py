@@ -22,9 +22,9 @@ import torch
 from torch import nn
 
 from engine.errors import ModelLoadError
-from engine.core.families import Family, detect_family, get_family, read_config
+from engine.pipeline.families import Family, detect_family, get_family, read_config
 from engine.pytorch import embedding, open_provence, opensearch, provence, xprovence
-from engine.pytorch.common import pool_hidden, pool_token_probs  # noqa: F401  (the families' pooling)
+from engine.pytorch.pooling import pool_hidden, pool_token_probs  # noqa: F401  (the families' pooling)
 from engine.pytorch.embedding import EMBEDDING_DEFAULTS, EMBEDDING_MODES, EmbeddingHighlighterModel  # noqa: F401
 from engine.pytorch.open_provence import OpenProvenceModel  # noqa: F401
 from engine.pytorch.opensearch import OpenSearchHighlighterModel  # noqa: F401
@@ -191,7 +191,7 @@ def load_checkpoint(name_or_path: str | Path, family: str | None = None,
     model = build("cpu")
     model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
     model.eval().to(torch.float32)
-    from engine.core.families import checkpoint_family
+    from engine.pipeline.families import checkpoint_family
     return LoadedCheckpoint(model=model, family=checkpoint_family(fam, raw), folder=folder, config=raw,
                             max_length=checkpoint_max_length(fam, raw), weights_sha256=sha,
                             max_positions=checkpoint_positions(fam, raw))

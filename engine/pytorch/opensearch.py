@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.pytorch.common import backbone_config, pool_hidden
+from engine.pytorch.pooling import backbone_config, pool_hidden
 
 
 class OpenSearchHighlighterModel(nn.Module):

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.pytorch.common import backbone_config, pool_token_probs
+from engine.pytorch.pooling import backbone_config, pool_token_probs
 
 
 class XProvenceModel(nn.Module):

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engine.measure.datafiles import json_error
+from engine.datafiles import json_error
 from engine.errors import InputError
-from engine.core.text import split_sentences
+from engine.pipeline.text import split_sentences
 
 CHUNK_TOKENS = 200          # tokens of the encoder per chunk (all-MiniLM-L6-v2 reads 256)
 MAX_ID_CHARS = 512

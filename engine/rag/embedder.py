@@ -1,11 +1,11 @@
 """Text -> embedding vectors for retrieval, with ONNX Runtime and tokenizers only (no torch).
 
-An encoder folder is what `export.embedder.export_encoder` writes (`prune export --encoder`):
+An encoder folder is what `export.backbone.export_encoder` writes (`prune export --encoder`):
 encoder.onnx, tokenizer.json and encoder.json. `Embedder.load("default")` is the default
 model's encoder (all-MiniLM-L6-v2), exported into the cache on first use.
 
 A text longer than the encoder's window is refused with its length (`prune index` chunks
-documents to fit: engine.rag.pipeline.chunk_spans), unless the caller asks for it to be cut
+documents to fit: engine.rag.retrieval.chunk_spans), unless the caller asks for it to be cut
 to the window (`truncate`), as Milvus's Embedding calls do (engine/http/milvus.py: counted
 and logged there).
 """
@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from engine.runtime import cancel
+from engine import cancel
 from engine.backends.onnxruntime import thread_denormals
 from engine.errors import InputError, ModelLoadError
 
@@ -29,19 +29,19 @@ BATCH_SIZE = 8            # measured: 41 texts/s at 8, 36 at 32 (MiniLM, 2 cores
 
 def default_encoder_dir() -> Path:
     """The cached export of the default retrieval encoder."""
-    from engine.runtime.default_model import default_model_dir
+    from engine.models.default_model import default_model_dir
     base = default_model_dir()
     return base.with_name(base.name + "-encoder")
 
 
 def ensure_default_encoder(log: Callable[[str], None] | None = None) -> Path:
     """The default model's exported encoder folder, exporting it first if needed."""
-    from engine.runtime.default_model import DEFAULT_MODEL, default_checkpoint, export_into_cache, exporter, stderr_log
+    from engine.models.default_model import DEFAULT_MODEL, default_checkpoint, export_into_cache, exporter, stderr_log
     target = default_encoder_dir()
     if (target / ENCODER_FILE).is_file():
         return target
     log = log or stderr_log
-    export_encoder = exporter("export.embedder", "export_encoder", "the default encoder", "pass an exported encoder")
+    export_encoder = exporter("export.backbone", "export_encoder", "the default encoder", "pass an exported encoder")
     source = default_checkpoint()
     log(f"first use: exporting the encoder of {DEFAULT_MODEL} from {source} to {target} (once, about 10 s) ...")
     return export_into_cache(target, ENCODER_FILE, lambda staging: export_encoder(
@@ -78,7 +78,7 @@ class Embedder:
             raise ModelLoadError("onnxruntime is not installed: pip install 'prune-engine[cpu]'") from exc
         from tokenizers import Tokenizer
         from engine.backends.onnxruntime import session_options
-        from engine.runtime.loading import LoadOptions
+        from engine.models.loading import LoadOptions
         o = LoadOptions.from_env(threads=threads)          # PRUNE_INTRA_OP_THREADS, PRUNE_ORT_ARENA, ..._DENORMALS
         opts, runs = session_options(ort, o.threads, arena=o.arena, denormals=o.denormals)
         with thread_denormals(False):          # ORT's first session sets this thread's flags: undone
@@ -122,7 +122,7 @@ class Embedder:
 
     def embed(self, ids: Sequence[Sequence[int]], *, batch_size: int = BATCH_SIZE) -> np.ndarray:
         """L2-normalised embeddings of token id sequences (`tokenize`'s), [N, dim] float32; a
-        caller that gave up on the call (engine.runtime.cancel) stops it between two batches."""
+        caller that gave up on the call (engine.cancel) stops it between two batches."""
         out = np.zeros((len(ids), self.dim), dtype=np.float32)
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))   # little padding
         for b in range(0, len(order), batch_size):

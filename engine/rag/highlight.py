@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from engine.core.decide import PruneResult
-from engine.core.inputs import check_threshold
+from engine.pipeline.decide import PruneResult
+from engine.pipeline.inputs import check_threshold
 from engine.errors import InputError
 
 

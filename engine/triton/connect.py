@@ -7,12 +7,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.core.batching import BatchingConfig
-from engine.core.encode import load_tokenizer
+from engine.pipeline.batching import BatchingConfig
+from engine.pipeline.encode import load_tokenizer
 from engine.errors import ModelLoadError
 from engine.protocol import PrunerProtocol
 from engine.settings import DEFAULTS
-from engine.core.spec import Manifest
+from engine.pipeline.spec import Manifest
 
 
 def connect(url: str | Sequence[str], model: str, *, protocol: str = "grpc",

@@ -7,7 +7,7 @@ sentence splitter, no model on the client; text goes to the server, results come
 `Pruner.connect` returns this class when the model takes `question` and `passages`
 (see `engine.triton.wire` for the contract). A call larger than the text model's per-request
 limits (passages, characters) is sent as several requests, concurrently, and the
-results are put back in input order; the passage gate (engine.core.decide.gate_passages),
+results are put back in input order; the passage gate (engine.pipeline.decide.gate_passages),
 `reorder` and `top_k` are applied here again, over the whole call, so a cut call answers
 exactly as a whole one.
 """
@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from engine.core import budget
-from engine.core.decide import PruneResult, call_rules
+from engine.pipeline import budget
+from engine.pipeline.decide import PruneResult, call_rules
 from engine.errors import BackendError, InputError, PruneError
-from engine.core.inputs import CallOptions, Limits, check_call, default_limits
+from engine.pipeline.inputs import CallOptions, Limits, check_call, default_limits
 from engine.protocol import FromSpec
-from engine.core.spec import Manifest, ModelSpec
+from engine.pipeline.spec import Manifest, ModelSpec
 from engine.triton.client import Transport
 from engine.triton.wire import (DEFAULT_MAX_CHARS, DEFAULT_MAX_PASSAGES, TEXT_INPUTS, TEXT_OUTPUTS, input_error,
                                options_to_tensors, tensors_to_results)
@@ -40,7 +40,7 @@ class TritonTextPruner(FromSpec):
         #: what one request to the text model may hold; a call is cut into such requests
         self.request_limits = Limits(max_passages=int(params.get("max_passages", DEFAULT_MAX_PASSAGES)),
                                      max_chars=int(params.get("max_chars", DEFAULT_MAX_CHARS)))
-        #: what one call may hold: as in-process (engine.core.inputs)
+        #: what one call may hold: as in-process (engine.pipeline.inputs)
         self.limits = limits or default_limits()
         self._many: ThreadPoolExecutor | None = None
 

@@ -4,7 +4,7 @@ One request is one question and its passages, as UTF-8 BYTES tensors:
 
     inputs   question  BYTES [1]          required
              passages  BYTES [P]          required (P may be 0)
-             and one optional tensor [1] per option of engine.core.inputs.CallOptions, of its
+             and one optional tensor [1] per option of engine.pipeline.inputs.CallOptions, of its
              type (FP32 threshold, alpha, lexical_weight, passage_margin; INT32 top_k;
              BOOL reorder; BYTES title, windows): absent is the model's default, a
              negative alpha or passage_margin turns that rule off, as everywhere
@@ -40,13 +40,13 @@ from typing import Any
 
 import numpy as np
 
-from engine.core.decide import PruneResult, Sentence
+from engine.pipeline.decide import PruneResult, Sentence
 from engine.errors import InputError
-from engine.core.inputs import OPTION_NAMES, CallOptions, Limits, check_call, option_type
+from engine.pipeline.inputs import OPTION_NAMES, CallOptions, Limits, check_call, option_type
 from engine.settings import DEFAULTS
-from engine.core.text import running_offsets
+from engine.pipeline.text import running_offsets
 
-#: the Triton datatype of each option type (engine.core.inputs.option_type)
+#: the Triton datatype of each option type (engine.pipeline.inputs.option_type)
 OPTION_DATATYPES = {float: "FP32", int: "INT32", bool: "BOOL", str: "BYTES"}
 #: name -> (Triton datatype, dims) of the text model's inputs; all optional in the config
 #: (a describe request has none); `question` and `passages` are checked by `read_request`;
@@ -72,7 +72,7 @@ DESCRIBE_OUTPUTS: dict[str, tuple[str, list[int]]] = {
     "tokenizer": ("BYTES", [1]),
 }
 #: Per-request limits of the text model (`prune repository --text-max-passages/-chars`):
-#: an `engine.core.inputs.Limits` that the server checks each request against.
+#: an `engine.pipeline.inputs.Limits` that the server checks each request against.
 DEFAULT_MAX_PASSAGES = DEFAULTS.text_max_passages
 DEFAULT_MAX_CHARS = DEFAULTS.text_max_chars
 #: Marks an error that the request's input caused (an `InputError` on the server), so the
@@ -134,7 +134,7 @@ def read_request(get: Callable[[str], np.ndarray | None], limits: Limits) -> Tex
     """Parse one request from its tensors (`get(name)` -> numpy array or None).
 
     Returns None for a describe request; raises InputError for anything invalid, with the
-    message every entry point gives (`engine.core.inputs`) or one that names the tensor."""
+    message every entry point gives (`engine.pipeline.inputs`) or one that names the tensor."""
     q, p = get("question"), get("passages")
     others = {n: get(n) for n in OPTION_NAMES}
     if q is None and p is None:

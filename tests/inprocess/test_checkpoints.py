@@ -8,10 +8,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.errors import ModelLoadError
-from engine.core.families import detect_family, get_family, read_config
+from engine.pipeline.families import detect_family, get_family, read_config
 from engine.pytorch.modeling import load_checkpoint, weight_names
 from engine.pruner import Pruner
-from engine.pytorch.loading import load_hf_tokenizer
+from engine.pytorch.torch_model import load_hf_tokenizer
 from tests.utils import FAMILY_NAMES
 
 pytestmark = pytest.mark.inprocess
@@ -187,8 +187,8 @@ def test_a_window_longer_than_512_where_the_positions_allow(tmp_path):
     accepted up to what the position embeddings allow, with buckets up to the window and
     batches whose attention memory stays bounded; the default stays 512."""
     from engine.backends.torch import TorchBackend
-    from engine.core.batching import BatchingConfig, plan
-    from engine.pytorch.loading import load_torch_model
+    from engine.pipeline.batching import BatchingConfig, plan
+    from engine.pytorch.torch_model import load_torch_model
     from export.checkpoints import make_test_checkpoint
     from export.onnx import export_model
     ck = make_test_checkpoint("xprovence", tmp_path / "ck", sizes={"max_position_embeddings": 1026})

@@ -53,7 +53,7 @@ def test_shared_indices_change_no_output_bit(exported, checkpoints, tmp_path, mo
 def test_an_unknown_deberta_attention_is_left_alone(checkpoints):
     """Another transformers' method (another signature) is not replaced; the log says so."""
     from transformers.models.deberta_v2 import modeling_deberta_v2 as deb
-    from engine.pytorch.loading import load_torch_model
+    from engine.pytorch.torch_model import load_torch_model
     model = load_torch_model(checkpoints["provence"]).module
     original = deb.DisentangledSelfAttention.disentangled_attention_bias
 

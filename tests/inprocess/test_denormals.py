@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import engine.backends.onnxruntime as ort_backend
-from engine.runtime.loading import LoadOptions
+from engine.models.loading import LoadOptions
 from engine.pruner import Pruner
 
 pytestmark = [pytest.mark.inprocess,

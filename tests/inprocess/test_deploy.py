@@ -12,7 +12,7 @@ import yaml
 
 from engine.cli import build_parser
 from engine.triton.server import ADMIN_APIS, ADMIN_HEADER, HEALTH_READY
-from export.triton import TEXT_SUFFIX
+from export.triton_repository import TEXT_SUFFIX
 
 pytestmark = pytest.mark.inprocess
 
@@ -140,7 +140,7 @@ def test_dockerfile_matches_the_client_pin():
     text = (ROOT / "deploy" / "Dockerfile").read_text()
     image = re.search(r"^FROM nvcr\.io/nvidia/tritonserver:(\d+)\.(\d+)-py3$", text, re.M)
     assert image, "the Dockerfile must start from NVIDIA's Triton image"
-    from engine.tools.measure import TRITON_RELEASE
+    from engine.bench.runs import TRITON_RELEASE
     # Triton releases: container YY.MM carries server 2.N with N = 51 for 24.10, one per month
     year, month = int(image.group(1)), int(image.group(2))
     assert f"2.{51 + (year - 24) * 12 + (month - 10)}.0" == TRITON_RELEASE

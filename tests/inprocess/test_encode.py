@@ -23,7 +23,7 @@ def test_block_template_matches_the_checkpoint_tokenizer(pruners, checkpoints, n
     one separator between question and context (`<s> q </s> ctx </s>`, its training
     scripts), where XLM-R's pair template puts two; the embedding family wraps each
     segment in its own specials."""
-    from engine.pytorch.loading import load_hf_tokenizer
+    from engine.pytorch.torch_model import load_hf_tokenizer
     ort_p = pruners[name][0]
     hf = load_hf_tokenizer(checkpoints[name])
     block = ort_p.encode(Q, [SENTENCE], [[(0, len(SENTENCE))]])[0]
@@ -72,7 +72,7 @@ def test_reranking_score_of_a_multi_block_passage(pruners, name):
 
 def test_passage_limits_are_enforced(pruners, monkeypatch):
     """The call limits, here set through their PRUNE_* variables (engine.settings)."""
-    from engine.core.inputs import Limits
+    from engine.pipeline.inputs import Limits
     monkeypatch.setenv("PRUNE_MAX_PASSAGES", "3")
     monkeypatch.setenv("PRUNE_MAX_CALL_CHARS", str(len(Q) + 54))
     base = pruners["opensearch"][0]

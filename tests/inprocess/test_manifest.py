@@ -1,4 +1,4 @@
-"""The typed manifest (engine.core.spec.Manifest): what an export writes reads back as it was,
+"""The typed manifest (engine.pipeline.spec.Manifest): what an export writes reads back as it was,
 manifests of earlier exports still load and run, and a broken one is a clear error."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from engine.errors import ModelLoadError
-from engine.core.spec import Manifest
+from engine.pipeline.spec import Manifest
 
 pytestmark = pytest.mark.inprocess
 
@@ -44,7 +44,7 @@ def test_a_manifest_from_before_the_later_keys_still_loads_and_prunes_alike(expo
 
 
 def test_a_preferred_runtime_reads_back_as_written_and_goes_when_cleared(exported):
-    from engine.core.spec import Runtime
+    from engine.pipeline.spec import Runtime
     m = Manifest.read(exported["opensearch"])
     assert m.runtime is None and "runtime" not in m.to_dict()
     data = m.with_changes(runtime=Runtime("openvino", "bf16")).to_dict()

@@ -1,6 +1,6 @@
 """The OpenVINO backend (engine/backends/openvino.py) against the fp32 PyTorch reference,
 every family; bf16 where the CPU computes it and a clear error where it does not; the NNCF
-static INT8 export (export/openvino.py): an IR folder that loads on OpenVINO, whose answers
+static INT8 export (export/ov_int8.py): an IR folder that loads on OpenVINO, whose answers
 do not depend on the passages batched beside them; and the CLI's flags.
 
 Tolerances: OpenVINO fp32 probabilities within 1e-5 and reranking scores within 1e-4 of
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from engine.cli import main
-from engine.measure.cpu import AUTO_PRECISIONS, CpuKind
+from engine.machine.cpu import AUTO_PRECISIONS, CpuKind
 from engine.errors import ModelLoadError
 from engine.pruner import Pruner
 from tests.utils import FAMILY_NAMES, PASSAGES, QUESTION, run_in_threads
@@ -89,7 +89,7 @@ def _preferring(folder, tmp_path, backend, precision):
     """A copy of an export whose manifest prefers `backend` at `precision`."""
     import shutil
 
-    from engine.core.spec import Manifest, Runtime
+    from engine.pipeline.spec import Manifest, Runtime
     out = tmp_path / f"{folder.name}-{backend}-{precision}"
     shutil.copytree(folder, out)
     Manifest.read(out).with_changes(runtime=Runtime(backend, precision)).write(out)
@@ -228,7 +228,7 @@ def test_cpu_openvino_target_writes_what_tritons_openvino_backend_loads(exported
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
-    from export.triton import RepositoryOptions, build_repository
+    from export.triton_repository import RepositoryOptions, build_repository
     folder = exported["embedding"] if source == "onnx" else exported_ov_int8
     build_repository(folder, tmp_path, RepositoryOptions(target="cpu-openvino", name="m", instances=2,
                                                          intra_op_threads=3), log=lambda m: None)
@@ -258,7 +258,7 @@ def test_cpu_openvino_target_writes_what_tritons_openvino_backend_loads(exported
 
 def test_openvino_repository_settings_are_checked(exported, exported_ov_int8, tmp_path, capsys):
     from engine.errors import ExportError
-    from export.triton import RepositoryOptions, build_repository
+    from export.triton_repository import RepositoryOptions, build_repository
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
     with pytest.raises(ExportError, match="is an OpenVINO IR .ov-int8.: it serves on the cpu or cpu-openvino"):
@@ -366,7 +366,7 @@ def test_the_default_models_first_use_picks_as_auto_does(checkpoints, tmp_path, 
     """By default (PRUNE_DEFAULT_PRECISION unset: auto) the first use exports the default model (here the
     embedding test checkpoint in its place) as `prune export --precision auto` does, into a
     folder of its own, and `--model default` runs the pick."""
-    import engine.runtime.default_model as dm
+    import engine.models.default_model as dm
     monkeypatch.setattr(dm, "default_checkpoint", lambda: str(checkpoints["embedding"]))
     monkeypatch.setenv("PRUNE_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("PRUNE_DEFAULT_PRECISION", raising=False)       # the default: auto

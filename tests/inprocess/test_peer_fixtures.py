@@ -131,7 +131,7 @@ def test_opensearch_windows_decide_as_its_pipeline_does(tmp_path):
     export_model(PEER / family / "checkpoint", tmp_path / family, log=lambda m: None)
     pruner = Pruner.load(tmp_path / family, threads=1)
     assert pruner.family.rules.windows == "reference"
-    from engine.core.decide import keep_mask
+    from engine.pipeline.decide import keep_mask
     windows_seen, differ, total, ties = 0, 0, 0, []
     for name in ("full", "short"):
         docs = json.loads((PEER / family / f"peer_outputs_{name}.json").read_text())

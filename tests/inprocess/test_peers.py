@@ -1,12 +1,12 @@
-"""prune bench's peers (engine/tools/peers.py): the tools a user would pick instead of the
+"""prune bench's peers (engine/bench/peers.py): the tools a user would pick instead of the
 engine do the embedding family's job on the same checkpoint, and the batches counted for
 their share of the machine's limit are the ones they really send."""
 import numpy as np
 import onnxruntime as ort
 import pytest
 
-from export.embedder import plain_backbone as plain_export, plain_backbone_int8 as plain_int8
-from engine.tools.peers import (call_texts, embedding_peers, fastembed_peer,
+from export.backbone import plain_backbone as plain_export, plain_backbone_int8 as plain_int8
+from engine.bench.peers import (call_texts, embedding_peers, fastembed_peer,
                                 sentence_transformers_peer)
 from tests.utils import PASSAGES, QUESTION
 
@@ -101,12 +101,12 @@ def test_plain_export_is_the_backbone_and_quantizes(checkpoints, tmp_path):
 
 
 def test_a_peer_in_another_interpreter_answers_as_in_this_one(checkpoints, tmp_path):
-    """`--peer-python`'s worker (engine/tools/peer_worker.py), here with this interpreter and
+    """`--peer-python`'s worker (engine/bench/peer_worker.py), here with this interpreter and
     sentence-transformers' torch backend: the embeddings that come back over the pipe are
     the in-process peer's, call after call; a worker that cannot start says why."""
     import sys
 
-    from engine.tools.peers import CosinePeer, RemotePeer
+    from engine.bench.peers import CosinePeer, RemotePeer
     ck = str(checkpoints["embedding"])
     remote = RemotePeer(sys.executable, ck, "torch", tmp_path / "w")
     try:

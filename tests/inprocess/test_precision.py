@@ -277,7 +277,7 @@ def test_auto_int8_from_the_fp32_export_or_exported_again_when_its_weights_lie_a
     """`--precision auto` quantizes its INT8 candidate from its fp32 export's graph; a graph
     whose weights lie apart (over 2 GB, or asked) is exported at int8 again instead. Either
     way the candidate is gated against fp32."""
-    from engine.measure.cpu import CpuKind
+    from engine.machine.cpu import CpuKind
     from export.auto import choose_precision
     messages: list[str] = []
     choose_precision(checkpoints["embedding"], tmp_path / "auto", export_args={"external_data": external_data},

@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from engine.tools.quality import (load_prune_data)
-from engine.tools.quality_report import write_report
+from engine.evaluate.quality import (load_prune_data)
+from engine.evaluate.quality_report import write_report
 from tests.utils import DATA, THREADS
 
 pytestmark = pytest.mark.inprocess
@@ -75,7 +75,7 @@ def test_default_model_int8_keeps_the_answers(default_pruner, tmp_path):
     """`prune export --model default --precision int8` path: the INT8 default model keeps
     the same answer sentences, probabilities within 0.05 of fp32."""
     import os
-    from engine.runtime.default_model import ensure_default_model
+    from engine.models.default_model import ensure_default_model
     from engine.pruner import Pruner
     os.environ["PRUNE_CACHE"] = str(tmp_path)
     try:
@@ -114,7 +114,7 @@ def test_eval_reports_domains_and_rag_calls_as_the_engine_decides(default_pruner
     """prune eval's figures at the defaults are what `Pruner.prune` returns: the per-domain
     predictions (from the model's own scores, fused as the family fuses) equal the kept
     flags of real calls, and the RAG rows' gated calls equal real gated calls."""
-    from engine.tools.quality import (default_predictions, evaluate, load_rag_data,
+    from engine.evaluate.quality import (default_predictions, evaluate, load_rag_data,
                                       model_sentence_scores, rag_calls, rag_pruning_metrics)
     samples = load_prune_data(DATA / "coqa-dev-prune.jsonl")
     scores = model_sentence_scores(default_pruner, samples, progress=False)
@@ -145,8 +145,8 @@ def test_eval_reports_domains_and_rag_calls_as_the_engine_decides(default_pruner
 def test_eval_and_fidelity_record_the_windows(pruners):
     """`prune eval` and `prune fidelity` say which windowing they ran (that the two
     windowings decide differently is tested against the original code's fixtures)."""
-    from engine.tools.fidelity import load_docs, measure
-    from engine.tools.quality import evaluate
+    from engine.fidelity_check import load_docs, measure
+    from engine.evaluate.quality import evaluate
     ort, ref = pruners["opensearch"]
     data = DATA / "squad-dev-prune.jsonl"
     reports = {w: evaluate({"os": ort}, data, None, limit=6, progress=False, log=lambda m: None, windows=w)
@@ -159,10 +159,10 @@ def test_eval_and_fidelity_record_the_windows(pruners):
 
 
 def test_graph_work_counts_a_bert_layer_by_hand(exported, checkpoints):
-    """engine.tools.limits.graph_work on the embedding test model: each layer's weight
+    """engine.bench.limits.graph_work on the embedding test model: each layer's weight
     products are 4 h x h (Q, K, V, output) and h x i, i x h (feed-forward), 2 FLOPs per
     multiply-add; QK^T and AV are two products of activations per layer."""
-    from engine.tools.limits import graph_work
+    from engine.bench.limits import graph_work
     cfg = json.loads((checkpoints["embedding"] / "config.json").read_text())
     h, i, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
     work = graph_work(exported["embedding"] / "model.onnx")
@@ -174,7 +174,7 @@ def test_graph_work_is_the_same_for_a_graph_and_its_int8_export(exported, export
     """XLM-R's fused Attention becomes QAttention in the INT8 export: the same weights, so
     the same work per token (an INT8 path's share of the limit counts them too)."""
     import onnx
-    from engine.tools.limits import graph_work
+    from engine.bench.limits import graph_work
     ops = {n.op_type for n in onnx.load(str(exported_int8 / "model.onnx"), load_external_data=False).graph.node}
     assert "QAttention" in ops
     fp32, int8 = graph_work(exported["xprovence"] / "model.onnx"), graph_work(exported_int8 / "model.onnx")

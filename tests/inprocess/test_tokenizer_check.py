@@ -50,7 +50,7 @@ def test_export_refuses_a_vocabulary_far_smaller_than_the_embeddings(family, che
         export_model(checkpoints[family], out, tokenizer=five_tokens, log=lambda m: None)
     msg = str(err.value)
     assert "5 tokens for the model's" in msg and "--tokenizer" in msg
-    from engine.core.families import FAMILIES
+    from engine.pipeline.families import FAMILIES
     assert FAMILIES[family].usual_tokenizer and FAMILIES[family].usual_tokenizer in msg
     assert not out.exists()
 

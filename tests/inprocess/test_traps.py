@@ -82,7 +82,7 @@ def test_a_checkpoint_given_as_an_exported_model_says_how_to_export_it(checkpoin
 
 def test_progress_counts_are_plural_only_when_they_should_be(pruners, capsys):
     import io
-    from engine.tools.batchfile import run_file
+    from engine.batchfile import run_file
     lines = '{"question": "q?", "passages": ["A."]}\n{"question": 5, "passages": ["A."]}\n'
     run_file(pruners["opensearch"][0], io.StringIO(lines), io.StringIO(), progress=True)
     err = capsys.readouterr().err

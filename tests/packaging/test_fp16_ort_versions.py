@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.core.families import get_family
+from engine.pipeline.families import get_family
 from export.onnx import FP16_TOLERANCE
 from export.optimize import encoder_dims
 
@@ -51,7 +51,7 @@ def old_ort(machine_python) -> Path:
 def test_fp16_conversion_loads_and_agrees_on_onnxruntime_1_31(old_ort, exported, checkpoints, family, tmp_path):
     import onnxruntime as ort
     from engine.pruner import Pruner
-    from engine.core.text import split_sentences
+    from engine.pipeline.text import split_sentences
     heads, hidden = encoder_dims(json.loads((checkpoints[family] / "config.json").read_text()))
     pruner = Pruner.load(exported[family])
     passages = ["The stadium was built in 1923. It holds 80,000 people. Its roof came later.",

@@ -5,7 +5,7 @@ as sentence-transformers' torch backend does here, within INT8's error."""
 import numpy as np
 import pytest
 
-from engine.tools.peers import PEER_ENV, REMOTE_PEERS, remote_peers, sentence_transformers_peer
+from engine.bench.peers import PEER_ENV, REMOTE_PEERS, remote_peers, sentence_transformers_peer
 from tests.utils import PASSAGES, QUESTION, fresh_venv
 
 pytestmark = pytest.mark.packaging

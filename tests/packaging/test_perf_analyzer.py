@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from engine.cli import main
-from engine.tools.measure import TRITON_RELEASE
+from engine.bench.runs import TRITON_RELEASE
 from tests.utils import write_tiny_data
 
 pytestmark = pytest.mark.packaging

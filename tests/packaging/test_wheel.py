@@ -89,7 +89,7 @@ def test_wheel_in_a_fresh_venv_runs_the_whole_first_use_path(checkpoints, wheel,
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), "LICENSE missing from the wheel"
     assert {n.split("/")[0] for n in names if "/" in n and ".dist-info" not in n} == \
         {"engine", "export", "triton_models"}, "the wheel installs top-level names beyond the layout"
-    assert "engine/tools/quality.py" in names and "engine/tools/fidelity.py" in names   # prune eval / fidelity
+    assert "engine/evaluate/quality.py" in names and "engine/fidelity_check.py" in names   # prune eval / fidelity
 
     venv = tmp_path / "venv"
     fresh_venv(venv, f"{wheel}[cpu,default-model,triton,serve,api]")

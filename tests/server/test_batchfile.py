@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from engine.tools.batchfile import run_file
+from engine.batchfile import run_file
 from engine.cli import main
 from tests.utils import DATA
 

@@ -119,7 +119,7 @@ def test_core_client_with_a_given_tokenizer_and_no_text_model(checkpoints, tmp_p
     takes tokenizer= (the export folder)."""
     from engine.triton.server import TritonServer
     from export.onnx import export_model
-    from export.triton import RepositoryOptions, build_repository
+    from export.triton_repository import RepositoryOptions, build_repository
     from tests.utils import free_ports
     ext = tmp_path / "ext"
     export_model(checkpoints["xprovence"], ext, external_data="always", log=lambda m: None)
@@ -163,7 +163,7 @@ def test_first_use_polish(exported, server, tmp_path):
     defaults, repository refusing to replace a model, the gRPC-on-HTTP-port hint."""
     import engine
     from engine.errors import BackendError, ExportError
-    from export.triton import RepositoryOptions, build_repository
+    from export.triton_repository import RepositoryOptions, build_repository
     out = subprocess.run([str(PRUNE), "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == f"prune-engine {engine.__version__}"
     out = subprocess.run([sys.executable, "-m", "engine", "run", "--help"], capture_output=True, text=True)
@@ -197,7 +197,7 @@ def test_bench_runs_the_api_beside_the_text_model_and_shares_one_pruner(exported
     in-process, at each concurrency; the in-process concurrency paths share one Pruner
     (no Pruner.load while they run)."""
     from engine.pruner import Pruner
-    from engine.tools import bench as bench_module
+    from engine.bench import registry as bench_module
     loads = []
     real_load = Pruner.load.__func__
     monkeypatch.setattr(Pruner, "load", classmethod(lambda cls, *a, **k: loads.append(a) or real_load(cls, *a, **k)))
@@ -226,14 +226,14 @@ def test_bench_runs_the_api_beside_the_text_model_and_shares_one_pruner(exported
 
 
 def test_eval_reports_the_lexical_hybrid_beside_its_parts(exported, tiny_data, tmp_path, capsys):
-    from engine.tools.quality import HYBRID
+    from engine.evaluate.quality import HYBRID
     out = tmp_path / "eval"
     assert main(["eval", "--model", str(exported["xprovence"]), "--data", str(tiny_data / "prune.jsonl"),
                  "--rag-data", str(tiny_data / "rag.jsonl"), "--out", str(out), "--no-progress"]) == 0
     report = json.loads((out / "eval.json").read_text())
     names = [r["name"] for r in report["pruning"]["rows"]]
     w = HYBRID["lexical_weight"]
-    assert "BM25 over the passage's own sentences (engine.core.lexical)" in names
+    assert "BM25 over the passage's own sentences (engine.pipeline.lexical)" in names
     assert any(n.endswith(f"+ lexical (weight {w})") for n in names)
     assert any(f"+ lexical (weight {w}) at threshold {HYBRID['threshold']}" in n for n in names)
     hybrid = [m for n, m in report["reranking"]["metrics"].items() if n.endswith(f"+ lexical (weight {w})")]
@@ -317,7 +317,7 @@ def test_bench_takes_either_workload_shape(exported, data, tmp_path):
     """tests/data carries an example of each shape users have: many passages a call
     (squad-dev-rag, 20 paragraphs) and few long ones (coqa-dev-rag, 3.5 a call)."""
     from tests.utils import DATA
-    from engine.tools.quality import load_rag_data
+    from engine.evaluate.quality import load_rag_data
     calls = load_rag_data(DATA / data)
     per_call = sum(len(c.passages) for c in calls) / len(calls)
     assert (per_call == 20) if data.startswith("squad") else (3 <= per_call <= 5)

@@ -208,7 +208,7 @@ def test_huge_config_is_refused_before_any_allocation(checkpoints, tmp_path):
     ({"tokenizer": {"cls_id": -5, "sep_id": 2, "pad_id": 0}}, "must be >= 0"),
 ])
 def test_a_served_manifest_is_bounded_before_use(exported, change, message):
-    from engine.core.spec import Manifest
+    from engine.pipeline.spec import Manifest
     manifest = {**Manifest.read(exported["opensearch"]).to_dict(), **change}
     with pytest.raises(ModelLoadError, match=message):
         Manifest.from_dict(manifest)
@@ -243,7 +243,7 @@ def test_onnxruntime_gives_memory_back_by_default(exported, monkeypatch, tmp_pat
     ort_shrink_above_tokens parameters); a wrong value is a clear error.
     what it buys, measured (docs/decisions.md, memory): 1,354 -> 158 MB after a 32 x 512 batch."""
     from engine.backends.onnxruntime import SHRINK_ABOVE_TOKENS, OnnxRuntimeBackend
-    from export.triton import RepositoryOptions, build_repository
+    from export.triton_repository import RepositoryOptions, build_repository
     graph = exported["opensearch"] / "model.onnx"
     monkeypatch.delenv("PRUNE_ORT_ARENA", raising=False)
     default = OnnxRuntimeBackend(graph)
@@ -253,13 +253,13 @@ def test_onnxruntime_gives_memory_back_by_default(exported, monkeypatch, tmp_pat
     real_run = default.session.run
     default.session = type("Recording", (), {"run": lambda self, out, feed, opts: seen.append(_shrinks(opts))
                                              or real_run(out, feed, opts)})()
-    from engine.core.batching import ModelBatch
+    from engine.pipeline.batching import ModelBatch
     for rows, length in [(2, 16), (SHRINK_ABOVE_TOKENS // 64 + 1, 64)]:
         ones = np.ones((rows, length), dtype=np.int64)
         default.infer(ModelBatch(input_ids=ones * 5, attention_mask=ones, sentence_ids=ones * 0,
                                  token_type_ids=ones * 0, blocks=list(range(rows))))
     assert seen == [False, True]       # the small batch keeps the arena, the large one shrinks it
-    from engine.runtime.loading import LoadOptions      # the variable is read where a process starts
+    from engine.models.loading import LoadOptions      # the variable is read where a process starts
     monkeypatch.setenv("PRUNE_ORT_ARENA", "keep")
     kept = OnnxRuntimeBackend(graph, arena=LoadOptions.from_env().arena)
     assert not _shrinks(kept.runs(10 ** 6))

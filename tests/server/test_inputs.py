@@ -1,4 +1,4 @@
-"""One set of input rules (engine.core.inputs) through every entry point: the in-process
+"""One set of input rules (engine.pipeline.inputs) through every entry point: the in-process
 Pruner, the text-model client, and the text model's own decoding (the server side).
 
 The same bad call gets the same InputError and message from each; empty and
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from engine.errors import InputError
-from engine.core.inputs import Limits
+from engine.pipeline.inputs import Limits
 from tests.utils import FAMILY_NAMES  # noqa: F401  (the fixtures' families)
 
 pytestmark = pytest.mark.server

@@ -1,4 +1,4 @@
-"""The in-passage lexical score (engine.core.lexical) and its fusion with the model's
+"""The in-passage lexical score (engine.pipeline.lexical) and its fusion with the model's
 (`lexical_weight`): BM25 against a hand computation, the fusion monotone in each part,
 weight 0 equal to the model alone, the in-process pruner and the Triton text model equal,
 awkward questions handled, bad weights refused."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.core import lexical
+from engine.pipeline import lexical
 from engine.errors import InputError
 
 pytestmark = pytest.mark.server
@@ -57,7 +57,7 @@ def test_the_default_family_fuses_by_default_and_weight_zero_is_the_model_at_its
     the model alone at its own threshold 0.87."""
     import json
 
-    from engine.core.families import get_family
+    from engine.pipeline.families import get_family
     p = pruners["embedding"][0]
     fam = get_family("embedding")
     assert (fam.rules.lexical_weight, fam.rules.lexical_threshold, fam.rules.threshold) == (0.5, 0.83, 0.87)
@@ -89,7 +89,7 @@ def test_the_default_family_fuses_by_default_and_weight_zero_is_the_model_at_its
 def test_a_manifest_sets_or_clears_the_default(exported):
     import json
 
-    from engine.core.spec import Manifest
+    from engine.pipeline.spec import Manifest
 
     def spec_from_manifest(d):
         return Manifest.from_dict(d).spec()
@@ -105,7 +105,7 @@ def test_a_manifest_sets_or_clears_the_default(exported):
 def test_the_default_family_text_model_and_http_api_run_the_same_default(pruners, server):
     from tests.utils import serve_api
 
-    from engine.http.client import HttpPruner
+    from engine.http.pruner_client import HttpPruner
     from engine.pruner import Pruner
     local = pruners["embedding"][0]
     q = "When was the stadium built?"

@@ -1,4 +1,4 @@
-"""The passage gate (engine.core.decide.gate_passages, `passage_margin`): a passage whose
+"""The passage gate (engine.pipeline.decide.gate_passages, `passage_margin`): a passage whose
 reranking score is below the call's best minus the margin keeps nothing. By hand; the
 same results when a call is cut into parts and gated again whole; the default model on
 real RAG calls (the passages that do not answer come back empty, the ones that do keep
@@ -80,7 +80,7 @@ def test_the_readme_call_empties_the_unrelated_passage(default_cache):
 ])
 def test_calls_in_other_languages_keep_the_answer_and_empty_the_rest(default_cache, question, passages, answer):
     """The default model's encoder is English, so in Chinese, Japanese and Korean the
-    lexical part carries the decision, counting character bigrams (engine.core.lexical)."""
+    lexical part carries the decision, counting character bigrams (engine.pipeline.lexical)."""
     from engine.pruner import Pruner
     got = Pruner.load(default_cache["model"], threads=THREADS).prune(question, passages)
     assert [r.pruned_context for r in got] == ["", answer, ""]
@@ -145,7 +145,7 @@ def test_the_text_model_gates_a_call_cut_into_requests_as_in_process(pruners, se
 def test_the_http_api_and_its_client_gate_as_in_process(pruners):
     import urllib.request
 
-    from engine.http.client import HttpPruner
+    from engine.http.pruner_client import HttpPruner
     from tests.utils import serve_api
     local = pruners["embedding"][0]
     q, docs = _call()
@@ -166,7 +166,7 @@ def test_the_http_api_and_its_client_gate_as_in_process(pruners):
 def test_batch_files_gate_each_line_as_in_process(pruners, tmp_path):
     import io
 
-    from engine.tools.batchfile import run_file
+    from engine.batchfile import run_file
     local = pruners["embedding"][0]
     q, docs = _call()
     lines = [{"id": "default", "question": q, "passages": docs},
@@ -184,7 +184,7 @@ def test_batch_files_gate_each_line_as_in_process(pruners, tmp_path):
 
 
 def test_a_manifest_sets_or_clears_the_gate(exported):
-    from engine.core.spec import Manifest
+    from engine.pipeline.spec import Manifest
 
     def spec_from_manifest(d):
         return Manifest.from_dict(d).spec()
@@ -228,8 +228,8 @@ def test_the_adapters_drop_the_emptied_documents_and_take_the_margin(pruners):
 def test_prune_runs_flags_apply_to_every_line_and_a_lines_own_options_win(pruners):
     import io
 
-    from engine.core.inputs import CallOptions
-    from engine.tools.batchfile import run_file
+    from engine.pipeline.inputs import CallOptions
+    from engine.batchfile import run_file
     local = pruners["embedding"][0]
     q, docs = _call()
     lines = [{"id": "flags", "question": q, "passages": docs},

@@ -17,7 +17,7 @@ from tests.utils import DATA, THREADS, processes_under
 pytest.importorskip("pymilvus", reason="the [milvus] extra is part of the dev install")
 
 from engine.errors import InputError  # noqa: E402
-from engine.rag.pipeline import Pipeline, PipelineError, chunk_spans, read_documents, semantic_highlight  # noqa: E402
+from engine.rag.retrieval import Pipeline, PipelineError, chunk_spans, read_documents, semantic_highlight  # noqa: E402
 
 pytestmark = pytest.mark.server
 
@@ -96,7 +96,7 @@ def test_encoder_matches_sentence_transformers(encoder):
     """The ONNX encoder against the independent reference: sentence-transformers on the
     same checkpoint (its own pooling, normalisation and 256-token window)."""
     from sentence_transformers import SentenceTransformer
-    from engine.runtime.default_model import default_checkpoint
+    from engine.models.default_model import default_checkpoint
     st = SentenceTransformer(default_checkpoint(), device="cpu")
     texts = ["What goes on the bottom of Shepherd's pie?", "北京是中国的首都。", "word " * 240,
              "The pie dish was lined on the sides and bottom with mashed potato."]

@@ -20,7 +20,7 @@ NAME = "hl"
 
 @pytest.fixture(scope="module")
 def replica_repository(exported, tmp_path_factory):
-    from export.triton import RepositoryOptions, build_repository
+    from export.triton_repository import RepositoryOptions, build_repository
     repo = tmp_path_factory.mktemp("replica_repo")
     build_repository(exported["provence"], repo,
                      RepositoryOptions(target="cpu", name=NAME, max_batch_size=8, text_instances=1,

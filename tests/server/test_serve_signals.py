@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from engine.triton.server import TritonServer
-from export.triton import RepositoryOptions, build_repository
+from export.triton_repository import RepositoryOptions, build_repository
 from tests.utils import free_ports, milvus_calls, processes_under
 
 pytestmark = pytest.mark.server

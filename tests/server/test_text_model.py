@@ -17,11 +17,11 @@ import tritonclient.http as httpclient
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from engine.core.batching import BatchingConfig
+from engine.pipeline.batching import BatchingConfig
 from engine.errors import InputError
 from engine.pruner import Pruner
 from engine.triton.text_pruner import TritonTextPruner
-from export.triton import RepositoryOptions, build_repository
+from export.triton_repository import RepositoryOptions, build_repository
 from tests.utils import CORE_MAX_BATCH, FAMILY_NAMES, TEXT_MAX_CHARS, TEXT_MAX_PASSAGES, load_test, run_in_threads
 from tests.utils import PASSAGES, QUESTION
 

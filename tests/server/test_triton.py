@@ -14,11 +14,11 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from engine.core.batching import BatchingConfig
+from engine.pipeline.batching import BatchingConfig
 from engine.errors import BackendError
 from engine.pruner import Pruner
 from engine.triton.server import TritonServer
-from export.triton import RepositoryOptions, build_repository
+from export.triton_repository import RepositoryOptions, build_repository
 from tests.utils import CORE_MAX_BATCH, FAMILY_NAMES, free_ports, load_test, run_in_threads
 from tests.utils import PASSAGES, QUESTION
 
@@ -254,8 +254,8 @@ def test_infer_many_splits_and_repads_the_sentence_axis(server, pruners):
     remote = Pruner.connect(server.grpc_url, "opensearch")
     counts = [1] * 16 + [3] * 16 + [2] * 8
     passages = [" ".join(f"Sentence {k} of passage {i}." for k in range(n)) for i, n in enumerate(counts)]
-    from engine.core.batching import collate
-    from engine.core.text import split_sentences
+    from engine.pipeline.batching import collate
+    from engine.pipeline.text import split_sentences
     spans = [split_sentences(p) for p in passages]
     assert [len(sp) for sp in spans] == counts
     blocks = local.encode(QUESTION, passages, spans)

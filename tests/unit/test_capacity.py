@@ -11,7 +11,7 @@ import pytest
 
 from engine.cli import main
 from engine.errors import InputError
-from engine.tools.capacity import max_utilization, mean_wait, p99_wait, path_figures, replicas_needed
+from engine.bench.sizing import max_utilization, mean_wait, p99_wait, path_figures, replicas_needed
 
 pytestmark = pytest.mark.unit
 
@@ -79,7 +79,7 @@ def test_a_bad_bench_file_is_a_clear_error(tmp_path, capsys):
 
 
 def test_bench_paths_have_stable_ids_and_paths_selects_by_either():
-    from engine.tools.measure import path_id, selects
+    from engine.bench.runs import path_id, selects
     assert path_id("triton-text-grpc c16 (int8)") == "triton-text-grpc-c16-int8"
     assert path_id("onnxruntime-fp32, fixed batches of 8 in input order") == \
         "onnxruntime-fp32-fixed-batches-of-8-in-input-order"

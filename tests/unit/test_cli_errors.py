@@ -119,9 +119,9 @@ def workdir(tmp_path, monkeypatch):
 
     def no_model(*args, **kwargs):
         raise AssertionError("a model was exported or loaded before the input was checked")
-    import engine.runtime.default_model
+    import engine.models.default_model
     import engine.rag.embedder
-    monkeypatch.setattr(engine.runtime.default_model, "ensure_default_model", no_model)
+    monkeypatch.setattr(engine.models.default_model, "ensure_default_model", no_model)
     monkeypatch.setattr(engine.rag.embedder, "ensure_default_encoder", no_model)
     return tmp_path
 
@@ -161,7 +161,7 @@ def test_a_zero_option_is_a_value_not_unset(flag, value):
     """`prune run --lexical-weight 0` is the model alone, not the model's default (0 was
     dropped as if unset)."""
     from engine.cli import build_parser
-    from engine.cli.common import call_options
+    from engine.cli.flags import call_options
     args = build_parser().parse_args(["run", "--question", "q", "--context", "c", flag, "0"])
     assert getattr(call_options(args), flag[2:].replace("-", "_")) == value
 

@@ -1,8 +1,8 @@
-"""engine.measure.cpu: a CPU's kind from its flags and what `--precision auto` tries on each kind
+"""engine.machine.cpu: a CPU's kind from its flags and what `--precision auto` tries on each kind
 (flags faked: each kind the team has met, docs/performance.md)."""
 import pytest
 
-from engine.measure.cpu import AUTO_PRECISIONS, CpuKind
+from engine.machine.cpu import AUTO_PRECISIONS, CpuKind
 
 pytestmark = pytest.mark.unit
 
@@ -46,7 +46,7 @@ def test_this_machines_flags_are_read():
 
 
 def test_a_cpu_whose_flags_cannot_be_read_is_unknown(monkeypatch):
-    import engine.measure.cpu as cpu
+    import engine.machine.cpu as cpu
     monkeypatch.setattr("builtins.open", lambda *a, **k: (_ for _ in ()).throw(OSError("no /proc")))
     assert cpu.cpu_flags() is None
     kind = cpu.CpuKind.here()

@@ -222,8 +222,8 @@ def _fenced_blocks(text: str) -> list[list[str]]:
 def _defaults(family: str) -> dict[str, float]:
     """A family's defaults as `/info` gives them: the threshold a call runs with, the
     threshold without the lexical fusion, the passage margin."""
-    from engine.core.families import FAMILIES
-    from engine.core.inputs import CallOptions
+    from engine.pipeline.families import FAMILIES
+    from engine.pipeline.inputs import CallOptions
     rules = FAMILIES[family].rules
     resolved = rules.resolve(CallOptions())
     return {"threshold": resolved.threshold, "alone": rules.threshold_at(0.0), "margin": resolved.passage_margin}

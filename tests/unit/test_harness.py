@@ -1,4 +1,4 @@
-"""What the benchmarks share (engine/tools/harness.py, engine/measure/timing.py): every kept
+"""What the benchmarks share (engine/bench/harness.py, engine/machine/timing.py): every kept
 benchmark writes its report with the harness and is indexed; one that reads the default
 model names the precision it needs; a benchmark run as a module writes its command (rebuilt
 from its own argv), the machine and its figures; medians and interleaved rounds."""
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.measure.timing import interleave, medians
-from engine.tools.harness import Study, machine_line
+from engine.machine.timing import interleave, medians
+from engine.bench.harness import Study
+from engine.machine.describe import machine_line
 
 pytestmark = pytest.mark.unit
 
@@ -25,7 +26,7 @@ SCRIPTS = [p for p in KEPT if p.stem not in ("__init__", "rag_from_prune")]
 def harness_names(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
     return {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-            and node.module == "engine.tools.harness" for a in node.names}
+            and node.module == "engine.bench.harness" for a in node.names}
 
 
 def test_the_kept_benchmarks_are_these():
@@ -36,7 +37,7 @@ def test_the_kept_benchmarks_are_these():
 def test_every_benchmark_runs_on_the_harness_and_is_indexed(path):
     names = harness_names(path)
     if path.stem == "gpu":       # a budgeted run that saves its JSON after every case (gpu.sh reads it)
-        assert "machine_info" in names
+        assert "engine.machine.describe" in path.read_text()
     else:
         assert "Study" in names, f"{path.name} writes its report without the harness's Study"
         assert "argparse.ArgumentParser(" not in path.read_text(), "a benchmark's flags come from harness.parser"
@@ -66,8 +67,8 @@ def test_a_benchmark_run_as_a_module_writes_its_command_machine_and_figures(tmp_
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "sleep.py").write_text(
-        "from engine.measure.timing import interleave, medians\n"
-        "from engine.tools.harness import Study, parser\n"
+        "from engine.machine.timing import interleave, medians\n"
+        "from engine.bench.harness import Study, parser\n"
         "import time\n"
         "a = parser('Sleeps.').parse_args()\n"
         "study = Study('sleep', 'tinybench.sleep')\n"

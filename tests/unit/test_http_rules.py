@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.core.families import FAMILIES
-from engine.core.inputs import Limits
+from engine.pipeline.families import FAMILIES
+from engine.pipeline.inputs import Limits
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -123,7 +123,7 @@ def test_one_request_to_options_builder():
                 reads = any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "getattr" for n in ast.walk(node))
                 if loops_options and reads:
                     homes.add(path)
-    assert homes == {"engine/core/inputs.py"}, homes
+    assert homes == {"engine/pipeline/inputs.py"}, homes
 
 
 def test_one_count_limit_check():
@@ -136,7 +136,7 @@ def test_one_count_limit_check():
             if isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.Gt) and any(
                     isinstance(n, ast.Attribute) and n.attr == "max_passages" for n in ast.walk(node.comparators[0])):
                 homes.add(path)
-    assert homes == {"engine/core/inputs.py"}, homes
+    assert homes == {"engine/pipeline/inputs.py"}, homes
 
 
 def test_one_api_key_check():

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from engine.core.budget import Budget
-from engine.core.decide import PruneResult, Sentence
-from engine.core.families import FAMILIES
+from engine.pipeline.budget import Budget
+from engine.pipeline.decide import PruneResult, Sentence
+from engine.pipeline.families import FAMILIES
 
 pytest.importorskip("fastapi")
 from engine.http.models import ApiError, PrunedPassage  # noqa: E402

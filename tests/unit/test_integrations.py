@@ -24,7 +24,7 @@ def test_a_bad_pruner_or_option_is_a_clear_error():
     from engine.integrations.haystack import PruneRanker
     with pytest.raises(TypeError, match="pruner must be"):
         PruneRanker(pruner=42)
-    from engine.integrations.common import PruneOptions, prune_contents
+    from engine.integrations.adapter import PruneOptions, prune_contents
 
     class Never:
         def prune(self, *a, **k):
@@ -38,8 +38,8 @@ def test_a_bad_pruner_or_option_is_a_clear_error():
 def test_every_call_option_is_a_field_of_every_adapter():
     """One definition: the adapters' fields are CallOptions's (top_k named as each framework
     says), so an option added to CallOptions reaches every adapter."""
-    from engine.core.inputs import OPTION_NAMES
-    from engine.integrations.common import ADAPTER_FIELDS, PruneOptions, options_of
+    from engine.pipeline.inputs import OPTION_NAMES
+    from engine.integrations.adapter import ADAPTER_FIELDS, PruneOptions, options_of
     from engine.integrations.langchain import PruneCompressor
     from engine.integrations.llamaindex import PrunePostprocessor
     named = {"top_k": "top_n"}

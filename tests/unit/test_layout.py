@@ -2,7 +2,7 @@
 
 Every import statement counts, at module level or inside a function (a lazy import is
 still a dependency of whoever calls that function). Importlib calls with a string are
-not seen: `engine.runtime.default_model` exports the default model on first use that way, and
+not seen: `engine.models.default_model` exports the default model on first use that way, and
 says so."""
 from __future__ import annotations
 
@@ -41,33 +41,34 @@ def _hits(names: set[str], forbidden: tuple[str, ...]) -> list[str]:
 
 
 #: the client-safe spine: what a torch-free client, the Triton text model and the HTTP API run
-SPINE = _modules("engine/*.py", "engine/core/*.py", "engine/measure/*.py", "engine/runtime/*.py")
+SPINE = _modules("engine/*.py", "engine/pipeline/*.py", "engine/machine/*.py", "engine/models/*.py")
 CLIENT_SAFE = SPINE + _modules("engine/backends/base.py", "engine/backends/onnxruntime.py",
                                "engine/backends/triton.py", "engine/triton/*.py")
 #: who may import the torch modelling (engine.pytorch)
 TORCH_MODELLING_USERS = _modules("engine/pytorch/*.py", "engine/backends/torch.py", "export/*.py",
-                                 "engine/tools/fidelity.py", "engine/tools/peers.py")
-#: everything below the CLI: may not import the offline tools or the RAG application (the
-#: framework adapters sit beside the CLI: their embeddings are the RAG encoder's)
+                                 "engine/cli/fidelity.py", "engine/bench/peers.py")
+#: everything below the CLI, what a server runs among it: may not import the measuring tools
+#: (prune bench, prune eval) or the RAG application (the framework adapters sit beside the CLI:
+#: their embeddings are the RAG encoder's)
 BELOW_CLI = [p for p in _modules("engine/**/*.py", "triton_models/*/model.py")
-             if not {"cli", "tools", "rag", "integrations"} & set(p.relative_to(ROOT).parts)]
+             if not {"cli", "bench", "evaluate", "rag", "integrations"} & set(p.relative_to(ROOT).parts)]
 FRAMEWORKS = ("langchain", "langchain_core", "langchain_classic", "llama_index", "haystack", "engine.integrations")
 
 RULES = {
     "the spine, backends/{base,onnxruntime,triton} and triton/ never import torch, transformers or export":
         (CLIENT_SAFE, ("torch", "transformers", "export")),
-    "only backends/torch, export/ and the fidelity and peer tools import the torch modelling (engine.pytorch)":
+    "only backends/torch, export/, prune fidelity and the bench's peers import the torch modelling (engine.pytorch)":
         ([p for p in _modules("engine/**/*.py", "triton_models/*/model.py")
           if p not in TORCH_MODELLING_USERS], ("engine.pytorch",)),
-    "nothing below the CLI imports tools/ or rag/":
-        (BELOW_CLI, ("engine.tools", "engine.rag")),
+    "nothing below the CLI (no server) imports bench/, evaluate/ or rag/":
+        (BELOW_CLI, ("engine.bench", "engine.evaluate", "engine.rag")),
     "only the adapters import the RAG frameworks, and nothing imports the adapters":
         ([p for p in _modules("engine/**/*.py", "export/*.py", "triton_models/*/model.py")
           if "integrations" not in p.relative_to(ROOT).parts], FRAMEWORKS),
     "nothing installed imports the benchmarks or the developer tools (a clone's, not in the wheel)":
         (_modules("engine/**/*.py", "export/*.py", "triton_models/*/model.py"), ("benchmarks", "dev")),
-    "the exporter never imports the offline tools (--precision auto gates and times with the engine's own)":
-        (_modules("export/*.py"), ("engine.tools",)),
+    "the exporter never imports the measuring tools (--precision auto gates and times with the engine's own)":
+        (_modules("export/*.py"), ("engine.bench", "engine.evaluate")),
 }
 
 
@@ -88,13 +89,14 @@ def test_import_rule(rule):
 
 
 @pytest.mark.parametrize("package, allowed", [
-    ("core", ("engine.errors", "engine.settings", "engine.core")),
-    ("measure", ("engine.errors", "engine.settings", "engine.core", "engine.measure")),
+    ("pipeline", ("engine.errors", "engine.settings", "engine.pipeline")),
+    ("machine", ("engine.errors", "engine.settings", "engine.pipeline", "engine.machine")),
 ])
-def test_the_client_core_and_the_measures_stand_on_their_own(package, allowed):
-    """engine.core (text to input, output to decisions) imports of the engine only the errors,
-    the settings and itself; engine.measure adds the core: neither reaches a backend, the
-    pruner or a transport, so the Triton text model and a remote client run them as they are."""
+def test_the_pipeline_and_the_machine_stand_on_their_own(package, allowed):
+    """engine.pipeline (text to input, output to decisions) imports of the engine only the
+    errors, the settings and itself; engine.machine adds the pipeline: neither reaches a
+    backend, the pruner or a transport, so the Triton text model and a remote client run them
+    as they are."""
     reached = {str(p.relative_to(ROOT)): sorted(n for n in imports(p) if n.split(".")[0] in ("engine", "export")
                                                 and not _hits({n}, allowed))
                for p in _modules(f"engine/{package}/*.py")}
@@ -109,8 +111,8 @@ def test_the_rules_see_lazy_imports(tmp_path):
 
 
 def test_the_layout_has_the_documented_packages():
-    for pkg in ("engine/core", "engine/measure", "engine/runtime", "engine/backends", "engine/triton", "engine/pytorch", "engine/tools", "engine/rag",
-                "engine/integrations", "engine/cli"):
+    for pkg in ("engine/pipeline", "engine/machine", "engine/models", "engine/backends", "engine/triton", "engine/pytorch",
+                "engine/bench", "engine/evaluate", "engine/rag", "engine/integrations", "engine/cli"):
         assert (ROOT / pkg / "__init__.py").is_file(), pkg
     text = (ROOT / "docs" / "development.md").read_text()
     for module in [*_modules("engine/*.py"), *_modules("engine/*/*.py"), *_modules("export/*.py")]:
@@ -125,19 +127,19 @@ def test_the_layout_has_the_documented_packages():
 #: whose modules are all of its layer; the spine's modules (and those of the packages split
 #: across layers) are named one by one, so a module nobody placed has no layer
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("the spine and the client core", ("engine", "engine.errors", "engine.settings", "engine.protocol", "engine.core.*",
-                                       "engine.measure.*",
-                                       "engine.triton", "engine.http")),     # the last two: their packages' empty __init__
+    ("the spine and the client pipeline", ("engine", "engine.errors", "engine.settings", "engine.protocol",
+                                           "engine.pipeline.*", "engine.machine.*", "engine.datafiles",
+                                           "engine.fidelity_check",
+                                           "engine.triton", "engine.http")),   # the last two: their packages' empty __init__
     ("cores and transports", ("engine.backends.*", "engine.pytorch.*", "engine.triton.client", "engine.triton.replicas",
                               "engine.triton.wire", "engine.triton.watchdog", "engine.triton.server")),
-    ("the pruner and its loading", ("engine.pruner", "engine.runtime.*")),
+    ("the pruner and its loading", ("engine.pruner", "engine.cancel", "engine.batchfile", "engine.models.*")),
     ("remote pruners", ("engine.triton.text_pruner", "engine.triton.connect", "engine.triton.probe",
-                        "engine.http.client")),
-    ("the HTTP API", ("engine.http.models", "engine.http.state", "engine.http.opensearch", "engine.http.milvus",
-                      "engine.http.app",
-                      "engine.http.server")),
-    ("the applications and the exporter", ("engine.tools.*", "engine.rag.*", "engine.integrations.*", "export.*",
-                                           "triton_models.*")),
+                        "engine.http.pruner_client")),
+    ("the HTTP API", ("engine.http.models", "engine.http.state", "engine.http.opensearch_api", "engine.http.milvus",
+                      "engine.http.app", "engine.http.api_thread")),
+    ("the applications, the measuring tools and the exporter", ("engine.bench.*", "engine.evaluate.*", "engine.rag.*",
+                                                                "engine.integrations.*", "export.*", "triton_models.*")),
     ("the command line", ("engine.cli.*", "engine.__main__")),
 ]
 #: imports upward on purpose: `Pruner.connect`, the public API's door to engine.triton.connect
@@ -186,11 +188,11 @@ def test_every_module_has_a_layer():
 
 def test_a_module_has_a_layer_only_where_an_entry_places_it():
     """A new module of the spine, or of a package split across layers, has none until it is
-    named; a package entry ("engine.tools.*") places its package and every module in it."""
+    named; a package entry ("engine.bench.*") places its package and every module in it."""
     assert layer_of("engine.new_module") is None and layer_of("engine.triton.new_module") is None
-    assert layer_of("engine.toolsmith") is None
-    assert layer_of("engine.tools") == layer_of("engine.tools.new_module") == layer_of("export.onnx")
-    assert layer_of("engine.measure.timing") == layer_of("engine.errors") == 0
+    assert layer_of("engine.benchmark") is None
+    assert layer_of("engine.bench") == layer_of("engine.bench.new_module") == layer_of("export.onnx")
+    assert layer_of("engine.machine.timing") == layer_of("engine.errors") == 0
 
 
 def test_no_module_imports_a_layer_above_its_own():
@@ -225,11 +227,11 @@ def test_the_imports_have_no_cycle():
 
 def test_the_direction_rules_catch_an_upward_import(tmp_path, monkeypatch):
     """The rules see a spine module importing the HTTP API."""
-    fake = {**_graph(), "engine.core.decide": _graph()["engine.core.decide"] | {"engine.http.app"}}
+    fake = {**_graph(), "engine.pipeline.decide": _graph()["engine.pipeline.decide"] | {"engine.http.app"}}
     monkeypatch.setattr(sys.modules[__name__], "_graph", lambda: fake)
     with pytest.raises(AssertionError):
         test_no_module_imports_a_layer_above_its_own()
-    fake["engine.http.app"] = fake["engine.http.app"] | {"engine.tools.quality"}
-    fake["engine.tools.quality"] = fake["engine.tools.quality"] | {"engine.http.app"}
+    fake["engine.http.app"] = fake["engine.http.app"] | {"engine.evaluate.quality"}
+    fake["engine.evaluate.quality"] = fake["engine.evaluate.quality"] | {"engine.http.app"}
     with pytest.raises(AssertionError):
         test_the_imports_have_no_cycle()

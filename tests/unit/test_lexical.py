@@ -3,7 +3,7 @@ from __future__ import annotations
 import math
 import numpy as np
 import pytest
-from engine.core import lexical
+from engine.pipeline import lexical
 
 pytestmark = pytest.mark.unit
 

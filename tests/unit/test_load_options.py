@@ -1,4 +1,4 @@
-"""A model's load options have one definition (engine.runtime.loading.LoadOptions), read from the
+"""A model's load options have one definition (engine.models.loading.LoadOptions), read from the
 environment once where a process starts and passed down."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.core.batching import BatchingConfig
+from engine.pipeline.batching import BatchingConfig
 from engine.errors import InputError, PruneError, SettingError
-from engine.runtime.loading import LoadOptions
+from engine.models.loading import LoadOptions
 
 pytestmark = pytest.mark.unit
 
@@ -66,7 +66,7 @@ def test_every_load_keyword_in_the_code_is_a_load_option():
 
 def test_nothing_below_the_doors_reads_the_environment():
     below = [*sorted((ROOT / "engine" / "backends").glob("*.py")),
-             *(ROOT / "engine" / "core" / n for n in ("batching.py", "encode.py", "decide.py", "rules.py"))]
+             *(ROOT / "engine" / "pipeline" / n for n in ("batching.py", "encode.py", "decide.py", "rules.py"))]
     for path in below:
         tree = ast.parse(path.read_text())
         names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}

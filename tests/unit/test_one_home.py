@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.core.inputs import TITLE_RULES, WINDOWS
+from engine.pipeline.inputs import TITLE_RULES, WINDOWS
 from engine.settings import SETTINGS, TORCH_ATTENTIONS, TORCH_DTYPES
 
 pytestmark = pytest.mark.unit
@@ -21,7 +21,7 @@ HOMES = {frozenset(SETTINGS["ort_arena"].choices): "engine/settings.py",
          frozenset(SETTINGS["ort_denormals"].choices): "engine/settings.py",
          frozenset(TORCH_DTYPES): "engine/settings.py",
          frozenset(TORCH_ATTENTIONS): "engine/settings.py",
-         frozenset(TITLE_RULES): "engine/core/inputs.py", frozenset(WINDOWS): "engine/core/inputs.py"}
+         frozenset(TITLE_RULES): "engine/pipeline/inputs.py", frozenset(WINDOWS): "engine/pipeline/inputs.py"}
 #: names whose default must come from engine.settings (DEFAULTS.<setting>), never a literal
 DEFAULTED = ("arena", "denormals", "join_requests")
 

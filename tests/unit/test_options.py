@@ -1,4 +1,4 @@
-"""A call's options have one definition (engine.core.inputs.CallOptions) with one meaning, and
+"""A call's options have one definition (engine.pipeline.inputs.CallOptions) with one meaning, and
 every surface takes exactly those: the Python API, `prune run`'s flags, `/v1/prune`'s
 body, the text model's inputs, batch-file fields and the three adapters. A surface that
 drifts (an option missing, renamed, or with its own meaning) fails here."""
@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.errors import InputError
-from engine.core.families import get_family
-from engine.core.inputs import OPTION_NAMES, CallOptions, option_help, option_type
+from engine.pipeline.families import get_family
+from engine.pipeline.inputs import OPTION_NAMES, CallOptions, option_help, option_type
 
 pytestmark = pytest.mark.unit
 
@@ -58,7 +58,7 @@ def test_a_family_resolves_the_options_into_the_rules_a_call_runs():
 def test_every_surface_takes_every_option_by_its_name():
     from engine.cli import build_parser
     from engine.http.app import PruneRequest
-    from engine.tools.batchfile import OPTIONS
+    from engine.batchfile import OPTIONS
     from engine.triton.wire import OPTION_DATATYPES, TEXT_INPUTS
     # HTTP: a field per option, with the option's own description
     schema = PruneRequest.model_fields
@@ -75,7 +75,7 @@ def test_every_surface_takes_every_option_by_its_name():
     for name in OPTION_NAMES:
         assert name in dests and option_help(name) in dests[name].help, name
     # the Python API: every pruner takes CallOptions, or its names as keywords
-    from engine.http.client import HttpPruner
+    from engine.http.pruner_client import HttpPruner
     from engine.protocol import PrunerProtocol
     from engine.pruner import Pruner
     from engine.triton.text_pruner import TritonTextPruner
@@ -92,11 +92,11 @@ def test_every_surface_takes_every_option_by_its_name():
 
 
 def test_every_adapter_takes_every_option():
-    from engine.integrations.common import ADAPTER_FIELDS, PruneOptions
+    from engine.integrations.adapter import ADAPTER_FIELDS, PruneOptions
     from engine.integrations.haystack import PruneRanker
     from engine.integrations.langchain import PruneCompressor
     from engine.integrations.llamaindex import PrunePostprocessor
-    from engine.integrations.common import TOP_N
+    from engine.integrations.adapter import TOP_N
     for adapter in (PruneCompressor, PrunePostprocessor):      # top_k named top_n, as LangChain and LlamaIndex say
         missing = {TOP_N.get(n, n) for n in OPTION_NAMES + ADAPTER_FIELDS} - set(adapter.model_fields)
         assert not missing, (adapter.__name__, missing)
@@ -126,7 +126,7 @@ def test_the_wire_and_the_http_body_carry_options_unchanged(options):
     """What the text model's client sends is what its server reads (float32 on the wire),
     and `/v1/prune`'s body gives back the same options."""
     from engine.http.app import PruneRequest
-    from engine.core.inputs import Limits
+    from engine.pipeline.inputs import Limits
     from engine.triton.wire import options_to_tensors, read_request
     tensors = {"question": np.array([b"q?"], dtype=np.object_), "passages": np.array([b"p."], dtype=np.object_),
                **options_to_tensors(options)}

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from engine.core.decide import PruneResult, Sentence, gate_passages
+from engine.pipeline.decide import PruneResult, Sentence, gate_passages
 from engine.errors import InputError
-from engine.core.families import get_family
-from engine.core.inputs import CallOptions, check_passage_margin
+from engine.pipeline.families import get_family
+from engine.pipeline.inputs import CallOptions, check_passage_margin
 
 pytestmark = pytest.mark.unit
 

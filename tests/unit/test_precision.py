@@ -2,7 +2,7 @@
 import numpy as np
 import onnxruntime as ort
 import pytest
-from engine.tools.fidelity import fidelity_report, rankdata, spearman
+from engine.fidelity_check import fidelity_report, rankdata, spearman
 from export.tensorrt import (fix_graph, profiles, trtexec_command,
                              write_build_script)
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.core.batching import BatchingConfig, plan
-from engine.core.text import split_sentences
+from engine.pipeline.batching import BatchingConfig, plan
+from engine.pipeline.text import split_sentences
 from engine.triton.wire import byte_offsets, char_offsets
 
 pytestmark = pytest.mark.unit
@@ -30,7 +30,7 @@ TEXT = st.one_of(st.lists(PIECES, max_size=60).map("".join), st.text(max_size=30
 def test_the_splitter_covers_every_character_in_order_without_overlap(text):
     """Every non-space character lands in exactly one sentence; sentences are stripped,
     non-empty and in order. (No generated input needed a repair pass after the splitter:
-    engine.core.text has none.)"""
+    engine.pipeline.text has none.)"""
     spans = split_sentences(text)
     covered = [False] * len(text)
     prev_end = 0
@@ -52,7 +52,7 @@ def test_byte_offsets_and_character_offsets_are_inverses(text, data):
     positions = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=12)))
     try:
         data_bytes = text.encode("utf-8")
-    except UnicodeEncodeError:       # a lone surrogate never reaches the wire (engine.core.inputs)
+    except UnicodeEncodeError:       # a lone surrogate never reaches the wire (engine.pipeline.inputs)
         return
     b = byte_offsets(text, positions)
     assert all(data_bytes[:x].decode("utf-8") == text[:p] for x, p in zip(b, positions))

@@ -1,9 +1,9 @@
 """test_pruner's tests that need no model and no server (the rest: tests/inprocess/test_pruner.py)."""
 import numpy as np
 import pytest
-from engine.core.batching import BatchingConfig, plan
-from engine.core.decide import keep_mask
-from engine.core.families import FAMILIES
+from engine.pipeline.batching import BatchingConfig, plan
+from engine.pipeline.decide import keep_mask
+from engine.pipeline.families import FAMILIES
 
 pytestmark = pytest.mark.unit
 
@@ -63,7 +63,7 @@ def test_decision_rules():
 def test_build_result_joins_around_dropped_sentences():
     """pruned_context keeps the original whitespace before a kept sentence; text between
     caller-given sentences that is not a sentence is never copied into it."""
-    from engine.core.decide import build_result
+    from engine.pipeline.decide import build_result
     doc = "One. Two.\n\nThree. Four."
     spans = [(0, 4), (5, 9), (11, 17), (18, 23)]
     probs = np.array([0.9, 0.1, 0.9, 0.9])

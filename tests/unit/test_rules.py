@@ -1,13 +1,13 @@
-"""The decision settings have one definition (engine.core.rules.Rules), and every surface is made of it."""
+"""The decision settings have one definition (engine.pipeline.rules.Rules), and every surface is made of it."""
 from __future__ import annotations
 
 from dataclasses import fields
 
 import pytest
 
-from engine.core.families import FAMILIES, Family, get_family
-from engine.core.inputs import OPTION_NAMES, CallOptions
-from engine.core.rules import RECORDED, Rules
+from engine.pipeline.families import FAMILIES, Family, get_family
+from engine.pipeline.inputs import OPTION_NAMES, CallOptions
+from engine.pipeline.rules import RECORDED, Rules
 
 pytestmark = pytest.mark.unit
 
@@ -56,7 +56,7 @@ def test_a_manifest_overrides_by_the_same_names_and_reads_the_old_ones():
 
 
 def test_the_http_client_reads_the_servers_rules_without_a_mapping():
-    from engine.http.client import HttpPruner
+    from engine.http.pruner_client import HttpPruner
     from engine.http.models import info_rules
     fam = get_family("embedding")
     fam = fam.__class__(**{**{f.name: getattr(fam, f.name) for f in fields(fam)},

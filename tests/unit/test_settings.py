@@ -57,7 +57,7 @@ def test_every_flag_exists_and_reads_its_variable(monkeypatch):
 
 
 def test_library_defaults_follow_the_variables(monkeypatch):
-    from engine.core.inputs import default_limits
+    from engine.pipeline.inputs import default_limits
     monkeypatch.setenv("PRUNE_MAX_PASSAGES", "12")
     assert default_limits().max_passages == 12 and setting("max_passages") == 12
     monkeypatch.setenv("PRUNE_MAX_PASSAGES", "")

@@ -1,7 +1,7 @@
 import pytest
 
 from engine.errors import InputError
-from engine.core.text import split_sentences, spans_from_sentences, uncovered
+from engine.pipeline.text import split_sentences, spans_from_sentences, uncovered
 
 pytestmark = pytest.mark.unit
 

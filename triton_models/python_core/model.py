@@ -17,7 +17,7 @@ gets its own error response; the others still run. If the joint run fails anyway
 request is run alone, so only the one that fails gets the error.
 
 This file runs inside Triton without the engine installed: the runtimes' settings are
-read from the config's parameters (written by export/triton.py).
+read from the config's parameters (written by export/triton_repository.py).
 """
 import json
 import os
@@ -116,10 +116,10 @@ class TritonPythonModel:
         self.runtime = RUNTIMES[runtime](os.path.join(folder, params.get("graph", "model.onnx")), params)
         self.input_names = self.runtime.input_names
         # false: each request of a dynamic batch runs alone, so its answer never depends on
-        # the requests beside it (INT8 scales are taken per batch; export/triton.py)
+        # the requests beside it (INT8 scales are taken per batch; export/triton_repository.py)
         self.join = params.get("join_requests", "true") == "true"
         self.pad = {**PAD, "input_ids": int(params.get("pad_id", "0"))}
-        # read raw: this core model runs in Triton without the engine installed (engine.core.spec.Manifest)
+        # read raw: this core model runs in Triton without the engine installed (engine.pipeline.spec.Manifest)
         manifest = json.loads(params.get("prune_manifest", "{}"))
         # Bounds a request must respect (graph-independent: checked before allocation).
         self.max_length = int(manifest.get("max_length", 512))
