@@ -73,6 +73,8 @@ _ALL = [
     Setting("max_batch_tokens", 16384, "padded tokens per model batch; larger batches help until the core "
             "is compute bound", positive_int),
     Setting("max_batch_size", 64, "rows per model batch", positive_int),
+    Setting("device", "cpu", "where the model runs: cpu, or cuda (ONNX Runtime's CUDA provider, pip install "
+            "'prune-engine[gpu]'; with --backend torch, torch on the GPU)", choices=("cpu", "cuda")),
     Setting("threads", None, "ONNX Runtime's (or torch's) intra-op threads; default: all cores",
             positive_int, env="PRUNE_INTRA_OP_THREADS"),
     Setting("ort_arena", "shrink", "ONNX Runtime's CPU arena after a run: shrink (memory of a large batch "
@@ -172,6 +174,12 @@ DEFAULTS = _Defaults()
 def setting(name: str, environ: dict[str, str] | None = None) -> Any:
     """The value in force: the `PRUNE_*` variable if set, else the default."""
     return SETTINGS[name].value(environ)
+
+
+def default_workers(remote: bool, device: str) -> int:
+    """The HTTP API's worker threads when `workers` is not set (its help says why): 16 in front
+    of a server, 4 on a GPU, 1 in-process on a CPU."""
+    return 16 if remote else 4 if device == "cuda" else 1
 
 
 def checked(name: str, value: Any, error: type[Exception] = SettingError, what: str | None = None) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.errors import PruneError
+from engine.settings import default_workers
 
 from engine.cli.flags import (add_batching, add_openvino, add_setting, api_imports, batching, model_path,
                                port_number, positive_float)
@@ -27,9 +28,8 @@ def add(new) -> None:
     add_setting(h, "model_service_port", type=port_number)
     add_encoder(h)
     add_openvino(h, ("onnxruntime", "openvino"))
-    h.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="cuda: ONNX Runtime's CUDA provider (pip install 'prune-engine[gpu]'); the default model's "
-                        "fp16 GPU graph, exported on first use")
+    add_setting(h, "device", "; with --model default on cuda, the default model's fp16 GPU graph, exported on "
+                "first use")
     add_batching(h)
     h.set_defaults(func=run)
 
@@ -80,7 +80,6 @@ def check_port_table(ports: list[tuple[str, str, int | None]]) -> None:
     """A PruneError (one line) when a port of `ports` ((flag, host, port); 0 or None: none,
     or one the system picks) is named twice or cannot be bound now: `prune api` and `prune
     serve` check theirs with it before anything loads."""
-    from engine.http.milvus import port_is_free
     seen: dict[int, str] = {}
     for flag, host, port in ports:
         if not port:
@@ -90,6 +89,19 @@ def check_port_table(ports: list[tuple[str, str, int | None]]) -> None:
         seen[port] = flag
         if not port_is_free(host, port):
             raise PruneError(f"{flag} {port}: {host}:{port} is in use; choose another port")
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether host:port can be bound now (as a server binds: SO_REUSEADDR)."""
+    import socket
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host.strip("[]"), port))
+        except OSError:
+            return False
+    return True
 
 
 def check_model_service(args) -> None:
@@ -110,8 +122,7 @@ def api_app(args, pruner, label: str, remote: bool, default_encoder: bool = Fals
     """The ASGI app of `prune api` for `pruner`, with the API's settings from `args` (and
     Milvus's model service when --model-service-port is given)."""
     _, ApiConfig, create_app = api_imports()
-    # on a GPU, a second call's tokenizing (the GIL's) overlaps the first's run (ONNX Runtime releases it)
-    workers = args.workers or (16 if remote else 4 if getattr(args, "device", "cpu") == "cuda" else 1)
+    workers = args.workers or default_workers(remote, getattr(args, "device", "cpu"))
     port = getattr(args, "model_service_port", None)
     service = None
     embedder = None

@@ -26,9 +26,8 @@ def add(new) -> None:
                    "each with its own int8 export, run by this interpreter of an environment with "
                    "sentence-transformers[onnx,openvino] and datasets (their optimum pins transformers<4.58: "
                    "docs/installing.md)")
-    b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="cuda: PyTorch fp32/fp16 and ONNX Runtime's CUDA provider (fp32, fp16) on the GPU "
-                        "(pip install 'prune-engine[gpu]')")
+    add_setting(b, "device", "; prune bench on cuda: PyTorch fp32/fp16 and ONNX Runtime's CUDA provider (fp32, "
+                "fp16)")
     b.add_argument("--checkpoint", help="the checkpoint, for the PyTorch reference paths (unbatched, batched, and "
                    "torch.compile on the engine's batches: fp16 with --device cuda)")
     b.add_argument("--compile-backend", metavar="NAME", help="torch.compile's backend for the torch.compile path "
@@ -39,7 +38,7 @@ def add(new) -> None:
                    "measured (SIGTERM, e.g. from `timeout`, stops it the same way)")
     b.add_argument("--queries", type=positive_int, default=30, help="queries per path and repeat")
     b.add_argument("--repeats", type=positive_int, default=3, help="interleaved repeats (medians are reported)")
-    b.add_argument("--threads", type=positive_int, help="intra-op threads (default: all cores)")
+    add_setting(b, "threads")
     b.add_argument("--triton", action="store_true", help="also serve the model with tritonserver and "
                    "measure gRPC/HTTP at concurrency 1/4/16 and perf_analyzer")
     b.add_argument("--paths", help="only the paths whose names or ids match this regular expression "

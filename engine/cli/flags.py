@@ -12,7 +12,7 @@ from engine.errors import PruneError
 from engine.pipeline.families import FAMILIES
 from engine.pipeline.inputs import (OPTION_NAMES, WINDOWS, CallOptions, check_tags, option_choices, option_help,
                            option_type)
-from engine.settings import SETTINGS, help_text, positive_int, setting
+from engine.settings import SETTINGS, help_text, setting
 from engine.pipeline.spec import RUNTIMES
 
 
@@ -243,7 +243,7 @@ def add_db(x: argparse.ArgumentParser) -> None:
     x.add_argument("--token", help="a Milvus server's token, user:password (env MILVUS_TOKEN)")
     x.add_argument("--encoder", default="default", help="exported encoder folder (prune export --encoder), "
                    "or 'default' (all-MiniLM-L6-v2's, exported on first use)")
-    x.add_argument("--threads", type=positive_int, help="intra-op threads of ONNX Runtime")
+    add_setting(x, "threads")
 
 
 def add_openvino(p, backends: tuple[str, ...]) -> None:

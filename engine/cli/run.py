@@ -26,9 +26,7 @@ def add(new) -> None:
     r.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="how to reach --server")
     add_setting(r, "timeout")
     r.add_argument("--family", help="family override for --backend torch")
-    r.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="cuda: ONNX Runtime's CUDA provider with IO binding (pip install 'prune-engine[gpu]'), "
-                        "or torch on the GPU")
+    add_setting(r, "device")
     r.add_argument("--dtype", choices=TORCH_DTYPES, default=TORCH_DTYPES[0],
                    help="--backend torch: the weights' and activations' type (float16/bfloat16 on a GPU)")
     r.add_argument("--attn", choices=TORCH_ATTENTIONS, default=TORCH_ATTENTIONS[0],

@@ -281,19 +281,6 @@ async def start(api: ApiState, address: str, embedder: Any = None) -> Any:
     return server
 
 
-def port_is_free(host: str, port: int) -> bool:
-    """Whether host:port can be bound now (as a server binds: SO_REUSEADDR)."""
-    import socket
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host.strip("[]"), port))
-        except OSError:
-            return False
-    return True
-
-
 def address(host: str, port: int) -> str:
     """host:port as gRPC takes it (an IPv6 host in brackets)."""
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"

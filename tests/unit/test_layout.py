@@ -235,3 +235,12 @@ def test_the_direction_rules_catch_an_upward_import(tmp_path, monkeypatch):
     fake["engine.evaluate.quality"] = fake["engine.evaluate.quality"] | {"engine.http.app"}
     with pytest.raises(AssertionError):
         test_the_imports_have_no_cycle()
+
+
+def test_no_two_product_modules_share_a_name():
+    """A module's name says its job across the tree (Triton's templates are model.py by Triton's rule)."""
+    seen: dict[str, list[str]] = {}
+    for path in _modules("engine/**/*.py", "export/*.py"):
+        if path.name not in ("__init__.py", "__main__.py"):
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
