@@ -162,7 +162,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     study = Study("retrieval", "benchmarks.retrieval", argv)
     from engine.rag.embedder import Embedder
-    from engine.rag.retrieval import CHUNK_TOKENS, Pipeline
+    from engine.rag.retrieval import Pipeline
+    from engine.rag.documents import CHUNK_TOKENS
     from engine.pruner import Pruner
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

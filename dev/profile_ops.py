@@ -92,9 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     study = Study("profile", "dev.profile_ops", argv)
     from engine.models.default_model import ensure_default_model
-    from engine.pruner import Pruner
-    from engine.pipeline.text import split_sentences
-    from engine.evaluate.quality import load_rag_data
+    from engine.pruner import Pruner, workload_batches
+    from engine.datafiles import load_rag_data
     from export.checkpoints import make_test_checkpoint
     from export.onnx import export_model
 
@@ -114,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         report["gemm"] = gemm_rates(args.threads)
     for name, folder in models.items():
         pruner = Pruner.load(folder, threads=1)
-        batches = [b for q in rag for b in pruner.batches(pruner.encode(q.question, q.passages,
-                                                                         [split_sentences(p) for p in q.passages]))]
+        batches = workload_batches(pruner, rag)
         print(f"profiling {name}: {len(batches)} batches ...", file=sys.stderr, flush=True)
         prof = profile(Path(folder), batches, args.threads, args.repeats)
         if args.repeats:

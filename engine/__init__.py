@@ -1,2 +1,49 @@
-"""Context pruning and semantic highlighting with an accelerated core."""
+"""Context pruning and semantic highlighting with an accelerated core.
+
+    from engine import Pruner
+    pruner = Pruner.load("default")                  # or an exported folder; Pruner.connect(...) for Triton
+    results = pruner.prune("Why does sourdough bread taste sour?", passages)
+
+The public names, imported from here: `Pruner`, `CallOptions` (a call's options),
+`LoadOptions` (how a model is opened), `PruneResult` and `Sentence` (what a call
+returns), `PrunerProtocol` (what every pruner offers), and the errors (`PruneError` and its
+kinds). Each is loaded on first use, so `import engine` costs nothing until then.
+"""
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+
+#: the public names and the modules that define them
+_PUBLIC = {
+    "Pruner": "engine.pruner",
+    "CallOptions": "engine.pipeline.inputs",
+    "LoadOptions": "engine.models.loading",
+    "PruneResult": "engine.pipeline.decide",
+    "Sentence": "engine.pipeline.decide",
+    "PrunerProtocol": "engine.protocol",
+    "PruneError": "engine.errors",
+    "InputError": "engine.errors",
+    "ModelLoadError": "engine.errors",
+    "BackendError": "engine.errors",
+    "ExportError": "engine.errors",
+    "SettingError": "engine.errors",
+    "Cancelled": "engine.errors",
+}
+__all__ = ["__version__", *_PUBLIC]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use."""
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from engine.datafiles import progress as progress_bar
+from engine.pruner import model_scores, windows_of
 from engine.datafiles import read_jsonl
 
 THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
@@ -119,7 +120,7 @@ def run_model(pruner, docs: Sequence[Doc], progress: bool, desc: str, windows: s
     rules = replace(fam.rules, lexical_weight=0.0)       # the model's own decisions, at the family's threshold
     for d in progress_bar(docs, len(docs), desc, progress):
         spans = d.spans if d.spans is not None else textmod.split_sentences(d.context)
-        sc = pruner.score(d.question, [d.context], [spans], windows=windows)[0]
+        sc = model_scores(pruner, d.question, [d.context], [spans], windows=windows)[0]
         probs.append(sc.probs)
         rerank.append(sc.rerank if sc.rerank is not None else 0.0)
         pruned.append(decide_passages(fam, rules, d.question, [d.context], [spans], [sc])[0].pruned_context)
@@ -129,7 +130,7 @@ def run_model(pruner, docs: Sequence[Doc], progress: bool, desc: str, windows: s
 def measure(candidate, reference, docs: Sequence[Doc], progress: bool = True,
             log: Callable[[str], None] = print, windows: str | None = None) -> dict[str, Any]:
     """How the candidate's decisions and scores agree with the reference's on `docs`."""
-    windows = candidate.windows_mode(windows)
+    windows = windows_of(candidate, windows)
     log(f"scoring {len(docs)} documents with the candidate ({candidate.backend.describe()}; windows {windows}) ...")
     got = run_model(candidate, docs, progress, "candidate", windows)
     log(f"scoring {len(docs)} documents with the reference ({reference.backend.describe()}) ...")

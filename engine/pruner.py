@@ -83,11 +83,9 @@ class Pruner(FromSpec):
         from engine.models.loading import LoadOptions, open_model
         if isinstance(backend, LoadOptions):              # Pruner.load(path, options)
             backend, options = None, backend
-        if options is not None and not isinstance(options, LoadOptions):     # the old torch keyword
-            import warnings
-            warnings.warn("Pruner.load(options={...}) for the family module's options is now module_options=",
-                          DeprecationWarning, stacklevel=2)
-            shortcuts["module_options"], options = options, None
+        if options is not None and not isinstance(options, LoadOptions):
+            raise InputError(f"options must be a LoadOptions, got {type(options).__name__} (the family module's "
+                             "options are module_options=)")
         if backend is not None:
             shortcuts["backend"] = backend
         if options is None:
@@ -143,14 +141,12 @@ class Pruner(FromSpec):
         runs the core itself (the Triton text model, over BLS) uses the two halves."""
         question, passages = check_call(question, passages, self.limits)
         check_sentences(sentences, len(passages))
-        return self.prepare_checked(question, passages, CallOptions.of(options, **changes), sentences)
+        return self._prepare(question, passages, CallOptions.of(options, **changes), sentences)
 
-    def prepare_checked(self, question: str, passages: list[str], options: CallOptions,
-                        sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None,
-                        batched: bool = True) -> "Call":
-        """`prepare` of a call already checked (engine.pipeline.inputs; the Triton text model's
-        request is checked as it is read); without `batched`, no batches (`prune_many`
-        packs the blocks of several calls together)."""
+    def _prepare(self, question: str, passages: list[str], options: CallOptions,
+                 sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None, batched: bool = True) -> "Call":
+        """`prepare` of a checked call; without `batched`, no batches (`prune_many` packs the
+        blocks of several calls together)."""
         rules = self.spec.family.rules.resolve(options)
         token_windows = self.spec.family.token_windows(rules.windows)
         if rules.lexical_weight and token_windows:
@@ -162,20 +158,20 @@ class Pruner(FromSpec):
                     token_windows=token_windows, fragment=self._fragment_tokens(rules.windows))
         if passages:
             call.blocks = self._blocks(call)
-            call.batches = self.batches(call.blocks) if batched else []
+            call.batches = self._batches(call.blocks) if batched else []
         return call
 
     def finish(self, call: "Call", outputs: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[PruneResult]:
         """Everything after the model: merge blocks, decide, build and order results.
         `outputs` holds (rerank_score [B], sentence_probs [B, S]) per batch of the call."""
-        return self.finish_blocks(call, self.block_outputs(call.blocks, call.batches, outputs))
+        return self._finish_blocks(call, _block_outputs(call.blocks, call.batches, outputs))
 
-    def finish_blocks(self, call: "Call", per_block: Sequence[tuple[float, np.ndarray]]) -> list[PruneResult]:
+    def _finish_blocks(self, call: "Call", per_block: Sequence[tuple[float, np.ndarray]]) -> list[PruneResult]:
         """`finish` from the outputs of each block of the call (rerank score, slot probabilities)."""
         return decide_passages(self.spec.family, call.rules, call.question, call.passages, call.spans,
-                               self.scores(call, per_block), self.encoder.tokenizer)
+                               self._scores(call, per_block), self.encoder.tokenizer)
 
-    def scores(self, call: "Call", per_block: Sequence[tuple[float, np.ndarray]]) -> list[Scored]:
+    def _scores(self, call: "Call", per_block: Sequence[tuple[float, np.ndarray]]) -> list[Scored]:
         """The call's per-passage model scores (engine.pipeline.decide: blocks merged; with token
         windows, each window's own decisions at the call's threshold and backoff)."""
         fam, rules = self.spec.family, call.rules
@@ -197,20 +193,20 @@ class Pruner(FromSpec):
                 question, passages = check_call(q.pop("question"), q.pop("passages"), self.limits)
                 sentences = q.pop("sentences", None)
                 check_sentences(sentences, len(passages))
-                calls.append(self.prepare_checked(question, passages, CallOptions.of(q.pop("options", None), **q),
-                                                  sentences, batched=False))
+                calls.append(self._prepare(question, passages, CallOptions.of(q.pop("options", None), **q),
+                                           sentences, batched=False))
             except (PruneError, TypeError, KeyError) as exc:
                 calls.append(exc if isinstance(exc, PruneError) else InputError(f"bad query: {exc!r}"))
         good = [c for c in calls if isinstance(c, Call)]
         blocks = [b for c in good for b in c.blocks]
-        per_block = self.run_blocks(blocks) if blocks else []
+        per_block = self._run_blocks(blocks) if blocks else []
         out: list[list[PruneResult] | Exception] = []
         pos = 0
         for c in calls:
             if isinstance(c, Exception):
                 out.append(c)
                 continue
-            out.append(self.finish_blocks(c, per_block[pos:pos + len(c.blocks)]))
+            out.append(self._finish_blocks(c, per_block[pos:pos + len(c.blocks)]))
             pos += len(c.blocks)
         return out
 
@@ -230,30 +226,34 @@ class Pruner(FromSpec):
             pos += len(sp)
         return blocks
 
-    def encode(self, question: str, passages: Sequence[str],
-               spans: Sequence[Sequence[tuple[int, int]]], windows: str | None = None) -> list[Block]:
-        """All blocks of a call on the given sentence spans, cut the way `windows` says
-        (the family's default if None): what the bench's tools measure."""
-        return self.prepare_checked(question, list(passages), CallOptions.of(windows=windows, lexical_weight=0.0),
-                                    [list(sp) for sp in spans], batched=False).blocks
-
-    def windows_mode(self, windows: str | None) -> str:
-        """The windowing a call that passes `windows` runs (None: the model's default)."""
-        return self.spec.family.rules.resolve(CallOptions.of(windows=windows)).windows
-
     def _fragment_tokens(self, windows: str) -> int | None:
         """OpenProvence's fragment size under its reference windows (None: the engine's way)."""
         div = self.spec.family.fragment_divisor
         return max(16, self.spec.max_length // div) if windows == "reference" and div else None
 
-    def batches(self, blocks: Sequence[Block]) -> list[ModelBatch]:
+    def _batches(self, blocks: Sequence[Block]) -> list[ModelBatch]:
         """The padded batches the blocks are run in (lengths bucketed, within the token budget)."""
         lengths = [len(b) for b in blocks]
         return [collate(blocks, idx, length, self.spec.pad_id)
                 for length, idx in plan(lengths, self.batching, self.spec.max_length)]
 
-    @staticmethod
-    def block_outputs(blocks: Sequence[Block], batches: Sequence[ModelBatch],
+    def _run_blocks(self, blocks: Sequence[Block]) -> list[tuple[float, np.ndarray]]:
+        """Model outputs per block: (rerank score, probabilities of its sentence slots)."""
+        batches = self._batches(blocks)
+        return _block_outputs(blocks, batches, cancel.infer_batches(self.backend, batches))
+
+    def close(self) -> None:
+        """Release the core's sessions or connections."""
+        self.backend.close()
+
+    def __enter__(self) -> "Pruner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _block_outputs(blocks: Sequence[Block], batches: Sequence[ModelBatch],
                       outputs: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[tuple[float, np.ndarray]]:
         """Model outputs per block: (rerank score, probabilities of its sentence slots),
         after checking that the core answered every row of every batch."""
@@ -274,27 +274,45 @@ class Pruner(FromSpec):
                 out[b] = (float(rerank[row]), np.asarray(probs[row, :n_slots], dtype=np.float64))
         return out  # type: ignore[return-value]
 
-    def run_blocks(self, blocks: Sequence[Block]) -> list[tuple[float, np.ndarray]]:
-        """Model outputs per block: (rerank score, probabilities of its sentence slots)."""
-        batches = self.batches(blocks)
-        return self.block_outputs(blocks, batches, cancel.infer_batches(self.backend, batches))
 
-    def score(self, question: str, passages: Sequence[str],
-              spans: Sequence[Sequence[tuple[int, int]]], windows: str | None = None) -> list[Scored]:
-        """The model's own scores per passage on the given sentence spans (no lexical
-        fusion, no decision but the token windows' own at the family's defaults): what
-        `prune eval` and `prune fidelity` measure. `prepare` and the model, then
-        `scores`: the same route as `prune`."""
-        call = self.prepare(question, passages, sentences=spans, windows=windows, lexical_weight=0.0)
-        outputs = cancel.infer_batches(self.backend, call.batches)
-        return self.scores(call, self.block_outputs(call.blocks, call.batches, outputs))
+# ---------------------------------------------------------------------- what the measuring tools use
+def call_blocks(pruner: Pruner, question: str, passages: Sequence[str],
+                spans: Sequence[Sequence[tuple[int, int]]], windows: str | None = None) -> list[Block]:
+    """The blocks a call on these sentence spans is cut into, the way `windows` says (the
+    family's default if None): each block's tokens and sentence slots, before batching."""
+    return pruner._prepare(question, list(passages), CallOptions.of(windows=windows, lexical_weight=0.0),
+                           [list(sp) for sp in spans], batched=False).blocks
 
-    def close(self) -> None:
-        """Release the core's sessions or connections."""
-        self.backend.close()
 
-    def __enter__(self) -> "Pruner":
-        return self
+def call_batches(pruner: Pruner, question: str, passages: Sequence[str],
+                 spans: Sequence[Sequence[tuple[int, int]]], windows: str | None = None) -> list[ModelBatch]:
+    """The padded batches a call on these sentence spans runs in, cut the way `windows` says
+    (the family's default if None): what `prune bench`, `--precision auto` and NNCF's
+    calibration time or feed."""
+    call = pruner._prepare(question, list(passages), CallOptions.of(windows=windows, lexical_weight=0.0),
+                           [list(sp) for sp in spans])
+    return call.batches
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+
+def model_scores(pruner: Pruner, question: str, passages: Sequence[str],
+                 spans: Sequence[Sequence[tuple[int, int]]], windows: str | None = None) -> list[Scored]:
+    """The model's own scores per passage on the given sentence spans (no lexical fusion, no
+    decision but the token windows' own at the family's defaults): what `prune eval` and
+    `prune fidelity` measure. The same route as `prune`: `prepare`, the model, the scores."""
+    call = pruner.prepare(question, passages, sentences=spans, windows=windows, lexical_weight=0.0)
+    outputs = cancel.infer_batches(pruner.backend, call.batches)
+    return pruner._scores(call, _block_outputs(call.blocks, call.batches, outputs))
+
+
+def workload_batches(pruner: Pruner, queries) -> list[ModelBatch]:
+    """The padded batches the engine sends for a workload (one call per query, the engine's
+    sentences): what `prune bench` and `--precision auto` time the model on."""
+    out: list[ModelBatch] = []
+    for q in queries:
+        out += call_batches(pruner, q.question, q.passages, [textmod.split_sentences(p) for p in q.passages])
+    return out
+
+
+def windows_of(pruner: Pruner, windows: str | None) -> str:
+    """The windowing a call that passes `windows` runs (None: the model's default)."""
+    return pruner.spec.family.rules.resolve(CallOptions.of(windows=windows)).windows

@@ -242,7 +242,8 @@ def time_candidates(pruners: dict[str, Any], docs, repeats: int, candidates: dic
     """Each candidate's model alone over the same padded batches of the gate's calls,
     interleaved rounds, medians (engine.machine.timing): its `seconds` and `speedup` over fp32, in
     its entry of `candidates`; the number of batches."""
-    from engine.machine.timing import interleave, medians, model_passes, workload_batches
+    from engine.machine.timing import interleave, medians, model_passes
+    from engine.pruner import workload_batches
     calls = [SimpleNamespace(question=q, passages=ps) for q, ps in _calls(docs)]
     batches = workload_batches(pruners["fp32"], calls)
     log(f"auto: timing {len(pruners)} precisions over {len(batches)} batches, {repeats} interleaved rounds ...")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from engine.pipeline.families import FAMILIES, get_family
+from engine.pipeline.families import get_family
 from engine.pytorch.modeling import build_model, save_checkpoint
 
 # A little English and Chinese text to train the tiny sentencepiece models on.
@@ -232,9 +232,3 @@ def make_test_checkpoint(family_name: str, out: str | Path, seed: int = 0,
         f"# Test checkpoint: {fam.name}\n\nRandom weights with the real layout of {fam.description}.\n"
         "Its outputs are meaningless; it exists for tests and smoke runs.\n")
     return out
-
-
-def make_all(out_root: str | Path, seed: int = 0) -> dict[str, Path]:
-    """A tiny random-weight checkpoint of every family under `out_root`."""
-    out_root = Path(out_root)
-    return {name: make_test_checkpoint(name, out_root / name, seed) for name in FAMILIES}

@@ -106,7 +106,7 @@ def _step_path(tmp_dir: Path, step: str) -> Path:
 
 def family_options(model: torch.nn.Module) -> dict[str, Any]:
     """Options baked into the graph that a reader of the manifest should know."""
-    from engine.pytorch.modeling import EmbeddingHighlighterModel
+    from engine.pytorch.embedding import EmbeddingHighlighterModel
     if isinstance(model, EmbeddingHighlighterModel):
         return {"mode": model.mode, "pooling": model.pooling, "scale": model.scale,
                 "shift": model.shift, "rerank": model.rerank,

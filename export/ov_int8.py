@@ -66,13 +66,13 @@ class QuantizationSettings:
 def calibration_feeds(fp32: Path, texts: list[str] | None = None, questions: list[str] | None = None
                       ) -> list[dict[str, Any]]:
     """The engine's padded batches of the calibration texts, one feed per block (row)."""
-    from engine.pruner import Pruner
+    from engine.pruner import Pruner, call_batches
     from engine.pipeline.text import split_sentences
     pruner = Pruner.load(fp32, threads=1)
     texts = texts or CALIBRATION_TEXTS
     feeds = []
     for q in questions or CALIBRATION_QUESTIONS:
-        for b in pruner.batches(pruner.encode(q, texts, [split_sentences(t) for t in texts])):
+        for b in call_batches(pruner, q, texts, [split_sentences(t) for t in texts]):
             inputs = b.inputs(list(pruner.spec.input_names))
             for r in range(b.shape[0]):
                 feeds.append({k: v[r:r + 1] for k, v in inputs.items()})

@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 
 from engine.errors import ExportError
-from export.optimize import fix_graph  # noqa: F401  (re-exported: TensorRT's graph fixes)
 
 Shape = tuple[int, int]
 Profile = dict[str, tuple[Shape, Shape, Shape]]

@@ -58,9 +58,10 @@ def pytest_xdist_auto_num_workers(config):
 
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
-    from export.checkpoints import make_all
+    from export.checkpoints import make_test_checkpoint
     from engine.pipeline.families import FAMILIES
-    root = built_once(tmp_path_factory, "checkpoints", make_all)
+    root = built_once(tmp_path_factory, "checkpoints",
+                      lambda out: [make_test_checkpoint(name, out / name) for name in FAMILIES])
     return {name: root / name for name in FAMILIES}
 
 

@@ -367,3 +367,11 @@ class _Proxy:
         if isinstance(result, _PLAIN):
             return result
         return _Proxy(result, type(result).__name__, recorder)
+
+
+def uncovered(text: str, spans) -> str:
+    """The non-space characters of `text` outside every span (empty when the spans cover it)."""
+    mask = bytearray(len(text))
+    for s, e in spans:
+        mask[s:e] = b"\x01" * (e - s)
+    return "".join(ch for ch, m in zip(text, mask) if not m and not ch.isspace())

@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.machine.timing import workload_batches
+from engine.pruner import workload_batches
 from engine.bench.figures import report, stopped_report
 from engine.bench.session import COMPILE_ON_CPU, PEERS, BenchOptions, BenchPath, Runner, Session
 from engine.bench.runs import (
@@ -60,7 +60,7 @@ from engine.bench.runs import (
     selects,
     text_input_data,
 )
-from engine.evaluate.quality import load_rag_data
+from engine.datafiles import load_rag_data
 
 GROUPS = ("reference", "peer", "in-process", "triton", "api", "deployment")
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from engine.machine.timing import workload_batches
+from engine.pruner import call_batches, workload_batches
 
 
 @dataclass
@@ -255,8 +255,7 @@ def client_share(pruner, queries) -> dict[str, float]:
     n = 0
     for q in queries:
         spans = [split_sentences(p) for p in q.passages]
-        blocks = pruner.encode(q.question, q.passages, spans)
-        pruner.batches(blocks)
+        call_batches(pruner, q.question, q.passages, spans)
         for p, sp in zip(q.passages, spans):
             probs = np.full(len(sp), 0.5)
             build_result(0, p, sp, probs, keep_mask(probs, fam, fam.rules.threshold, fam.rules.title, fam.rules.alpha),

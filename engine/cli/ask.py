@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from engine.cli.flags import add_db, add_renamed, add_setting, add_tags, load_models, pipeline, tags
+from engine.cli.flags import add_db, add_setting, add_tags, load_models, pipeline, tags
 from engine.errors import PruneError
 from engine.pipeline.inputs import CallOptions
 
@@ -20,7 +20,6 @@ def add(new) -> None:
     a.add_argument("--model", help="the pruning model: exported folder or 'default'; default: 'default'")
     a.add_argument("--server", help="a Triton server running the pruning model (host:port) instead of in-process")
     add_setting(a, "text_model")
-    add_renamed(a, "--server-model", "--text-model")
     a.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="how to reach --server")
     add_setting(a, "timeout")
     a.add_argument("--threshold", type=float, help="keep threshold (default: the model's)")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 from engine.errors import PruneError
@@ -108,19 +107,6 @@ def port_number(text: str) -> int:
 
 
 port_number.__name__ = "port (0-65535)"
-
-
-class _Renamed(argparse.Action):
-    """An old flag's name, kept for one release: it sets the new one's value and says so."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        print(f"prune: {option_string} is deprecated; use {self.metavar}", file=sys.stderr)
-        setattr(namespace, self.dest, values)
-
-
-def add_renamed(p: argparse.ArgumentParser, old: str, new: str) -> None:
-    """`old` as a deprecated, hidden alias of the flag `new` (same destination)."""
-    p.add_argument(old, dest=new.lstrip("-").replace("-", "_"), action=_Renamed, metavar=new, help=argparse.SUPPRESS)
 
 
 def add_batching(p: argparse.ArgumentParser) -> None:

@@ -16,7 +16,7 @@ def add(new) -> None:
 
 def run(args) -> int:
     """Run `prune index`; the exit status."""
-    from engine.rag.retrieval import read_documents
+    from engine.rag.documents import read_documents
     input_file(args.data, "--data")       # bad input is reported before any model loads
     if "://" not in args.db:              # a Milvus Lite file, not a server's URI
         output_file(args.db, "--db")

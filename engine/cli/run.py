@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine.cli.flags import (add_batching, add_call_options, add_openvino, add_renamed, add_setting, add_tags,
+from engine.cli.flags import (add_batching, add_call_options, add_openvino, add_setting, add_tags,
                                batching, call_options, input_file, model_path, output_file, tags)
 from engine.errors import PruneError
 from engine.pipeline.inputs import CallOptions
@@ -22,7 +22,6 @@ def add(new) -> None:
     r.add_argument("--server", help="a Triton server, host:port (gRPC 8001 or HTTP 8000) instead of in-process; "
                    "several replicas (gRPC): host1:8001,host2:8001 or dns:///name:8001")
     add_setting(r, "text_model", "; a core model's name makes this client tokenize")
-    add_renamed(r, "--server-model", "--text-model")
     r.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="how to reach --server")
     add_setting(r, "timeout")
     r.add_argument("--family", help="family override for --backend torch")

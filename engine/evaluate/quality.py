@@ -32,9 +32,10 @@ import numpy as np
 from engine.pipeline import lexical
 from engine.pipeline.decide import gate_passages
 from engine.pipeline.families import FAMILIES
-from engine.datafiles import PruneSample, RagSample, load_prune_data, load_rag_data  # noqa: F401 (re-exported)
+from engine.pruner import model_scores, windows_of
+from engine.datafiles import PruneSample, RagSample, load_prune_data, load_rag_data
 from engine.datafiles import progress as progress_bar
-from engine.evaluate.bm25 import BM25, bm25_rankings, bm25_sentence_scores, words  # noqa: F401 (re-exported)
+from engine.evaluate.bm25 import bm25_rankings, bm25_sentence_scores
 
 THRESHOLDS = tuple(round(x, 3) for x in np.linspace(0.0, 1.0, 101))
 ALPHAS = (None, 0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
@@ -182,7 +183,7 @@ def model_sentence_scores(pruner, samples: Sequence[PruneSample], progress: bool
     the family's defaults."""
     out = []
     for s in progress_bar(samples, len(samples), "pruning", progress):
-        sc = pruner.score(s.question, [s.context], [s.spans], windows=windows)[0]
+        sc = model_scores(pruner, s.question, [s.context], [s.spans], windows=windows)[0]
         out.append(sc.probs)
         if kept is not None:
             kept.append(sc.kept)
@@ -317,7 +318,7 @@ def evaluate(models: dict[str, Any], prune_data: str | Path | None, rag_data: st
     """Run every model and the baselines; returns the report as a dict. `windows` (None:
     each family's default) is recorded per model in `report["windows"]`."""
     report: dict[str, Any] = {"pruning": None, "reranking": None, "rag": None,
-                              "windows": {name: p.windows_mode(windows) for name, p in models.items()}}
+                              "windows": {name: windows_of(p, windows) for name, p in models.items()}}
     if prune_data:
         samples = load_prune_data(prune_data, limit)
         labels = [s.labels for s in samples]

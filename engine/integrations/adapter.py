@@ -20,7 +20,6 @@ Rules (docs/integrations.md):
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -91,20 +90,6 @@ def options_of(adapter: Any, rename: dict[str, str] | None = None) -> PruneOptio
     names = {(rename or {}).get(n, n): n for n in (*OPTION_NAMES, *ADAPTER_FIELDS)}
     return PruneOptions.of(**{option: getattr(adapter, attr) for attr, option in names.items()
                               if hasattr(adapter, attr)})
-
-
-def renamed(data: Any, rename: dict[str, str], owner: str) -> Any:
-    """A model's input with the engine's old option names (`top_k`) moved to the
-    framework's (`top_n`), with a DeprecationWarning: they go in the next release."""
-    if not isinstance(data, dict):
-        return data
-    for old, new in rename.items():
-        if old in data:
-            if new in data:
-                raise InputError(f"{owner}: pass {new} only ({old} is its deprecated name)")
-            warnings.warn(f"{owner}({old}=...) is deprecated; use {new}=", DeprecationWarning, stacklevel=4)
-            data = {**{k: v for k, v in data.items() if k != old}, new: data[old]}
-    return data
 
 
 @contextlib.contextmanager

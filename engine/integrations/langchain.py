@@ -10,8 +10,8 @@
 Each document's `page_content` becomes its pruned text; `metadata["relevance_score"]` its
 reranking score in [0, 1] (where LangChain's rerankers put theirs), and
 `metadata["pruning"]` the original text, scores, spans and the highlighted text
-(engine.integrations.adapter). `top_n` keeps the n best, as LangChain's rerankers do
-(`top_k`, its old name, is deprecated). The input documents are not changed: the
+(engine.integrations.adapter). `top_n` keeps the n best, as LangChain's rerankers do. The
+input documents are not changed: the
 compressor returns new ones."""
 from __future__ import annotations
 

@@ -7,7 +7,7 @@
 Each node comes back as a copy whose text is its pruned text, with `metadata["pruning"]`
 (the original text, scores, spans, the highlighted text; engine.integrations.adapter) and
 the reranking score in [0, 1] as the NodeWithScore's score, as LlamaIndex's rerankers give
-theirs. `top_n` keeps the n best, as they do (`top_k`, its old name, is deprecated). `pruning` is excluded from the text
+theirs. `top_n` keeps the n best, as they do. `pruning` is excluded from the text
 the LLM and the embedder see. The input nodes are not changed."""
 from __future__ import annotations
 

@@ -1,14 +1,15 @@
 """What the LangChain and LlamaIndex adapters share, both being pydantic models: the
-`pruner` field, the engine it opens, the old option names, and the option fields made
-from engine.pipeline.inputs.CallOptions (`top_k` named `top_n`, as both frameworks' rerankers say)."""
+`pruner` field, the engine it opens, and the option fields made from
+engine.pipeline.inputs.CallOptions (`top_k` named `top_n`, as both frameworks' rerankers say); an
+option it does not have is an error naming the options it has, not ignored."""
 from __future__ import annotations
 
 from typing import Any
 
 from pydantic import BaseModel, Field, PrivateAttr, create_model, model_validator
 
-from engine.integrations.adapter import (TOP_N, Adapter, PruneOptions, adapter_fields, options_of, renamed,
-                                        resolve_pruner)
+from engine.errors import InputError
+from engine.integrations.adapter import TOP_N, Adapter, PruneOptions, adapter_fields, options_of, resolve_pruner
 
 
 class PrunerModel(Adapter, BaseModel):
@@ -21,8 +22,14 @@ class PrunerModel(Adapter, BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _old_names(cls, data: Any) -> Any:
-        return renamed(data, TOP_N, cls.__name__)
+    def _known_names(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(k for k in data if k not in cls.model_fields and not k.startswith("_"))
+            for name in unknown:
+                hint = f" (it is {TOP_N[name]} here, as the framework's rerankers name it)" if name in TOP_N else ""
+                raise InputError(f"{cls.__name__} has no option {name!r}{hint}; its options: "
+                                 f"{', '.join(n for n in cls.model_fields if n != 'callback_manager')}")
+        return data
 
     def model_post_init(self, __context: Any) -> None:
         """Open the pruner."""

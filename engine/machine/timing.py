@@ -4,7 +4,7 @@ them (engine.bench.harness adds a study's report around them).
 
 - `interleave`: rounds in which every variant runs once, so that drift (turbo, a
   neighbour's load) hits them alike; each variant's seconds per round, and `medians`;
-- `workload_batches` and `model_passes`: the padded batches a pruner sends for some calls,
+- `model_passes`: (with engine.pruner.workload_batches, the padded batches a pruner sends for some calls)
   and each pruner's model alone over them;
 - `cpu_model`: the CPU's name, for the report beside the figures.
 """
@@ -48,15 +48,6 @@ def interleave(variants: dict[str, Callable[[], float | None]], repeats: int, lo
 def medians(times: dict[str, list[float]]) -> dict[str, float]:
     """Each variant's median."""
     return {name: statistics.median(t) for name, t in times.items()}
-
-
-def workload_batches(pruner, queries) -> list:
-    """The padded batches the engine sends for the workload (one call per query)."""
-    from engine.pipeline.text import split_sentences
-    out = []
-    for q in queries:
-        out += pruner.batches(pruner.encode(q.question, q.passages, [split_sentences(p) for p in q.passages]))
-    return out
 
 
 def model_passes(pruners: dict[str, Any], batches: list) -> dict[str, Callable[[], None]]:

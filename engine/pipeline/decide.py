@@ -35,7 +35,6 @@ import numpy as np
 
 from engine.pipeline import lexical
 from engine.pipeline.families import Family
-from engine.pipeline.inputs import TITLE_RULES, CallOptions, check_threshold, check_top_k  # noqa: F401  (re-exported)
 from engine.pipeline.rules import Rules
 
 

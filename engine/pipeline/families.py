@@ -14,14 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ModelLoadError
-from engine.pipeline.inputs import WINDOWS, CallOptions  # noqa: F401  (WINDOWS re-exported)
 from engine.pipeline.rules import Rules
-
-#: a Family's attributes before engine.pipeline.rules, and what they are now (Family.__getattr__)
-_RENAMED = {"threshold": "threshold", "keep_rule": "keep_rule", "title": "title", "backoff_alpha": "alpha",
-            "windows": "windows", "lexical_weight": "lexical_weight", "lexical_threshold": "lexical_threshold",
-            "passage_margin": "passage_margin", "default_threshold": "threshold_at", "gate_margin": "resolve"}
-
 
 @dataclass(frozen=True)
 class Family:
@@ -79,19 +72,6 @@ class Family:
         if kind == "cosine":
             return s if raw else (1.0 + s) / 2.0
         return s
-
-    def __getattr__(self, name: str) -> Any:
-        """The decision settings' old names (before engine.pipeline.rules): each still read, with a
-        DeprecationWarning naming the new one."""
-        new = _RENAMED.get(name)
-        if new is None or name.startswith("__"):
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        import warnings
-        warnings.warn(f"Family.{name} is Family.rules.{new} now", DeprecationWarning, stacklevel=2)
-        rules = object.__getattribute__(self, "rules")
-        if name == "gate_margin":
-            return lambda margin: rules.resolve(CallOptions.of(passage_margin=margin)).passage_margin
-        return getattr(rules, new)
 
     def token_windows(self, windows: str) -> bool:
         """Whether `windows` means token windows for this family (decided per window)."""

@@ -145,9 +145,8 @@ def check_alpha(alpha: Any) -> float | None:
     """backoff: when no sentence passes, keep the best one if its probability is at least alpha, in
     [0, 1]; negative: no backoff"""
     # checked: None (the family's default) passes; a number in [0, 1] is the backoff alpha; a
-    # negative number turns the backoff off (-1.0). `...`, the old spelling of the default, is
-    # taken as None.
-    if alpha is None or alpha is ...:
+    # negative number turns the backoff off (-1.0)
+    if alpha is None:
         return None
     if _off(alpha, "alpha", "no backoff"):
         return -1.0

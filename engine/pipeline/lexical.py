@@ -2,7 +2,7 @@
 
 A similarity model keeps the sentence most *like* the question (often a title or a
 restatement); lexical overlap finds the sentence that names what is asked about. The
-fusion runs on the client side of the core, in `Pruner.finish_blocks`, so the in-process
+fusion runs on the client side of the core, in `Pruner.finish`, so the in-process
 pruner and the Triton text model (which runs the same Pruner) give the same results.
 
 - A sentence's lexical score: Okapi BM25 (k1 1.5, b 0.75) of the question against the

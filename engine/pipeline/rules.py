@@ -27,8 +27,6 @@ KEEP_RULES = ("gt", "ge")
 #: what an export records in its manifest's `defaults` (a call's own: top_k, reorder)
 RECORDED = ("threshold", "keep_rule", "title", "alpha", "windows", "lexical_weight", "lexical_threshold",
             "passage_margin")
-#: the names earlier manifests wrote, still read
-OLD_NAMES = {"backoff_alpha": "alpha"}
 
 
 @dataclass(frozen=True)
@@ -76,10 +74,10 @@ class Rules:
 
     def overridden(self, values: Mapping[str, Any]) -> Rules:
         """These rules with a manifest's `defaults` over them: the recorded names present
-        (earlier manifests' names read too; others are left alone), each checked (ValueError).
+        (others are left alone), each checked (ValueError).
         A null alpha or passage_margin turns that rule off (a negative one too); any other
         null is the family's value (earlier exports wrote null for a value they left to it)."""
-        changes = {OLD_NAMES.get(k, k): v for k, v in values.items() if OLD_NAMES.get(k, k) in RECORDED}
+        changes = {k: v for k, v in values.items() if k in RECORDED}
         changes = {k: v for k, v in changes.items() if v is not None or k in SWITCHABLE}
         return replace(self, **_switched(changes))
 

@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 import nupunkt
 
 from engine.errors import InputError
-from engine.pipeline.inputs import check_unicode  # noqa: F401  (re-exported)
 
 Span = tuple[int, int]
 
@@ -109,14 +108,6 @@ def spans_from_sentences(text: str, sentences: Sequence[str | Span]) -> list[Spa
         spans.append(stripped)
         pos = end
     return spans
-
-
-def uncovered(text: str, spans: Sequence[Span]) -> str:
-    """The non-space characters of `text` outside every span (empty when covered)."""
-    mask = bytearray(len(text))
-    for s, e in spans:
-        mask[s:e] = b"\x01" * (e - s)
-    return "".join(ch for ch, m in zip(text, mask) if not m and not _SPACE.match(ch))
 
 
 def running_offsets(positions: Sequence[int], size: Callable[[int, int], int]) -> list[int]:

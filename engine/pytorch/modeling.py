@@ -24,12 +24,7 @@ from torch import nn
 from engine.errors import ModelLoadError
 from engine.pipeline.families import Family, detect_family, get_family, read_config
 from engine.pytorch import embedding, open_provence, opensearch, provence, xprovence
-from engine.pytorch.pooling import pool_hidden, pool_token_probs  # noqa: F401  (the families' pooling)
-from engine.pytorch.embedding import EMBEDDING_DEFAULTS, EMBEDDING_MODES, EmbeddingHighlighterModel  # noqa: F401
-from engine.pytorch.open_provence import OpenProvenceModel  # noqa: F401
-from engine.pytorch.opensearch import OpenSearchHighlighterModel  # noqa: F401
-from engine.pytorch.provence import ProvenceModel  # noqa: F401
-from engine.pytorch.xprovence import XProvenceModel  # noqa: F401
+from engine.pytorch.embedding import EmbeddingHighlighterModel
 
 #: family name -> its module
 FAMILY_MODULES: dict[str, ModuleType] = {"provence": provence, "xprovence": xprovence,

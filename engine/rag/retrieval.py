@@ -28,9 +28,8 @@ import engine
 from engine.pipeline.decide import PruneResult
 from engine.pipeline.inputs import check_threshold
 from engine.errors import InputError, ModelLoadError, PruneError
-from engine.rag.documents import (CHUNK_TOKENS, MAX_ID_CHARS, MAX_TEXT_BYTES, check_document,  # noqa: F401
-                                  chunk_spans, read_documents)
-from engine.rag.highlight import semantic_highlight  # noqa: F401  (the module's public API, re-exported)
+from engine.rag.documents import (CHUNK_TOKENS, MAX_ID_CHARS, MAX_TEXT_BYTES, check_document,
+                                  chunk_spans)
 
 COLLECTION = "passages"
 CANDIDATES = 20             # retrieved per question before reranking

@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from engine.errors import ModelLoadError
 from engine.pipeline.families import detect_family, get_family, read_config
 from engine.pytorch.modeling import load_checkpoint, weight_names
-from engine.pruner import Pruner
+from engine.pruner import Pruner, call_blocks
 from engine.pytorch.torch_model import load_hf_tokenizer
 from tests.utils import FAMILY_NAMES
 
@@ -280,7 +280,7 @@ def test_open_provence_on_modernbert_exports_and_matches_pytorch(tmp_path):
         torch_p = Pruner.load(ck_dir, backend="torch", threads=1)
         if window:
             torch_p = with_window(torch_p, window)
-        block = ort_p.encode("Who?", [passage], [[(0, 10)]])[0]
+        block = call_blocks(ort_p, "Who?", [passage], [[(0, 10)]])[0]
         assert list(block.input_ids[:1]) == [ort_p.spec.cls_id] and int((block.input_ids == ort_p.spec.sep_id).sum()) == 2
         a = ort_p.prune("How many people did the stadium hold in 1930?", [passage, "Short one. Two."])
         b = torch_p.prune("How many people did the stadium hold in 1930?", [passage, "Short one. Two."])

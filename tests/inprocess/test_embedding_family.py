@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoTokenizer
 
 from engine.cli import main
-from engine.pruner import Pruner
+from engine.pruner import Pruner, call_blocks
 
 pytestmark = pytest.mark.inprocess
 
@@ -48,7 +48,7 @@ def test_full_mode_and_mean_rerank_equal_one_plain_forward(checkpoints, tmp_path
     ck = checkpoints["embedding"]
     p = _export(ck, tmp_path / "full", "--embedding-mode", "full", "--embedding-rerank", "mean")
     r = p.prune(Q, [DOC], lexical_weight=0)[0]
-    block = p.encode(Q, [DOC], [[(s.start, s.end) for s in r.sentences]])[0]
+    block = call_blocks(p, Q, [DOC], [[(s.start, s.end) for s in r.sentences]])[0]
     h = _hidden(ck, block.input_ids.tolist())
     sid = torch.from_numpy(block.sentence_ids)
     q = _norm(h[sid < 0].mean(0))

@@ -6,6 +6,8 @@ import asyncio
 import numpy as np
 import pytest
 
+from engine.pruner import call_blocks
+
 import engine.pruner as pruner_module
 from engine.errors import InputError
 from tests.utils import FAMILY_NAMES, with_window
@@ -26,7 +28,7 @@ def test_block_template_matches_the_checkpoint_tokenizer(pruners, checkpoints, n
     from engine.pytorch.torch_model import load_hf_tokenizer
     ort_p = pruners[name][0]
     hf = load_hf_tokenizer(checkpoints[name])
-    block = ort_p.encode(Q, [SENTENCE], [[(0, len(SENTENCE))]])[0]
+    block = call_blocks(ort_p, Q, [SENTENCE], [[(0, len(SENTENCE))]])[0]
     if name == "xprovence":
         q = hf(Q, add_special_tokens=False)["input_ids"]
         s = hf(SENTENCE, add_special_tokens=False)["input_ids"]
@@ -55,7 +57,7 @@ def test_reranking_score_of_a_multi_block_passage(pruners, name):
     r = small.prune(Q, [passage], threshold=0.0, windows="sentences")[0]   # (OpenSearch: not its token windows)
     assert r.blocks > 2
     spans = [(s.start, s.end) for s in r.sentences]
-    blocks = small.encode(Q, [passage], [spans], "sentences")
+    blocks = call_blocks(small, Q, [passage], [spans], "sentences")
     scores = []
     for b in blocks:
         first, last = b.units[0][0], b.units[-1][0]

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.pruner import Pruner
+from engine.pruner import Pruner, call_blocks
 from export.onnx import export_model
 
 pytestmark = pytest.mark.inprocess
@@ -34,7 +34,7 @@ def test_model_math_and_template_equal_the_original_code(family, tmp_path):
             r = engine.prune(doc["question"], [doc["context"]], sentences=sentences)[0]
             assert r.blocks == 1
             spans = [[(s.start, s.end) for s in r.sentences]]
-            assert len(engine.encode(doc["question"], [doc["context"]], spans)[0]) == doc["n_tokens"], doc["id"]
+            assert len(call_blocks(engine, doc["question"], [doc["context"]], spans)[0]) == doc["n_tokens"], doc["id"]
             np.testing.assert_allclose([s.probability for s in r.sentences], doc["probs"], atol=1e-5, rtol=0,
                                        err_msg=doc["id"])
             assert r.reranking_score == pytest.approx(doc["rerank"], abs=1e-4), doc["id"]
@@ -60,7 +60,7 @@ def test_exported_tokenizer_tokenizes_as_the_checkpoint_does(family, tmp_path):
         assert exported.encode(text, add_special_tokens=False).ids == own.encode(text, add_special_tokens=False).ids
     # and the engine's own encoding of a sentence uses those ids
     pruner = Pruner.load(tmp_path / family, threads=1)
-    block = pruner.encode("why?", [NASTY], [[(0, len(NASTY))]])[0]
+    block = call_blocks(pruner, "why?", [NASTY], [[(0, len(NASTY))]])[0]
     want = own.encode(NASTY, add_special_tokens=False).ids
     ids = list(block.input_ids)
     assert any(ids[k:k + len(want)] == want for k in range(len(ids))), "the sentence's ids are not in the block"
@@ -141,8 +141,8 @@ def test_opensearch_windows_decide_as_its_pipeline_does(tmp_path):
             r = pruner.prune(doc["question"], [doc["context"]], sentences=[sentences])[0]
             assert r.windows == "reference" and r.blocks == len(doc["windows"]), (name, doc["id"])
             spans = [[(s.start, s.end) for s in r.sentences]]
-            blocks = pruner.encode(doc["question"], [doc["context"]], spans, "reference")
-            outputs = pruner.run_blocks(blocks)
+            blocks = pruner.prepare(doc["question"], [doc["context"]], sentences=spans, windows="reference").blocks
+            outputs = pruner._run_blocks(blocks)       # each window's own outputs, as the peer's
             tied = set()
             for w, block, (_, probs) in zip(doc["windows"], blocks, outputs):
                 sents = [u[0] for u in block.units]

@@ -213,7 +213,7 @@ def test_open_provence_reranking_score_is_process_s(pruners):
         r = p.prune("Where are the ships?", [passage], threshold=0.0)[0]
         assert r.blocks > 1 and 0.0 < r.reranking_score < 1.0
         call = p.prepare("Where are the ships?", [passage])
-        logits = [score for score, _ in p.run_blocks(call.blocks)]
+        logits = [score for score, _ in p._run_blocks(call.blocks)]
         assert len(logits) == r.blocks
         assert r.reranking_score == pytest.approx(max(1 / (1 + math.exp(-x)) for x in logits), abs=1e-6)
         nothing = p.prune("Where are the ships?", [passage], threshold=1.0)[0]

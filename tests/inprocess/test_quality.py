@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from engine.evaluate.quality import (load_prune_data)
+from engine.datafiles import load_prune_data
 from engine.evaluate.quality_report import write_report
 from tests.utils import DATA, THREADS
 
@@ -114,8 +114,8 @@ def test_eval_reports_domains_and_rag_calls_as_the_engine_decides(default_pruner
     """prune eval's figures at the defaults are what `Pruner.prune` returns: the per-domain
     predictions (from the model's own scores, fused as the family fuses) equal the kept
     flags of real calls, and the RAG rows' gated calls equal real gated calls."""
-    from engine.evaluate.quality import (default_predictions, evaluate, load_rag_data,
-                                      model_sentence_scores, rag_calls, rag_pruning_metrics)
+    from engine.evaluate.quality import default_predictions, evaluate, model_sentence_scores, rag_calls, rag_pruning_metrics
+    from engine.datafiles import load_rag_data
     samples = load_prune_data(DATA / "coqa-dev-prune.jsonl")
     scores = model_sentence_scores(default_pruner, samples, progress=False)
     preds = default_predictions(default_pruner, samples, scores, [None] * len(samples), True, "sentences")

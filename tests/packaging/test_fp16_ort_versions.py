@@ -50,14 +50,13 @@ def old_ort(machine_python) -> Path:
 @pytest.mark.parametrize("family", TRAINED)
 def test_fp16_conversion_loads_and_agrees_on_onnxruntime_1_31(old_ort, exported, checkpoints, family, tmp_path):
     import onnxruntime as ort
-    from engine.pruner import Pruner
+    from engine.pruner import Pruner, call_batches
     from engine.pipeline.text import split_sentences
     heads, hidden = encoder_dims(json.loads((checkpoints[family] / "config.json").read_text()))
     pruner = Pruner.load(exported[family])
     passages = ["The stadium was built in 1923. It holds 80,000 people. Its roof came later.",
                 "Paris is the capital of France."]
-    batch = pruner.batches(pruner.encode("When was the stadium built?", passages,
-                                         [split_sentences(p) for p in passages]))[0]
+    batch = call_batches(pruner, "When was the stadium built?", passages, [split_sentences(p) for p in passages])[0]
     src = exported[family] / "model.onnx"
     fp32 = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
     feed = batch.inputs([i.name for i in fp32.get_inputs()])

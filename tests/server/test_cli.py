@@ -167,7 +167,8 @@ def test_first_use_polish(exported, server, tmp_path):
     out = subprocess.run([str(PRUNE), "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == f"prune-engine {engine.__version__}"
     out = subprocess.run([sys.executable, "-m", "engine", "run", "--help"], capture_output=True, text=True)
-    assert out.returncode == 0 and "(default: cpu)" in out.stdout and "(default: float32)" in out.stdout
+    assert out.returncode == 0 and "PRUNE_DEVICE; default cpu)" in " ".join(out.stdout.split()) \
+        and "(default: float32)" in out.stdout
     # a missing context file is reported at once, before any model is looked at
     out = subprocess.run([str(PRUNE), "run", "--model", str(tmp_path / "no-such-model"), "--question", "q",
                           "--context-file", str(tmp_path / "missing.txt")], capture_output=True, text=True)
@@ -285,16 +286,6 @@ def test_run_reads_a_passages_file_and_names_what_is_wrong_with_one(exported, tm
         assert message in capsys.readouterr().err
 
 
-def test_the_old_flag_name_still_works_and_says_its_new_name(capsys):
-    """--server-model (prune run, ask) is --text-model's deprecated alias for one release."""
-    from engine.cli import build_parser
-    for command in (["run", "--question", "q", "--context", "c"], ["ask", "--question", "q", "--db", "x.db"]):
-        args = build_parser().parse_args([*command, "--server", "h:8001", "--server-model", "m_text"])
-        assert args.text_model == "m_text"
-        assert "--server-model is deprecated; use --text-model" in capsys.readouterr().err
-        assert build_parser().parse_args([*command, "--text-model", "n_text"]).text_model == "n_text"
-
-
 def test_bench_measures_an_existing_deployment(exported, server, tiny_data, tmp_path, capsys):
     """--server (a Triton text model) and --api (an HTTP API) measure what is already
     running, and alone they run only the deployment's paths."""
@@ -317,7 +308,7 @@ def test_bench_takes_either_workload_shape(exported, data, tmp_path):
     """tests/data carries an example of each shape users have: many passages a call
     (squad-dev-rag, 20 paragraphs) and few long ones (coqa-dev-rag, 3.5 a call)."""
     from tests.utils import DATA
-    from engine.evaluate.quality import load_rag_data
+    from engine.datafiles import load_rag_data
     calls = load_rag_data(DATA / data)
     per_call = sum(len(c.passages) for c in calls) / len(calls)
     assert (per_call == 20) if data.startswith("squad") else (3 <= per_call <= 5)

@@ -11,7 +11,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from engine.errors import InputError, ModelLoadError, SettingError
-from engine.pruner import Pruner
+from engine.pruner import Pruner, call_batches
 from engine.triton.server import ADMIN_HEADER, TritonServer
 from tests.utils import free_ports
 from tests.utils import PASSAGES, QUESTION
@@ -37,7 +37,7 @@ def _core_request(server, arrays, model="opensearch"):
 
 def _good_arrays(pruners, name="opensearch"):
     local = pruners[name][0]
-    batch = local.batches(local.encode(QUESTION, PASSAGES[:1], [[(0, 15)]]))[0]
+    batch = call_batches(local, QUESTION, PASSAGES[:1], [[(0, 15)]])[0]
     return batch.inputs(local.spec.input_names), local.backend.infer(batch)
 
 

@@ -97,9 +97,9 @@ def test_langchain_compressor_in_a_contextual_compression_retriever(engine):
     # top_n ranks by the reranking score, as Pruner.prune's top_k does (LangChain's name)
     ranked = PruneCompressor(pruner=pruner, threshold=THRESHOLD, top_n=2, keep_empty=True).compress_documents(docs, Q)
     assert [d.id for d in ranked] == [f"d{r.index}" for r in local.prune(Q, TEXTS, threshold=THRESHOLD, top_k=2)]
-    with pytest.warns(DeprecationWarning, match="top_n"):         # the old name still works, for one release
-        old = PruneCompressor(pruner=pruner, threshold=THRESHOLD, top_k=2, keep_empty=True)
-    assert [d.id for d in old.compress_documents(docs, Q)] == [d.id for d in ranked]
+    for wrong, says in (("top_k", "it is top_n here"), ("threshhold", "its options: ")):
+        with pytest.raises(ValueError, match=f"has no option '{wrong}'.*{says}"):   # never silently ignored
+            PruneCompressor(pruner=pruner, threshold=THRESHOLD, **{wrong: 2})
 
 
 def test_langchain_passes_documents_without_text_through(engine):

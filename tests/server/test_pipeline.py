@@ -17,7 +17,9 @@ from tests.utils import DATA, THREADS, processes_under
 pytest.importorskip("pymilvus", reason="the [milvus] extra is part of the dev install")
 
 from engine.errors import InputError  # noqa: E402
-from engine.rag.retrieval import Pipeline, PipelineError, chunk_spans, read_documents, semantic_highlight  # noqa: E402
+from engine.rag.retrieval import Pipeline, PipelineError
+from engine.rag.documents import chunk_spans, read_documents
+from engine.rag.highlight import semantic_highlight
 
 pytestmark = pytest.mark.server
 

@@ -16,7 +16,7 @@ from tritonclient.grpc import model_config_pb2
 
 from engine.pipeline.batching import BatchingConfig
 from engine.errors import BackendError
-from engine.pruner import Pruner
+from engine.pruner import Pruner, call_batches, call_blocks
 from engine.triton.server import TritonServer
 from export.triton_repository import RepositoryOptions, build_repository
 from tests.utils import CORE_MAX_BATCH, FAMILY_NAMES, free_ports, load_test, run_in_threads
@@ -52,7 +52,7 @@ def test_triton_equals_in_process(server, pruners, name, protocol):
     big = Pruner.connect(url, name, protocol=protocol)
     assert big.backend.max_batch_size == CORE_MAX_BATCH
     big.batching = BatchingConfig(max_batch_size=64)
-    assert max(b.shape[0] for b in big.batches(big.encode(QUESTION, many, [[(0, len(p))] for p in many]))) \
+    assert max(b.shape[0] for b in call_batches(big, QUESTION, many, [[(0, len(p))] for p in many])) \
         > CORE_MAX_BATCH
     _same(big.prune(QUESTION, many), pruners[name][0].prune(QUESTION, many))
 
@@ -196,8 +196,8 @@ def test_python_backend_joins_lengths_and_isolates_a_bad_request(server, pruners
     names = local.spec.input_names
     batches = []
     for i, length in enumerate([32, 96, 64, 160]):
-        blocks = local.encode(QUESTION, [PASSAGES[3][:length * 3]], [[(0, length * 3)]])
-        b = local.batches(blocks[:1])[0]
+        blocks = call_blocks(local, QUESTION, [PASSAGES[3][:length * 3]], [[(0, length * 3)]])
+        b = local._batches(blocks[:1])[0]
         batches.append(b)
     assert len({b.shape[1] for b in batches}) == 4
     expected = [local.backend.infer(b) for b in batches]
@@ -258,7 +258,7 @@ def test_infer_many_splits_and_repads_the_sentence_axis(server, pruners):
     from engine.pipeline.text import split_sentences
     spans = [split_sentences(p) for p in passages]
     assert [len(sp) for sp in spans] == counts
-    blocks = local.encode(QUESTION, passages, spans)
+    blocks = call_blocks(local, QUESTION, passages, spans)
     batch = collate(blocks, list(range(len(blocks))), 128, local.spec.pad_id)
     assert batch.shape[0] == 40 > CORE_MAX_BATCH
     (r_got, p_got), = remote.backend.infer_many([batch])

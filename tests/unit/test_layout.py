@@ -129,11 +129,11 @@ def test_the_layout_has_the_documented_packages():
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("the spine and the client pipeline", ("engine", "engine.errors", "engine.settings", "engine.protocol",
                                            "engine.pipeline.*", "engine.machine.*", "engine.datafiles",
-                                           "engine.fidelity_check",
                                            "engine.triton", "engine.http")),   # the last two: their packages' empty __init__
     ("cores and transports", ("engine.backends.*", "engine.pytorch.*", "engine.triton.client", "engine.triton.replicas",
                               "engine.triton.wire", "engine.triton.watchdog", "engine.triton.server")),
-    ("the pruner and its loading", ("engine.pruner", "engine.cancel", "engine.batchfile", "engine.models.*")),
+    ("the pruner and its loading", ("engine.pruner", "engine.cancel", "engine.batchfile", "engine.fidelity_check",
+                                    "engine.models.*")),
     ("remote pruners", ("engine.triton.text_pruner", "engine.triton.connect", "engine.triton.probe",
                         "engine.http.pruner_client")),
     ("the HTTP API", ("engine.http.models", "engine.http.state", "engine.http.opensearch_api", "engine.http.milvus",

@@ -27,7 +27,6 @@ def test_defaults_checks_and_one_meaning_of_off():
     o = CallOptions.of(threshold=np.float32(0.25), alpha=-0.3, passage_margin=-5, top_k=np.int64(3))
     assert o.given() == {"threshold": 0.25, "alpha": -1.0, "passage_margin": -1.0, "top_k": 3}
     assert type(o.threshold) is float and type(o.top_k) is int
-    assert CallOptions.of(alpha=...) == CallOptions()             # the old spelling of "the default"
     assert CallOptions.of(o, top_k=None).top_k is None and CallOptions.of(o).threshold == 0.25
     for bad, message in [({"threshold": 2}, "threshold must be in"), ({"alpha": math.nan}, "alpha must be a finite"),
                          ({"passage_margin": math.inf}, "passage_margin must be a finite"),

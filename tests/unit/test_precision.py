@@ -3,8 +3,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from engine.fidelity_check import fidelity_report, rankdata, spearman
-from export.tensorrt import (fix_graph, profiles, trtexec_command,
-                             write_build_script)
+from export.tensorrt import profiles, trtexec_command, write_build_script
+from export.optimize import fix_graph
 
 pytestmark = pytest.mark.unit
 

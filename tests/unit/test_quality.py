@@ -2,8 +2,9 @@
 import json
 import numpy as np
 import pytest
-from engine.evaluate.quality import (BM25, first_k_baseline, grid_search, keep_all_baseline, load_prune_data,
-                                  reranking_metrics, sentence_metrics, words)
+from engine.evaluate.quality import first_k_baseline, grid_search, keep_all_baseline, reranking_metrics, sentence_metrics
+from engine.evaluate.bm25 import BM25, words
+from engine.datafiles import load_prune_data
 from engine.evaluate.quality_report import table, write_report
 from tests.utils import DATA
 
@@ -61,7 +62,8 @@ def test_mrr_with_several_gold_passages_counts_the_best_ranked_one():
 
 def test_rag_pruning_metrics_by_hand():
     from engine.pipeline.decide import PruneResult, Sentence
-    from engine.evaluate.quality import RagSample, rag_pruning_metrics
+    from engine.evaluate.quality import rag_pruning_metrics
+    from engine.datafiles import RagSample
 
     def res(i, score, kept):          # sentences of 10 characters each
         sents = [Sentence("x" * 10, 10 * k, 10 * k + 10, 0.5, bool(x)) for k, x in enumerate(kept)]
@@ -79,7 +81,7 @@ def test_rag_pruning_metrics_by_hand():
 
 
 def test_rag_files_take_one_gold_or_several_and_refuse_one_outside(tmp_path):
-    from engine.evaluate.quality import load_rag_data
+    from engine.datafiles import load_rag_data
     f = tmp_path / "rag.jsonl"
     f.write_text(json.dumps({"question": "q", "passages": ["a", "b"], "gold": 1}) + "\n"
                  + json.dumps({"question": "q", "passages": ["a", "b", "c"], "gold": [0, 2], "source": "x"}) + "\n")
@@ -92,7 +94,7 @@ def test_rag_files_take_one_gold_or_several_and_refuse_one_outside(tmp_path):
 
 def test_rag_from_prune_cuts_documents_into_passages_at_sentence_ends(tmp_path):
     from benchmarks.rag_from_prune import main as rag_from_prune
-    from engine.evaluate.quality import load_rag_data
+    from engine.datafiles import load_rag_data
     out = tmp_path / "rag.jsonl"
     assert rag_from_prune(["--data", str(DATA / "coqa-dev-prune.jsonl"), "--out", str(out), "--chars", "400"]) == 0
     rows = [json.loads(line) for line in (DATA / "coqa-dev-prune.jsonl").read_text().splitlines()]
@@ -137,7 +139,8 @@ def test_dataset_loads_with_its_own_spans():
 
 def test_lost_answers_lists_each_domains_lost_gold_passages_with_their_calls():
     from engine.pipeline.decide import PruneResult, Sentence
-    from engine.evaluate.quality import RagSample, lost_answers
+    from engine.evaluate.quality import lost_answers
+    from engine.datafiles import RagSample
 
     def res(i, score, kept):
         sents = [Sentence("x" * 10, 10 * k, 10 * k + 10, 0.5, bool(x)) for k, x in enumerate(kept)]

@@ -39,12 +39,13 @@ def test_a_call_resolves_once_with_one_threshold():
     assert r.resolve(CallOptions()) == r                          # resolving twice changes nothing
 
 
-def test_a_manifest_overrides_by_the_same_names_and_reads_the_old_ones():
+def test_a_manifest_overrides_by_the_same_names():
     emb = get_family("embedding").rules
     assert emb.overridden({}) == emb
     assert emb.overridden({"passage_margin": None}).passage_margin is None       # null: no gate
     assert emb.overridden({"passage_margin": -1}).passage_margin is None
-    assert emb.overridden({"backoff_alpha": None, "title": "first_sentence"}).alpha is None   # earlier manifests
+    assert emb.overridden({"alpha": None, "title": "first_sentence"}).alpha is None   # null: no backoff
+    assert emb.overridden({"backoff_alpha": 0.5}) == emb                  # a name it does not record: left alone
     assert emb.overridden({"threshold": None, "lexical_weight": None, "lexical_threshold": None,
                            "title": None, "windows": None}) == emb      # earlier exports' nulls: the family's
     assert emb.overridden({"opset": 17, "lexical_weight": 0.3}).lexical_weight == 0.3       # others left alone
@@ -68,16 +69,10 @@ def test_the_http_client_reads_the_servers_rules_without_a_mapping():
     assert (defaults.threshold, defaults.threshold_without_lexical, defaults.lexical_threshold) == (0.83, 0.87, None)
 
 
-def test_a_familys_old_setting_names_still_read_with_a_deprecation():
+def test_a_family_is_a_plain_value():
     emb = get_family("embedding")
-    for old, value in (("threshold", 0.87), ("backoff_alpha", 0.0), ("lexical_threshold", 0.83), ("windows", "sentences"),
-                       ("passage_margin", 0.1), ("keep_rule", "gt"), ("title", "none"), ("lexical_weight", 0.5)):
-        with pytest.warns(DeprecationWarning, match=f"Family.{old} is Family.rules"):
-            assert getattr(emb, old) == value
-    with pytest.warns(DeprecationWarning):
-        assert emb.default_threshold(0.0) == 0.87 and emb.gate_margin(-1) is None
     with pytest.raises(AttributeError):
-        emb.thresholds
+        emb.threshold                      # its decision settings are emb.rules'
     import copy
     import pickle
     assert copy.deepcopy(emb) == emb and pickle.loads(pickle.dumps(emb)) == emb

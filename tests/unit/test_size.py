@@ -51,12 +51,6 @@ def test_no_module_is_over_400_lines():
     assert not found, "split these by job:\n" + "\n".join(found)
 
 
-def test_the_pruner_only_orders_the_steps():
-    """engine/pruner.py orders the steps; decisions, loading and the rest live elsewhere (#56: 300 lines)."""
-    n = len((ROOT / "engine" / "pruner.py").read_text(encoding="utf-8").splitlines())
-    assert n <= 300, f"engine/pruner.py is {n} lines: move what is not ordering the steps out"
-
-
 def test_a_long_function_is_found(tmp_path):
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
     path = tmp_path / "probe.py"

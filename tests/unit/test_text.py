@@ -1,7 +1,8 @@
 import pytest
 
 from engine.errors import InputError
-from engine.pipeline.text import split_sentences, spans_from_sentences, uncovered
+from engine.pipeline.text import split_sentences, spans_from_sentences
+from tests.utils import uncovered
 
 pytestmark = pytest.mark.unit
 

@@ -96,7 +96,7 @@ class TritonPythonModel:
                 if args is None:
                     responses[i] = self._response(describe_tensors(self.manifest.to_dict(), self.tokenizer_json))
                     continue
-                calls.append((i, self.pruner.prepare_checked(args.question, args.passages, args.options)))
+                calls.append((i, self.pruner.prepare(args.question, args.passages, args.options)))
             except InputError as exc:       # bad input: this request only; the client raises InputError
                 responses[i] = self._error(INPUT_ERROR_PREFIX + str(exc))
             except PruneError as exc:
