@@ -40,6 +40,7 @@ in fp32). gpu.json and gpu.md are rewritten after every
 row and on SIGTERM (gpu.sh runs this under `timeout`): skipped cases, errors, export times
 and the parts not reached are listed in them; gpu.png at the end.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,15 +60,39 @@ from benchmarks.gpu_run.report import markdown, plot, versions, write
 from engine.machine.timing import stderr
 from engine.machine.describe import machine_info
 
-LARGE = {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096,
-         "vocab_size": 128100, "max_position_embeddings": 512, "relative_attention": True,
-         "pos_att_type": ["p2c", "c2p"], "position_buckets": 256, "norm_rel_ebd": "layer_norm",
-         "share_att_key": True, "position_biased_input": False, "type_vocab_size": 0,
-         "max_relative_positions": -1, "pooler_hidden_size": 1024, "pooler_hidden_act": "gelu",
-         "hidden_act": "gelu", "layer_norm_eps": 1e-7, "num_labels": 1}
-TINY = {**LARGE, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,
-        "vocab_size": 1000, "pooler_hidden_size": 64}
-LARGE_SIZES = {k: LARGE[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")}
+LARGE = {
+    "hidden_size": 1024,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 16,
+    "intermediate_size": 4096,
+    "vocab_size": 128100,
+    "max_position_embeddings": 512,
+    "relative_attention": True,
+    "pos_att_type": ["p2c", "c2p"],
+    "position_buckets": 256,
+    "norm_rel_ebd": "layer_norm",
+    "share_att_key": True,
+    "position_biased_input": False,
+    "type_vocab_size": 0,
+    "max_relative_positions": -1,
+    "pooler_hidden_size": 1024,
+    "pooler_hidden_act": "gelu",
+    "hidden_act": "gelu",
+    "layer_norm_eps": 1e-7,
+    "num_labels": 1,
+}
+TINY = {
+    **LARGE,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 256,
+    "vocab_size": 1000,
+    "pooler_hidden_size": 64,
+}
+LARGE_SIZES = {
+    k: LARGE[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+}
 TINY_SIZES = {k: TINY[k] for k in LARGE_SIZES}
 SHORT = {"float16": "fp16", "float32": "fp32", "bfloat16": "bf16"}
 
@@ -105,39 +130,80 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="a tiny configuration (dry run on CPU)")
     ap.add_argument("--lengths", type=int, nargs="+", default=[128, 512], help="the full model's lengths")
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64], help="the full model's batch sizes")
+    ap.add_argument(
+        "--batches", type=int, nargs="+", default=[1, 16, 64], help="the full model's batch sizes"
+    )
     ap.add_argument("--cut-layers", type=int, default=6, help="layers of the cut (0: none)")
     ap.add_argument("--cut-shapes", type=shape, nargs="+", default=[(1, 512), (16, 512)])
-    ap.add_argument("--compile-shapes", type=shape, nargs="+", default=[(16, 512)],
-                    help="the full model's torch.compile shapes (a compile each)")
+    ap.add_argument(
+        "--compile-shapes",
+        type=shape,
+        nargs="+",
+        default=[(16, 512)],
+        help="the full model's torch.compile shapes (a compile each)",
+    )
     ap.add_argument("--peers", nargs="+", choices=["eager", "compile"], default=["eager", "compile"])
-    ap.add_argument("--dtypes", nargs="+", default=["float16"], help="the PyTorch peers' dtypes (float32 joins "
-                    "with --fp32)")
-    ap.add_argument("--attn", nargs="+", default=["eager"], help="the PyTorch module's attention implementations")
-    ap.add_argument("--compile-backend", default="inductor", help="torch.compile's backend (aot_eager: a dry run)")
-    ap.add_argument("--fp32", action="store_true", help="also export fp32 and measure it (the engine, PyTorch)")
-    ap.add_argument("--tensorrt", action="store_true", help="also ONNX Runtime's TensorRT provider, where it loads")
-    ap.add_argument("--fixed-shapes", action="store_true", help="on the CPU, open the GPU graph as the GPU does, in "
-                    "fixed-shape sessions (without CUDA graphs): the dry run's rehearsal of the engine's GPU path")
+    ap.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=["float16"],
+        help="the PyTorch peers' dtypes (float32 joins with --fp32)",
+    )
+    ap.add_argument(
+        "--attn", nargs="+", default=["eager"], help="the PyTorch module's attention implementations"
+    )
+    ap.add_argument(
+        "--compile-backend", default="inductor", help="torch.compile's backend (aot_eager: a dry run)"
+    )
+    ap.add_argument(
+        "--fp32", action="store_true", help="also export fp32 and measure it (the engine, PyTorch)"
+    )
+    ap.add_argument(
+        "--tensorrt", action="store_true", help="also ONNX Runtime's TensorRT provider, where it loads"
+    )
+    ap.add_argument(
+        "--fixed-shapes",
+        action="store_true",
+        help="on the CPU, open the GPU graph as the GPU does, in "
+        "fixed-shape sessions (without CUDA graphs): the dry run's rehearsal of the engine's GPU path",
+    )
     ap.add_argument("--peak-tflops", type=float, default=990.0, help="dense fp16 peak (H200: ~990)")
     ap.add_argument("--iters", type=int, default=20, help="timed runs per shape (the median is reported)")
-    ap.add_argument("--budget-s", type=float, default=400.0, help="seconds for the whole run, exports and "
-                    "prune bench included: no part starts when it would not end in time")
-    ap.add_argument("--bench-reserve-s", type=float, default=150.0, help="with --rag-data: seconds kept for "
-                    "prune bench at the end")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=400.0,
+        help="seconds for the whole run, exports and "
+        "prune bench included: no part starts when it would not end in time",
+    )
+    ap.add_argument(
+        "--bench-reserve-s",
+        type=float,
+        default=150.0,
+        help="with --rag-data: seconds kept for prune bench at the end",
+    )
     ap.add_argument("--bench-min-s", type=float, default=45.0, help="prune bench is not started with less")
     ap.add_argument("--rag-data", help="a RAG JSONL (squad-dev-rag.jsonl): then prune bench on it")
     ap.add_argument("--rag-queries", type=int, default=10)
     ap.add_argument("--rag-repeats", type=int, default=2)
-    ap.add_argument("--bench-paths", help="prune bench's --paths (default: the engine's fp16 path, torch batched "
-                    "fp16 and torch.compile batched fp16; their fp32 paths with --fp32)")
+    ap.add_argument(
+        "--bench-paths",
+        help="prune bench's --paths (default: the engine's fp16 path, torch batched "
+        "fp16 and torch.compile batched fp16; their fp32 paths with --fp32)",
+    )
     ap.add_argument("--out", required=True, help="the JSON report (bench.json and bench.md go beside it)")
     ap.add_argument("--markdown", help="also write a markdown summary here")
     ap.add_argument("--plot", help="also write a PNG here (needs matplotlib)")
     ap.add_argument("--no-onnxruntime", action="store_true", help="PyTorch paths only")
-    ap.add_argument("--no-check", action="store_true", help="skip the first step, the GPU check "
-                    "(benchmarks/gpu_run/check.py: capture, shared weights, fresh inputs, threads, providers, memory)")
-    ap.add_argument("--keep", help="keep the checkpoints and exports in this folder, and reuse them from there")
+    ap.add_argument(
+        "--no-check",
+        action="store_true",
+        help="skip the first step, the GPU check "
+        "(benchmarks/gpu_run/check.py: capture, shared weights, fresh inputs, threads, providers, memory)",
+    )
+    ap.add_argument(
+        "--keep", help="keep the checkpoints and exports in this folder, and reuse them from there"
+    )
     ap.add_argument("--logs", help="the exports' and prune bench's logs (default: KEEP/logs)")
     return ap.parse_args(argv)
 
@@ -149,6 +215,7 @@ class Run:
         import tempfile
 
         import torch
+
         self.args, self.log = args, stderr
         reserve = args.bench_reserve_s if args.rag_data else 0.0
         self.budget = Budget(args.budget_s, reserve)
@@ -157,19 +224,30 @@ class Run:
         self.logs = Path(args.logs) if args.logs else self.work / "logs"
         self.rows: list[dict] = []
         self.exports: list[Export] = []
-        self.compiles: dict[int, float] = {}       # layers -> the first torch.compile's seconds
+        self.compiles: dict[int, float] = {}  # layers -> the first torch.compile's seconds
         self.todo: list[str] = []
-        self.full = ""                             # the full model's label
+        self.full = ""  # the full model's label
         self.bench_proc = None
         self.bench_began = 0.0
-        self.info = {"device": args.device, "config": "tiny" if args.tiny else "deberta-v3-large (Provence)",
-                     "budget_s": args.budget_s, "bench_reserve_s": reserve, "compile_backend": args.compile_backend,
-                     "peak_tflops": args.peak_tflops, "versions": versions(), "machine": machine_info(args.device)}
+        self.info = {
+            "device": args.device,
+            "config": "tiny" if args.tiny else "deberta-v3-large (Provence)",
+            "budget_s": args.budget_s,
+            "bench_reserve_s": reserve,
+            "compile_backend": args.compile_backend,
+            "peak_tflops": args.peak_tflops,
+            "versions": versions(),
+            "machine": machine_info(args.device),
+        }
         if args.device == "cuda" and torch.cuda.is_available():
             self.info["gpu"] = torch.cuda.get_device_name(0)
-        self.report = {"info": self.info, "rows": self.rows,
-                       "command": shlex.join(["python", "-m", "benchmarks.gpu", *(sys.argv[1:] if argv is None
-                                                                                   else argv)])}
+        self.report = {
+            "info": self.info,
+            "rows": self.rows,
+            "command": shlex.join(
+                ["python", "-m", "benchmarks.gpu", *(sys.argv[1:] if argv is None else argv)]
+            ),
+        }
 
     def save(self) -> None:
         """gpu.json and gpu.md, each written whole (a reader never sees half a file)."""
@@ -193,11 +271,20 @@ class Run:
     def context(self, cfg: dict, engine: bool = False) -> Context:
         """The cases' context for a model of configuration `cfg` (the engine's rows may use
         prune bench's reserve down to its least)."""
+
         def allows(estimate: float) -> bool:
             return self.budget.left() - self.floor() > estimate if engine else self.budget.allows(estimate)
-        return Context(cfg=cfg, vocab=int(cfg["vocab_size"]), device=self.args.device, iters=self.args.iters,
-                       peak_tflops=self.args.peak_tflops, allows=allows,
-                       beside_export=lambda: any(e.running() for e in self.exports), log=self.log)
+
+        return Context(
+            cfg=cfg,
+            vocab=int(cfg["vocab_size"]),
+            device=self.args.device,
+            iters=self.args.iters,
+            peak_tflops=self.args.peak_tflops,
+            allows=allows,
+            beside_export=lambda: any(e.running() for e in self.exports),
+            log=self.log,
+        )
 
     def done(self, stage: str) -> None:
         """`stage` of the plan is over."""
@@ -209,6 +296,7 @@ def torch_peers(run: Run, ck: Path, label: str, cfg: dict, shapes, mode: str):
     """The PyTorch peers of one model in `mode` (eager, or compile: torch.compile, a shape
     starting only where its compile, estimated from the cut's, fits), per attention and dtype."""
     import torch
+
     a = run.args
     dtypes = list(dict.fromkeys(a.dtypes + (["float32"] if a.fp32 else [])))
     layers = cfg["num_hidden_layers"]
@@ -218,6 +306,7 @@ def torch_peers(run: Run, ck: Path, label: str, cfg: dict, shapes, mode: str):
     def estimate() -> float:
         known = [s * layers / n for n, s in run.compiles.items()]
         return max(known) if known else 0.0
+
     for attn in a.attn:
         module = load_module(ck, attn)
         if isinstance(module, str):
@@ -230,7 +319,9 @@ def torch_peers(run: Run, ck: Path, label: str, cfg: dict, shapes, mode: str):
                 yield from torch_rows(module, f"torch {attn} {short}", shapes, run.context(cfg), base=base)
                 continue
             name = f"torch.compile{'' if attn == 'eager' else ' ' + attn} {short}"
-            for row in torch_rows(module, name, shapes, run.context(cfg), a.compile_backend, estimate, base=base):
+            for row in torch_rows(
+                module, name, shapes, run.context(cfg), a.compile_backend, estimate, base=base
+            ):
                 if "compile_s" in row and layers not in run.compiles:
                     run.compiles[layers] = row["compile_s"]
                 yield row
@@ -244,27 +335,43 @@ def engine(run: Run, export: Export, label: str, cfg: dict, shapes, reference) -
     with ONNX Runtime's TensorRT provider, with --tensorrt)."""
     from engine.pipeline.batching import BatchingConfig
     from engine.pruner import Pruner
+
     a = run.args
     if not export.ready:
         why = export.row().get("error") or export.row().get("skipped") or "not ready"
-        run.emit({"model": label, "path": f"onnxruntime-{a.device} {export.precision}",
-                  "skipped": f"no {export.precision} export ({why})"})
+        run.emit(
+            {
+                "model": label,
+                "path": f"onnxruntime-{a.device} {export.precision}",
+                "skipped": f"no {export.precision} export ({why})",
+            }
+        )
         return
     # a budget that holds every shape measured (the GPU graph's fixed shapes are sized by it)
-    batching = BatchingConfig(max_batch_tokens=max([16384] + [b * n for b, n in shapes]),
-                              max_batch_size=max([64] + [b for b, _ in shapes]))
+    batching = BatchingConfig(
+        max_batch_tokens=max([16384] + [b * n for b, n in shapes]),
+        max_batch_size=max([64] + [b for b, _ in shapes]),
+    )
     base = {"model": label, "layers": cfg["num_hidden_layers"]}
     variants = [(f"onnxruntime-{a.device} {export.precision}", {})]
     if a.tensorrt and a.device == "cuda":
         variants.append((f"onnxruntime-tensorrt {export.precision}", {"tensorrt": True}))
     manifest = json.loads((export.out / "manifest.json").read_text())
     for path, extra in variants:
+
         def make(extra=extra):
             if a.fixed_shapes and a.device == "cpu" and manifest.get("gpu_graph"):
                 from engine.backends.gpu_graph import GpuGraphBackend
-                return GpuGraphBackend(export.out / manifest["graph"], manifest["buckets"], device="cpu",
-                                       batching=batching, log=run.log)
+
+                return GpuGraphBackend(
+                    export.out / manifest["graph"],
+                    manifest["buckets"],
+                    device="cpu",
+                    batching=batching,
+                    log=run.log,
+                )
             return Pruner.load(export.out, device=a.device, batching=batching, log=run.log, **extra).backend
+
         for row in engine_rows(make, path, shapes, run.context(cfg, engine=True), reference, base=base):
             run.emit(row)
 
@@ -273,8 +380,9 @@ def check_shape(shapes) -> tuple[int, int]:
     """The timed shape the fidelity check runs at (no session is made for it alone): at the
     shortest length, the most rows up to 16."""
     length = min(n for _, n in shapes)
-    return max((b for b, n in shapes if n == length and b <= 16), default=min(b for b, n in shapes if n == length)), \
-        length
+    return max(
+        (b for b, n in shapes if n == length and b <= 16), default=min(b for b, n in shapes if n == length)
+    ), length
 
 
 def reference(ck: Path, shapes, device: str) -> tuple | None:
@@ -322,6 +430,7 @@ def measure_cut(run: Run, sizes: dict, layers: int):
     def later():
         yield from itertools.chain(pending, torch_peers(run, ck, label, cfg, a.cut_shapes, "compile"))
         run.done(f"{label}: torch")
+
     return later()
 
 
@@ -335,11 +444,13 @@ def measure_full(run: Run, ck: Path, after_engine=()) -> None:
     ref = reference(ck, shapes, a.device) if not a.no_onnxruntime else None
     for export in [e for e in run.exports if e.label == label]:
         if export.began is None and run.budget.allows():
-            export.begin()              # fp32 after fp16: one export at a time beside the cases
+            export.begin()  # fp32 after fp16: one export at a time beside the cases
         beside(run, export, pending, run.budget.end - run.floor())
         engine(run, export, label, cfg, shapes, ref)
         run.done(f"{label}: engine {export.precision}")
-    for row in itertools.chain(after_engine, pending, torch_peers(run, ck, label, cfg, a.compile_shapes, "compile")):
+    for row in itertools.chain(
+        after_engine, pending, torch_peers(run, ck, label, cfg, a.compile_shapes, "compile")
+    ):
         run.emit(row)
     run.done(f"{label}: torch")
 
@@ -353,18 +464,30 @@ def plan(run: Run) -> None:
     run.full = label = f"{layers} layers"
     precisions = ["fp16"] + (["fp32"] if a.fp32 else [])
     engine_stages = [f"{label}: engine {p}" for p in precisions] if not a.no_onnxruntime else []
-    run.todo = (["GPU check"] if not a.no_check and not a.no_onnxruntime else []) + (
-        [f"{cut}-layer cut: engine fp16", f"{cut}-layer cut: torch"] if cut else []) + [
-        f"{label}: torch"] + engine_stages + (["prune bench"] if a.rag_data else [])
+    run.todo = (
+        (["GPU check"] if not a.no_check and not a.no_onnxruntime else [])
+        + ([f"{cut}-layer cut: engine fp16", f"{cut}-layer cut: torch"] if cut else [])
+        + [f"{label}: torch"]
+        + engine_stages
+        + (["prune bench"] if a.rag_data else [])
+    )
     ck, row = checkpoint(run.work / "checkpoint", sizes, label)
     run.emit(row)
     if not a.no_onnxruntime:
-        run.exports += [Export(label, ck, run.work / p, p, run.logs, run.log, background=True) for p in precisions]
-        run.exports[0].begin()       # fp16 now, in the background
+        run.exports += [
+            Export(label, ck, run.work / p, p, run.logs, run.log, background=True) for p in precisions
+        ]
+        run.exports[0].begin()  # fp16 now, in the background
     if not a.no_check and not a.no_onnxruntime:
         from benchmarks.gpu_run.check import run_checks
-        run_checks(a.device, run.work / "check", run.emit, run.log,
-                   lambda seconds: run.budget.left() - run.floor() > seconds)
+
+        run_checks(
+            a.device,
+            run.work / "check",
+            run.emit,
+            run.log,
+            lambda seconds: run.budget.left() - run.floor() > seconds,
+        )
         run.done("GPU check")
     later = measure_cut(run, sizes, cut) if cut else ()
     measure_full(run, ck, later)
@@ -379,6 +502,7 @@ def main(argv=None) -> int:
 
     def stop(signum, frame):
         raise SystemExit(f"stopped by {signal.Signals(signum).name}")
+
     before = signal.signal(signal.SIGTERM, stop)
     status = 0
     try:
@@ -386,15 +510,22 @@ def main(argv=None) -> int:
     except SystemExit as exc:
         run.info["stopped"] = f"{exc} after {time.time() - run.budget.began:.0f} s"
         run.log(run.info["stopped"])
-    except Exception as exc:        # listed in the report, which is still written
+    except Exception as exc:  # listed in the report, which is still written
         import traceback
+
         run.info["stopped"] = f"{type(exc).__name__} after {time.time() - run.budget.began:.0f} s"
-        run.rows.append({"kind": "run", "path": "the run", "error": f"{type(exc).__name__}: {str(exc)[:300]}",
-                         "traceback": traceback.format_exc()[-2000:]})
+        run.rows.append(
+            {
+                "kind": "run",
+                "path": "the run",
+                "error": f"{type(exc).__name__}: {str(exc)[:300]}",
+                "traceback": traceback.format_exc()[-2000:],
+            }
+        )
         run.log(traceback.format_exc())
         status = 1
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)       # the report is written in full
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the report is written in full
         finish(run)
         signal.signal(signal.SIGTERM, before)
     return status
@@ -408,7 +539,7 @@ def finish(run: Run) -> None:
         if export.running():
             export.stop(why)
             run.rows.append(export.row())
-    stop_bench(run, 7)              # SIGTERM reached it too (timeout signals the group): it writes its report
+    stop_bench(run, 7)  # SIGTERM reached it too (timeout signals the group): it writes its report
     read_bench(run)
     for stage in run.todo:
         run.rows.append({"kind": "stage", "path": stage, "skipped": f"not reached or not finished: {why}"})

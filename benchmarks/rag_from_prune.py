@@ -13,6 +13,7 @@ where the input carries one. `prune eval --rag-data` reads the result.
 
 The output is derived from evaluation data: keep it with the input's licence and canary,
 never train on it."""
+
 from __future__ import annotations
 
 import argparse
@@ -41,9 +42,13 @@ def convert(row: dict, budget: int) -> dict | None:
     gold = [k for k, part in enumerate(parts) if any(labels[i] for i in part)]
     if not gold:
         return None
-    out = {"id": row.get("id"), "question": row["question"],
-           "passages": [text[spans[part[0]][0]:spans[part[-1]][1]] for part in parts], "gold": gold,
-           "source": row.get("source", "")}
+    out = {
+        "id": row.get("id"),
+        "question": row["question"],
+        "passages": [text[spans[part[0]][0] : spans[part[-1]][1]] for part in parts],
+        "gold": gold,
+        "source": row.get("source", ""),
+    }
     if row.get("canary"):
         out["canary"] = row["canary"]
     return out
@@ -74,8 +79,10 @@ def main(argv: list[str] | None = None) -> int:
             dst.write(json.dumps(out, ensure_ascii=False) + "\n")
             written += 1
             passages += len(out["passages"])
-    print(f"wrote {written} calls ({passages} passages, {passages / max(written, 1):.1f} a call) to {args.out}"
-          + (f"; skipped {skipped} documents without a labelled sentence" if skipped else ""))
+    print(
+        f"wrote {written} calls ({passages} passages, {passages / max(written, 1):.1f} a call) to {args.out}"
+        + (f"; skipped {skipped} documents without a labelled sentence" if skipped else "")
+    )
     return 0
 
 

@@ -17,6 +17,7 @@ squad-dev-rag has no answer strings, so answer survival is measured on squad-dev
 share of questions whose answer string is in the k returned chunks before pruning, and
 in the pruned context after it.
 """
+
 from __future__ import annotations
 
 import json
@@ -75,13 +76,19 @@ def run_rag(pipe, rows, k: int, candidates: int) -> dict:
         _progress("squad-dev-rag", n, len(rows), t0)
     n = len(rows)
     return {
-        "questions": n, "paragraphs": len(docs), "chunks": report.chunks,
-        "index_seconds": round(report.seconds, 1), "embed_seconds": round(report.embed_seconds, 1),
+        "questions": n,
+        "paragraphs": len(docs),
+        "chunks": report.chunks,
+        "index_seconds": round(report.seconds, 1),
+        "embed_seconds": round(report.embed_seconds, 1),
         "recall": {m: {str(kk): v / n for kk, v in r.items()} for m, r in recall.items()},
-        "mrr10_hybrid": mrr_hybrid / n, "mrr10_reranked": mrr_rerank / n,
-        "tokens_removed": 1 - tokens_out / max(tokens_in, 1), "gold_returned_and_kept": gold_kept / n,
-        "latency_ms": {s: {"p50": statistics.median(v), "p90": float(np.percentile(v, 90))}
-                       for s, v in stages.items()},
+        "mrr10_hybrid": mrr_hybrid / n,
+        "mrr10_reranked": mrr_rerank / n,
+        "tokens_removed": 1 - tokens_out / max(tokens_in, 1),
+        "gold_returned_and_kept": gold_kept / n,
+        "latency_ms": {
+            s: {"p50": statistics.median(v), "p90": float(np.percentile(v, 90))} for s, v in stages.items()
+        },
     }
 
 
@@ -102,36 +109,57 @@ def run_answers(pipe, rows, k: int, candidates: int) -> dict:
         before += any(a in full for a in r["answers"])
         after += any(a in pruned for a in r["answers"])
         _progress("squad-dev-prune", n, len(rows), t0)
-    return {"questions": len(rows), "documents": len(docs), "chunks": report.chunks,
-            "answer_in_topk": before / len(rows), "answer_in_pruned": after / len(rows)}
+    return {
+        "questions": len(rows),
+        "documents": len(docs),
+        "chunks": report.chunks,
+        "answer_in_topk": before / len(rows),
+        "answer_in_pruned": after / len(rows),
+    }
 
 
 def write(study: Study, out: Path, result: dict) -> None:
     rag, s = result["rag"], result["settings"]
     lines = study.header("Retrieval pipeline on Milvus Lite")
-    lines += [f"squad-dev-rag: {rag['questions']} questions, {rag['paragraphs']} paragraphs in one collection "
-             f"({rag['chunks']} chunks of at most {s['chunk_tokens']} tokens; indexed in {rag['index_seconds']} s, "
-             f"{rag['embed_seconds']} s of it embedding). Encoder and pruner: {s['encoder']}, {s['pruner']}.", "",
-             "| retrieval | " + " | ".join(f"recall@{k}" for k in KS) + " |",
-             "|---|" + "---|" * len(KS)]
+    lines += [
+        f"squad-dev-rag: {rag['questions']} questions, {rag['paragraphs']} paragraphs in one collection "
+        f"({rag['chunks']} chunks of at most {s['chunk_tokens']} tokens; indexed in {rag['index_seconds']} s, "
+        f"{rag['embed_seconds']} s of it embedding). Encoder and pruner: {s['encoder']}, {s['pruner']}.",
+        "",
+        "| retrieval | " + " | ".join(f"recall@{k}" for k in KS) + " |",
+        "|---|" + "---|" * len(KS),
+    ]
     for m in ("dense", "bm25", "hybrid"):
         lines.append(f"| {m} | " + " | ".join(f"{rag['recall'][m][str(k)]:.3f}" for k in KS) + " |")
     lat = rag["latency_ms"]
     ans = result.get("answers")
-    lines += ["", f"MRR@10 of the gold paragraph: hybrid order {rag['mrr10_hybrid']:.3f}, reranked by the "
-              f"pruner {rag['mrr10_reranked']:.3f} ({s['candidates']} candidates).", "",
-              f"Pruning the top {s['k']} chunks: {rag['tokens_removed']:.1%} of their tokens removed; "
-              f"the gold paragraph returned with a kept sentence for {rag['gold_returned_and_kept']:.1%} of questions."]
+    lines += [
+        "",
+        f"MRR@10 of the gold paragraph: hybrid order {rag['mrr10_hybrid']:.3f}, reranked by the "
+        f"pruner {rag['mrr10_reranked']:.3f} ({s['candidates']} candidates).",
+        "",
+        f"Pruning the top {s['k']} chunks: {rag['tokens_removed']:.1%} of their tokens removed; "
+        f"the gold paragraph returned with a kept sentence for {rag['gold_returned_and_kept']:.1%} of questions.",
+    ]
     if ans:
-        lines += ["", f"Answer survival (squad-dev-prune, {ans['questions']} questions, {ans['documents']} documents): "
-                  f"the answer string is in the top {s['k']} chunks for {ans['answer_in_topk']:.1%} of questions, "
-                  f"and still in the pruned context for {ans['answer_in_pruned']:.1%}."]
-    lines += ["", f"Latency per question (k={s['k']}, {s['candidates']} candidates, ms):", "",
-              "| stage | p50 | p90 |", "|---|---|---|"]
+        lines += [
+            "",
+            f"Answer survival (squad-dev-prune, {ans['questions']} questions, {ans['documents']} documents): "
+            f"the answer string is in the top {s['k']} chunks for {ans['answer_in_topk']:.1%} of questions, "
+            f"and still in the pruned context for {ans['answer_in_pruned']:.1%}.",
+        ]
+    lines += [
+        "",
+        f"Latency per question (k={s['k']}, {s['candidates']} candidates, ms):",
+        "",
+        "| stage | p50 | p90 |",
+        "|---|---|---|",
+    ]
     lines += [f"| {st} | {v['p50']:.1f} | {v['p90']:.1f} |" for st, v in lat.items()]
     study.write(out, result, lines)
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -144,7 +172,10 @@ def write(study: Study, out: Path, result: dict) -> None:
     a.set_title("retrieval (squad-dev-rag)")
     stages = [st for st in lat if st != "total"]
     b.bar(stages, [lat[st]["p50"] for st in stages])
-    b.set_ylabel("p50 ms per question"), b.set_title(f"latency by stage (k={s['k']}, {s['candidates']} candidates)")
+    (
+        b.set_ylabel("p50 ms per question"),
+        b.set_title(f"latency by stage (k={s['k']}, {s['candidates']} candidates)"),
+    )
     fig.tight_layout()
     fig.savefig(out / "retrieval.png", dpi=110)
 
@@ -157,38 +188,63 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, help="first N questions only")
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--candidates", type=int, default=20)
-    ap.add_argument("--model", default="default", help="the pruning model: 'default', 'default-int8' "
-                    "(the default model's INT8 export) or an exported folder")
+    ap.add_argument(
+        "--model",
+        default="default",
+        help="the pruning model: 'default', 'default-int8' "
+        "(the default model's INT8 export) or an exported folder",
+    )
     args = ap.parse_args(argv)
     study = Study("retrieval", "benchmarks.retrieval", argv)
     from engine.rag.embedder import Embedder
     from engine.rag.retrieval import Pipeline
     from engine.rag.documents import CHUNK_TOKENS
     from engine.pruner import Pruner
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     db = Path(args.db) if args.db else out / "bench.db"
-    rows = [json.loads(line) for line in open(args.rag)][:args.limit]
+    rows = [json.loads(line) for line in open(args.rag)][: args.limit]
     if args.model == "default-int8":
         from engine.models.default_model import ensure_default_model
-        model, label = ensure_default_model(precision="int8"), "default INT8 (all-MiniLM-L6-v2, embedding family)"
+
+        model, label = (
+            ensure_default_model(precision="int8"),
+            "default INT8 (all-MiniLM-L6-v2, embedding family)",
+        )
     else:
         model = args.model
-        label = "default (all-MiniLM-L6-v2, embedding family)" if args.model == "default" else Path(args.model).name
-    pipe = Pipeline(db, Pruner.load(model, threads=args.threads), Embedder.load("default", threads=args.threads),
-                    log=lambda m: None)
-    result = {"settings": {"k": args.k, "candidates": args.candidates, "chunk_tokens": CHUNK_TOKENS,
-                           "encoder": pipe.embedder.name, "pruner": label,
-                           "fusion": "RRF k=60"}}
+        label = (
+            "default (all-MiniLM-L6-v2, embedding family)"
+            if args.model == "default"
+            else Path(args.model).name
+        )
+    pipe = Pipeline(
+        db,
+        Pruner.load(model, threads=args.threads),
+        Embedder.load("default", threads=args.threads),
+        log=lambda m: None,
+    )
+    result = {
+        "settings": {
+            "k": args.k,
+            "candidates": args.candidates,
+            "chunk_tokens": CHUNK_TOKENS,
+            "encoder": pipe.embedder.name,
+            "pruner": label,
+            "fusion": "RRF k=60",
+        }
+    }
     try:
         result["rag"] = run_rag(pipe, rows, args.k, args.candidates)
         if args.prune_data:
-            prows = [json.loads(line) for line in open(args.prune_data)][:args.limit]
+            prows = [json.loads(line) for line in open(args.prune_data)][: args.limit]
             result["answers"] = run_answers(pipe, prows, args.k, args.candidates)
     finally:
         pipe.close()
         if not args.db:
             import shutil
+
             for p in (db, db.with_name(f".{db.name}.lock")):
                 shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     write(study, out, result)

@@ -13,6 +13,7 @@ CPU provider; the profile's node events are summed by operator type. Reported: t
 operators' share of node time, and the share of time in quantized products (MatMulInteger,
 DynamicQuantize*) against float products (MatMul, FusedMatMul, Gemm, Attention).
 """
+
 from __future__ import annotations
 
 import collections
@@ -27,7 +28,13 @@ from engine.pipeline.spec import Manifest
 from engine.bench.harness import Study, parser
 
 WIDE = {"hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 16, "intermediate_size": 4096}
-QUANTIZED = ("MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention")
+QUANTIZED = (
+    "MatMulInteger",
+    "DynamicQuantizeLinear",
+    "DynamicQuantizeMatMul",
+    "MatMulIntegerToFloat",
+    "QAttention",
+)
 FLOAT_PRODUCTS = ("MatMul", "FusedMatMul", "Gemm", "Attention")
 
 
@@ -35,17 +42,19 @@ def profile(folder: Path, batches, threads: int | None, timed_passes: int = 0) -
     """Sum of node time per operator type over one profiled pass of `batches`; with
     `timed_passes`, also the median wall time of that many plain passes (`wall_s`)."""
     import onnxruntime as ort
+
     manifest = Manifest.read(folder)
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads:
         opts.intra_op_num_threads = threads
     with tempfile.TemporaryDirectory() as tmp:
-        plain = ort.InferenceSession(str(folder / manifest.graph), sess_options=opts,
-                                     providers=["CPUExecutionProvider"])
+        plain = ort.InferenceSession(
+            str(folder / manifest.graph), sess_options=opts, providers=["CPUExecutionProvider"]
+        )
         names = [i.name for i in plain.get_inputs()]
         feeds = [{n: getattr(b, n) for n in names} for b in batches]
-        for f in feeds:                      # warm-up (without profiling)
+        for f in feeds:  # warm-up (without profiling)
             plain.run(None, f)
         walls = []
         for _ in range(timed_passes):
@@ -55,8 +64,9 @@ def profile(folder: Path, batches, threads: int | None, timed_passes: int = 0) -
             walls.append(time.perf_counter() - t)
         opts.enable_profiling = True
         opts.profile_file_prefix = str(Path(tmp) / "prof")
-        sess = ort.InferenceSession(str(folder / manifest.graph), sess_options=opts,
-                                    providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(
+            str(folder / manifest.graph), sess_options=opts, providers=["CPUExecutionProvider"]
+        )
         for f in feeds:
             sess.run(None, f)
         events = json.loads(Path(sess.end_profiling()).read_text())
@@ -75,17 +85,21 @@ def limit_share(folder: Path, batches, wall_s: float, gemm: dict) -> dict:
     """The dense arithmetic of `batches` (engine.bench.limits) over the plain pass's time,
     as a share of this machine's matching GEMM rate."""
     from engine.bench.limits import graph_work, workload_flops
+
     manifest = Manifest.read(folder)
     work = graph_work(folder / manifest.graph)
     flops = workload_flops([b.input_ids.shape for b in batches], work, int(manifest.source.hidden_size))
     int8 = manifest.precision == "int8"
     achieved = flops / wall_s / 1e9
-    return {"achieved_gflops": achieved, "limit_share": achieved / gemm["int8_gops" if int8 else "fp32_gflops"],
-            "limit": "int8" if int8 else "fp32"}
+    return {
+        "achieved_gflops": achieved,
+        "limit_share": achieved / gemm["int8_gops" if int8 else "fp32_gflops"],
+        "limit": "int8" if int8 else "fp32",
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = parser(__doc__, repeats=3)   # --repeats: plain passes timed for the share of the limit (0: none)
+    ap = parser(__doc__, repeats=3)  # --repeats: plain passes timed for the share of the limit (0: none)
     ap.add_argument("--rag", required=True, help="RAG JSONL (question, passages)")
     ap.add_argument("--queries", type=int, default=10)
     ap.add_argument("--top", type=int, default=8)
@@ -98,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     from export.onnx import export_model
 
     rag = load_rag_data(args.rag, args.queries)
-    models = {"default fp32": ensure_default_model(precision="fp32"), "default int8": ensure_default_model(precision="int8")}
+    models = {
+        "default fp32": ensure_default_model(precision="fp32"),
+        "default int8": ensure_default_model(precision="int8"),
+    }
     work = Path(tempfile.mkdtemp(prefix="prune-profile-"))
     for family, label in (("provence", "Provence-width"), ("xprovence", "XProvence-width")):
         ck = make_test_checkpoint(family, work / family, sizes=WIDE)
@@ -110,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"queries": len(rag), "models": {}}
     if args.repeats:
         from engine.bench.limits import gemm_rates
+
         report["gemm"] = gemm_rates(args.threads)
     for name, folder in models.items():
         pruner = Pruner.load(folder, threads=1)
@@ -123,22 +141,36 @@ def main(argv: list[str] | None = None) -> int:
         prof["quantized_products_share"] = sum(v for k, v in prof["ops"].items() if k in QUANTIZED)
         prof["float_products_share"] = sum(v for k, v in prof["ops"].items() if k in FLOAT_PRODUCTS)
         report["models"][name] = prof
-    lines = study.header("Where the model's time goes, by operator", f"The engine's padded batches of {len(rag)} "
-                         "RAG calls, one warm-up pass, one profiled pass; share of node time by operator type.")
+    lines = study.header(
+        "Where the model's time goes, by operator",
+        f"The engine's padded batches of {len(rag)} "
+        "RAG calls, one warm-up pass, one profiled pass; share of node time by operator type.",
+    )
     if "gemm" in report:
         g = report["gemm"]
-        lines += [f"Share of the limit: the graph's dense arithmetic over the median of {args.repeats} plain "
-                  f"passes, against this run's GEMM rates (fp32 MatMul {g['fp32_gflops']:.0f} GFLOP/s, int8 "
-                  f"MatMulInteger {g['int8_gops']:.0f} GOP/s; engine/bench/limits.py).", ""]
-    lines += ["| model | node ms | plain pass s | share of the limit | float products | quantized products "
-              "(incl. activation quantization) | top operators |", "|---|---|---|---|---|---|---|"]
+        lines += [
+            f"Share of the limit: the graph's dense arithmetic over the median of {args.repeats} plain "
+            f"passes, against this run's GEMM rates (fp32 MatMul {g['fp32_gflops']:.0f} GFLOP/s, int8 "
+            f"MatMulInteger {g['int8_gops']:.0f} GOP/s; engine/bench/limits.py).",
+            "",
+        ]
+    lines += [
+        "| model | node ms | plain pass s | share of the limit | float products | quantized products "
+        "(incl. activation quantization) | top operators |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, p in report["models"].items():
-        top = ", ".join(f"{k} {100 * v:.0f}%" for k, v in list(p["ops"].items())[:args.top])
-        share = (f"{100 * p['limit_share']:.0f}% of {p['limit']} ({p['achieved_gflops']:.0f} G/s)"
-                 if "limit_share" in p else "-")
+        top = ", ".join(f"{k} {100 * v:.0f}%" for k, v in list(p["ops"].items())[: args.top])
+        share = (
+            f"{100 * p['limit_share']:.0f}% of {p['limit']} ({p['achieved_gflops']:.0f} G/s)"
+            if "limit_share" in p
+            else "-"
+        )
         wall = f"{p['wall_s']:.2f}" if "wall_s" in p else "-"
-        lines.append(f"| {name} | {p['total_node_ms']:.0f} | {wall} | {share} | {100 * p['float_products_share']:.0f}% | "
-                     f"{100 * p['quantized_products_share']:.0f}% | {top} |")
+        lines.append(
+            f"| {name} | {p['total_node_ms']:.0f} | {wall} | {share} | {100 * p['float_products_share']:.0f}% | "
+            f"{100 * p['quantized_products_share']:.0f}% | {top} |"
+        )
     study.write(args.out, report, lines)
     return 0
 

@@ -9,6 +9,7 @@ The public names, imported from here: `Pruner`, `CallOptions` (a call's options)
 returns), `PrunerProtocol` (what every pruner offers), and the errors (`PruneError` and its
 kinds). Each is loaded on first use, so `import engine` costs nothing until then.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -40,6 +41,7 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'engine' has no attribute {name!r}")
     import importlib
+
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

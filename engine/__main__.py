@@ -1,4 +1,5 @@
 """`python -m engine`: the `prune` command line."""
+
 import sys
 
 from engine.cli import main

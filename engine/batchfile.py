@@ -20,6 +20,7 @@ close to an option's name) is that line's error (`unknown option 'treshold'`), n
 silent default; other fields (an evaluation file's `answers`, `labels`, `source`) are the
 line's own data and are left alone.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -75,15 +76,23 @@ def _query(row: dict[str, Any], options: CallOptions | None = None) -> dict[str,
         raise InputError("the line has neither passages nor context")
     if "question" not in row:
         raise InputError("the line has no question")
-    return {"question": row["question"], "passages": passages, "options": CallOptions.of(options, **_options(row))}
+    return {
+        "question": row["question"],
+        "passages": passages,
+        "options": CallOptions.of(options, **_options(row)),
+    }
 
 
 def _options(row: dict[str, Any]) -> dict[str, Any]:
     """A line's options: its fields named as CallOptions' options, and those that look
     like one misspelt (so `CallOptions.of` refuses them); other fields are the line's own
     data (an evaluation file's labels, a source) and are left alone."""
-    return {k: v for k, v in row.items()
-            if k not in FIELDS and (k in OPTION_NAMES or difflib.get_close_matches(k, OPTION_NAMES, n=1, cutoff=0.8))}
+    return {
+        k: v
+        for k, v in row.items()
+        if k not in FIELDS
+        and (k in OPTION_NAMES or difflib.get_close_matches(k, OPTION_NAMES, n=1, cutoff=0.8))
+    }
 
 
 def _n(count: int, noun: str) -> str:
@@ -102,8 +111,15 @@ def _lines(stream: IO[str]) -> Iterator[tuple[int, str]]:
             yield number, text
 
 
-def run_file(pruner: PrunerProtocol, source: IO[str], sink: IO[str], *, group: int = 64,
-             progress: bool = True, options: CallOptions | None = None) -> dict[str, Any]:
+def run_file(
+    pruner: PrunerProtocol,
+    source: IO[str],
+    sink: IO[str],
+    *,
+    group: int = 64,
+    progress: bool = True,
+    options: CallOptions | None = None,
+) -> dict[str, Any]:
     """Process every line of `source` into `sink` (a line's options over `options`, the
     command line's); returns counts and throughput."""
     t0 = time.perf_counter()
@@ -138,13 +154,22 @@ def run_file(pruner: PrunerProtocol, source: IO[str], sink: IO[str], *, group: i
             now = time.perf_counter()
             if progress and now - last_report > 1.0:
                 last_report = now
-                print(f"\r{_n(counts['lines'], 'line')}, {_n(counts['errors'], 'error')}, "
-                      f"{counts['lines'] / (now - t0):.0f} lines/s", end="", file=sys.stderr, flush=True)
+                print(
+                    f"\r{_n(counts['lines'], 'line')}, {_n(counts['errors'], 'error')}, "
+                    f"{counts['lines'] / (now - t0):.0f} lines/s",
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
     if items:
         run(items)
     elapsed = time.perf_counter() - t0
     if progress:
-        print(f"\r{_n(counts['lines'], 'line')}, {_n(counts['errors'], 'error')}, "
-              f"{_n(counts['passages'], 'passage')} in "
-              f"{elapsed:.1f} s ({counts['lines'] / max(elapsed, 1e-9):.0f} lines/s)", file=sys.stderr, flush=True)
+        print(
+            f"\r{_n(counts['lines'], 'line')}, {_n(counts['errors'], 'error')}, "
+            f"{_n(counts['passages'], 'passage')} in "
+            f"{elapsed:.1f} s ({counts['lines'] / max(elapsed, 1e-9):.0f} lines/s)",
+            file=sys.stderr,
+            flush=True,
+        )
     return {**counts, "seconds": elapsed}

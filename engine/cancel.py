@@ -10,6 +10,7 @@ worker within one batch's time instead of running to its end.
 
 Torch-free; a call run without a stop event (the Python API, the CLI) is never cancelled.
 """
+
 from __future__ import annotations
 
 import threading

@@ -4,6 +4,7 @@ read and checked, with a clear error when one is the other. `prune run --input`,
 `prune fidelity`, `prune bench`, `prune export --precision auto`'s gate and the benchmarks
 read their data here.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,9 +35,11 @@ def json_error(exc: json.JSONDecodeError, line: str) -> str:
     line's own newline is no column: a line cut short is faulted at its end, not at column 1
     of a next line)."""
     text = line.rstrip("\r\n")
-    what = exc.msg[:-3] if exc.msg.endswith(" at") else exc.msg      # "Invalid control character at"
+    what = exc.msg[:-3] if exc.msg.endswith(" at") else exc.msg  # "Invalid control character at"
     where = f"column {min(exc.pos, len(text)) + 1}"
-    return f"{what[:1].lower()}{what[1:]} at {where}" + (", the end of the line" if exc.pos >= len(text) else "")
+    return f"{what[:1].lower()}{what[1:]} at {where}" + (
+        ", the end of the line" if exc.pos >= len(text) else ""
+    )
 
 
 def progress(iterable, total: int, desc: str, enabled: bool):
@@ -52,9 +55,11 @@ def progress(iterable, total: int, desc: str, enabled: bool):
 
 # --------------------------------------------------------------------------- data
 
+
 @dataclass
 class PruneSample:
     """A passage with its sentence labels (which sentences answer)."""
+
     id: str
     question: str
     context: str
@@ -66,17 +71,20 @@ class PruneSample:
 @dataclass
 class RagSample:
     """A question, its passages and which one holds the answer (gold)."""
+
     id: str
     question: str
     passages: list[str]
-    gold: list[int]              # the passages that hold the answer
+    gold: list[int]  # the passages that hold the answer
     source: str = ""
 
 
 PRUNE_FIELDS = ("question", "context", "sentences", "labels")
 RAG_FIELDS = ("question", "passages", "gold")
-_KINDS = {PRUNE_FIELDS: ("a sentence-labelled prune file", "prune eval --data, prune fidelity --data"),
-          RAG_FIELDS: ("a RAG file", "prune eval --rag-data, prune bench --data")}
+_KINDS = {
+    PRUNE_FIELDS: ("a sentence-labelled prune file", "prune eval --data, prune fidelity --data"),
+    RAG_FIELDS: ("a RAG file", "prune eval --rag-data, prune bench --data"),
+}
 
 
 def check_fields(row: Any, fields: tuple[str, ...], path: str | Path, number: int) -> dict[str, Any]:
@@ -88,13 +96,17 @@ def check_fields(row: Any, fields: tuple[str, ...], path: str | Path, number: in
     if missing:
         want, _ = _KINDS[fields]
         other = next((k for k in _KINDS if k != fields and all(f in row for f in k)), None)
-        hint = (f"; it looks like {_KINDS[other][0]} (for {_KINDS[other][1]})" if other else "")
-        raise ValueError(f"{path}: record {number} lacks {', '.join(missing)}: not {want} (each line holds "
-                         f"{', '.join(fields)}){hint}")
+        hint = f"; it looks like {_KINDS[other][0]} (for {_KINDS[other][1]})" if other else ""
+        raise ValueError(
+            f"{path}: record {number} lacks {', '.join(missing)}: not {want} (each line holds "
+            f"{', '.join(fields)}){hint}"
+        )
     return row
 
 
-def _records(path: str | Path, limit: int | None, fields: tuple[str, ...]) -> Iterable[tuple[int, dict[str, Any]]]:
+def _records(
+    path: str | Path, limit: int | None, fields: tuple[str, ...]
+) -> Iterable[tuple[int, dict[str, Any]]]:
     """(index, record) of the first `limit` records of `path`, each checked for `fields`."""
     for i, row in enumerate(read_jsonl(path)):
         if limit is not None and i >= limit:
@@ -109,9 +121,19 @@ def load_prune_data(path: str | Path, limit: int | None = None) -> list[PruneSam
         spans = [(int(s), int(e)) for s, e in row["sentences"]]
         labels = np.asarray(row["labels"], dtype=bool)
         if len(spans) != len(labels):
-            raise ValueError(f"{path}: sample {row.get('id', i)} has {len(spans)} sentences and {len(labels)} labels")
-        out.append(PruneSample(str(row.get("id", i)), row["question"], row["context"], spans, labels,
-                               str(row.get("source") or "")))
+            raise ValueError(
+                f"{path}: sample {row.get('id', i)} has {len(spans)} sentences and {len(labels)} labels"
+            )
+        out.append(
+            PruneSample(
+                str(row.get("id", i)),
+                row["question"],
+                row["context"],
+                spans,
+                labels,
+                str(row.get("source") or ""),
+            )
+        )
     return out
 
 
@@ -123,6 +145,10 @@ def load_rag_data(path: str | Path, limit: int | None = None) -> list[RagSample]
         gold = row["gold"]
         gold = [int(g) for g in gold] if isinstance(gold, list) else [int(gold)]
         if not gold or any(not 0 <= g < len(passages) for g in gold):
-            raise ValueError(f"{path}: record {i + 1} has gold {row['gold']!r} outside its {len(passages)} passages")
-        out.append(RagSample(str(row.get("id", i)), row["question"], passages, gold, str(row.get("source") or "")))
+            raise ValueError(
+                f"{path}: record {i + 1} has gold {row['gold']!r} outside its {len(passages)} passages"
+            )
+        out.append(
+            RagSample(str(row.get("id", i)), row["question"], passages, gold, str(row.get("source") or ""))
+        )
     return out

@@ -13,6 +13,7 @@ spans, or the RAG JSONL, using the engine's splitter); the report gives
 
 Torch-free: the models are any two pruners (engine.pruner.Pruner).
 """
+
 from __future__ import annotations
 
 import json
@@ -37,6 +38,7 @@ GATE = {"agreement": 0.99, "spearman": 0.99}
 @dataclass
 class Doc:
     """One evaluation document: a question and its passages."""
+
     question: str
     context: str
     spans: list[tuple[int, int]] | None
@@ -47,8 +49,10 @@ def load_docs(path: str | Path, limit: int | None = None) -> list[Doc]:
     docs: list[Doc] = []
     for n, row in enumerate(read_jsonl(path), 1):
         if not isinstance(row, dict) or not ("context" in row or "passages" in row) or "question" not in row:
-            raise ValueError(f"{path}: record {n} has neither question and context (a prune file) nor question "
-                             "and passages (a RAG file)")
+            raise ValueError(
+                f"{path}: record {n} has neither question and context (a prune file) nor question "
+                "and passages (a RAG file)"
+            )
         if "context" in row:
             spans = [(int(a), int(b)) for a, b in row["sentences"]] if "sentences" in row else None
             docs.append(Doc(row["question"], row["context"], spans))
@@ -69,7 +73,7 @@ def rankdata(x: np.ndarray) -> np.ndarray:
         j = i
         while j + 1 < len(x) and sorted_x[j + 1] == sorted_x[i]:
             j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2.0 + 1.0
+        ranks[order[i : j + 1]] = (i + j) / 2.0 + 1.0
         i = j + 1
     return ranks
 
@@ -82,10 +86,16 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
-def fidelity_report(ref_probs: Sequence[np.ndarray], got_probs: Sequence[np.ndarray],
-                    ref_rerank: Sequence[float], got_rerank: Sequence[float],
-                    ref_pruned: Sequence[str], got_pruned: Sequence[str],
-                    keep_rule: str = "gt", thresholds: Sequence[float] = THRESHOLDS) -> dict[str, Any]:
+def fidelity_report(
+    ref_probs: Sequence[np.ndarray],
+    got_probs: Sequence[np.ndarray],
+    ref_rerank: Sequence[float],
+    got_rerank: Sequence[float],
+    ref_pruned: Sequence[str],
+    got_pruned: Sequence[str],
+    keep_rule: str = "gt",
+    thresholds: Sequence[float] = THRESHOLDS,
+) -> dict[str, Any]:
     """The figures of the module docstring from per-document outputs of both models."""
     r = np.concatenate([np.asarray(p, dtype=np.float64) for p in ref_probs]) if ref_probs else np.zeros(0)
     g = np.concatenate([np.asarray(p, dtype=np.float64) for p in got_probs]) if got_probs else np.zeros(0)
@@ -99,7 +109,8 @@ def fidelity_report(ref_probs: Sequence[np.ndarray], got_probs: Sequence[np.ndar
     rr, gr = np.asarray(ref_rerank, dtype=np.float64), np.asarray(got_rerank, dtype=np.float64)
     changed = sum(a != b for a, b in zip(ref_pruned, got_pruned))
     return {
-        "documents": len(ref_probs), "sentences": int(len(r)),
+        "documents": len(ref_probs),
+        "sentences": int(len(r)),
         "decision_agreement": agreement,
         "max_abs_delta_prob": float(delta.max()) if len(delta) else 0.0,
         "mean_abs_delta_prob": float(delta.mean()) if len(delta) else 0.0,
@@ -117,7 +128,8 @@ def run_model(pruner, docs: Sequence[Doc], progress: bool, desc: str, windows: s
 
     from engine.pipeline import text as textmod
     from engine.pipeline.decide import decide_passages
-    rules = replace(fam.rules, lexical_weight=0.0)       # the model's own decisions, at the family's threshold
+
+    rules = replace(fam.rules, lexical_weight=0.0)  # the model's own decisions, at the family's threshold
     for d in progress_bar(docs, len(docs), desc, progress):
         spans = d.spans if d.spans is not None else textmod.split_sentences(d.context)
         sc = model_scores(pruner, d.question, [d.context], [spans], windows=windows)[0]
@@ -127,17 +139,33 @@ def run_model(pruner, docs: Sequence[Doc], progress: bool, desc: str, windows: s
     return probs, rerank, pruned
 
 
-def measure(candidate, reference, docs: Sequence[Doc], progress: bool = True,
-            log: Callable[[str], None] = print, windows: str | None = None) -> dict[str, Any]:
+def measure(
+    candidate,
+    reference,
+    docs: Sequence[Doc],
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+    windows: str | None = None,
+) -> dict[str, Any]:
     """How the candidate's decisions and scores agree with the reference's on `docs`."""
     windows = windows_of(candidate, windows)
-    log(f"scoring {len(docs)} documents with the candidate ({candidate.backend.describe()}; windows {windows}) ...")
+    log(
+        f"scoring {len(docs)} documents with the candidate ({candidate.backend.describe()}; windows {windows}) ..."
+    )
     got = run_model(candidate, docs, progress, "candidate", windows)
     log(f"scoring {len(docs)} documents with the reference ({reference.backend.describe()}) ...")
     ref = run_model(reference, docs, progress, "reference", windows)
     thresholds = tuple(sorted(set(THRESHOLDS) | {candidate.family.rules.threshold}))
-    report = fidelity_report(ref[0], got[0], ref[1], got[1], ref[2], got[2], candidate.family.rules.keep_rule,
-                             thresholds=thresholds)
+    report = fidelity_report(
+        ref[0],
+        got[0],
+        ref[1],
+        got[1],
+        ref[2],
+        got[2],
+        candidate.family.rules.keep_rule,
+        thresholds=thresholds,
+    )
     report["windows"] = windows
     return report
 
@@ -149,10 +177,12 @@ def gate(report: dict[str, Any], threshold: float) -> dict[str, Any]:
     agreement = report["decision_agreement"][str(threshold)]
     rho = report["rerank_spearman"]
     ok_agree = agreement >= GATE["agreement"]
-    ok_rho = rho != rho or rho >= GATE["spearman"]          # NaN: not measurable
-    reason = (f"agreement {100 * agreement:.2f}% at {threshold} (>= {100 * GATE['agreement']:.0f}%: "
-              f"{'yes' if ok_agree else 'no'}), Spearman {rho:.4f} (>= {GATE['spearman']}: "
-              f"{'yes' if ok_rho else 'no'})")
+    ok_rho = rho != rho or rho >= GATE["spearman"]  # NaN: not measurable
+    reason = (
+        f"agreement {100 * agreement:.2f}% at {threshold} (>= {100 * GATE['agreement']:.0f}%: "
+        f"{'yes' if ok_agree else 'no'}), Spearman {rho:.4f} (>= {GATE['spearman']}: "
+        f"{'yes' if ok_rho else 'no'})"
+    )
     return {"passed": bool(ok_agree and ok_rho), "agreement": agreement, "spearman": rho, "reason": reason}
 
 
@@ -160,14 +190,16 @@ def format_report(name: str, rep: dict[str, Any]) -> str:
     """The report as text."""
     agree = " | ".join(f"{100 * v:.2f}%" for v in rep["decision_agreement"].values())
     heads = " | ".join(f"agree@{t}" for t in rep["decision_agreement"])
-    return "\n".join([
-        f"| model | {heads} | max abs dp | mean abs dp | rerank max err | rerank Spearman | pruned text changed |",
-        "|---|" + "---|" * (len(rep["decision_agreement"]) + 5),
-        f"| {name} | {agree} | {rep['max_abs_delta_prob']:.2e} | {rep['mean_abs_delta_prob']:.2e} | "
-        f"{rep['rerank_max_abs_error']:.2e} | {rep['rerank_spearman']:.5f} | "
-        f"{100 * rep['pruned_text_changed_share']:.1f}% |",
-        f"({rep['documents']} documents, {rep['sentences']} sentences)",
-    ])
+    return "\n".join(
+        [
+            f"| model | {heads} | max abs dp | mean abs dp | rerank max err | rerank Spearman | pruned text changed |",
+            "|---|" + "---|" * (len(rep["decision_agreement"]) + 5),
+            f"| {name} | {agree} | {rep['max_abs_delta_prob']:.2e} | {rep['mean_abs_delta_prob']:.2e} | "
+            f"{rep['rerank_max_abs_error']:.2e} | {rep['rerank_spearman']:.5f} | "
+            f"{100 * rep['pruned_text_changed_share']:.1f}% |",
+            f"({rep['documents']} documents, {rep['sentences']} sentences)",
+        ]
+    )
 
 
 def save(rep: dict[str, Any], path: str | Path) -> None:

@@ -7,6 +7,7 @@ above the pruner (batch files, the HTTP API, the framework adapters) is written 
 this protocol alone. Both check their input with `engine.pipeline.inputs`, so a bad call gets the
 same InputError from either.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -22,7 +23,8 @@ from engine.pipeline.spec import ModelSpec
 class PrunerProtocol(Protocol):
     """What every pruner offers (in-process, Triton text model, HTTP): prune, aprune, family,
     max_length, limits."""
-    limits: Limits                  # what one call may hold (engine.pipeline.inputs)
+
+    limits: Limits  # what one call may hold (engine.pipeline.inputs)
 
     @property
     def family(self) -> Family:
@@ -32,13 +34,21 @@ class PrunerProtocol(Protocol):
     def max_length(self) -> int:
         """The model's window in tokens."""
 
-    def prune(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None, *,
-              sentences: Any = None, **changes: Any) -> list[PruneResult]:
+    def prune(
+        self,
+        question: str,
+        passages: str | Sequence[str],
+        options: CallOptions | None = None,
+        *,
+        sentences: Any = None,
+        **changes: Any,
+    ) -> list[PruneResult]:
         """One PruneResult per passage, in input order (or best first with reorder/top_k)."""
         ...
 
-    async def aprune(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None,
-                     **kwargs: Any) -> list[PruneResult]:
+    async def aprune(
+        self, question: str, passages: str | Sequence[str], options: CallOptions | None = None, **kwargs: Any
+    ) -> list[PruneResult]:
         """`prune` for asyncio code; the event loop stays free."""
         ...
 
@@ -61,6 +71,7 @@ class PrunerProtocol(Protocol):
 class FromSpec:
     """`family` and `max_length` of a pruner that holds its model's ModelSpec as `spec`
     (the in-process Pruner, the Triton text model's)."""
+
     spec: ModelSpec
 
     @property

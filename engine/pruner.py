@@ -6,6 +6,7 @@
 Pipeline (engine.pipeline's modules): split sentences (text) -> tokenize once, build blocks (encode)
 -> sort and pack by a token budget (batching) -> backend.infer -> merge blocks and decide (decide).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -40,23 +41,30 @@ class Call:
     """One prepared `prune` call: the checked inputs, the rules it runs with (its options
     resolved once, engine.pipeline.rules) and how its passages are cut, the sentence spans of every
     passage, its blocks and the padded batches the core must run."""
+
     passages: list[str]
     spans: list[list[tuple[int, int]]]
     blocks: list[Block]
     batches: list[ModelBatch]
     rules: Rules
     question: str = ""
-    token_windows: bool = False     # decided per token window (the family's reference windows)
-    fragment: int | None = None     # OpenProvence's fragment tokens under its reference windows
+    token_windows: bool = False  # decided per token window (the family's reference windows)
+    fragment: int | None = None  # OpenProvence's fragment tokens under its reference windows
 
 
 class Pruner(FromSpec):
     """Context pruning in-process: tokenization, batching, a core (ONNX Runtime, PyTorch,
     Triton) and the family's decisions."""
 
-    def __init__(self, backend: Backend, tokenizer: Any, spec: ModelSpec,
-                 batching: BatchingConfig | None = None, min_context_tokens: int = 64,
-                 limits: Limits | None = None):
+    def __init__(
+        self,
+        backend: Backend,
+        tokenizer: Any,
+        spec: ModelSpec,
+        batching: BatchingConfig | None = None,
+        min_context_tokens: int = 64,
+        limits: Limits | None = None,
+    ):
         self.backend = backend
         self.spec = spec
         self.limits = limits or default_limits()
@@ -65,8 +73,15 @@ class Pruner(FromSpec):
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def load(cls, path: str | Path, backend: "str | LoadOptions | None" = None, options: "LoadOptions | None" = None, *,
-             log: Any = None, **shortcuts: Any) -> "Pruner":
+    def load(
+        cls,
+        path: str | Path,
+        backend: "str | LoadOptions | None" = None,
+        options: "LoadOptions | None" = None,
+        *,
+        log: Any = None,
+        **shortcuts: Any,
+    ) -> "Pruner":
         """Load an exported model folder (ONNX Runtime, or OpenVINO), or a checkpoint
         (backend="torch"); `"default"` is the default model (all-MiniLM-L6-v2: its export,
         made on first use, or its checkpoint for torch). With no backend, an export runs on
@@ -81,16 +96,19 @@ class Pruner(FromSpec):
         `options` or, without it, over the `PRUNE_*` variables in force
         (`LoadOptions.from_env`)."""
         from engine.models.loading import LoadOptions, open_model
-        if isinstance(backend, LoadOptions):              # Pruner.load(path, options)
+
+        if isinstance(backend, LoadOptions):  # Pruner.load(path, options)
             backend, options = None, backend
         if options is not None and not isinstance(options, LoadOptions):
-            raise InputError(f"options must be a LoadOptions, got {type(options).__name__} (the family module's "
-                             "options are module_options=)")
+            raise InputError(
+                f"options must be a LoadOptions, got {type(options).__name__} (the family module's "
+                "options are module_options=)"
+            )
         if backend is not None:
             shortcuts["backend"] = backend
         if options is None:
             options = LoadOptions.from_env(**shortcuts)
-        elif shortcuts:                                   # over the options given, the environment aside
+        elif shortcuts:  # over the options given, the environment aside
             options = LoadOptions.from_env({}, **{**vars(options), **shortcuts})
         core, tokenizer, spec = open_model(path, options, log)
         return cls(core, tokenizer, spec, options.batching)
@@ -101,7 +119,8 @@ class Pruner(FromSpec):
         there for the keywords: protocol, tokenizer, batching, timeout, retries, backoff,
         concurrency, ready_timeout, replica_options). A text model gives a
         `TritonTextPruner`, a core model a `Pruner` that tokenizes here."""
-        from engine.triton.connect import connect     # the public door's one import upward (test_layout)
+        from engine.triton.connect import connect  # the public door's one import upward (test_layout)
+
         return connect(url, model, **kwargs)
 
     def describe(self) -> str:
@@ -110,17 +129,25 @@ class Pruner(FromSpec):
         picked = " (auto's pick)" if self.spec.auto_pick else ""
         return f"{self.backend.describe()}, {self.spec.precision} export{picked}"
 
-    async def aprune(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None,
-                     **kwargs: Any) -> list[PruneResult]:
+    async def aprune(
+        self, question: str, passages: str | Sequence[str], options: CallOptions | None = None, **kwargs: Any
+    ) -> list[PruneResult]:
         """`prune` for asyncio code: runs in a worker thread (tokenization is CPU work and
         remote calls block), so the event loop stays free."""
         import asyncio
+
         return await asyncio.to_thread(self.prune, question, passages, options, **kwargs)
 
     # ------------------------------------------------------------------ prune
-    def prune(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None, *,
-              sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None,
-              **changes: Any) -> list[PruneResult]:
+    def prune(
+        self,
+        question: str,
+        passages: str | Sequence[str],
+        options: CallOptions | None = None,
+        *,
+        sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None,
+        **changes: Any,
+    ) -> list[PruneResult]:
         """Prune each passage for `question`; one PruneResult per passage, in input order
         (or by reranking score with `reorder` / `top_k`).
 
@@ -133,8 +160,15 @@ class Pruner(FromSpec):
         call = self.prepare(question, passages, options, sentences=sentences, **changes)
         return self.finish(call, cancel.infer_batches(self.backend, call.batches) if call.batches else [])
 
-    def prepare(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None, *,
-                sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None, **changes: Any) -> "Call":
+    def prepare(
+        self,
+        question: str,
+        passages: str | Sequence[str],
+        options: CallOptions | None = None,
+        *,
+        sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None,
+        **changes: Any,
+    ) -> "Call":
         """Everything before the model: checks, sentences, blocks and padded batches.
 
         `prune` is `finish(prepare(...), backend.infer_many(call.batches))`; a caller that
@@ -143,19 +177,39 @@ class Pruner(FromSpec):
         check_sentences(sentences, len(passages))
         return self._prepare(question, passages, CallOptions.of(options, **changes), sentences)
 
-    def _prepare(self, question: str, passages: list[str], options: CallOptions,
-                 sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None, batched: bool = True) -> "Call":
+    def _prepare(
+        self,
+        question: str,
+        passages: list[str],
+        options: CallOptions,
+        sentences: Sequence[Sequence[str | tuple[int, int]]] | None = None,
+        batched: bool = True,
+    ) -> "Call":
         """`prepare` of a checked call; without `batched`, no batches (`prune_many` packs the
         blocks of several calls together)."""
         rules = self.spec.family.rules.resolve(options)
         token_windows = self.spec.family.token_windows(rules.windows)
         if rules.lexical_weight and token_windows:
-            raise InputError("lexical_weight applies to sentence windows; windows='reference' decides per "
-                             "token window as the family's own code does (pass windows='sentences')")
-        spans = [textmod.spans_from_sentences(p, sentences[i]) if sentences is not None
-                 else textmod.split_sentences(p) for i, p in enumerate(passages)]
-        call = Call(passages=passages, spans=spans, blocks=[], batches=[], rules=rules, question=question,
-                    token_windows=token_windows, fragment=self._fragment_tokens(rules.windows))
+            raise InputError(
+                "lexical_weight applies to sentence windows; windows='reference' decides per "
+                "token window as the family's own code does (pass windows='sentences')"
+            )
+        spans = [
+            textmod.spans_from_sentences(p, sentences[i])
+            if sentences is not None
+            else textmod.split_sentences(p)
+            for i, p in enumerate(passages)
+        ]
+        call = Call(
+            passages=passages,
+            spans=spans,
+            blocks=[],
+            batches=[],
+            rules=rules,
+            question=question,
+            token_windows=token_windows,
+            fragment=self._fragment_tokens(rules.windows),
+        )
         if passages:
             call.blocks = self._blocks(call)
             call.batches = self._batches(call.blocks) if batched else []
@@ -166,17 +220,27 @@ class Pruner(FromSpec):
         `outputs` holds (rerank_score [B], sentence_probs [B, S]) per batch of the call."""
         return self._finish_blocks(call, _block_outputs(call.blocks, call.batches, outputs))
 
-    def _finish_blocks(self, call: "Call", per_block: Sequence[tuple[float, np.ndarray]]) -> list[PruneResult]:
+    def _finish_blocks(
+        self, call: "Call", per_block: Sequence[tuple[float, np.ndarray]]
+    ) -> list[PruneResult]:
         """`finish` from the outputs of each block of the call (rerank score, slot probabilities)."""
-        return decide_passages(self.spec.family, call.rules, call.question, call.passages, call.spans,
-                               self._scores(call, per_block), self.encoder.tokenizer)
+        return decide_passages(
+            self.spec.family,
+            call.rules,
+            call.question,
+            call.passages,
+            call.spans,
+            self._scores(call, per_block),
+            self.encoder.tokenizer,
+        )
 
     def _scores(self, call: "Call", per_block: Sequence[tuple[float, np.ndarray]]) -> list[Scored]:
         """The call's per-passage model scores (engine.pipeline.decide: blocks merged; with token
         windows, each window's own decisions at the call's threshold and backoff)."""
         fam, rules = self.spec.family, call.rules
-        scored = merge_blocks(fam, len(call.passages), call.spans, call.blocks, per_block,
-                              unweighted=call.fragment is not None)
+        scored = merge_blocks(
+            fam, len(call.passages), call.spans, call.blocks, per_block, unweighted=call.fragment is not None
+        )
         if call.token_windows:
             scored = window_decisions(fam, scored, call.blocks, per_block, rules.threshold, rules.alpha)
         return scored
@@ -193,8 +257,15 @@ class Pruner(FromSpec):
                 question, passages = check_call(q.pop("question"), q.pop("passages"), self.limits)
                 sentences = q.pop("sentences", None)
                 check_sentences(sentences, len(passages))
-                calls.append(self._prepare(question, passages, CallOptions.of(q.pop("options", None), **q),
-                                           sentences, batched=False))
+                calls.append(
+                    self._prepare(
+                        question,
+                        passages,
+                        CallOptions.of(q.pop("options", None), **q),
+                        sentences,
+                        batched=False,
+                    )
+                )
             except (PruneError, TypeError, KeyError) as exc:
                 calls.append(exc if isinstance(exc, PruneError) else InputError(f"bad query: {exc!r}"))
         good = [c for c in calls if isinstance(c, Call)]
@@ -206,7 +277,7 @@ class Pruner(FromSpec):
             if isinstance(c, Exception):
                 out.append(c)
                 continue
-            out.append(self._finish_blocks(c, per_block[pos:pos + len(c.blocks)]))
+            out.append(self._finish_blocks(c, per_block[pos : pos + len(c.blocks)]))
             pos += len(c.blocks)
         return out
 
@@ -220,9 +291,12 @@ class Pruner(FromSpec):
         blocks: list[Block] = []
         pos = 0
         for i, sp in enumerate(call.spans):
-            part = ids[pos:pos + len(sp)]
-            blocks.extend(self.encoder.windows(q_ids, i, part) if call.token_windows
-                          else self.encoder.blocks(q_ids, i, part, call.fragment))
+            part = ids[pos : pos + len(sp)]
+            blocks.extend(
+                self.encoder.windows(q_ids, i, part)
+                if call.token_windows
+                else self.encoder.blocks(q_ids, i, part, call.fragment)
+            )
             pos += len(sp)
         return blocks
 
@@ -234,8 +308,10 @@ class Pruner(FromSpec):
     def _batches(self, blocks: Sequence[Block]) -> list[ModelBatch]:
         """The padded batches the blocks are run in (lengths bucketed, within the token budget)."""
         lengths = [len(b) for b in blocks]
-        return [collate(blocks, idx, length, self.spec.pad_id)
-                for length, idx in plan(lengths, self.batching, self.spec.max_length)]
+        return [
+            collate(blocks, idx, length, self.spec.pad_id)
+            for length, idx in plan(lengths, self.batching, self.spec.max_length)
+        ]
 
     def _run_blocks(self, blocks: Sequence[Block]) -> list[tuple[float, np.ndarray]]:
         """Model outputs per block: (rerank score, probabilities of its sentence slots)."""
@@ -253,49 +329,74 @@ class Pruner(FromSpec):
         self.close()
 
 
-def _block_outputs(blocks: Sequence[Block], batches: Sequence[ModelBatch],
-                      outputs: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[tuple[float, np.ndarray]]:
-        """Model outputs per block: (rerank score, probabilities of its sentence slots),
-        after checking that the core answered every row of every batch."""
-        if len(outputs) != len(batches):
-            raise BackendError(f"backend returned {len(outputs)} results for {len(batches)} batches")
-        out: list[tuple[float, np.ndarray] | None] = [None] * len(blocks)
-        for batch, (rerank, probs) in zip(batches, outputs):
-            rerank = np.asarray(rerank).reshape(-1)
-            probs = np.asarray(probs)
-            if rerank.shape[0] != len(batch.blocks) or probs.ndim != 2 or probs.shape[0] != len(batch.blocks):
-                raise BackendError(f"backend returned {rerank.shape[0]} rows for a batch of "
-                                   f"{len(batch.blocks)}")
-            for row, b in enumerate(batch.blocks):
-                n_slots = len(blocks[b].units)
-                if probs.shape[1] < n_slots:
-                    raise BackendError(f"backend returned {probs.shape[1]} sentence columns, "
-                                       f"block needs {n_slots}")
-                out[b] = (float(rerank[row]), np.asarray(probs[row, :n_slots], dtype=np.float64))
-        return out  # type: ignore[return-value]
+def _block_outputs(
+    blocks: Sequence[Block], batches: Sequence[ModelBatch], outputs: Sequence[tuple[np.ndarray, np.ndarray]]
+) -> list[tuple[float, np.ndarray]]:
+    """Model outputs per block: (rerank score, probabilities of its sentence slots),
+    after checking that the core answered every row of every batch."""
+    if len(outputs) != len(batches):
+        raise BackendError(f"backend returned {len(outputs)} results for {len(batches)} batches")
+    out: list[tuple[float, np.ndarray] | None] = [None] * len(blocks)
+    for batch, (rerank, probs) in zip(batches, outputs):
+        rerank = np.asarray(rerank).reshape(-1)
+        probs = np.asarray(probs)
+        if rerank.shape[0] != len(batch.blocks) or probs.ndim != 2 or probs.shape[0] != len(batch.blocks):
+            raise BackendError(f"backend returned {rerank.shape[0]} rows for a batch of {len(batch.blocks)}")
+        for row, b in enumerate(batch.blocks):
+            n_slots = len(blocks[b].units)
+            if probs.shape[1] < n_slots:
+                raise BackendError(
+                    f"backend returned {probs.shape[1]} sentence columns, block needs {n_slots}"
+                )
+            out[b] = (float(rerank[row]), np.asarray(probs[row, :n_slots], dtype=np.float64))
+    return out  # type: ignore[return-value]
 
 
 # ---------------------------------------------------------------------- what the measuring tools use
-def call_blocks(pruner: Pruner, question: str, passages: Sequence[str],
-                spans: Sequence[Sequence[tuple[int, int]]], windows: str | None = None) -> list[Block]:
+def call_blocks(
+    pruner: Pruner,
+    question: str,
+    passages: Sequence[str],
+    spans: Sequence[Sequence[tuple[int, int]]],
+    windows: str | None = None,
+) -> list[Block]:
     """The blocks a call on these sentence spans is cut into, the way `windows` says (the
     family's default if None): each block's tokens and sentence slots, before batching."""
-    return pruner._prepare(question, list(passages), CallOptions.of(windows=windows, lexical_weight=0.0),
-                           [list(sp) for sp in spans], batched=False).blocks
+    return pruner._prepare(
+        question,
+        list(passages),
+        CallOptions.of(windows=windows, lexical_weight=0.0),
+        [list(sp) for sp in spans],
+        batched=False,
+    ).blocks
 
 
-def call_batches(pruner: Pruner, question: str, passages: Sequence[str],
-                 spans: Sequence[Sequence[tuple[int, int]]], windows: str | None = None) -> list[ModelBatch]:
+def call_batches(
+    pruner: Pruner,
+    question: str,
+    passages: Sequence[str],
+    spans: Sequence[Sequence[tuple[int, int]]],
+    windows: str | None = None,
+) -> list[ModelBatch]:
     """The padded batches a call on these sentence spans runs in, cut the way `windows` says
     (the family's default if None): what `prune bench`, `--precision auto` and NNCF's
     calibration time or feed."""
-    call = pruner._prepare(question, list(passages), CallOptions.of(windows=windows, lexical_weight=0.0),
-                           [list(sp) for sp in spans])
+    call = pruner._prepare(
+        question,
+        list(passages),
+        CallOptions.of(windows=windows, lexical_weight=0.0),
+        [list(sp) for sp in spans],
+    )
     return call.batches
 
 
-def model_scores(pruner: Pruner, question: str, passages: Sequence[str],
-                 spans: Sequence[Sequence[tuple[int, int]]], windows: str | None = None) -> list[Scored]:
+def model_scores(
+    pruner: Pruner,
+    question: str,
+    passages: Sequence[str],
+    spans: Sequence[Sequence[tuple[int, int]]],
+    windows: str | None = None,
+) -> list[Scored]:
     """The model's own scores per passage on the given sentence spans (no lexical fusion, no
     decision but the token windows' own at the family's defaults): what `prune eval` and
     `prune fidelity` measure. The same route as `prune`: `prepare`, the model, the scores."""

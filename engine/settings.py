@@ -12,6 +12,7 @@ in docs/configuration.md is made from `SETTINGS` (a test keeps the two equal).
 
 Torch-free, standard library only.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,14 +25,15 @@ from engine.errors import SettingError
 @dataclass(frozen=True)
 class Setting:
     """One setting: its name, default, help, type, and whether it has a flag."""
-    name: str                       # python name; the flag is --name-with-dashes
+
+    name: str  # python name; the flag is --name-with-dashes
     default: Any
     help: str
     type: Callable[[str], Any] = str
-    env: str = ""                   # PRUNE_NAME unless set (kept names: PRUNE_INTRA_OP_THREADS)
+    env: str = ""  # PRUNE_NAME unless set (kept names: PRUNE_INTRA_OP_THREADS)
     choices: tuple[str, ...] | None = None
-    secret: bool = False            # never printed (keys)
-    flag_too: bool = True           # False: a variable only (no command takes it as a flag)
+    secret: bool = False  # never printed (keys)
+    flag_too: bool = True  # False: a variable only (no command takes it as a flag)
 
     @property
     def variable(self) -> str:
@@ -51,8 +53,9 @@ class Setting:
         try:
             value = self.type(raw.strip())
         except ValueError:
-            raise SettingError(f"{self.variable}={raw!r} is not a valid {getattr(self.type, '__name__', 'value')}") \
-                from None
+            raise SettingError(
+                f"{self.variable}={raw!r} is not a valid {getattr(self.type, '__name__', 'value')}"
+            ) from None
         if self.choices and value not in self.choices:
             raise SettingError(f"{self.variable} must be one of {self.choices}, got {value!r}")
         return value
@@ -66,90 +69,200 @@ def positive_int(text: str) -> int:
     return value
 
 
-positive_int.__name__ = "positive integer"      # what the error message calls it
+positive_int.__name__ = "positive integer"  # what the error message calls it
 
 _ALL = [
     # ---- the batcher (in-process and the Triton text model)
-    Setting("max_batch_tokens", 16384, "padded tokens per model batch; larger batches help until the core "
-            "is compute bound", positive_int),
+    Setting(
+        "max_batch_tokens",
+        16384,
+        "padded tokens per model batch; larger batches help until the core is compute bound",
+        positive_int,
+    ),
     Setting("max_batch_size", 64, "rows per model batch", positive_int),
-    Setting("device", "cpu", "where the model runs: cpu, or cuda (ONNX Runtime's CUDA provider, pip install "
-            "'prune-engine[gpu]'; with --backend torch, torch on the GPU)", choices=("cpu", "cuda")),
-    Setting("threads", None, "ONNX Runtime's (or torch's) intra-op threads; default: all cores",
-            positive_int, env="PRUNE_INTRA_OP_THREADS"),
-    Setting("ort_arena", "shrink", "ONNX Runtime's CPU arena after a run: shrink (memory of a large batch "
-            "goes back), keep (ORT's default), off", choices=("shrink", "keep", "off")),
-    Setting("ort_denormals", "flush", "ONNX Runtime's denormal floats: flush (to zero, FTZ/DAZ: masked attention "
-            "makes them, and on Intel CPUs each costs a microcode assist) or keep (IEEE, ORT's default)",
-            choices=("flush", "keep"), flag_too=False),
-    Setting("gpu_graphs", 24, "shapes (rows x length) the GPU graph captures as CUDA graphs at most (--device cuda): "
-            "each shares the one copy of the weights and holds its own activations; a batch whose shape is not "
-            "captured runs on the dynamic session, and its shape is captured when the GPU is next idle; 0: none",
-            int, flag_too=False),
+    Setting(
+        "device",
+        "cpu",
+        "where the model runs: cpu, or cuda (ONNX Runtime's CUDA provider, pip install "
+        "'prune-engine[gpu]'; with --backend torch, torch on the GPU)",
+        choices=("cpu", "cuda"),
+    ),
+    Setting(
+        "threads",
+        None,
+        "ONNX Runtime's (or torch's) intra-op threads; default: all cores",
+        positive_int,
+        env="PRUNE_INTRA_OP_THREADS",
+    ),
+    Setting(
+        "ort_arena",
+        "shrink",
+        "ONNX Runtime's CPU arena after a run: shrink (memory of a large batch "
+        "goes back), keep (ORT's default), off",
+        choices=("shrink", "keep", "off"),
+    ),
+    Setting(
+        "ort_denormals",
+        "flush",
+        "ONNX Runtime's denormal floats: flush (to zero, FTZ/DAZ: masked attention "
+        "makes them, and on Intel CPUs each costs a microcode assist) or keep (IEEE, ORT's default)",
+        choices=("flush", "keep"),
+        flag_too=False,
+    ),
+    Setting(
+        "gpu_graphs",
+        24,
+        "shapes (rows x length) the GPU graph captures as CUDA graphs at most (--device cuda): "
+        "each shares the one copy of the weights and holds its own activations; a batch whose shape is not "
+        "captured runs on the dynamic session, and its shape is captured when the GPU is next idle; 0: none",
+        int,
+        flag_too=False,
+    ),
     # ---- what one call may hold (every entry point: docs/limits.md)
     Setting("max_passages", 10_000, "passages in one call", positive_int, flag_too=False),
-    Setting("max_call_chars", 2_000_000, "characters in one call, question and passages together "
-            "(one call at the limit peaks at 0.6-1.4 GB RSS)", positive_int, flag_too=False),
+    Setting(
+        "max_call_chars",
+        2_000_000,
+        "characters in one call, question and passages together "
+        "(one call at the limit peaks at 0.6-1.4 GB RSS)",
+        positive_int,
+        flag_too=False,
+    ),
     # ---- the Triton core model (prune repository, cpu target)
-    Setting("join_requests", "auto", "whether the cpu core model runs the requests Triton's dynamic batcher "
-            "groups as one padded batch (always) or each alone (never: an answer never depends on its batch "
-            "company); auto: alone for INT8 graphs, whose activation scales are taken per batch",
-            choices=("auto", "always", "never")),
+    Setting(
+        "join_requests",
+        "auto",
+        "whether the cpu core model runs the requests Triton's dynamic batcher "
+        "groups as one padded batch (always) or each alone (never: an answer never depends on its batch "
+        "company); auto: alone for INT8 graphs, whose activation scales are taken per batch",
+        choices=("auto", "always", "never"),
+    ),
     # ---- the Triton text model's per-request limits (prune repository)
     Setting("text_max_passages", 1_000, "passages per request of a text model", positive_int),
-    Setting("text_max_chars", 2_000_000, "characters per request of a text model, question and passages "
-            "together", positive_int),
+    Setting(
+        "text_max_chars",
+        2_000_000,
+        "characters per request of a text model, question and passages together",
+        positive_int,
+    ),
     # ---- clients of a Triton server
-    Setting("timeout", 30.0, "seconds one call to a Triton server may take, retries included (--server)", float),
+    Setting(
+        "timeout", 30.0, "seconds one call to a Triton server may take, retries included (--server)", float
+    ),
     # ---- prune serve (tritonserver)
-    Setting("host", "127.0.0.1", "address the servers bind (loopback unless told otherwise); prune serve: "
-            "the HTTP API's, and tritonserver's only with --api-port 0"),
-    Setting("triton_host", None, "address tritonserver binds under prune serve (default: 127.0.0.1 while the "
-            "HTTP API is on, so only the API faces clients; else --host)"),
-    Setting("triton_http", "on", "tritonserver's own KServe v2 HTTP endpoint under prune serve: on, or off "
-            "(gRPC and the HTTP API only; readiness is asked over gRPC)", choices=("on", "off")),
-    Setting("api_port", 8080, "the HTTP API's port beside tritonserver (prune serve; needs [api] and a text "
-            "model in the repository); 0: no API", int),
+    Setting(
+        "host",
+        "127.0.0.1",
+        "address the servers bind (loopback unless told otherwise); prune serve: "
+        "the HTTP API's, and tritonserver's only with --api-port 0",
+    ),
+    Setting(
+        "triton_host",
+        None,
+        "address tritonserver binds under prune serve (default: 127.0.0.1 while the "
+        "HTTP API is on, so only the API faces clients; else --host)",
+    ),
+    Setting(
+        "triton_http",
+        "on",
+        "tritonserver's own KServe v2 HTTP endpoint under prune serve: on, or off "
+        "(gRPC and the HTTP API only; readiness is asked over gRPC)",
+        choices=("on", "off"),
+    ),
+    Setting(
+        "api_port",
+        8080,
+        "the HTTP API's port beside tritonserver (prune serve; needs [api] and a text "
+        "model in the repository); 0: no API",
+        int,
+    ),
     Setting("http_port", 8000, "tritonserver's KServe v2 HTTP port", int),
     Setting("grpc_port", 8001, "tritonserver's KServe v2 gRPC port", int),
     Setting("metrics_port", 8002, "tritonserver's Prometheus metrics port", int),
-    Setting("admin_key", None, "the shared-memory, trace and logging APIs answer only requests with the "
-            "header 'prune-admin-key: KEY' (default: none, so they are refused)", secret=True),
+    Setting(
+        "admin_key",
+        None,
+        "the shared-memory, trace and logging APIs answer only requests with the "
+        "header 'prune-admin-key: KEY' (default: none, so they are refused)",
+        secret=True,
+    ),
     Setting("max_restarts", 5, "restarts of a dead server or stub allowed within a minute", int),
-    Setting("tritonserver", None, "the tritonserver binary (default: the one nvidia-pytriton ships)",
-            flag_too=False),
+    Setting(
+        "tritonserver",
+        None,
+        "the tritonserver binary (default: the one nvidia-pytriton ships)",
+        flag_too=False,
+    ),
     # ---- prune api (the HTTP API)
-    Setting("text_model", None, "the Triton text model a --server call goes to (prune run, ask, api), the "
-            "one prune serve's HTTP API serves, and the one python -m engine.triton.probe checks (default: "
-            "prune serve: the repository's only *_text model; else default_text, what prune repository writes "
-            "with no --name)"),
+    Setting(
+        "text_model",
+        None,
+        "the Triton text model a --server call goes to (prune run, ask, api), the "
+        "one prune serve's HTTP API serves, and the one python -m engine.triton.probe checks (default: "
+        "prune serve: the repository's only *_text model; else default_text, what prune repository writes "
+        "with no --name)",
+    ),
     Setting("port", 8080, "the HTTP API's port (prune api)", int),
-    Setting("api_key", None, "the HTTP API answers only requests with 'Authorization: Bearer KEY' "
-            "(/health and /metrics excepted; default: no key)", secret=True),
-    Setting("workers", None, "threads the HTTP API runs its one shared pruner in; default: 1 in-process (the "
-            "session already uses every core: 1 thread was fastest at 16 concurrent clients, "
-            "docs/decisions.md), 4 with --device cuda (the next calls are tokenized while the GPU runs), "
-            "16 in front of a Triton server (the calls wait on the network)",
-            positive_int),
-    Setting("max_concurrent", 64, "requests the HTTP API serves at once; past it, 429 with Retry-After",
-            positive_int),
+    Setting(
+        "api_key",
+        None,
+        "the HTTP API answers only requests with 'Authorization: Bearer KEY' "
+        "(/health and /metrics excepted; default: no key)",
+        secret=True,
+    ),
+    Setting(
+        "workers",
+        None,
+        "threads the HTTP API runs its one shared pruner in; default: 1 in-process (the "
+        "session already uses every core: 1 thread was fastest at 16 concurrent clients, "
+        "docs/decisions.md), 4 with --device cuda (the next calls are tokenized while the GPU runs), "
+        "16 in front of a Triton server (the calls wait on the network)",
+        positive_int,
+    ),
+    Setting(
+        "max_concurrent",
+        64,
+        "requests the HTTP API serves at once; past it, 429 with Retry-After",
+        positive_int,
+    ),
     Setting("request_timeout", 60.0, "seconds an HTTP API request may take; past it, 504", float),
-    Setting("model_service_port", None, "serve Milvus's model service (gRPC: Highlight, Rerank, Embedding) on "
-            "this port beside the HTTP API, for Milvus's SemanticHighlighter (docs/milvus.md); default: off",
-            int),
-    Setting("max_body_bytes", 16_000_000, "bytes an HTTP API request body may hold; past it, 413", positive_int),
+    Setting(
+        "model_service_port",
+        None,
+        "serve Milvus's model service (gRPC: Highlight, Rerank, Embedding) on "
+        "this port beside the HTTP API, for Milvus's SemanticHighlighter (docs/milvus.md); default: off",
+        int,
+    ),
+    Setting(
+        "max_body_bytes", 16_000_000, "bytes an HTTP API request body may hold; past it, 413", positive_int
+    ),
     # ---- files
-    Setting("cache", None, "where the default model is exported on first use (default: "
-            "$XDG_CACHE_HOME/prune-engine, else ~/.cache/prune-engine)", flag_too=False),
-    Setting("default_precision", "auto", "the precision the default model is exported at on first use: auto "
-            "(the fastest that passes the fidelity gate on this CPU, as prune export --precision auto; what it "
-            "picked is printed and kept in the manifest), fp32 (the reference: the same scores on every "
-            "machine), int8, or fp16 (the GPU graph, which --device cuda loads whatever this says)",
-            choices=("fp32", "int8", "auto", "fp16"), flag_too=False),
+    Setting(
+        "cache",
+        None,
+        "where the default model is exported on first use (default: "
+        "$XDG_CACHE_HOME/prune-engine, else ~/.cache/prune-engine)",
+        flag_too=False,
+    ),
+    Setting(
+        "default_precision",
+        "auto",
+        "the precision the default model is exported at on first use: auto "
+        "(the fastest that passes the fidelity gate on this CPU, as prune export --precision auto; what it "
+        "picked is printed and kept in the manifest), fp32 (the reference: the same scores on every "
+        "machine), int8, or fp16 (the GPU graph, which --device cuda loads whatever this says)",
+        choices=("fp32", "int8", "auto", "fp16"),
+        flag_too=False,
+    ),
     # ---- the retrieval pipeline (prune index / prune ask)
     Setting("chunk_tokens", 200, "encoder tokens per indexed chunk (whole sentences)", positive_int),
-    Setting("candidates", 20, "chunks retrieved before reranking (prune ask)", positive_int,
-            env="PRUNE_ASK_CANDIDATES"),
+    Setting(
+        "candidates",
+        20,
+        "chunks retrieved before reranking (prune ask)",
+        positive_int,
+        env="PRUNE_ASK_CANDIDATES",
+    ),
     Setting("k", 5, "chunks returned after reranking (prune ask)", positive_int, env="PRUNE_ASK_K"),
 ]
 SETTINGS: dict[str, Setting] = {s.name: s for s in _ALL}

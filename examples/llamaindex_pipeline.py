@@ -1,4 +1,5 @@
 """Retrieve, prune, prompt with LlamaIndex (docs/integrations.md): python examples/llamaindex_pipeline.py"""
+
 import json
 from pathlib import Path
 
@@ -15,4 +16,6 @@ nodes = PrunePostprocessor(pruner="default").postprocess_nodes(retrieved, query_
 prompt = PromptTemplate("Answer from the context.\nContext:\n{context}\nQuestion: {question}")
 print(prompt.format(context="\n".join(n.node.get_content() for n in nodes), question=question))
 for n in nodes:
-    print(f"-- {n.node.node_id}: {n.node.metadata['pruning']['compression_rate']:.0%} removed, score {n.score:.3f}")
+    print(
+        f"-- {n.node.node_id}: {n.node.metadata['pruning']['compression_rate']:.0%} removed, score {n.score:.3f}"
+    )

@@ -19,6 +19,7 @@ calls below (never the calibration text, never evaluation data). Speed: each can
 model alone over the same padded batches of those calls, interleaved rounds, medians, on
 this machine's cores.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,78 +38,110 @@ from engine.pipeline.spec import Manifest, Runtime
 #: Generic RAG calls for the gate: a question, the passage that answers it and two that do
 #: not. Written for this purpose; apart from the calibration text (export/ov_int8.py).
 GATE_CALLS: list[tuple[str, list[str]]] = [
-    ("How do bees find their way back to the hive?", [
-        "Honey bees navigate with the sun as a compass. They correct for its movement across the sky during the day. "
-        "On cloudy days they read the pattern of polarised light. Near the hive they also remember landmarks such as "
-        "trees and buildings. Returning foragers tell others where food is with a waggle dance.",
-        "The price of honey rose last year after a cold spring. Many small producers sold out by autumn. Imports "
-        "filled part of the gap. Supermarkets raised their prices twice. Analysts expect a better harvest next year.",
-        "Beeswax is used in candles, cosmetics and polishes. It melts at about sixty-two degrees. Candle makers "
-        "prize its slow, clean burn. It is also used to waterproof cloth. Some artists paint with it."]),
-    ("What caused the bridge to close?", [
-        "The city council met on Tuesday to discuss the budget. Members argued about funding for parks. A vote on "
-        "the library was postponed. The meeting ran past midnight. The next session is in two weeks.",
-        "Engineers closed the river bridge on Monday after inspectors found cracks in two steel supports. The cracks "
-        "were traced to corrosion from road salt. Traffic was diverted to the northern crossing. Repairs are expected "
-        "to take three months. Buses will run a shuttle service meanwhile.",
-        "The bridge was opened in 1958 by the mayor. At the time it was the longest span in the region. It carries "
-        "about forty thousand cars a day. A bicycle lane was added in 2004. The structure is painted green every "
-        "ten years."]),
-    ("Why is the sky blue?", [
-        "Sunlight contains every colour of the rainbow. When it enters the atmosphere it meets molecules of nitrogen "
-        "and oxygen. Short blue wavelengths are scattered far more than long red ones. This scattered blue light "
-        "reaches our eyes from every direction. At sunset the light travels further and the reds remain.",
-        "Painters have mixed blue pigments from minerals for centuries. Ultramarine was once ground from lapis lazuli. "
-        "It cost more than gold in some periods. Synthetic versions appeared in the nineteenth century. Today most "
-        "blue paint is made in factories.",
-        "Weather forecasts give the chance of rain as a percentage. A seventy percent chance means rain is likely. "
-        "Forecasts are less reliable beyond five days. Satellites track clouds around the world. Local radar shows "
-        "showers in real time."]),
-    ("When should tomatoes be planted outside?", [
-        "Tomatoes are tender plants that are killed by frost. Gardeners usually plant them outside after the last "
-        "frost of spring. The soil should have warmed to at least fifteen degrees. Young plants are first hardened "
-        "off for a week. In cool regions they grow better in a greenhouse.",
-        "A tomato is botanically a fruit. In cooking it is treated as a vegetable. It came to Europe from the "
-        "Americas in the sixteenth century. Some people first thought it was poisonous. It is now grown on every "
-        "continent except Antarctica.",
-        "Compost improves the structure of most soils. It is made from kitchen and garden waste. A heap should be "
-        "turned every few weeks. Good compost smells earthy, not sour. It is ready in six to twelve months."]),
-    ("Who invented the telephone?", [
-        "Alexander Graham Bell was granted the first patent for the telephone in 1876. Elisha Gray filed a similar "
-        "design on the same day. Antonio Meucci had built voice devices years earlier. Historians still debate who "
-        "deserves the credit. Bell's company grew into a vast network.",
-        "Mobile phones became common in the 1990s. Early models were large and heavy. Text messages were limited "
-        "to a few characters. Smartphones added cameras and maps. Most adults now carry one.",
-        "The postal service delivered letters long before the telephone. Stamps were introduced in 1840. Mail "
-        "coaches carried post between cities. Railways later made delivery faster. Airmail followed in the "
-        "twentieth century."]),
-    ("How much water should an adult drink each day?", [
-        "Running shoes should be replaced every few hundred miles. Worn soles give less support. Many runners keep "
-        "two pairs and alternate them. Shops can analyse the way you run. A good fit matters more than the brand.",
-        "Health agencies suggest that adults drink roughly two litres of fluid a day. Needs are higher in hot "
-        "weather and during exercise. Food provides about a fifth of daily water. Thirst is a reliable guide for "
-        "most healthy people. Older adults may need reminders to drink.",
-        "Tap water in most cities is tested every day. It is treated to remove bacteria. Some regions add "
-        "fluoride. Hard water contains more calcium and magnesium. Filters can improve the taste."]),
-    ("What does the central bank do when inflation rises?", [
-        "When inflation rises above its target, a central bank usually raises its interest rate. Borrowing becomes "
-        "more expensive for households and firms. Spending slows and price growth eases. The effect takes a year "
-        "or more to show. Banks also signal their plans to guide expectations.",
-        "Coins were first minted in Lydia around the seventh century before the common era. They were made of "
-        "electrum. Paper money appeared later in China. Banknotes spread to Europe in the seventeenth century. "
-        "Many payments today are electronic.",
-        "A household budget lists income and regular spending. Rent and food usually come first. Saving a fixed "
-        "share of income helps in emergencies. Apps can track expenses automatically. Reviewing the budget monthly "
-        "keeps it realistic."]),
-    ("Which planet has the most moons?", [
-        "Mars has two small moons named Phobos and Deimos. They may be captured asteroids. Phobos is slowly "
-        "spiralling inward. Deimos orbits further out. Both are darker than coal.",
-        "Saturn has the largest known number of moons, with well over a hundred confirmed. Astronomers added dozens "
-        "in recent surveys. Most are only a few kilometres across. Titan, the largest, has a thick atmosphere. "
-        "Jupiter is second on the list.",
-        "Telescopes for amateurs come in two main types. Refractors use lenses. Reflectors use mirrors and cost less "
-        "for their size. A steady mount matters as much as the optics. Dark skies away from cities show the most "
-        "stars."]),
+    (
+        "How do bees find their way back to the hive?",
+        [
+            "Honey bees navigate with the sun as a compass. They correct for its movement across the sky during the day. "
+            "On cloudy days they read the pattern of polarised light. Near the hive they also remember landmarks such as "
+            "trees and buildings. Returning foragers tell others where food is with a waggle dance.",
+            "The price of honey rose last year after a cold spring. Many small producers sold out by autumn. Imports "
+            "filled part of the gap. Supermarkets raised their prices twice. Analysts expect a better harvest next year.",
+            "Beeswax is used in candles, cosmetics and polishes. It melts at about sixty-two degrees. Candle makers "
+            "prize its slow, clean burn. It is also used to waterproof cloth. Some artists paint with it.",
+        ],
+    ),
+    (
+        "What caused the bridge to close?",
+        [
+            "The city council met on Tuesday to discuss the budget. Members argued about funding for parks. A vote on "
+            "the library was postponed. The meeting ran past midnight. The next session is in two weeks.",
+            "Engineers closed the river bridge on Monday after inspectors found cracks in two steel supports. The cracks "
+            "were traced to corrosion from road salt. Traffic was diverted to the northern crossing. Repairs are expected "
+            "to take three months. Buses will run a shuttle service meanwhile.",
+            "The bridge was opened in 1958 by the mayor. At the time it was the longest span in the region. It carries "
+            "about forty thousand cars a day. A bicycle lane was added in 2004. The structure is painted green every "
+            "ten years.",
+        ],
+    ),
+    (
+        "Why is the sky blue?",
+        [
+            "Sunlight contains every colour of the rainbow. When it enters the atmosphere it meets molecules of nitrogen "
+            "and oxygen. Short blue wavelengths are scattered far more than long red ones. This scattered blue light "
+            "reaches our eyes from every direction. At sunset the light travels further and the reds remain.",
+            "Painters have mixed blue pigments from minerals for centuries. Ultramarine was once ground from lapis lazuli. "
+            "It cost more than gold in some periods. Synthetic versions appeared in the nineteenth century. Today most "
+            "blue paint is made in factories.",
+            "Weather forecasts give the chance of rain as a percentage. A seventy percent chance means rain is likely. "
+            "Forecasts are less reliable beyond five days. Satellites track clouds around the world. Local radar shows "
+            "showers in real time.",
+        ],
+    ),
+    (
+        "When should tomatoes be planted outside?",
+        [
+            "Tomatoes are tender plants that are killed by frost. Gardeners usually plant them outside after the last "
+            "frost of spring. The soil should have warmed to at least fifteen degrees. Young plants are first hardened "
+            "off for a week. In cool regions they grow better in a greenhouse.",
+            "A tomato is botanically a fruit. In cooking it is treated as a vegetable. It came to Europe from the "
+            "Americas in the sixteenth century. Some people first thought it was poisonous. It is now grown on every "
+            "continent except Antarctica.",
+            "Compost improves the structure of most soils. It is made from kitchen and garden waste. A heap should be "
+            "turned every few weeks. Good compost smells earthy, not sour. It is ready in six to twelve months.",
+        ],
+    ),
+    (
+        "Who invented the telephone?",
+        [
+            "Alexander Graham Bell was granted the first patent for the telephone in 1876. Elisha Gray filed a similar "
+            "design on the same day. Antonio Meucci had built voice devices years earlier. Historians still debate who "
+            "deserves the credit. Bell's company grew into a vast network.",
+            "Mobile phones became common in the 1990s. Early models were large and heavy. Text messages were limited "
+            "to a few characters. Smartphones added cameras and maps. Most adults now carry one.",
+            "The postal service delivered letters long before the telephone. Stamps were introduced in 1840. Mail "
+            "coaches carried post between cities. Railways later made delivery faster. Airmail followed in the "
+            "twentieth century.",
+        ],
+    ),
+    (
+        "How much water should an adult drink each day?",
+        [
+            "Running shoes should be replaced every few hundred miles. Worn soles give less support. Many runners keep "
+            "two pairs and alternate them. Shops can analyse the way you run. A good fit matters more than the brand.",
+            "Health agencies suggest that adults drink roughly two litres of fluid a day. Needs are higher in hot "
+            "weather and during exercise. Food provides about a fifth of daily water. Thirst is a reliable guide for "
+            "most healthy people. Older adults may need reminders to drink.",
+            "Tap water in most cities is tested every day. It is treated to remove bacteria. Some regions add "
+            "fluoride. Hard water contains more calcium and magnesium. Filters can improve the taste.",
+        ],
+    ),
+    (
+        "What does the central bank do when inflation rises?",
+        [
+            "When inflation rises above its target, a central bank usually raises its interest rate. Borrowing becomes "
+            "more expensive for households and firms. Spending slows and price growth eases. The effect takes a year "
+            "or more to show. Banks also signal their plans to guide expectations.",
+            "Coins were first minted in Lydia around the seventh century before the common era. They were made of "
+            "electrum. Paper money appeared later in China. Banknotes spread to Europe in the seventeenth century. "
+            "Many payments today are electronic.",
+            "A household budget lists income and regular spending. Rent and food usually come first. Saving a fixed "
+            "share of income helps in emergencies. Apps can track expenses automatically. Reviewing the budget monthly "
+            "keeps it realistic.",
+        ],
+    ),
+    (
+        "Which planet has the most moons?",
+        [
+            "Mars has two small moons named Phobos and Deimos. They may be captured asteroids. Phobos is slowly "
+            "spiralling inward. Deimos orbits further out. Both are darker than coal.",
+            "Saturn has the largest known number of moons, with well over a hundred confirmed. Astronomers added dozens "
+            "in recent surveys. Most are only a few kilometres across. Titan, the largest, has a thick atmosphere. "
+            "Jupiter is second on the list.",
+            "Telescopes for amateurs come in two main types. Refractors use lenses. Reflectors use mirrors and cost less "
+            "for their size. A steady mount matters as much as the optics. Dark skies away from cities show the most "
+            "stars.",
+        ],
+    ),
 ]
 
 
@@ -116,6 +149,7 @@ def gate_docs(gate_data: str | Path | None = None):
     """The documents the gate is measured on: `gate_data` (`prune fidelity --data`'s formats)
     or the built-in calls, one document per passage."""
     from engine.fidelity_check import Doc, load_docs
+
     if gate_data is not None:
         docs = load_docs(gate_data)
         if not docs:
@@ -128,60 +162,92 @@ def gate_docs(gate_data: str | Path | None = None):
 class Candidates:
     """The candidates exported for a CPU of `kind`: each one's folder, the runtime of those
     that run a graph another way than its export says, and what was not tried, and why."""
+
     kind: CpuKind
     folders: dict[str, Path] = field(default_factory=dict)
     runtimes: dict[str, Runtime] = field(default_factory=dict)
     not_tried: dict[str, str] = field(default_factory=dict)
 
 
-def choose_precision(checkpoint: str | Path, out: str | Path, *, export_args: dict[str, Any],
-                     calibration: list[str] | None = None, gate_data: str | Path | None = None,
-                     threads: int | None = None, repeats: int = 3, overwrite: bool = False,
-                     progress: bool = True, log: Callable[[str], None] = print,
-                     cpu: CpuKind | None = None) -> Manifest:
+def choose_precision(
+    checkpoint: str | Path,
+    out: str | Path,
+    *,
+    export_args: dict[str, Any],
+    calibration: list[str] | None = None,
+    gate_data: str | Path | None = None,
+    threads: int | None = None,
+    repeats: int = 3,
+    overwrite: bool = False,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+    cpu: CpuKind | None = None,
+) -> Manifest:
     """Export every candidate precision worth trying on this CPU (`cpu`: its kind, from its
     flags), gate and time each, and write the fastest that passes into `out`; its manifest,
     whose `auto` records the candidates' figures and what was not tried, and why."""
     from engine.pruner import Pruner
+
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ExportError(f"{out} exists and is not empty: choose another --out, or --overwrite to write into it")
+        raise ExportError(
+            f"{out} exists and is not empty: choose another --out, or --overwrite to write into it"
+        )
     docs = gate_docs(gate_data)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="prune-auto-") as tmp:
-        found = export_candidates(checkpoint, Path(tmp), cpu or CpuKind.here(), export_args, calibration,
-                                  progress, log)
-        pruners = {p: Pruner.load(f, threads=threads, **_load_args(found.runtimes.get(p)))
-                   for p, f in found.folders.items()}
+        found = export_candidates(
+            checkpoint, Path(tmp), cpu or CpuKind.here(), export_args, calibration, progress, log
+        )
+        pruners = {
+            p: Pruner.load(f, threads=threads, **_load_args(found.runtimes.get(p)))
+            for p, f in found.folders.items()
+        }
         candidates = gate_candidates(pruners, docs, log)
         batches = time_candidates(pruners, docs, repeats, candidates, log)
         picked = pick(candidates)
         passing = [p for p in candidates if candidates[p]["passed"]]
         _log_table(candidates, picked, log)
-        record = {"picked": picked, "why": f"the fastest of {', '.join(passing)} (passed the gate) on this CPU",
-                  "candidates": candidates, "gate_data": str(gate_data) if gate_data else "built-in generic calls",
-                  "gate_documents": len(docs), "batches": batches, "threads": threads,
-                  "not_tried": found.not_tried, "machine": _machine(found.kind)}
+        record = {
+            "picked": picked,
+            "why": f"the fastest of {', '.join(passing)} (passed the gate) on this CPU",
+            "candidates": candidates,
+            "gate_data": str(gate_data) if gate_data else "built-in generic calls",
+            "gate_documents": len(docs),
+            "batches": batches,
+            "threads": threads,
+            "not_tried": found.not_tried,
+            "machine": _machine(found.kind),
+        }
         if out.exists():
             shutil.rmtree(out)
         shutil.copytree(found.folders[picked], out)
         manifest = Manifest.read(out)
-        manifest.with_changes(runtime=found.runtimes.get(picked),
-                              data={**manifest.data, "auto": record}).write(out)
+        manifest.with_changes(
+            runtime=found.runtimes.get(picked), data={**manifest.data, "auto": record}
+        ).write(out)
     log(f"auto: picked {picked} ({record['why']}); wrote {out} in {time.perf_counter() - t0:.1f} s")
     return Manifest.read(out)
 
 
-def export_candidates(checkpoint: str | Path, tmp: Path, kind: CpuKind, export_args: dict[str, Any],
-                      calibration: list[str] | None, progress: bool, log: Callable[[str], None]) -> Candidates:
+def export_candidates(
+    checkpoint: str | Path,
+    tmp: Path,
+    kind: CpuKind,
+    export_args: dict[str, Any],
+    calibration: list[str] | None,
+    progress: bool,
+    log: Callable[[str], None],
+) -> Candidates:
     """Every candidate worth trying on a CPU of `kind`, exported into `tmp`: fp32 (checked
     against PyTorch), its dynamic INT8, and with OpenVINO the static INT8 IR and the bf16
     inference of both where they are worth it; what was not tried is logged, with why."""
     from export.onnx import export_model
+
     found = Candidates(kind, {"fp32": tmp / "fp32", "int8": tmp / "int8"})
     log("auto: exporting fp32 ...")
     export_model(checkpoint, found.folders["fp32"], precision="fp32", log=_indent(log), **export_args)
-    if Manifest.read(found.folders["fp32"]).external_data:     # over 2 GB: the exporter writes its data files
+    if Manifest.read(found.folders["fp32"]).external_data:  # over 2 GB: the exporter writes its data files
         log("auto: exporting int8 ...")
         export_model(checkpoint, found.folders["int8"], precision="int8", log=_indent(log), **export_args)
     else:
@@ -190,11 +256,15 @@ def export_candidates(checkpoint: str | Path, tmp: Path, kind: CpuKind, export_a
     found.not_tried = {p: why for p, why in kind.auto_candidates(_openvino_installed()).items() if why}
     if not kind.known:
         from engine.machine.cpu import FLAGS_UNKNOWN
+
         log(f"auto: {FLAGS_UNKNOWN}")
     if "ov-int8" not in found.not_tried:
         from export.ov_int8 import quantize
+
         log("auto: quantizing ov-int8 (NNCF static INT8 for OpenVINO) ...")
-        quantize(found.folders["fp32"], tmp / "ov-int8", texts=calibration, progress=progress, log=_indent(log))
+        quantize(
+            found.folders["fp32"], tmp / "ov-int8", texts=calibration, progress=progress, log=_indent(log)
+        )
         found.folders["ov-int8"] = tmp / "ov-int8"
     _bf16_candidates(found)
     for name, why in found.not_tried.items():
@@ -212,7 +282,8 @@ def _bf16_candidates(found: Candidates) -> None:
             not_tried[name] = f"{graph} was not tried"
         elif name not in not_tried:
             from engine.backends.openvino import bf16_supported
-            if bf16_supported():                       # the flags say so; OpenVINO's plugin must agree
+
+            if bf16_supported():  # the flags say so; OpenVINO's plugin must agree
                 found.runtimes[name] = Runtime("openvino", "bf16")
                 folders[name] = folders[graph]
             else:
@@ -223,6 +294,7 @@ def gate_candidates(pruners: dict[str, Any], docs, log: Callable[[str], None]) -
     """Each candidate's runtime and its gate against fp32 on `docs` (engine.fidelity_check); fp32
     passes as the reference."""
     from engine.fidelity_check import gate, measure
+
     reference = pruners["fp32"]
     candidates: dict[str, dict[str, Any]] = {}
     for precision, pruner in pruners.items():
@@ -237,22 +309,31 @@ def gate_candidates(pruners: dict[str, Any], docs, log: Callable[[str], None]) -
     return candidates
 
 
-def time_candidates(pruners: dict[str, Any], docs, repeats: int, candidates: dict[str, dict[str, Any]],
-                    log: Callable[[str], None]) -> int:
+def time_candidates(
+    pruners: dict[str, Any],
+    docs,
+    repeats: int,
+    candidates: dict[str, dict[str, Any]],
+    log: Callable[[str], None],
+) -> int:
     """Each candidate's model alone over the same padded batches of the gate's calls,
     interleaved rounds, medians (engine.machine.timing): its `seconds` and `speedup` over fp32, in
     its entry of `candidates`; the number of batches."""
     from engine.machine.timing import interleave, medians, model_passes
     from engine.pruner import workload_batches
+
     calls = [SimpleNamespace(question=q, passages=ps) for q, ps in _calls(docs)]
     batches = workload_batches(pruners["fp32"], calls)
-    log(f"auto: timing {len(pruners)} precisions over {len(batches)} batches, {repeats} interleaved rounds ...")
+    log(
+        f"auto: timing {len(pruners)} precisions over {len(batches)} batches, {repeats} interleaved rounds ..."
+    )
     rounds = interleave(model_passes(pruners, batches), repeats, log=lambda m: None, warmup=True)
     times = medians(rounds)
     for precision, seconds in times.items():
         spread = (max(rounds[precision]) - min(rounds[precision])) / seconds if seconds else 0.0
-        candidates[precision].update(seconds=round(seconds, 4), speedup=round(times["fp32"] / seconds, 3),
-                                     spread=round(spread, 4))
+        candidates[precision].update(
+            seconds=round(seconds, 4), speedup=round(times["fp32"] / seconds, 3), spread=round(spread, 4)
+        )
     return len(batches)
 
 
@@ -261,17 +342,24 @@ def _log_table(candidates: dict[str, dict[str, Any]], picked: str, log: Callable
     width = max(map(len, candidates))
     for precision in candidates:
         c = candidates[precision]
-        log(f"  {precision:{width}s} {c['seconds'] * 1000:8.1f} ms (spread {c.get('spread', 0):.0%})  "
+        log(
+            f"  {precision:{width}s} {c['seconds'] * 1000:8.1f} ms (spread {c.get('spread', 0):.0%})  "
             f"{c['speedup']:.2f}x  "
-            f"{'gate passed' if c['passed'] else 'gate FAILED'}{'  <- picked' if precision == picked else ''}")
+            f"{'gate passed' if c['passed'] else 'gate FAILED'}{'  <- picked' if precision == picked else ''}"
+        )
 
 
 def _machine(kind: CpuKind) -> dict[str, Any]:
     """The machine in the record: the CPU's model (where it says), its cores, kind and flags."""
     from engine.machine.timing import cpu_model
+
     model = cpu_model()
-    return {**({"cpu_model": model} if model is not None else {}), "cpus": os.cpu_count(),
-            "cpu_kind": kind.name, "cpu_flags": kind.shown_flags()}
+    return {
+        **({"cpu_model": model} if model is not None else {}),
+        "cpus": os.cpu_count(),
+        "cpu_kind": kind.name,
+        "cpu_flags": kind.shown_flags(),
+    }
 
 
 def int8_from(fp32: Path, out: Path, export_args: dict[str, Any]) -> Path:
@@ -279,14 +367,21 @@ def int8_from(fp32: Path, out: Path, export_args: dict[str, Any]) -> Path:
     `export_model(precision="int8")` makes it from the same graph, without loading and
     tracing the checkpoint again; its check is the gate against fp32, not PyTorch parity."""
     from export.optimize import quantize_int8
+
     manifest = Manifest.read(fp32)
     if manifest.external_data:
         raise ExportError(f"{fp32}: its graph keeps its weights apart; export int8 with export_model")
     shutil.copytree(fp32, out, ignore=shutil.ignore_patterns(manifest.graph))
-    details = quantize_int8(fp32 / manifest.graph, out / manifest.graph,
-                            export_args.get("int8_weight_type", "QInt8"), export_args.get("int8_per_channel", True))
+    details = quantize_int8(
+        fp32 / manifest.graph,
+        out / manifest.graph,
+        export_args.get("int8_weight_type", "QInt8"),
+        export_args.get("int8_per_channel", True),
+    )
     data = {k: v for k, v in manifest.data.items() if k not in ("verification", "verification_steps")}
-    manifest.with_changes(precision="int8", data={**data, "precision": "int8", "quantization": details}).write(out)
+    manifest.with_changes(
+        precision="int8", data={**data, "precision": "int8", "quantization": details}
+    ).write(out)
     return out
 
 

@@ -10,6 +10,7 @@ The window is the checkpoint's `sentence_bert_config.json` `max_seq_length` wher
 one (256 for all-MiniLM-L6-v2, what sentence-transformers encodes with), else the model's.
 The graph is checked against the PyTorch module on sample texts before it is kept.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,7 @@ import engine
 from engine.rag.embedder import ENCODER_FILE, ENCODER_FORMAT, ENCODER_GRAPH
 from engine.errors import ExportError
 
-PARITY_TOLERANCE = 1e-5   # max |diff| of an embedding component, ONNX Runtime vs PyTorch fp32
+PARITY_TOLERANCE = 1e-5  # max |diff| of an embedding component, ONNX Runtime vs PyTorch fp32
 
 SAMPLE_TEXTS = [
     "What goes on the bottom of Shepherd's pie?",
@@ -43,8 +44,9 @@ class _EncoderModule(torch.nn.Module):
         self.backbone, self.pooling = backbone, pooling
 
     def forward(self, input_ids, attention_mask):
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                               token_type_ids=torch.zeros_like(input_ids))[0].to(torch.float32)
+        hidden = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=torch.zeros_like(input_ids)
+        )[0].to(torch.float32)
         if self.pooling == "cls":
             pooled = hidden[:, 0]
         else:
@@ -74,21 +76,31 @@ def _feeds(tok: Any, texts: list[str], pad_id: int, window: int) -> dict[str, np
     input_ids = np.full((len(ids), length), pad_id, dtype=np.int64)
     mask = np.zeros((len(ids), length), dtype=np.int64)
     for r, row in enumerate(ids):
-        input_ids[r, :len(row)] = row
-        mask[r, :len(row)] = 1
+        input_ids[r, : len(row)] = row
+        mask[r, : len(row)] = 1
     return {"input_ids": input_ids, "attention_mask": mask}
 
 
-def export_encoder(checkpoint: str | Path, out: str | Path, *, overwrite: bool = False, name: str | None = None,
-                   opset: int = 17, log: Callable[[str], None] = print) -> dict[str, Any]:
+def export_encoder(
+    checkpoint: str | Path,
+    out: str | Path,
+    *,
+    overwrite: bool = False,
+    name: str | None = None,
+    opset: int = 17,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Export the text encoder of a sentence-embedding checkpoint into `out`; returns the
     manifest (encoder.json). `name` is recorded in the collections `prune index` builds
     (default: the checkpoint folder's name). Raises ExportError if ONNX Runtime disagrees
     with PyTorch."""
     from engine.pytorch.torch_model import load_torch_model
+
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ExportError(f"{out} exists and is not empty: choose another --out, or --overwrite to write into it")
+        raise ExportError(
+            f"{out} exists and is not empty: choose another --out, or --overwrite to write into it"
+        )
     t0 = time.perf_counter()
     tm = load_torch_model(checkpoint, family="embedding")
     model, tok, spec, ck = tm.module, tm.tokenizer, tm.spec, tm.checkpoint
@@ -102,19 +114,27 @@ def export_encoder(checkpoint: str | Path, out: str | Path, *, overwrite: bool =
         graph = stage / ENCODER_GRAPH
         try:
             with torch.inference_mode(), warnings.catch_warnings():
-                warnings.simplefilter("ignore")   # tracer warnings; the parity check decides
-                torch.onnx.export(module, (torch.from_numpy(example["input_ids"]),
-                                           torch.from_numpy(example["attention_mask"])),
-                                  str(graph), input_names=["input_ids", "attention_mask"],
-                                  output_names=["embedding"],
-                                  dynamic_axes={"input_ids": {0: "batch", 1: "sequence"},
-                                                "attention_mask": {0: "batch", 1: "sequence"},
-                                                "embedding": {0: "batch"}},
-                                  opset_version=opset, do_constant_folding=True, dynamo=False)
+                warnings.simplefilter("ignore")  # tracer warnings; the parity check decides
+                torch.onnx.export(
+                    module,
+                    (torch.from_numpy(example["input_ids"]), torch.from_numpy(example["attention_mask"])),
+                    str(graph),
+                    input_names=["input_ids", "attention_mask"],
+                    output_names=["embedding"],
+                    dynamic_axes={
+                        "input_ids": {0: "batch", 1: "sequence"},
+                        "attention_mask": {0: "batch", 1: "sequence"},
+                        "embedding": {0: "batch"},
+                    },
+                    opset_version=opset,
+                    do_constant_folding=True,
+                    dynamo=False,
+                )
         except Exception as exc:
             raise ExportError(f"torch.onnx.export failed: {type(exc).__name__}: {exc}") from exc
         tok.save(str(stage / "tokenizer.json"))
         import onnxruntime as ort
+
         session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
         worst = 0.0
         for texts in (SAMPLE_TEXTS[:1], SAMPLE_TEXTS):
@@ -124,24 +144,36 @@ def export_encoder(checkpoint: str | Path, out: str | Path, *, overwrite: bool =
             got = session.run(None, feed)[0]
             worst = max(worst, float(np.abs(ref - got).max()))
         if worst > PARITY_TOLERANCE:
-            raise ExportError(f"the ONNX encoder differs from PyTorch by {worst:.2e} "
-                              f"(tolerance {PARITY_TOLERANCE:.0e})")
+            raise ExportError(
+                f"the ONNX encoder differs from PyTorch by {worst:.2e} (tolerance {PARITY_TOLERANCE:.0e})"
+            )
         manifest = {
-            "format": ENCODER_FORMAT, "graph": ENCODER_GRAPH, "tokenizer": "tokenizer.json",
-            "dim": int(ref.shape[1]), "max_length": int(window), "pooling": model.pooling,
-            "normalized": True, "pad_id": pad_id, "name": name or Path(str(checkpoint)).name,
+            "format": ENCODER_FORMAT,
+            "graph": ENCODER_GRAPH,
+            "tokenizer": "tokenizer.json",
+            "dim": int(ref.shape[1]),
+            "max_length": int(window),
+            "pooling": model.pooling,
+            "normalized": True,
+            "pad_id": pad_id,
+            "name": name or Path(str(checkpoint)).name,
             "source": {"checkpoint": str(checkpoint)},
             "verification": {"max_abs_diff_embedding": worst, "tolerance": PARITY_TOLERANCE},
-            "exported_with": {"engine": engine.__version__, "torch": torch.__version__,
-                              "onnxruntime": ort.__version__},
+            "exported_with": {
+                "engine": engine.__version__,
+                "torch": torch.__version__,
+                "onnxruntime": ort.__version__,
+            },
         }
         (stage / ENCODER_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
         if out.exists():
             shutil.rmtree(out)
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(stage, out)
-    log(f"exported the {manifest['dim']}-dim encoder ({model.pooling} pooling, window {window}) "
-        f"to {out} in {time.perf_counter() - t0:.1f} s; max |diff| vs PyTorch {worst:.2e}")
+    log(
+        f"exported the {manifest['dim']}-dim encoder ({model.pooling} pooling, window {window}) "
+        f"to {out} in {time.perf_counter() - t0:.1f} s; max |diff| vs PyTorch {worst:.2e}"
+    )
     return manifest
 
 
@@ -152,30 +184,40 @@ def plain_backbone(checkpoint: str | Path, folder: Path, opset: int = 17) -> Pat
     Returns the folder."""
     import torch
     from transformers import AutoModel
+
     src = Path(checkpoint)
     folder.mkdir(parents=True, exist_ok=True)
     backbone = AutoModel.from_pretrained(checkpoint, use_safetensors=True, attn_implementation="eager").eval()
 
-    class Plain(torch.nn.Module):          # keyword arguments: the backbone's positional order varies
+    class Plain(torch.nn.Module):  # keyword arguments: the backbone's positional order varies
         def __init__(self):
             super().__init__()
             self.backbone = backbone
 
         def forward(self, input_ids, attention_mask, token_type_ids):
-            return self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                                 token_type_ids=token_type_ids).last_hidden_state
+            return self.backbone(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
 
     model = Plain()
     ids = torch.ones(2, 8, dtype=torch.long)
     graph = folder / "model.onnx"
     with torch.inference_mode(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")        # the tracer's notes on transformers' mask code
-        torch.onnx.export(model, (ids, torch.ones_like(ids), torch.zeros_like(ids)), str(graph),
-                          input_names=["input_ids", "attention_mask", "token_type_ids"],
-                          output_names=["last_hidden_state"],
-                          dynamic_axes={n: {0: "batch", 1: "sequence"} for n in
-                                        ("input_ids", "attention_mask", "token_type_ids", "last_hidden_state")},
-                          opset_version=opset, do_constant_folding=True, dynamo=False)
+        warnings.simplefilter("ignore")  # the tracer's notes on transformers' mask code
+        torch.onnx.export(
+            model,
+            (ids, torch.ones_like(ids), torch.zeros_like(ids)),
+            str(graph),
+            input_names=["input_ids", "attention_mask", "token_type_ids"],
+            output_names=["last_hidden_state"],
+            dynamic_axes={
+                n: {0: "batch", 1: "sequence"}
+                for n in ("input_ids", "attention_mask", "token_type_ids", "last_hidden_state")
+            },
+            opset_version=opset,
+            do_constant_folding=True,
+            dynamo=False,
+        )
     for name in PLAIN_FILES:
         if (src / name).is_file():
             shutil.copyfile(src / name, folder / name)
@@ -193,6 +235,7 @@ def plain_backbone_int8(plain: Path, folder: Path) -> Path:
     """A `plain_backbone` folder's graph through ONNX Runtime's dynamic quantization at its
     defaults (int8 weights per tensor) into `folder`, the tokenizer files copied. Returns it."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
+
     folder.mkdir(parents=True, exist_ok=True)
     quantize_dynamic(str(plain / "model.onnx"), str(folder / "model.onnx"), weight_type=QuantType.QInt8)
     for name in PLAIN_FILES:

@@ -14,6 +14,7 @@ reused by the others (2 Expands per graph). The outputs are the same bit for bit
 export's parity check against the unchanged PyTorch module follows. An unknown transformers
 (another signature) keeps its own method, with a note.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,8 +39,12 @@ def _indices(self, query_layer, key_layer, relative_pos) -> tuple[torch.Tensor, 
         return entry[2], entry[3]
     rel = relative_pos
     if rel is None:
-        rel = deb.build_relative_position(query_layer, key_layer, bucket_size=self.position_buckets,
-                                          max_position=self.max_relative_positions)
+        rel = deb.build_relative_position(
+            query_layer,
+            key_layer,
+            bucket_size=self.position_buckets,
+            max_position=self.max_relative_positions,
+        )
     if rel.dim() == 2:
         rel = rel.unsqueeze(0).unsqueeze(0)
     elif rel.dim() == 3:
@@ -47,8 +52,14 @@ def _indices(self, query_layer, key_layer, relative_pos) -> tuple[torch.Tensor, 
     elif rel.dim() != 4:
         raise ValueError(f"Relative position ids must be of dim 2 or 3 or 4. {rel.dim()}")
     rel = rel.to(device=query_layer.device, dtype=torch.long)
-    c2p = torch.clamp(rel + span, 0, span * 2 - 1).squeeze(0).expand([rows, query_layer.size(1), rel.size(-1)])
-    p2c = torch.clamp(-rel + span, 0, span * 2 - 1).squeeze(0).expand([rows, key_layer.size(-2), key_layer.size(-2)])
+    c2p = (
+        torch.clamp(rel + span, 0, span * 2 - 1).squeeze(0).expand([rows, query_layer.size(1), rel.size(-1)])
+    )
+    p2c = (
+        torch.clamp(-rel + span, 0, span * 2 - 1)
+        .squeeze(0)
+        .expand([rows, key_layer.size(-2), key_layer.size(-2)])
+    )
     if relative_pos is not None:
         _INDICES[id(relative_pos)] = (relative_pos, (span, rows), c2p, p2c)
     return c2p, p2c
@@ -57,15 +68,16 @@ def _indices(self, query_layer, key_layer, relative_pos) -> tuple[torch.Tensor, 
 def shared_bias(self, query_layer, key_layer, relative_pos, rel_embeddings, scale_factor):
     """DisentangledSelfAttention.disentangled_attention_bias with `_indices`."""
     deb = sys.modules[_MODULE]
-    if key_layer.size(-2) != query_layer.size(-2):         # not self-attention: transformers' own
+    if key_layer.size(-2) != query_layer.size(-2):  # not self-attention: transformers' own
         return _ORIGINAL[0](self, query_layer, key_layer, relative_pos, rel_embeddings, scale_factor)
     c2p_index, p2c_index = _indices(self, query_layer, key_layer, relative_pos)
     span, heads = self.pos_ebd_size, self.num_attention_heads
-    rel_embeddings = rel_embeddings[0:span * 2, :].unsqueeze(0)
+    rel_embeddings = rel_embeddings[0 : span * 2, :].unsqueeze(0)
     repeat = query_layer.size(0) // heads
 
     def positions(proj):
         return self.transpose_for_scores(proj(rel_embeddings), heads).repeat(repeat, 1, 1)
+
     score = 0
     if "c2p" in self.pos_att_type:
         pos_key = positions(self.key_proj if self.share_att_key else self.pos_key_proj)
@@ -75,8 +87,9 @@ def shared_bias(self, query_layer, key_layer, relative_pos, rel_embeddings, scal
     if "p2c" in self.pos_att_type:
         pos_query = positions(self.query_proj if self.share_att_key else self.pos_query_proj)
         scale = deb.scaled_size_sqrt(pos_query, scale_factor)
-        p2c = torch.gather(torch.bmm(key_layer, pos_query.transpose(-1, -2)), dim=-1,
-                           index=p2c_index).transpose(-1, -2)
+        p2c = torch.gather(
+            torch.bmm(key_layer, pos_query.transpose(-1, -2)), dim=-1, index=p2c_index
+        ).transpose(-1, -2)
         score = score + p2c / scale.to(dtype=p2c.dtype)
     return score
 
@@ -95,11 +108,14 @@ def shared_position_indices(model: torch.nn.Module, log: Callable[[str], None] =
         yield
         return
     original = cls.disentangled_attention_bias
-    known = (list(inspect.signature(original).parameters) == _PARAMETERS
-             and all(hasattr(deb, f) for f in ("build_relative_position", "scaled_size_sqrt")))
+    known = list(inspect.signature(original).parameters) == _PARAMETERS and all(
+        hasattr(deb, f) for f in ("build_relative_position", "scaled_size_sqrt")
+    )
     if not known:
-        log("note: this transformers' DeBERTa attention is not the one export.deberta knows: each layer "
-            "builds its own position indices in the graph")
+        log(
+            "note: this transformers' DeBERTa attention is not the one export.deberta knows: each layer "
+            "builds its own position indices in the graph"
+        )
         yield
         return
     cls.disentangled_attention_bias = shared_bias

@@ -22,6 +22,7 @@ constant folding then removes every Shape node and the shape arithmetic after it
 session can be captured as a CUDA graph. `check_gpu_graph` folds a graph at one shape on
 the CPU and lists what would not run on the CUDA provider.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,6 +48,7 @@ class FusedAttention(torch.autograd.Function):
 
         def split(t):
             return t.view(b, length, heads, d).transpose(1, 2)
+
         scores = torch.matmul(split(query), split(key).transpose(-1, -2)) * scale + bias
         probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
         return torch.matmul(probs, split(value)).transpose(1, 2).reshape(b, length, width)
@@ -55,8 +57,17 @@ class FusedAttention(torch.autograd.Function):
     def symbolic(g, query, key, value, bias, heads, scale):  # noqa: D102
         none = g.op("prim::Constant")
         none.setType(torch._C.OptionalType.ofTensor())
-        out = g.op("com.microsoft::MultiHeadAttention", query, key, value, none, none, bias,
-                   num_heads_i=heads, scale_f=scale)
+        out = g.op(
+            "com.microsoft::MultiHeadAttention",
+            query,
+            key,
+            value,
+            none,
+            none,
+            bias,
+            num_heads_i=heads,
+            scale_f=scale,
+        )
         out.setType(query.type())
         return out
 
@@ -66,9 +77,9 @@ def additive_bias(mask: torch.Tensor, length: int | torch.Tensor, dtype: torch.d
     MASKED elsewhere (a 0/1 or bool mask, or an additive one clamped to stay finite in fp16)."""
     if mask.dtype == torch.bool:
         bias = torch.where(mask, 0.0, MASKED).to(dtype)
-    elif mask.is_floating_point() and mask.dim() == 4:       # already additive (transformers' eager masks)
+    elif mask.is_floating_point() and mask.dim() == 4:  # already additive (transformers' eager masks)
         bias = mask.to(dtype).clamp(min=MASKED)
-    else:                                                   # 1 attended, 0 not
+    else:  # 1 attended, 0 not
         bias = (1.0 - mask.to(dtype)) * MASKED
     while bias.dim() < 4:
         bias = bias.unsqueeze(1)
@@ -76,6 +87,7 @@ def additive_bias(mask: torch.Tensor, length: int | torch.Tensor, dtype: torch.d
 
 
 # --------------------------------------------------------------------------- DeBERTa
+
 
 def _flat_index(relative: torch.Tensor, span: int, sign: int, transpose: bool) -> torch.Tensor:
     """The flat [L x L] index into a [L x 2 span] score row block for DeBERTa's term: row
@@ -93,34 +105,46 @@ def _relative_terms(self, query, key, relative_pos, rel_embeddings) -> torch.Ten
     b, length, _ = query.shape
     heads, span = self.num_attention_heads, self.pos_ebd_size
     if relative_pos is None:
-        relative_pos = deb.build_relative_position(query, key, bucket_size=self.position_buckets,
-                                                   max_position=self.max_relative_positions)
+        relative_pos = deb.build_relative_position(
+            query, key, bucket_size=self.position_buckets, max_position=self.max_relative_positions
+        )
     rel = relative_pos.to(dtype=torch.long).reshape(relative_pos.size(-2), relative_pos.size(-1))
-    table = rel_embeddings[0:span * 2, :].unsqueeze(0)
+    table = rel_embeddings[0 : span * 2, :].unsqueeze(0)
 
-    def split(t):                     # [n, m, width] -> [n, heads, m, d]
+    def split(t):  # [n, m, width] -> [n, heads, m, d]
         return t.view(t.size(0), t.size(1), heads, -1).transpose(1, 2)
 
-    def gathered(scores, flat):       # [B, heads, L, 2 span] -> [B, heads, L, L]
+    def gathered(scores, flat):  # [B, heads, L, 2 span] -> [B, heads, L, L]
         return scores.reshape(b, heads, -1).index_select(2, flat).view(b, heads, length, length)
+
     score = 0
     if "c2p" in self.pos_att_type:
         pos_key = split((self.key_proj if self.share_att_key else self.pos_key_proj)(table))
-        score = score + gathered(torch.matmul(split(query), pos_key.transpose(-1, -2)),
-                                 _flat_index(rel, span, 1, False))
+        score = score + gathered(
+            torch.matmul(split(query), pos_key.transpose(-1, -2)), _flat_index(rel, span, 1, False)
+        )
     if "p2c" in self.pos_att_type:
         pos_query = split((self.query_proj if self.share_att_key else self.pos_query_proj)(table))
-        score = score + gathered(torch.matmul(split(key), pos_query.transpose(-1, -2)),
-                                 _flat_index(rel, span, -1, True))
+        score = score + gathered(
+            torch.matmul(split(key), pos_query.transpose(-1, -2)), _flat_index(rel, span, -1, True)
+        )
     return score
 
 
-def deberta_fused_forward(self, hidden_states, attention_mask, output_attentions=False, query_states=None,
-                          relative_pos=None, rel_embeddings=None):
+def deberta_fused_forward(
+    self,
+    hidden_states,
+    attention_mask,
+    output_attentions=False,
+    query_states=None,
+    relative_pos=None,
+    rel_embeddings=None,
+):
     """DisentangledSelfAttention.forward as one MultiHeadAttention (self-attention only)."""
     if query_states is not None or output_attentions:
-        return _ORIGINAL["deberta"](self, hidden_states, attention_mask, output_attentions, query_states,
-                                    relative_pos, rel_embeddings)
+        return _ORIGINAL["deberta"](
+            self, hidden_states, attention_mask, output_attentions, query_states, relative_pos, rel_embeddings
+        )
     query = self.query_proj(hidden_states)
     key = self.key_proj(hidden_states)
     value = self.value_proj(hidden_states)
@@ -128,21 +152,25 @@ def deberta_fused_forward(self, hidden_states, attention_mask, output_attentions
     scale = 1.0 / math.sqrt(self.attention_head_size * factor)
     bias = additive_bias(attention_mask.bool(), hidden_states.size(1), query.dtype)
     if self.relative_attention:
-        bias = bias + _relative_terms(self, query, key, relative_pos, self.pos_dropout(rel_embeddings)) * scale
+        bias = (
+            bias + _relative_terms(self, query, key, relative_pos, self.pos_dropout(rel_embeddings)) * scale
+        )
     return FusedAttention.apply(query, key, value, bias, self.num_attention_heads, scale), None
 
 
 # --------------------------------------------------------------------------- eager_attention_forward
 
+
 def fused_eager_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers' `eager_attention_forward` ([B, heads, L, d] in, [B, L, heads, d] out)
     as one MultiHeadAttention."""
     b, _, length, _ = query.shape
-    heads, d = int(query.shape[1]), int(query.shape[3])       # plain ints: attributes of the fused op
+    heads, d = int(query.shape[1]), int(query.shape[3])  # plain ints: attributes of the fused op
     scale = float(scaling) if scaling is not None else float(d) ** -0.5
 
     def merged(t):
         return t.transpose(1, 2).reshape(b, length, heads * d)
+
     if attention_mask is None:
         bias = torch.zeros(b, 1, length, length, dtype=query.dtype, device=query.device)
     else:
@@ -159,8 +187,11 @@ def _eager_modules(model: torch.nn.Module) -> list[Any]:
     found = {}
     for m in model.modules():
         mod = sys.modules.get(type(m).__module__)
-        if mod is not None and callable(getattr(mod, "eager_attention_forward", None)) \
-                and mod.__name__.startswith("transformers.models."):
+        if (
+            mod is not None
+            and callable(getattr(mod, "eager_attention_forward", None))
+            and mod.__name__.startswith("transformers.models.")
+        ):
             found[mod.__name__] = mod
     return list(found.values())
 
@@ -170,6 +201,7 @@ def fused_attention(model: torch.nn.Module, log: Callable[[str], None] = lambda 
     """While exporting `model`, its attention traced as MultiHeadAttention (see the module
     doc); yields the number of attention implementations swapped."""
     from engine.pytorch.pooling import all_sentence_columns
+
     swapped: list[tuple[Any, str, Any]] = []
     deb = sys.modules.get(_DEBERTA)
     cls = getattr(deb, "DisentangledSelfAttention", None)
@@ -181,7 +213,9 @@ def fused_attention(model: torch.nn.Module, log: Callable[[str], None] = lambda 
         swapped.append((mod, "eager_attention_forward", mod.eager_attention_forward))
         mod.eager_attention_forward = fused_eager_attention
     if swapped:
-        log(f"tracing attention as MultiHeadAttention ({', '.join(sorted({_short(o) for o, _, _ in swapped}))})")
+        log(
+            f"tracing attention as MultiHeadAttention ({', '.join(sorted({_short(o) for o, _, _ in swapped}))})"
+        )
     else:
         log("note: no attention this exporter can fuse was found: attention stays as traced")
     try:
@@ -204,14 +238,43 @@ def _short(owner: Any) -> str:
 SHAPE_OPS = ("Shape", "Size", "If", "Loop", "NonZero")
 #: inputs that ONNX Runtime's CUDA kernels read on the CPU (shapes, axes, counts, bounds): at a
 #: fixed shape each must be an initializer, or a node feeding it would be placed on the CPU
-CPU_INPUTS = {"Reshape": (1,), "Expand": (1,), "Tile": (1,), "Range": (0, 1, 2), "ConstantOfShape": (0,),
-              "Slice": (1, 2, 3, 4), "Unsqueeze": (1,), "Squeeze": (1,), "ReduceSum": (1,), "ReduceMax": (1,),
-              "ReduceMean": (1,), "TopK": (1,), "Pad": (1, 2, 3), "Split": (1,), "Resize": (1, 2, 3), "OneHot": (1,),
-              "Clip": (1, 2), "CumSum": (1,), "Trilu": (1,)}
+CPU_INPUTS = {
+    "Reshape": (1,),
+    "Expand": (1,),
+    "Tile": (1,),
+    "Range": (0, 1, 2),
+    "ConstantOfShape": (0,),
+    "Slice": (1, 2, 3, 4),
+    "Unsqueeze": (1,),
+    "Squeeze": (1,),
+    "ReduceSum": (1,),
+    "ReduceMax": (1,),
+    "ReduceMean": (1,),
+    "TopK": (1,),
+    "Pad": (1, 2, 3),
+    "Split": (1,),
+    "Resize": (1, 2, 3),
+    "OneHot": (1,),
+    "Clip": (1, 2),
+    "CumSum": (1,),
+    "Trilu": (1,),
+}
 CUDA_KERNELS = "ort_cuda_kernels.json"
-_TYPE_NAMES = {1: "tensor(float)", 2: "tensor(uint8)", 3: "tensor(int8)", 4: "tensor(uint16)", 5: "tensor(int16)",
-               6: "tensor(int32)", 7: "tensor(int64)", 9: "tensor(bool)", 10: "tensor(float16)",
-               11: "tensor(double)", 12: "tensor(uint32)", 13: "tensor(uint64)", 16: "tensor(bfloat16)"}
+_TYPE_NAMES = {
+    1: "tensor(float)",
+    2: "tensor(uint8)",
+    3: "tensor(int8)",
+    4: "tensor(uint16)",
+    5: "tensor(int16)",
+    6: "tensor(int32)",
+    7: "tensor(int64)",
+    9: "tensor(bool)",
+    10: "tensor(float16)",
+    11: "tensor(double)",
+    12: "tensor(uint32)",
+    13: "tensor(uint64)",
+    16: "tensor(bfloat16)",
+}
 
 
 def cuda_kernels() -> dict[str, dict[str, Any]]:
@@ -221,6 +284,7 @@ def cuda_kernels() -> dict[str, dict[str, Any]]:
     (the file names its commit)."""
     import json
     from pathlib import Path
+
     return json.loads((Path(__file__).with_name(CUDA_KERNELS)).read_text())["ops"]
 
 
@@ -230,6 +294,7 @@ def fold(graph: str, batch: int, length: int, out: str) -> Any:
     to `out`; the folded onnx.ModelProto."""
     import onnx
     import onnxruntime as ort
+
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     opts.add_free_dimension_override_by_name("batch", int(batch))
@@ -249,8 +314,12 @@ def typed(graph: Any, batch: int, length: int) -> Any:
 
     import onnx
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-    model = onnx.load(str(graph)) if not isinstance(graph, onnx.ModelProto) else onnx.ModelProto.FromString(
-        graph.SerializeToString())
+
+    model = (
+        onnx.load(str(graph))
+        if not isinstance(graph, onnx.ModelProto)
+        else onnx.ModelProto.FromString(graph.SerializeToString())
+    )
     fixed = {"batch": int(batch), "sequence": int(length)}
     for value in model.graph.input:
         for dim in value.type.tensor_type.shape.dim:
@@ -260,8 +329,8 @@ def typed(graph: Any, batch: int, length: int) -> Any:
     left = [f for f in dump if not f.exists()]
     try:
         return SymbolicShapeInference.infer_shapes(model, auto_merge=False, guess_output_rank=False)
-    except Exception:           # an op it does not know: ONNX's own inference (standard ops' types)
-        for f in left:          # what it saves into the working folder when it gives up
+    except Exception:  # an op it does not know: ONNX's own inference (standard ops' types)
+        for f in left:  # what it saves into the working folder when it gives up
             f.unlink(missing_ok=True)
         return onnx.shape_inference.infer_shapes(model)
 
@@ -273,6 +342,7 @@ def _op_version(node: Any, opsets: dict[str, int]) -> int:
     if domain != "ai.onnx":
         return opset
     import onnx
+
     try:
         return onnx.defs.get_schema(node.op_type, max_inclusive_version=opset, domain="").since_version
     except Exception:
@@ -295,16 +365,21 @@ def _type_problems(node: Any, kernel: dict[str, Any], version: int, types: dict[
             for i, tensor in enumerate(names):
                 if not tensor or not formal:
                     continue
-                constraint = formal[min(i, len(formal) - 1)][2]       # a variadic parameter repeats
+                constraint = formal[min(i, len(formal) - 1)][2]  # a variadic parameter repeats
                 actual = _TYPE_NAMES.get(types.get(tensor, 0))
                 if actual is None:
                     found.append(f"{where}: {kind} {i} ({tensor}) has no inferred type")
                     continue
-                allowed = [constraint] if constraint.startswith("tensor(") else \
-                    sorted({t for k in rows for t in k["types"].get(constraint, [])})
+                allowed = (
+                    [constraint]
+                    if constraint.startswith("tensor(")
+                    else sorted({t for k in rows for t in k["types"].get(constraint, [])})
+                )
                 if allowed and actual not in allowed:
-                    found.append(f"{where}: {kind} {i} ({tensor}) is {actual}; the CUDA provider's {node.op_type} "
-                                 f"(version {version}) takes {constraint} in {', '.join(allowed)}")
+                    found.append(
+                        f"{where}: {kind} {i} ({tensor}) is {actual}; the CUDA provider's {node.op_type} "
+                        f"(version {version}) takes {constraint} in {', '.join(allowed)}"
+                    )
         if not found:
             return []
         best = found if best is None or len(found) < len(best) else best
@@ -318,7 +393,9 @@ def gpu_graph_problems(graph: str, batch: int, length: int, folded_out: str) -> 
     exported with that shape's types (`typed`): ops the provider has no kernel for, at the
     node's version, and every input and output whose type no kernel of its op takes. [] for a
     GPU graph."""
-    return folded_problems(fold(graph, batch, length, folded_out)) + kernel_problems(typed(graph, batch, length))
+    return folded_problems(fold(graph, batch, length, folded_out)) + kernel_problems(
+        typed(graph, batch, length)
+    )
 
 
 def folded_problems(model: Any) -> list[str]:
@@ -332,7 +409,9 @@ def folded_problems(model: Any) -> list[str]:
             problems.append(f"{where}: a shape or control-flow node is left at a fixed shape")
         for k in CPU_INPUTS.get(n.op_type, ()):
             if k < len(n.input) and n.input[k] and n.input[k] not in constants:
-                problems.append(f"{where}: input {k} ({n.input[k]}) is computed at run time and read on the CPU")
+                problems.append(
+                    f"{where}: input {k} ({n.input[k]}) is computed at run time and read on the CPU"
+                )
     return problems
 
 
@@ -340,8 +419,10 @@ def kernel_problems(model: Any) -> list[str]:
     """Ops without a CUDA kernel and types no kernel takes, in a typed graph (`typed`)."""
     kernels = cuda_kernels()
     opsets = {o.domain: o.version for o in model.opset_import}
-    types = {v.name: v.type.tensor_type.elem_type
-             for v in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)}
+    types = {
+        v.name: v.type.tensor_type.elem_type
+        for v in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)
+    }
     types.update({t.name: t.data_type for t in model.graph.initializer})
     problems = []
     for n in model.graph.node:
@@ -349,8 +430,10 @@ def kernel_problems(model: Any) -> list[str]:
             continue
         kernel = kernels.get(n.domain or "ai.onnx", {}).get(n.op_type)
         if kernel is None:
-            problems.append(f"{n.op_type} {n.name!r}: the CUDA provider has no kernel for "
-                            f"{n.domain or 'ai.onnx'}.{n.op_type}")
+            problems.append(
+                f"{n.op_type} {n.name!r}: the CUDA provider has no kernel for "
+                f"{n.domain or 'ai.onnx'}.{n.op_type}"
+            )
             continue
         problems += _type_problems(n, kernel, _op_version(n, opsets), types)
     return problems

@@ -16,6 +16,7 @@ optimizer can fuse.
 `save_tokenizer`, `convert` (optimize, then INT8 or FP16), each graph checked against
 PyTorch (export/parity.py), `save_tensorrt_graph`, `manifest_of` and `move_into`.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -44,7 +45,7 @@ from export.parity import FP16_TOLERANCE, INT8_TOLERANCE, PARITY_TOLERANCE, Pari
 from export.samples import sample_batches
 
 DEFAULT_OPSET = 17
-EXTERNAL_DATA_BYTES = 1_800_000_000   # protobuf's hard limit is 2 GiB for the whole file
+EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's hard limit is 2 GiB for the whole file
 PRECISIONS = ("fp32", "int8", "fp16")
 
 
@@ -52,8 +53,10 @@ PRECISIONS = ("fp32", "int8", "fp16")
 #: (5.17 does for DeBERTa; 5.24 does not): exported as they are, each scripted helper
 #: becomes an ONNX `If` per layer, and ONNX Runtime's optimizer then takes minutes
 #: (12 s, 67 s, 197 s at 2, 4, 6 layers with transformers 5.17; 1.8 s and 4.2 s with 5.24).
-SCRIPTED_HELPER_MODULES = ("transformers.models.deberta_v2.modeling_deberta_v2",
-                           "transformers.models.deberta.modeling_deberta")
+SCRIPTED_HELPER_MODULES = (
+    "transformers.models.deberta_v2.modeling_deberta_v2",
+    "transformers.models.deberta.modeling_deberta",
+)
 
 
 @contextlib.contextmanager
@@ -64,6 +67,7 @@ def traced_helpers(log: Callable[[str], None] = lambda m: None):
     are taken at trace time, as in the rest of the model (self-attention: query and key
     lengths equal); the parity check after export runs other lengths."""
     import sys
+
     swapped: list[tuple[Any, str, Any]] = []
     for name in SCRIPTED_HELPER_MODULES:
         module = sys.modules.get(name)
@@ -73,8 +77,10 @@ def traced_helpers(log: Callable[[str], None] = lambda m: None):
                 swapped.append((module, attr, value))
                 setattr(module, attr, original)
     if swapped:
-        log(f"tracing {len(swapped)} helpers this transformers compiles with torch.jit.script "
-            f"({', '.join(a for _, a, _ in swapped)}) as plain Python")
+        log(
+            f"tracing {len(swapped)} helpers this transformers compiles with torch.jit.script "
+            f"({', '.join(a for _, a, _ in swapped)}) as plain Python"
+        )
     try:
         yield
     finally:
@@ -107,10 +113,16 @@ def _step_path(tmp_dir: Path, step: str) -> Path:
 def family_options(model: torch.nn.Module) -> dict[str, Any]:
     """Options baked into the graph that a reader of the manifest should know."""
     from engine.pytorch.embedding import EmbeddingHighlighterModel
+
     if isinstance(model, EmbeddingHighlighterModel):
-        return {"mode": model.mode, "pooling": model.pooling, "scale": model.scale,
-                "shift": model.shift, "rerank": model.rerank,
-                "probability": "sigmoid(scale * (cosine - shift))"}
+        return {
+            "mode": model.mode,
+            "pooling": model.pooling,
+            "scale": model.scale,
+            "shift": model.shift,
+            "rerank": model.rerank,
+            "probability": "sigmoid(scale * (cosine - shift))",
+        }
     return {}
 
 
@@ -121,25 +133,28 @@ def _param_bytes(model: torch.nn.Module) -> int:
 @dataclass(frozen=True)
 class ExportOptions:
     """How `export_model` makes the graph and checks it: its keywords, as one value."""
-    family: str | None = None                # None: detected from the checkpoint
-    tokenizer: str | Path | None = None      # None: the checkpoint's own
-    max_length: int | None = None            # None: the family's window
+
+    family: str | None = None  # None: detected from the checkpoint
+    tokenizer: str | Path | None = None  # None: the checkpoint's own
+    max_length: int | None = None  # None: the family's window
     opset: int = DEFAULT_OPSET
-    external_data: str = "auto"              # auto (over EXTERNAL_DATA_BYTES), always or never
-    verify: bool = True                      # each graph against PyTorch on the sample batches
-    tolerance: float = PARITY_TOLERANCE      # the fp32 graphs' (the reduced precisions have their own)
-    overwrite: bool = False                  # write into a folder that holds files
-    options: dict[str, Any] | None = None    # the family's options (load_torch_model)
-    precision: str = "fp32"                  # one of PRECISIONS
-    optimize: bool = True                    # ONNX Runtime's transformer optimizer
+    external_data: str = "auto"  # auto (over EXTERNAL_DATA_BYTES), always or never
+    verify: bool = True  # each graph against PyTorch on the sample batches
+    tolerance: float = PARITY_TOLERANCE  # the fp32 graphs' (the reduced precisions have their own)
+    overwrite: bool = False  # write into a folder that holds files
+    options: dict[str, Any] | None = None  # the family's options (load_torch_model)
+    precision: str = "fp32"  # one of PRECISIONS
+    optimize: bool = True  # ONNX Runtime's transformer optimizer
     int8_weight_type: str = "QInt8"
     int8_per_channel: bool = True
-    tensorrt_graph: bool = False             # also model.trt.onnx, the fp32 graph TensorRT builds from
+    tensorrt_graph: bool = False  # also model.trt.onnx, the fp32 graph TensorRT builds from
 
     def check(self, out: Path) -> None:
         """ExportError when `out` holds files (without `overwrite`) or an option has no such value."""
         if out.exists() and any(out.iterdir()) and not self.overwrite:
-            raise ExportError(f"{out} exists and is not empty: choose another --out, or --overwrite to write into it")
+            raise ExportError(
+                f"{out} exists and is not empty: choose another --out, or --overwrite to write into it"
+            )
         if self.external_data not in ("auto", "always", "never"):
             raise ExportError("external_data must be auto, always or never")
         if self.precision not in PRECISIONS:
@@ -149,10 +164,11 @@ class ExportOptions:
 @dataclass(frozen=True)
 class Source:
     """A checkpoint loaded for export, with what the steps derive from it once."""
-    model: TorchModel         # module, tokenizer (checked against the embeddings), spec, checkpoint
-    encoder: Encoder          # the engine's blocks, for the sample batches
-    external: bool            # the graphs keep their weights apart (model.onnx.data)
-    rows: int                 # the word-embedding rows: input_ids stay below
+
+    model: TorchModel  # module, tokenizer (checked against the embeddings), spec, checkpoint
+    encoder: Encoder  # the engine's blocks, for the sample batches
+    external: bool  # the graphs keep their weights apart (model.onnx.data)
+    rows: int  # the word-embedding rows: input_ids stay below
 
     @property
     def family(self) -> Family:
@@ -165,14 +181,17 @@ class Source:
         return encoder_dims(self.model.checkpoint.config)
 
 
-def export_model(checkpoint: str | Path, out: str | Path, *, log: Callable[[str], None] = print,
-                 **options: Any) -> dict[str, Any]:
+def export_model(
+    checkpoint: str | Path, out: str | Path, *, log: Callable[[str], None] = print, **options: Any
+) -> dict[str, Any]:
     """Export `checkpoint` into `out`; returns the manifest. Raises ExportError on mismatch.
     `options`: ExportOptions' fields (family, precision, verify, tensorrt_graph, ...)."""
     return export(checkpoint, Path(out), ExportOptions(**options), log)
 
 
-def export(checkpoint: str | Path, out: Path, opts: ExportOptions, log: Callable[[str], None]) -> dict[str, Any]:
+def export(
+    checkpoint: str | Path, out: Path, opts: ExportOptions, log: Callable[[str], None]
+) -> dict[str, Any]:
     """export_model's steps, in order: load, trace the fp32 graph, check it and convert it
     (each step checked), the TensorRT graph, the manifest, the folder moved into `out`."""
     opts.check(out)
@@ -182,7 +201,9 @@ def export(checkpoint: str | Path, out: Path, opts: ExportOptions, log: Callable
         work = Path(tmp)
         raw, fp32 = _step_path(work, "raw"), _step_path(work, "fp32")
         # the fp16 graph is the GPU's: attention traced fused, one sentence column per position
-        details: dict[str, Any] = {"gpu_graph": trace(source, raw, opts.opset, log, gpu=opts.precision == "fp16")}
+        details: dict[str, Any] = {
+            "gpu_graph": trace(source, raw, opts.opset, log, gpu=opts.precision == "fp16")
+        }
         stage = work / "out"
         stage.mkdir()
         save_fp32(raw, fp32, source)
@@ -195,12 +216,12 @@ def export(checkpoint: str | Path, out: Path, opts: ExportOptions, log: Callable
             shutil.copy2(item, stage / item.name)
         if opts.tensorrt_graph:
             plain = fp32
-            if details.get("gpu_graph"):      # TensorRT parses standard ops: a plain trace of its own
+            if details.get("gpu_graph"):  # TensorRT parses standard ops: a plain trace of its own
                 plain = _step_path(work, "plain")
                 trace(source, plain, opts.opset, log)
             details["tensorrt_graph_fixes"] = save_tensorrt_graph(plain, stage, source.external)
         manifest = manifest_of(checkpoint, source, opts, stage, details, parity.reports)
-        Manifest.from_dict(manifest, where=f"the manifest of {out}").write(stage)   # written as it is read
+        Manifest.from_dict(manifest, where=f"the manifest of {out}").write(stage)  # written as it is read
         move_into(stage, out)
     log(f"exported {source.family.name} to {out} in {time.perf_counter() - t0:.1f} s")
     return manifest
@@ -210,12 +231,21 @@ def load(checkpoint: str | Path, opts: ExportOptions, log: Callable[[str], None]
     """The checkpoint loaded for PyTorch (its tokenizer checked), and whether its graph needs
     external data; ExportError when it does and `opts` forbids it."""
     log(f"loading {checkpoint} ...")
-    tm = load_torch_model(checkpoint, family=opts.family, tokenizer=opts.tokenizer, max_length=opts.max_length,
-                          options=opts.options)
+    tm = load_torch_model(
+        checkpoint,
+        family=opts.family,
+        tokenizer=opts.tokenizer,
+        max_length=opts.max_length,
+        options=opts.options,
+    )
     fam = tm.spec.family
-    rows = embedding_rows(tm.module) or len(tm.hf_tokenizer)   # load_torch_model checked the tokenizer against it
-    log(f"family {fam.name} ({fam.description}); window {tm.spec.max_length} tokens; "
-        f"{sum(p.numel() for p in tm.module.parameters()) / 1e6:.1f}M parameters")
+    rows = embedding_rows(tm.module) or len(
+        tm.hf_tokenizer
+    )  # load_torch_model checked the tokenizer against it
+    log(
+        f"family {fam.name} ({fam.description}); window {tm.spec.max_length} tokens; "
+        f"{sum(p.numel() for p in tm.module.parameters()) / 1e6:.1f}M parameters"
+    )
     encoder = Encoder(tm.tokenizer, tm.spec)
     big = _param_bytes(tm.module) > EXTERNAL_DATA_BYTES
     if big and opts.external_data == "never":
@@ -223,7 +253,9 @@ def load(checkpoint: str | Path, opts: ExportOptions, log: Callable[[str], None]
     return Source(tm, encoder, opts.external_data == "always" or (opts.external_data == "auto" and big), rows)
 
 
-def trace(source: Source, graph: Path, opset: int, log: Callable[[str], None], gpu: bool = False) -> dict | None:
+def trace(
+    source: Source, graph: Path, opset: int, log: Callable[[str], None], gpu: bool = False
+) -> dict | None:
     """`torch.onnx.export` of the family's module into `graph`: the contract's inputs and
     outputs, dynamic batch, sequence and sentence axes, traced on a sample batch. `gpu`:
     the GPU graph (export/gpu.py: fused attention, a sentence column per position); returns
@@ -239,14 +271,27 @@ def trace(source: Source, graph: Path, opset: int, log: Callable[[str], None], g
     log(f"exporting ONNX (opset {opset}{', the GPU graph' if gpu else ''}) ...")
     fused = gpu_graph.fused_attention(source.model.module, log) if gpu else contextlib.nullcontext(None)
     try:
-        with torch.inference_mode(), warnings.catch_warnings(), traced_helpers(log), \
-                deberta.shared_position_indices(source.model.module, log), fused as swapped:
+        with (
+            torch.inference_mode(),
+            warnings.catch_warnings(),
+            traced_helpers(log),
+            deberta.shared_position_indices(source.model.module, log),
+            fused as swapped,
+        ):
             # TracerWarnings about Python branches on shapes are expected; the parity
             # check after export is what proves the graph generalises across shapes.
             warnings.simplefilter("ignore")
-            torch.onnx.export(wrapper, args, str(graph), input_names=input_names,
-                              output_names=list(GRAPH_OUTPUTS), dynamic_axes=dynamic_axes,
-                              opset_version=opset, do_constant_folding=True, dynamo=False)
+            torch.onnx.export(
+                wrapper,
+                args,
+                str(graph),
+                input_names=input_names,
+                output_names=list(GRAPH_OUTPUTS),
+                dynamic_axes=dynamic_axes,
+                opset_version=opset,
+                do_constant_folding=True,
+                dynamo=False,
+            )
     except Exception as exc:
         raise ExportError(f"torch.onnx.export failed: {type(exc).__name__}: {exc}") from exc
     # one sentence column per token position: consumers read the first max(sentence_ids) + 1
@@ -257,13 +302,20 @@ def save_fp32(raw: Path, fp32: Path, source: Source) -> None:
     """The traced graph `raw` as the fp32 graph `fp32` (its weights apart where `source`
     needs it), marked for the optimizer and the engine, and checked by onnx."""
     import onnx
+
     proto = onnx.load(str(raw))  # also pulls any external files torch wrote
     # The transformer optimizer checks the producer; our own mark goes in the metadata.
     proto.producer_name, proto.producer_version = "pytorch", torch.__version__
     onnx.helper.set_model_props(proto, {"prune-engine": engine.__version__, "family": source.family.name})
     if source.external:
-        onnx.save_model(proto, str(fp32), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location="model.onnx.data", size_threshold=1024)
+        onnx.save_model(
+            proto,
+            str(fp32),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location="model.onnx.data",
+            size_threshold=1024,
+        )
     else:
         onnx.save_model(proto, str(fp32))
     del proto
@@ -280,8 +332,9 @@ def save_tokenizer(tm: TorchModel, stage: Path) -> None:
         raise ExportError("the tokenizer could not be saved as tokenizer.json (fast tokenizer)")
 
 
-def convert(source: Source, fp32: Path, work: Path, opts: ExportOptions, parity: Parity,
-            log: Callable[[str], None]) -> tuple[Path, dict[str, Any]]:
+def convert(
+    source: Source, fp32: Path, work: Path, opts: ExportOptions, parity: Parity, log: Callable[[str], None]
+) -> tuple[Path, dict[str, Any]]:
     """The graph the export ships, made from `fp32` in folders of `work`: optimized
     (`opts.optimize`), then INT8 or FP16 (`opts.precision`), each checked by `parity`; that
     graph, and what each step did (for the manifest)."""
@@ -298,8 +351,9 @@ def convert(source: Source, fp32: Path, work: Path, opts: ExportOptions, parity:
     if opts.precision == "int8":
         log(f"quantizing to INT8 ({opts.int8_weight_type}, per_channel={opts.int8_per_channel}) ...")
         q = _step_path(work, "int8")
-        details["quantization"] = quantize_int8(current, q, opts.int8_weight_type, opts.int8_per_channel,
-                                                source.external)
+        details["quantization"] = quantize_int8(
+            current, q, opts.int8_weight_type, opts.int8_per_channel, source.external
+        )
         parity.check(q, "int8", INT8_TOLERANCE)
         current = q
     elif opts.precision == "fp16":
@@ -307,8 +361,9 @@ def convert(source: Source, fp32: Path, work: Path, opts: ExportOptions, parity:
         h = _step_path(work, "fp16")
         # from the plain fp32 graph: the optimizer then fuses for the GPU, SkipLayerNormalization
         # included (the CPU graph's is split back, export.optimize.unfuse_skip_layer_norm)
-        details["fp16"] = convert_fp16(fp32, h, heads, hidden, source.family.backbone == "deberta-v2",
-                                       source.external)
+        details["fp16"] = convert_fp16(
+            fp32, h, heads, hidden, source.family.backbone == "deberta-v2", source.external
+        )
         details["fusions"] = details["fp16"].pop("fusions")
         parity.check(h, "fp16", FP16_TOLERANCE)
         current = h
@@ -319,10 +374,16 @@ def save_tensorrt_graph(fp32: Path, stage: Path, external: bool) -> dict[str, in
     """model.trt.onnx in `stage`: the plain fp32 graph (TensorRT parses it, not ONNX
     Runtime's fused contrib ops) with TensorRT's graph fixes; what was fixed."""
     import onnx
+
     proto = onnx.load(str(fp32))
     fixes = fix_graph(proto)
-    onnx.save_model(proto, str(stage / "model.trt.onnx"), save_as_external_data=external,
-                    all_tensors_to_one_file=True, location="model.trt.onnx.data")
+    onnx.save_model(
+        proto,
+        str(stage / "model.trt.onnx"),
+        save_as_external_data=external,
+        all_tensors_to_one_file=True,
+        location="model.trt.onnx.data",
+    )
     return fixes
 
 
@@ -331,11 +392,18 @@ def manifest_defaults(fam: Family) -> dict[str, Any]:
     return fam.rules.recorded()
 
 
-def manifest_of(checkpoint: str | Path, source: Source, opts: ExportOptions, stage: Path,
-                details: dict[str, Any], checks: list[dict[str, Any]]) -> dict[str, Any]:
+def manifest_of(
+    checkpoint: str | Path,
+    source: Source,
+    opts: ExportOptions,
+    stage: Path,
+    details: dict[str, Any],
+    checks: list[dict[str, Any]],
+) -> dict[str, Any]:
     """The manifest of the export staged in `stage` (engine.pipeline.spec.Manifest reads it):
     `details`, what the conversion steps did; `checks`, the parity reports."""
     import onnx
+
     tm, fam = source.model, source.family
     heads, hidden = source.dims
     manifest: dict[str, Any] = {
@@ -352,20 +420,32 @@ def manifest_of(checkpoint: str | Path, source: Source, opts: ExportOptions, sta
         "opset": opts.opset,
         "inputs": list(tm.spec.input_names),
         "outputs": list(GRAPH_OUTPUTS),
-        "tokenizer": {"file": "tokenizer.json", "class": type(tm.hf_tokenizer).__name__,
-                      "vocab_size": len(tm.hf_tokenizer), "seps_between": fam.seps_between,
-                      **tm.spec.special_tokens()},
+        "tokenizer": {
+            "file": "tokenizer.json",
+            "class": type(tm.hf_tokenizer).__name__,
+            "vocab_size": len(tm.hf_tokenizer),
+            "seps_between": fam.seps_between,
+            **tm.spec.special_tokens(),
+        },
         # input_ids must stay below this (the word-embedding rows): servers check it
         "embedding_rows": source.rows,
         # absolute for a local folder, so `prune fidelity` finds it from any folder
-        "source": {"checkpoint": str(Path(checkpoint).resolve()) if Path(str(checkpoint)).exists()
-                   else str(checkpoint), "weights_sha256": tm.checkpoint.weights_sha256,
-                   "num_attention_heads": heads, "hidden_size": hidden},
+        "source": {
+            "checkpoint": str(Path(checkpoint).resolve())
+            if Path(str(checkpoint)).exists()
+            else str(checkpoint),
+            "weights_sha256": tm.checkpoint.weights_sha256,
+            "num_attention_heads": heads,
+            "hidden_size": hidden,
+        },
         "options": family_options(tm.module),
-        "exported_with": {"engine": engine.__version__, "torch": torch.__version__,
-                          "transformers": __import__("transformers").__version__,
-                          "onnx": onnx.__version__,
-                          "onnxruntime": __import__("onnxruntime").__version__},
+        "exported_with": {
+            "engine": engine.__version__,
+            "torch": torch.__version__,
+            "transformers": __import__("transformers").__version__,
+            "onnx": onnx.__version__,
+            "onnxruntime": __import__("onnxruntime").__version__,
+        },
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     if opts.verify:

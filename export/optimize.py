@@ -15,6 +15,7 @@
   the sentence pooling, and (for DeBERTa, which overflows in fp16) LayerNormalization
   stay float32. Runs on the CPU provider for tests; it is for GPUs.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -60,8 +61,16 @@ def encoder_dims(config: dict[str, Any]) -> tuple[int, int]:
     return int(base.get("num_attention_heads", 0)), int(base.get("hidden_size", 0))
 
 
-FUSED_OPS = ("Attention", "MultiHeadAttention", "SkipLayerNormalization", "EmbedLayerNormalization", "BiasGelu",
-             "Gelu", "FastGelu", "LayerNormalization")
+FUSED_OPS = (
+    "Attention",
+    "MultiHeadAttention",
+    "SkipLayerNormalization",
+    "EmbedLayerNormalization",
+    "BiasGelu",
+    "Gelu",
+    "FastGelu",
+    "LayerNormalization",
+)
 
 
 def fused_ops(graph) -> dict[str, int]:
@@ -73,13 +82,16 @@ def fused_ops(graph) -> dict[str, int]:
     return counts
 
 
-def optimize_graph(src: Path, dst: Path, num_heads: int, hidden_size: int, opt_level: int = 1,
-                   external_data: bool = False) -> dict[str, int]:
+def optimize_graph(
+    src: Path, dst: Path, num_heads: int, hidden_size: int, opt_level: int = 1, external_data: bool = False
+) -> dict[str, int]:
     """Run the transformer optimizer; returns the count of fused ops by type."""
     from onnxruntime.transformers.optimizer import optimize_model
+
     with _quiet_ort_logs():
-        opt = optimize_model(str(src), model_type="bert", num_heads=num_heads, hidden_size=hidden_size,
-                             opt_level=opt_level)
+        opt = optimize_model(
+            str(src), model_type="bert", num_heads=num_heads, hidden_size=hidden_size, opt_level=opt_level
+        )
     counts = fused_ops(opt.model.graph)
     unfused = unfuse_skip_layer_norm(opt.model.graph)
     if unfused:
@@ -96,6 +108,7 @@ def unfuse_skip_layer_norm(graph) -> int:
     fp16 conversion re-runs the optimizer, which fuses them again for the GPU. A node whose
     mean or inverse-deviation output is used is left as it is."""
     from onnx import helper
+
     nodes, count = [], 0
     for n in graph.node:
         outs = list(n.output) + [""] * 4
@@ -105,13 +118,21 @@ def unfuse_skip_layer_norm(graph) -> int:
         x, skip, gamma, beta, bias = (list(n.input) + [""] * 5)[:5]
         eps = next((a.f for a in n.attribute if a.name == "epsilon"), 1e-12)
         name = f"{n.name or 'SkipLayerNorm'}_unfused_{count}"
-        total = outs[3] or f"{name}_sum"             # input + skip (+ bias): the residual stream
+        total = outs[3] or f"{name}_sum"  # input + skip (+ bias): the residual stream
         first = f"{name}_sum_no_bias" if bias else total
         nodes.append(helper.make_node("Add", [x, skip], [first], name=f"{name}_add"))
         if bias:
             nodes.append(helper.make_node("Add", [first, bias], [total], name=f"{name}_add_bias"))
-        nodes.append(helper.make_node("LayerNormalization", [total, gamma] + ([beta] if beta else []), [outs[0]],
-                                      name=f"{name}_layer_norm", axis=-1, epsilon=eps))
+        nodes.append(
+            helper.make_node(
+                "LayerNormalization",
+                [total, gamma] + ([beta] if beta else []),
+                [outs[0]],
+                name=f"{name}_layer_norm",
+                axis=-1,
+                epsilon=eps,
+            )
+        )
         count += 1
     del graph.node[:]
     graph.node.extend(nodes)
@@ -131,46 +152,73 @@ def weight_matmuls(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
     return quantize, other
 
 
-def quantize_int8(src: Path, dst: Path, weight_type: str = "QInt8", per_channel: bool = True,
-                  external_data: bool = False) -> dict[str, Any]:
+def quantize_int8(
+    src: Path, dst: Path, weight_type: str = "QInt8", per_channel: bool = True, external_data: bool = False
+) -> dict[str, Any]:
     """Dynamic INT8 quantization of `src` into `dst` (ONNX Runtime's quantizer)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
+
     model = onnx.load(str(src))
     nodes, kept_fp32 = weight_matmuls(model)
     if not nodes:
         raise ValueError(f"{src}: no encoder weight MatMul to quantize")
     with _quiet_ort_logs():
-        quantize_dynamic(str(src), str(dst), weight_type=getattr(QuantType, weight_type), per_channel=per_channel,
-                         op_types_to_quantize=["MatMul", "Attention"], nodes_to_quantize=nodes,
-                         use_external_data_format=external_data,
-                         # needed for graphs the transformer optimizer fused (environment notes)
-                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
-    return {"weight_type": weight_type, "per_channel": per_channel, "quantized_nodes": len(nodes),
-            "float32_nodes": len(kept_fp32)}
+        quantize_dynamic(
+            str(src),
+            str(dst),
+            weight_type=getattr(QuantType, weight_type),
+            per_channel=per_channel,
+            op_types_to_quantize=["MatMul", "Attention"],
+            nodes_to_quantize=nodes,
+            use_external_data_format=external_data,
+            # needed for graphs the transformer optimizer fused (environment notes)
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
+    return {
+        "weight_type": weight_type,
+        "per_channel": per_channel,
+        "quantized_nodes": len(nodes),
+        "float32_nodes": len(kept_fp32),
+    }
 
 
-def convert_fp16(src: Path, dst: Path, num_heads: int, hidden_size: int, keep_layernorm_fp32: bool,
-                 external_data: bool = False) -> dict[str, Any]:
+def convert_fp16(
+    src: Path,
+    dst: Path,
+    num_heads: int,
+    hidden_size: int,
+    keep_layernorm_fp32: bool,
+    external_data: bool = False,
+) -> dict[str, Any]:
     """fp16 graph with float32 I/O; Softmax, heads and pooling (and LayerNorm) in float32. It
     runs the transformer optimizer on `src` (the plain fp32 graph) first: `fusions` counts them."""
     from onnxruntime.transformers.optimizer import optimize_model
+
     with _quiet_ort_logs():
-        opt = optimize_model(str(src), model_type="bert", num_heads=num_heads, hidden_size=hidden_size,
-                             opt_level=0)
+        opt = optimize_model(
+            str(src), model_type="bert", num_heads=num_heads, hidden_size=hidden_size, opt_level=0
+        )
     keep_ops = ["Softmax"]
     if keep_layernorm_fp32:
         keep_ops += ["LayerNormalization", "SkipLayerNormalization"]
-    head_nodes = [n.name for n in opt.model.graph.node
-                  if not in_encoder(n) and "embeddings/" not in n.name
-                  and not any("embeddings." in i for i in n.input)]  # DeBERTa's rel_embeddings, read by an encoder node
+    head_nodes = [
+        n.name
+        for n in opt.model.graph.node
+        if not in_encoder(n) and "embeddings/" not in n.name and not any("embeddings." in i for i in n.input)
+    ]  # DeBERTa's rel_embeddings, read by an encoder node
     fusions = fused_ops(opt.model.graph)
     with _quiet_ort_logs():
         opt.convert_float_to_float16(keep_io_types=True, op_block_list=keep_ops, node_block_list=head_nodes)
     dropped = drop_repeated_nodes(opt.model.graph)
     renamed = unique_node_names(opt.model.graph)
     opt.save_model_to_file(str(dst), use_external_data_format=external_data)
-    return {"fusions": fusions, "float32_ops": keep_ops, "float32_nodes": len(head_nodes),
-            "repeated_casts_dropped": dropped, "renamed_nodes": renamed}
+    return {
+        "fusions": fusions,
+        "float32_ops": keep_ops,
+        "float32_nodes": len(head_nodes),
+        "repeated_casts_dropped": dropped,
+        "renamed_nodes": renamed,
+    }
 
 
 def drop_repeated_nodes(graph) -> int:
@@ -184,6 +232,7 @@ def drop_repeated_nodes(graph) -> int:
     The copies are the same Cast of the same input, so every consumer reads the first.
     Two different nodes writing one name would be a real conflict: that raises."""
     from engine.errors import ExportError
+
     producer: dict[str, Any] = {}
     keep = []
     dropped = 0
@@ -191,12 +240,18 @@ def drop_repeated_nodes(graph) -> int:
         earlier = [producer[o] for o in node.output if o and o in producer]
         if earlier:
             first = earlier[0]
-            same = (first.op_type == node.op_type and first.domain == node.domain
-                    and list(first.input) == list(node.input) and list(first.output) == list(node.output)
-                    and [a.SerializeToString() for a in first.attribute]
-                    == [a.SerializeToString() for a in node.attribute])
+            same = (
+                first.op_type == node.op_type
+                and first.domain == node.domain
+                and list(first.input) == list(node.input)
+                and list(first.output) == list(node.output)
+                and [a.SerializeToString() for a in first.attribute]
+                == [a.SerializeToString() for a in node.attribute]
+            )
             if not same:
-                raise ExportError(f"two different nodes ({first.name}, {node.name}) write the tensor {node.output[0]}")
+                raise ExportError(
+                    f"two different nodes ({first.name}, {node.name}) write the tensor {node.output[0]}"
+                )
             dropped += 1
             continue
         for o in node.output:
@@ -238,6 +293,7 @@ def unique_node_names(graph) -> int:
 
 
 # --------------------------------------------------------------------------- graph fixes
+
 
 def fix_graph(model: onnx.ModelProto) -> dict[str, int]:
     """Graph changes TensorRT needs, in place; returns what was changed.

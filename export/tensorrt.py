@@ -11,6 +11,7 @@ Inside a container:
     prune export --model CHECKPOINT --out build/p-trt --precision fp16 --tensorrt
     # or, with trtexec, the command written to build/p-trt/build_tensorrt.sh
 """
+
 from __future__ import annotations
 
 import shlex
@@ -30,8 +31,13 @@ Profile = dict[str, tuple[Shape, Shape, Shape]]
 DEFAULT_GROUPS = (128, 256, 512)
 
 
-def profiles(input_names: Sequence[str], buckets: Sequence[int], max_batch_size: int,
-             groups: Sequence[int] = DEFAULT_GROUPS, opt_batch: int | None = None) -> list[Profile]:
+def profiles(
+    input_names: Sequence[str],
+    buckets: Sequence[int],
+    max_batch_size: int,
+    groups: Sequence[int] = DEFAULT_GROUPS,
+    opt_batch: int | None = None,
+) -> list[Profile]:
     """One profile per length group: min (1, shortest bucket of the group), opt (opt_batch,
     longest bucket of the group), max (max_batch_size, longest bucket of the group)."""
     if max_batch_size < 1 or not buckets:
@@ -54,13 +60,24 @@ def _shape_arg(profile: Profile, which: int) -> str:
     return ",".join(f"{name}:{s[which][0]}x{s[which][1]}" for name, s in profile.items())
 
 
-def trtexec_command(onnx_path: str | Path, plan_path: str | Path, profile: Profile,
-                    precision: str = "fp16", workspace_mib: int = 8192) -> list[str]:
+def trtexec_command(
+    onnx_path: str | Path,
+    plan_path: str | Path,
+    profile: Profile,
+    precision: str = "fp16",
+    workspace_mib: int = 8192,
+) -> list[str]:
     """A trtexec command line building one plan for `profile` (trtexec takes one profile;
     the Python builder below takes several)."""
-    cmd = ["trtexec", f"--onnx={onnx_path}", f"--saveEngine={plan_path}",
-           f"--minShapes={_shape_arg(profile, 0)}", f"--optShapes={_shape_arg(profile, 1)}",
-           f"--maxShapes={_shape_arg(profile, 2)}", f"--memPoolSize=workspace:{workspace_mib}M"]
+    cmd = [
+        "trtexec",
+        f"--onnx={onnx_path}",
+        f"--saveEngine={plan_path}",
+        f"--minShapes={_shape_arg(profile, 0)}",
+        f"--optShapes={_shape_arg(profile, 1)}",
+        f"--maxShapes={_shape_arg(profile, 2)}",
+        f"--memPoolSize=workspace:{workspace_mib}M",
+    ]
     if precision in ("fp16", "int8", "fp8"):
         cmd.append("--fp16")
     if precision == "int8":
@@ -72,19 +89,23 @@ def trtexec_command(onnx_path: str | Path, plan_path: str | Path, profile: Profi
     return cmd
 
 
-def write_build_script(folder: Path, input_names: Sequence[str], buckets: Sequence[int],
-                       max_batch_size: int, precision: str) -> Path:
+def write_build_script(
+    folder: Path, input_names: Sequence[str], buckets: Sequence[int], max_batch_size: int, precision: str
+) -> Path:
     """A trtexec script that builds the plan in `folder`, where TensorRT is."""
     whole = profiles(input_names, buckets, max_batch_size, groups=(max(buckets),))[0]
     cmd = trtexec_command("model.trt.onnx", "model.plan", whole, precision)
     script = folder / "build_tensorrt.sh"
-    script.write_text("#!/usr/bin/env bash\n# Build the TensorRT plan inside NVIDIA's TensorRT or Triton container.\n"
-                      "set -euo pipefail\ncd \"$(dirname \"$0\")\"\n" + " ".join(shlex.quote(c) for c in cmd) + "\n")
+    script.write_text(
+        "#!/usr/bin/env bash\n# Build the TensorRT plan inside NVIDIA's TensorRT or Triton container.\n"
+        'set -euo pipefail\ncd "$(dirname "$0")"\n' + " ".join(shlex.quote(c) for c in cmd) + "\n"
+    )
     script.chmod(0o755)
     return script
 
 
 # --------------------------------------------------------------------------- build / check
+
 
 def tensorrt_available() -> bool:
     """Whether TensorRT's Python package imports here."""
@@ -102,12 +123,18 @@ def _require_tensorrt():
         raise ExportError(
             "TensorRT is not installed in this Python environment (PyPI's `tensorrt` downloads its "
             "libraries from NVIDIA's index at install time): build the plan with the export folder's "
-            "build_tensorrt.sh where TensorRT is, e.g. NVIDIA's TensorRT or Triton container") from exc
+            "build_tensorrt.sh where TensorRT is, e.g. NVIDIA's TensorRT or Triton container"
+        ) from exc
     return trt
 
 
-def build_engine(onnx_path: Path, plan_path: Path, profile_list: list[Profile], precision: str = "fp16",
-                 workspace_bytes: int = 8 << 30) -> Path:
+def build_engine(
+    onnx_path: Path,
+    plan_path: Path,
+    profile_list: list[Profile],
+    precision: str = "fp16",
+    workspace_bytes: int = 8 << 30,
+) -> Path:
     """Build and serialize a plan with the TensorRT Python API (several profiles)."""
     trt = _require_tensorrt()
     logger = trt.Logger(trt.Logger.WARNING)
@@ -141,6 +168,7 @@ def run_engine(plan_path: Path, feeds: list[dict[str, np.ndarray]]) -> list[tupl
     """Run a plan on host arrays (TensorRT + torch CUDA for the buffers)."""
     trt = _require_tensorrt()
     import torch
+
     runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
     engine = runtime.deserialize_cuda_engine(plan_path.read_bytes())
     context = engine.create_execution_context()
@@ -162,51 +190,68 @@ def run_engine(plan_path: Path, feeds: list[dict[str, np.ndarray]]) -> list[tupl
     return out
 
 
-def check_engine(plan_path: Path, onnx_path: Path, feeds: list[dict[str, np.ndarray]],
-                 tolerance: float) -> dict[str, float]:
+def check_engine(
+    plan_path: Path, onnx_path: Path, feeds: list[dict[str, np.ndarray]], tolerance: float
+) -> dict[str, float]:
     """The engine against ONNX Runtime on the same inputs (as `polygraphy run --trt --onnxrt`)."""
     import onnxruntime as ort
+
     sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     worst = 0.0
     for feed, (r, p) in zip(feeds, run_engine(plan_path, feeds)):
         r_ref, p_ref = sess.run(["rerank_score", "sentence_probs"], feed)
         worst = max(worst, float(np.abs(p - p_ref).max(initial=0)), float(np.abs(r - r_ref).max(initial=0)))
     if worst > tolerance:
-        raise ExportError(f"the TensorRT engine disagrees with ONNX Runtime: max |diff| {worst:.3g} > {tolerance}")
+        raise ExportError(
+            f"the TensorRT engine disagrees with ONNX Runtime: max |diff| {worst:.3g} > {tolerance}"
+        )
     return {"max_abs_diff_vs_onnxruntime": worst, "tolerance": tolerance}
 
 
-def export_tensorrt(folder: Path, precision: str = "fp16", max_batch_size: int = 64,
-                    log=print) -> dict[str, Any]:
+def export_tensorrt(
+    folder: Path, precision: str = "fp16", max_batch_size: int = 64, log=print
+) -> dict[str, Any]:
     """Add a TensorRT plan to an exported folder: fixed graph, build script, and (where
     TensorRT exists) the plan, checked against ONNX Runtime. Updates the manifest."""
     from engine.pipeline.encode import Encoder, manifest_tokenizer
     from engine.pipeline.spec import Manifest
     from export.samples import sample_batches
+
     if precision not in ("fp32", "fp16"):
-        raise ExportError("TensorRT INT8/FP8 need a graph with calibrated Q/DQ nodes (e.g. from NVIDIA "
-                          "ModelOpt), which this exporter does not make: use --precision fp16 with "
-                          "--tensorrt; the trtexec command in export.tensorrt takes --int8/--fp8 for such graphs")
+        raise ExportError(
+            "TensorRT INT8/FP8 need a graph with calibrated Q/DQ nodes (e.g. from NVIDIA "
+            "ModelOpt), which this exporter does not make: use --precision fp16 with "
+            "--tensorrt; the trtexec command in export.tensorrt takes --int8/--fp8 for such graphs"
+        )
     manifest = Manifest.read(folder)
     trt_graph = folder / "model.trt.onnx"
     if not trt_graph.is_file():
-        raise ExportError(f"{trt_graph} is missing: export with --tensorrt (TensorRT needs the plain "
-                          "fp32 graph, without ONNX Runtime's fused contrib ops)")
+        raise ExportError(
+            f"{trt_graph} is missing: export with --tensorrt (TensorRT needs the plain "
+            "fp32 graph, without ONNX Runtime's fused contrib ops)"
+        )
     changed = manifest.data.get("tensorrt_graph_fixes", {})
     names = list(manifest.inputs)
     script = write_build_script(folder, names, list(manifest.buckets), max_batch_size, precision)
     profile_list = profiles(names, list(manifest.buckets), max_batch_size)
-    built = {"onnx": "model.trt.onnx", "graph_fixes": changed, "precision": precision,
-             "max_batch_size": max_batch_size, "build_script": script.name,
-             "profiles": [{n: [list(s) for s in shapes] for n, shapes in p.items()} for p in profile_list],
-             "plan": None}
+    built = {
+        "onnx": "model.trt.onnx",
+        "graph_fixes": changed,
+        "precision": precision,
+        "max_batch_size": max_batch_size,
+        "build_script": script.name,
+        "profiles": [{n: [list(s) for s in shapes] for n, shapes in p.items()} for p in profile_list],
+        "plan": None,
+    }
     manifest.with_changes(tensorrt=built).write(folder)
     log(f"TensorRT input graph {trt_graph.name} (fixes: {changed}); trtexec script {script}")
     if not tensorrt_available():
         # the export is complete without the plan: a note, not a failure (`set -e` scripts go on)
-        log(f"note: TensorRT is not installed in this Python environment, so no plan was built here; run "
+        log(
+            f"note: TensorRT is not installed in this Python environment, so no plan was built here; run "
             f"`sh {script.name}` in {folder} where TensorRT is (NVIDIA's TensorRT or Triton container) "
-            "to build model.plan")
+            "to build model.plan"
+        )
         return built
     plan = build_engine(folder / "model.trt.onnx", folder / "model.plan", profile_list, precision)
     spec = manifest.spec(name=folder.name)

@@ -22,6 +22,7 @@ splitting, tokenization and decisions and sending blocks to the core over BLS. T
 tokenizer and the manifest are files in its version folder; clients of the core fetch
 the tokenizer from it (a describe request), so no config carries the tokenizer.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,19 +36,31 @@ from engine.pipeline.spec import RUNTIMES as MANIFEST_RUNTIMES
 from engine.pipeline.spec import Manifest
 from triton_models import CORE, TEXT, template
 from engine.settings import DEFAULTS, checked
-from engine.triton.wire import DEFAULT_MAX_CHARS, DEFAULT_MAX_PASSAGES, DESCRIBE_OUTPUTS, TEXT_INPUTS, TEXT_OUTPUTS
+from engine.triton.wire import (
+    DEFAULT_MAX_CHARS,
+    DEFAULT_MAX_PASSAGES,
+    DESCRIBE_OUTPUTS,
+    TEXT_INPUTS,
+    TEXT_OUTPUTS,
+)
 
 TARGETS = ("cpu", "cpu-openvino", "gpu-onnx", "gpu-tensorrt")
 #: what the cpu target's python core model can run the graph with
 RUNTIMES = tuple(MANIFEST_RUNTIMES)
 TEXT_SUFFIX = "_text"
-_TRITON_TYPES = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32", "INT32": "TYPE_INT32", "INT64": "TYPE_INT64",
-                 "BOOL": "TYPE_BOOL"}
+_TRITON_TYPES = {
+    "BYTES": "TYPE_STRING",
+    "FP32": "TYPE_FP32",
+    "INT32": "TYPE_INT32",
+    "INT64": "TYPE_INT64",
+    "BOOL": "TYPE_BOOL",
+}
 
 
 @dataclass
 class RepositoryOptions:
     """What `prune repository` writes: target, batching, instances, threads, the text model."""
+
     target: str = "cpu"
     name: str | None = None
     max_batch_size: int = DEFAULTS.max_batch_size
@@ -64,7 +77,7 @@ class RepositoryOptions:
     text_max_chars: int = DEFAULT_MAX_CHARS
     core_timeout_ms: int = 60_000
     overwrite: bool = False
-    ort_arena: str = DEFAULTS.ort_arena          # cpu target: what ONNX Runtime's arena does after a run
+    ort_arena: str = DEFAULTS.ort_arena  # cpu target: what ONNX Runtime's arena does after a run
     ort_denormals: str = DEFAULTS.ort_denormals  # cpu target: ONNX Runtime's denormal floats
     join_requests: str = DEFAULTS.join_requests  # cpu target: join the batcher's requests in one run
     #: cpu target: the python core's runtime (onnxruntime/openvino); None: the export's
@@ -101,24 +114,37 @@ def _tensor(name: str, dtype: str, dims: str, reshape: str = "", optional: bool 
 
 
 def _parameters(params: dict[str, str]) -> str:
-    return "\n".join(f'parameters: {{\n  key: "{k}"\n  value: {{ string_value: {json.dumps(v)} }}\n}}'
-                     for k, v in params.items())
+    return "\n".join(
+        f'parameters: {{\n  key: "{k}"\n  value: {{ string_value: {json.dumps(v)} }}\n}}'
+        for k, v in params.items()
+    )
 
 
 def render_text_config(name: str, core: str, manifest: Manifest, opts: RepositoryOptions) -> str:
     """config.pbtxt of the text model `name` in front of the core model `core`."""
-    inputs = ",\n".join(_tensor(n, _TRITON_TYPES[t], ", ".join(map(str, d)), optional=True)
-                        for n, (t, d) in TEXT_INPUTS.items())
-    outputs = ",\n".join(_tensor(n, _TRITON_TYPES[t], ", ".join(map(str, d)))
-                         for n, (t, d) in {**TEXT_OUTPUTS, **DESCRIBE_OUTPUTS}.items())
-    params = {"core_model": core, "core_max_batch_size": str(opts.max_batch_size),
-              "max_batch_tokens": str(opts.max_batch_tokens), "max_passages": str(opts.text_max_passages),
-              "max_chars": str(opts.text_max_chars), "core_timeout_ms": str(opts.core_timeout_ms),
-              "prune_manifest": json.dumps(manifest.to_dict())}
-    return (f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
-            f"input [\n{inputs}\n]\noutput [\n{outputs}\n]\n"
-            f"instance_group [ {{ count: {opts.text_instances} kind: KIND_CPU }} ]\n"
-            f"version_policy: {{ latest: {{ num_versions: 1 }} }}\n" + _parameters(params) + "\n")
+    inputs = ",\n".join(
+        _tensor(n, _TRITON_TYPES[t], ", ".join(map(str, d)), optional=True)
+        for n, (t, d) in TEXT_INPUTS.items()
+    )
+    outputs = ",\n".join(
+        _tensor(n, _TRITON_TYPES[t], ", ".join(map(str, d)))
+        for n, (t, d) in {**TEXT_OUTPUTS, **DESCRIBE_OUTPUTS}.items()
+    )
+    params = {
+        "core_model": core,
+        "core_max_batch_size": str(opts.max_batch_size),
+        "max_batch_tokens": str(opts.max_batch_tokens),
+        "max_passages": str(opts.text_max_passages),
+        "max_chars": str(opts.text_max_chars),
+        "core_timeout_ms": str(opts.core_timeout_ms),
+        "prune_manifest": json.dumps(manifest.to_dict()),
+    }
+    return (
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
+        f"input [\n{inputs}\n]\noutput [\n{outputs}\n]\n"
+        f"instance_group [ {{ count: {opts.text_instances} kind: KIND_CPU }} ]\n"
+        f"version_policy: {{ latest: {{ num_versions: 1 }} }}\n" + _parameters(params) + "\n"
+    )
 
 
 def joins_requests(manifest: Manifest, opts: RepositoryOptions) -> bool:
@@ -134,12 +160,17 @@ def render_config(name: str, manifest: Manifest, opts: RepositoryOptions, text_m
     """The core model's config.pbtxt."""
     inputs = ",\n".join(_tensor(n, "TYPE_INT64", "-1") for n in manifest.inputs)
     # rerank_score is [B]: exposed as [B, 1] with the model's own shape [B] (reshape [])
-    outputs = ",\n".join([_tensor("rerank_score", "TYPE_FP32", "1", "\n    reshape: { shape: [ ] }"),
-                          _tensor("sentence_probs", "TYPE_FP32", "-1")])
+    outputs = ",\n".join(
+        [
+            _tensor("rerank_score", "TYPE_FP32", "1", "\n    reshape: { shape: [ ] }"),
+            _tensor("sentence_probs", "TYPE_FP32", "-1"),
+        ]
+    )
     if opts.target == "cpu-openvino":
         return render_openvino_config(name, manifest, opts, text_model)
-    preferred = opts.preferred_batch_sizes or preferred_sizes(list(manifest.buckets), opts.max_batch_tokens,
-                                                              opts.max_batch_size)
+    preferred = opts.preferred_batch_sizes or preferred_sizes(
+        list(manifest.buckets), opts.max_batch_tokens, opts.max_batch_size
+    )
     if opts.target == "cpu":
         head = 'backend: "python"'
         kind = "KIND_CPU"
@@ -149,10 +180,14 @@ def render_config(name: str, manifest: Manifest, opts: RepositoryOptions, text_m
     else:
         head = 'platform: "tensorrt_plan"'
         kind = "KIND_GPU"
-    params = {"pad_id": str(manifest.tokenizer.pad_id), "prune_manifest": json.dumps(manifest.to_dict()),
-              "intra_op_threads": str(opts.intra_op_threads), "ort_arena": opts.ort_arena,
-              "ort_denormals": opts.ort_denormals,
-              "ort_shrink_above_tokens": str(SHRINK_ABOVE_TOKENS)}
+    params = {
+        "pad_id": str(manifest.tokenizer.pad_id),
+        "prune_manifest": json.dumps(manifest.to_dict()),
+        "intra_op_threads": str(opts.intra_op_threads),
+        "ort_arena": opts.ort_arena,
+        "ort_denormals": opts.ort_denormals,
+        "ort_shrink_above_tokens": str(SHRINK_ABOVE_TOKENS),
+    }
     if opts.target == "cpu":
         params["join_requests"] = "true" if joins_requests(manifest, opts) else "false"
         runtime = core_runtime(manifest, opts)
@@ -165,17 +200,21 @@ def render_config(name: str, manifest: Manifest, opts: RepositoryOptions, text_m
     param_text = _parameters(params)
     accel = ""
     if opts.target == "gpu-onnx" and opts.trt_accelerator:
-        accel = ('optimization {\n  execution_accelerators {\n    gpu_execution_accelerator: [ {\n'
-                 '      name: "tensorrt"\n      parameters { key: "precision_mode" value: "FP16" }\n'
-                 '      parameters { key: "max_workspace_size_bytes" value: "4294967296" }\n'
-                 '      parameters { key: "trt_engine_cache_enable" value: "1" }\n    } ]\n  }\n}\n')
-    return (f'name: "{name}"\n{head}\nmax_batch_size: {opts.max_batch_size}\n'
-            f"input [\n{inputs}\n]\noutput [\n{outputs}\n]\n"
-            f"dynamic_batching {{\n  preferred_batch_size: [ {', '.join(map(str, preferred))} ]\n"
-            f"  max_queue_delay_microseconds: {opts.max_queue_delay_us}\n}}\n"
-            f"instance_group [ {{ count: {opts.instances} kind: {kind} }} ]\n"
-            f"version_policy: {{ latest: {{ num_versions: 1 }} }}\n"
-            f"{accel}{_warmup(manifest, batched=True)}" + param_text + "\n")
+        accel = (
+            "optimization {\n  execution_accelerators {\n    gpu_execution_accelerator: [ {\n"
+            '      name: "tensorrt"\n      parameters { key: "precision_mode" value: "FP16" }\n'
+            '      parameters { key: "max_workspace_size_bytes" value: "4294967296" }\n'
+            '      parameters { key: "trt_engine_cache_enable" value: "1" }\n    } ]\n  }\n}\n'
+        )
+    return (
+        f'name: "{name}"\n{head}\nmax_batch_size: {opts.max_batch_size}\n'
+        f"input [\n{inputs}\n]\noutput [\n{outputs}\n]\n"
+        f"dynamic_batching {{\n  preferred_batch_size: [ {', '.join(map(str, preferred))} ]\n"
+        f"  max_queue_delay_microseconds: {opts.max_queue_delay_us}\n}}\n"
+        f"instance_group [ {{ count: {opts.instances} kind: {kind} }} ]\n"
+        f"version_policy: {{ latest: {{ num_versions: 1 }} }}\n"
+        f"{accel}{_warmup(manifest, batched=True)}" + param_text + "\n"
+    )
 
 
 def _warmup(manifest: Manifest, batched: bool) -> str:
@@ -187,8 +226,10 @@ def _warmup(manifest: Manifest, batched: bool) -> str:
         parts = []
         for n in manifest.inputs:
             data = f'input_data_file: "ones_{length}"' if n == "attention_mask" else "zero_data: true"
-            parts.append(f'    inputs {{\n      key: "{n}"\n      value: {{ data_type: TYPE_INT64 '
-                         f'dims: [ {dims} ] {data} }}\n    }}')
+            parts.append(
+                f'    inputs {{\n      key: "{n}"\n      value: {{ data_type: TYPE_INT64 '
+                f"dims: [ {dims} ] {data} }}\n    }}"
+            )
         tensors = "\n".join(parts)
         warmups.append(f'  {{\n    name: "warmup_{length}"\n    batch_size: 1\n{tensors}\n  }}')
     return "model_warmup [\n" + ",\n".join(warmups) + "\n]\n"
@@ -210,7 +251,9 @@ def core_graph(manifest: Manifest) -> str:
     return "model.xml" if is_ir(manifest) else "model.onnx"
 
 
-def render_openvino_config(name: str, manifest: Manifest, opts: RepositoryOptions, text_model: str | None) -> str:
+def render_openvino_config(
+    name: str, manifest: Manifest, opts: RepositoryOptions, text_model: str | None
+) -> str:
     """The core model's config.pbtxt for Triton's openvino backend (NVIDIA's container).
 
     `max_batch_size: 0` with the batch axis in the dims: that backend answers a batched
@@ -219,20 +262,26 @@ def render_openvino_config(name: str, manifest: Manifest, opts: RepositoryOption
     token budget, at the length buckets) go to it as they are, one run each, on
     `instances` instances of one stream each (its latency setting)."""
     inputs = ",\n".join(_tensor(n, "TYPE_INT64", "-1, -1") for n in manifest.inputs)
-    outputs = ",\n".join([_tensor("rerank_score", "TYPE_FP32", "-1"), _tensor("sentence_probs", "TYPE_FP32", "-1, -1")])
+    outputs = ",\n".join(
+        [_tensor("rerank_score", "TYPE_FP32", "-1"), _tensor("sentence_probs", "TYPE_FP32", "-1, -1")]
+    )
     params = {"NUM_STREAMS": "1", "PERFORMANCE_HINT": "LATENCY"}
     if opts.intra_op_threads:
         params["INFERENCE_NUM_THREADS"] = str(opts.intra_op_threads)
     if opts.inference_precision == "bf16":
         params["HINT_BF16"] = "YES"
-    params.update({"pad_id": str(manifest.tokenizer.pad_id), "prune_manifest": json.dumps(manifest.to_dict())})
+    params.update(
+        {"pad_id": str(manifest.tokenizer.pad_id), "prune_manifest": json.dumps(manifest.to_dict())}
+    )
     if text_model:
         params["prune_text_model"] = text_model
-    return (f'name: "{name}"\nbackend: "openvino"\ndefault_model_filename: "{core_graph(manifest)}"\n'
-            f"max_batch_size: 0\ninput [\n{inputs}\n]\noutput [\n{outputs}\n]\n"
-            f"instance_group [ {{ count: {opts.instances} kind: KIND_CPU }} ]\n"
-            f"version_policy: {{ latest: {{ num_versions: 1 }} }}\n"
-            f"{_warmup(manifest, batched=False)}" + _parameters(params) + "\n")
+    return (
+        f'name: "{name}"\nbackend: "openvino"\ndefault_model_filename: "{core_graph(manifest)}"\n'
+        f"max_batch_size: 0\ninput [\n{inputs}\n]\noutput [\n{outputs}\n]\n"
+        f"instance_group [ {{ count: {opts.instances} kind: KIND_CPU }} ]\n"
+        f"version_policy: {{ latest: {{ num_versions: 1 }} }}\n"
+        f"{_warmup(manifest, batched=False)}" + _parameters(params) + "\n"
+    )
 
 
 def with_preferred_runtime(manifest: Manifest, opts: RepositoryOptions, log=print) -> RepositoryOptions:
@@ -247,16 +296,20 @@ def with_preferred_runtime(manifest: Manifest, opts: RepositoryOptions, log=prin
     precision = opts.inference_precision
     if precision is None:
         on_openvino = opts.target == "cpu-openvino" or (
-            opts.target == "cpu" and (runtime == "openvino" or is_ir(manifest)))
-        precision = pref.precision if pref is not None and pref.backend == "openvino" and on_openvino else "fp32"
+            opts.target == "cpu" and (runtime == "openvino" or is_ir(manifest))
+        )
+        precision = (
+            pref.precision if pref is not None and pref.backend == "openvino" and on_openvino else "fp32"
+        )
     if pref is not None and (opts.runtime is None or opts.inference_precision is None):
-        log(f"the export prefers {pref} (prune export --precision auto): the core model runs "
-            f"{'openvino' if opts.target == 'cpu-openvino' else runtime} {precision}")
+        log(
+            f"the export prefers {pref} (prune export --precision auto): the core model runs "
+            f"{'openvino' if opts.target == 'cpu-openvino' else runtime} {precision}"
+        )
     return replace(opts, runtime=runtime, inference_precision=precision)
 
 
-def build_repository(model_folder: str | Path, out: str | Path, opts: RepositoryOptions,
-                     log=print) -> Path:
+def build_repository(model_folder: str | Path, out: str | Path, opts: RepositoryOptions, log=print) -> Path:
     """Write (or add to) a model repository; returns the model's folder."""
     model_folder = Path(model_folder)
     manifest = Manifest.read(model_folder)
@@ -268,27 +321,43 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
     if opts.runtime not in RUNTIMES:
         raise ExportError(f"runtime must be one of {RUNTIMES}, got {opts.runtime!r}")
     if opts.inference_precision not in MANIFEST_RUNTIMES["openvino"]:
-        raise ExportError(f"inference_precision must be one of {MANIFEST_RUNTIMES['openvino']}, "
-                          f"got {opts.inference_precision!r}")
+        raise ExportError(
+            f"inference_precision must be one of {MANIFEST_RUNTIMES['openvino']}, "
+            f"got {opts.inference_precision!r}"
+        )
     if opts.runtime != "onnxruntime" and opts.target != "cpu":
-        raise ExportError(f"runtime {opts.runtime} is the cpu target's python core; --target cpu-openvino "
-                          "is Triton's own openvino backend")
-    openvino = opts.target == "cpu-openvino" or (opts.target == "cpu" and core_runtime(manifest, opts) == "openvino")
+        raise ExportError(
+            f"runtime {opts.runtime} is the cpu target's python core; --target cpu-openvino "
+            "is Triton's own openvino backend"
+        )
+    openvino = opts.target == "cpu-openvino" or (
+        opts.target == "cpu" and core_runtime(manifest, opts) == "openvino"
+    )
     if opts.inference_precision == "bf16" and not openvino:
-        raise ExportError("inference_precision bf16 is OpenVINO's: use --target cpu-openvino, or --target cpu "
-                          "with --backend openvino")
+        raise ExportError(
+            "inference_precision bf16 is OpenVINO's: use --target cpu-openvino, or --target cpu "
+            "with --backend openvino"
+        )
     if is_ir(manifest) and opts.target not in ("cpu", "cpu-openvino"):
-        raise ExportError(f"{model_folder} is an OpenVINO IR ({manifest.precision}): it serves on the cpu or "
-                          f"cpu-openvino target, not {opts.target}")
+        raise ExportError(
+            f"{model_folder} is an OpenVINO IR ({manifest.precision}): it serves on the cpu or "
+            f"cpu-openvino target, not {opts.target}"
+        )
     if openvino and manifest.precision == "int8":
-        log("note: OpenVINO runs ONNX Runtime's dynamic INT8 graph at a fraction of its fp32 speed; for INT8 on "
-            "OpenVINO export --precision ov-int8 (static scales) and serve that")
+        log(
+            "note: OpenVINO runs ONNX Runtime's dynamic INT8 graph at a fraction of its fp32 speed; for INT8 on "
+            "OpenVINO export --precision ov-int8 (static scales) and serve that"
+        )
     if opts.join_requests == "never" and opts.target != "cpu":
-        raise ExportError(f"join_requests never needs the cpu target: Triton's own backends ({opts.target}) "
-                          "always run the requests the dynamic batcher groups as one batch")
+        raise ExportError(
+            f"join_requests never needs the cpu target: Triton's own backends ({opts.target}) "
+            "always run the requests the dynamic batcher groups as one batch"
+        )
     if opts.target not in ("cpu", "cpu-openvino") and manifest.precision == "int8":
-        log(f"note: {opts.target} joins the requests its dynamic batcher groups; with an INT8 graph an answer "
-            "can move slightly with its batch company (the cpu target runs them alone)")
+        log(
+            f"note: {opts.target} joins the requests its dynamic batcher groups; with an INT8 graph an answer "
+            "can move slightly with its batch company (the cpu target runs them alone)"
+        )
     name = opts.name or model_folder.name
     if not name.replace("-", "").replace("_", "").isalnum():
         raise ExportError(f"model name {name!r}: use letters, digits, - and _")
@@ -319,14 +388,23 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
     return model_dir
 
 
-def _write_models(model_folder: Path, manifest: Manifest, out: str | Path, name: str, model_dir: Path,
-                  text_name: str | None, opts: RepositoryOptions, templates: dict[str, Path], log) -> None:
+def _write_models(
+    model_folder: Path,
+    manifest: Manifest,
+    out: str | Path,
+    name: str,
+    model_dir: Path,
+    text_name: str | None,
+    opts: RepositoryOptions,
+    templates: dict[str, Path],
+    log,
+) -> None:
     version_dir = model_dir / str(opts.version)
     version_dir.mkdir(parents=True)
     if opts.target in ("cpu", "cpu-openvino", "gpu-onnx"):
         graph = core_graph(manifest)
         shutil.copy2(model_folder / manifest.graph, version_dir / graph)
-        if graph == "model.xml":       # the IR's weights, beside it under the name OpenVINO looks for
+        if graph == "model.xml":  # the IR's weights, beside it under the name OpenVINO looks for
             shutil.copy2((model_folder / manifest.graph).with_suffix(".bin"), version_dir / "model.bin")
         if manifest.external_data:
             shutil.copy2(model_folder / manifest.external_data, version_dir / manifest.external_data)
@@ -337,10 +415,13 @@ def _write_models(model_folder: Path, manifest: Manifest, out: str | Path, name:
         if plan.is_file():
             shutil.copy2(plan, version_dir / "model.plan")
         else:
-            log(f"note: {plan} does not exist yet: build it with {model_folder / 'build_tensorrt.sh'} "
-                f"inside NVIDIA's TensorRT/Triton container and copy it to {version_dir / 'model.plan'}")
+            log(
+                f"note: {plan} does not exist yet: build it with {model_folder / 'build_tensorrt.sh'} "
+                f"inside NVIDIA's TensorRT/Triton container and copy it to {version_dir / 'model.plan'}"
+            )
     # Warmup data: attention_mask of ones (zeros would be an all-padding row).
     import numpy as np
+
     (model_dir / "warmup").mkdir(exist_ok=True)
     for length in warmup_lengths(list(manifest.buckets)):
         (model_dir / "warmup" / f"ones_{length}").write_bytes(np.ones(length, dtype=np.int64).tobytes())
@@ -349,12 +430,15 @@ def _write_models(model_folder: Path, manifest: Manifest, out: str | Path, name:
     log(f"wrote {model_dir} (target {opts.target}, max_batch_size {opts.max_batch_size})")
     if text_name:
         write_text_model(model_folder, manifest, Path(out) / text_name, name, opts, templates[TEXT])
-        log(f"wrote {Path(out) / text_name} (text in, pruned text out; {opts.text_instances} CPU instances "
-            f"in front of {name})")
+        log(
+            f"wrote {Path(out) / text_name} (text in, pruned text out; {opts.text_instances} CPU instances "
+            f"in front of {name})"
+        )
 
 
-def write_text_model(model_folder: Path, manifest: Manifest, text_dir: Path, core: str,
-                     opts: RepositoryOptions, model_py: Path) -> Path:
+def write_text_model(
+    model_folder: Path, manifest: Manifest, text_dir: Path, core: str, opts: RepositoryOptions, model_py: Path
+) -> Path:
     """`<core>_text`: config, model.py, and the export's tokenizer and manifest as files."""
     version_dir = text_dir / str(opts.version)
     version_dir.mkdir(parents=True)

@@ -1,4 +1,5 @@
 """Shared fixtures: tiny random-weight checkpoints of every family, exported once per session."""
+
 from __future__ import annotations
 
 import os
@@ -7,8 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.utils import (CORE_MAX_BATCH, FAMILY_NAMES, GPU_FAMILIES, TEXT_MAX_CHARS, TEXT_MAX_PASSAGES,  # noqa: F401
-                         built_once, free_ports, processes_under)
+from tests.utils import (
+    CORE_MAX_BATCH,
+    FAMILY_NAMES,
+    GPU_FAMILIES,
+    TEXT_MAX_CHARS,
+    TEXT_MAX_PASSAGES,  # noqa: F401
+    built_once,
+    free_ports,
+    processes_under,
+)
 from tests.xdist_crash import pytest_testnodedown  # noqa: F401  (a crashed worker's exit status, in the output)
 
 # No model hub is reachable in tests: fail fast instead of waiting on the network.
@@ -44,8 +53,10 @@ def pytest_collection_modifyitems(config, items):
         marks = [m.name for m in item.iter_markers() if m.name in LAYERS]
         folder = Path(str(item.fspath)).parent.name
         if marks != [folder]:
-            raise pytest.UsageError(f"{item.nodeid}: its module must declare pytestmark = pytest.mark.{folder} "
-                                    f"(it declares {marks or 'none'})")
+            raise pytest.UsageError(
+                f"{item.nodeid}: its module must declare pytestmark = pytest.mark.{folder} "
+                f"(it declares {marks or 'none'})"
+            )
     items.sort(key=lambda item: RUN_ORDER.index(Path(str(item.fspath)).parent.name))
 
 
@@ -60,8 +71,12 @@ def pytest_xdist_auto_num_workers(config):
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
     from export.checkpoints import make_test_checkpoint
     from engine.pipeline.families import FAMILIES
-    root = built_once(tmp_path_factory, "checkpoints",
-                      lambda out: [make_test_checkpoint(name, out / name) for name in FAMILIES])
+
+    root = built_once(
+        tmp_path_factory,
+        "checkpoints",
+        lambda out: [make_test_checkpoint(name, out / name) for name in FAMILIES],
+    )
     return {name: root / name for name in FAMILIES}
 
 
@@ -72,6 +87,7 @@ def exported(checkpoints, tmp_path_factory) -> dict[str, Path]:
     def build(root: Path) -> None:
         for name, ck in checkpoints.items():
             export_model(ck, root / name, log=lambda m: None)
+
     root = built_once(tmp_path_factory, "onnx", build)
     return {name: root / name for name in checkpoints}
 
@@ -80,8 +96,14 @@ def exported(checkpoints, tmp_path_factory) -> dict[str, Path]:
 def pruners(exported, checkpoints):
     """(onnxruntime pruner, torch pruner) per family."""
     from engine.pruner import Pruner
-    return {name: (Pruner.load(exported[name], threads=1), Pruner.load(checkpoints[name], backend="torch", threads=1))
-            for name in FAMILY_NAMES}
+
+    return {
+        name: (
+            Pruner.load(exported[name], threads=1),
+            Pruner.load(checkpoints[name], backend="torch", threads=1),
+        )
+        for name in FAMILY_NAMES
+    }
 
 
 @pytest.fixture(scope="session")
@@ -98,16 +120,23 @@ def default_cache(tmp_path_factory) -> dict[str, Path]:
         saved = os.environ.get("PRUNE_CACHE")
         os.environ["PRUNE_CACHE"] = str(cache)
         try:
-            return ensure_default_model(log=lambda m: None, precision="fp32"), ensure_default_encoder(log=lambda m: None)
+            return ensure_default_model(log=lambda m: None, precision="fp32"), ensure_default_encoder(
+                log=lambda m: None
+            )
         finally:
             if saved is None:
                 del os.environ["PRUNE_CACHE"]
             else:
                 os.environ["PRUNE_CACHE"] = saved
+
     cache = built_once(tmp_path_factory, "cache", ensure)
-    model, encoder = ensure(cache)          # built: found in the cache
-    return {"cache": cache, "model": model, "encoder": encoder,
-            "env": {"PRUNE_CACHE": str(cache), "PRUNE_DEFAULT_PRECISION": "fp32"}}
+    model, encoder = ensure(cache)  # built: found in the cache
+    return {
+        "cache": cache,
+        "model": model,
+        "encoder": encoder,
+        "env": {"PRUNE_CACHE": str(cache), "PRUNE_DEFAULT_PRECISION": "fp32"},
+    }
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -128,8 +157,10 @@ def pytest_sessionfinish(session, exitstatus):
                 os.kill(pid, 9)
             except OSError:
                 pass
-        print("\nERROR: the test run left server processes behind:\n" + "\n".join(
-            f"  {pid}: {cmd[:160]}" for pid, cmd in left.items()))
+        print(
+            "\nERROR: the test run left server processes behind:\n"
+            + "\n".join(f"  {pid}: {cmd[:160]}" for pid, cmd in left.items())
+        )
         session.exitstatus = 1
 
 
@@ -141,10 +172,12 @@ def gpu_exports(checkpoints, tmp_path_factory) -> dict[str, Path]:
 
     def build(root: Path) -> None:
         sources = dict(checkpoints)
-        sources["open_provence-modernbert"] = make_test_checkpoint("open_provence", root / "ck-modernbert",
-                                                                   backbone="modernbert")
+        sources["open_provence-modernbert"] = make_test_checkpoint(
+            "open_provence", root / "ck-modernbert", backbone="modernbert"
+        )
         for name in GPU_FAMILIES:
             export_model(sources[name], root / name, precision="fp16", log=lambda m: None)
+
     root = built_once(tmp_path_factory, "gpu-exports", build)
     return {name: root / name for name in GPU_FAMILIES}
 
@@ -153,19 +186,29 @@ def gpu_exports(checkpoints, tmp_path_factory) -> dict[str, Path]:
 def exported_int8(checkpoints, tmp_path_factory) -> Path:
     """The xprovence checkpoint exported to INT8 (served as `xprovence_int8`)."""
     from export.onnx import export_model
-    return built_once(tmp_path_factory, "onnx-int8", lambda root: export_model(
-        checkpoints["xprovence"], root / "xprovence_int8", precision="int8", log=lambda m: None)) / "xprovence_int8"
+
+    return (
+        built_once(
+            tmp_path_factory,
+            "onnx-int8",
+            lambda root: export_model(
+                checkpoints["xprovence"], root / "xprovence_int8", precision="int8", log=lambda m: None
+            ),
+        )
+        / "xprovence_int8"
+    )
 
 
 @pytest.fixture(scope="session")
 def exported_ov_int8(exported, tmp_path_factory) -> Path:
     """The embedding export quantized by NNCF into an OpenVINO IR (`prune export --precision
     ov-int8`; served as `embedding_ovint8`)."""
-    from export.ov_int8 import quantize   # the dev install has [openvino]: missing is a failure
+    from export.ov_int8 import quantize  # the dev install has [openvino]: missing is a failure
 
     def build(root: Path) -> None:
         manifest = quantize(exported["embedding"], root / "embedding", log=lambda m: None)
         assert manifest.precision == "ov-int8" and manifest.graph == "model.xml"
+
     return built_once(tmp_path_factory, "ov-int8", build) / "embedding"
 
 
@@ -175,16 +218,31 @@ def repository(exported, exported_int8, exported_ov_int8, tmp_path_factory):
     `xprovence_int8` (+ `_text`), and on OpenVINO (OPENVINO_MODELS): the opensearch export
     as `opensearch_ov`, the ov-int8 export as `embedding_ovint8` (+ `_text`)."""
     from export.triton_repository import RepositoryOptions, build_repository
+
     repo = tmp_path_factory.mktemp("model_repository")
-    models = [*((n, exported[n], "onnxruntime") for n in FAMILY_NAMES), ("xprovence_int8", exported_int8, "onnxruntime"),
-              ("opensearch_ov", exported["opensearch"], "openvino"), ("embedding_ovint8", exported_ov_int8, "openvino")]
+    models = [
+        *((n, exported[n], "onnxruntime") for n in FAMILY_NAMES),
+        ("xprovence_int8", exported_int8, "onnxruntime"),
+        ("opensearch_ov", exported["opensearch"], "openvino"),
+        ("embedding_ovint8", exported_ov_int8, "openvino"),
+    ]
     for name, folder, runtime in models:
-        build_repository(folder, repo,
-                         RepositoryOptions(target="cpu", name=name, max_batch_size=CORE_MAX_BATCH,
-                                           max_queue_delay_us=20000, text_instances=2, runtime=runtime,
-                                           intra_op_threads=1 if runtime == "openvino" else 0,
-                                           text_max_passages=TEXT_MAX_PASSAGES, text_max_chars=TEXT_MAX_CHARS),
-                         log=lambda m: None)
+        build_repository(
+            folder,
+            repo,
+            RepositoryOptions(
+                target="cpu",
+                name=name,
+                max_batch_size=CORE_MAX_BATCH,
+                max_queue_delay_us=20000,
+                text_instances=2,
+                runtime=runtime,
+                intra_op_threads=1 if runtime == "openvino" else 0,
+                text_max_passages=TEXT_MAX_PASSAGES,
+                text_max_chars=TEXT_MAX_CHARS,
+            ),
+            log=lambda m: None,
+        )
     return repo
 
 
@@ -192,6 +250,7 @@ def repository(exported, exported_int8, exported_ov_int8, tmp_path_factory):
 def server(repository):
     """One real tritonserver for the Triton and text-model tests."""
     from engine.triton.server import TritonServer
+
     h, g, m = free_ports(3)
     with TritonServer(repository, http_port=h, grpc_port=g, metrics_port=m) as s:
         yield s
@@ -201,8 +260,13 @@ def server(repository):
 #: what benchmarks/gpu.sh meets there, rehearsed on the CPU. numpy 2.5 and torch 2.11 are
 #: not in this machine's package index: numpy 2.4 stands in, and torch is this
 #: environment's (2.13, CPU), seen through a .pth line after the venv's own packages.
-MACHINE_VERSIONS = ["transformers==5.17.0", "onnx==1.23.1", "onnxruntime==1.31.1", "numpy==2.4.6",
-                    "protobuf==7.36.2"]
+MACHINE_VERSIONS = [
+    "transformers==5.17.0",
+    "onnx==1.23.1",
+    "onnxruntime==1.31.1",
+    "numpy==2.4.6",
+    "protobuf==7.36.2",
+]
 
 
 @pytest.fixture(scope="session")
@@ -212,19 +276,46 @@ def machine_python(tmp_path_factory) -> Path:
     with `pip --target` into a folder of its own)."""
     import subprocess
     from tests.utils import fresh_venv
+
     torch_site = str(Path(__import__("torch").__file__).parents[1])
 
     def build(folder: Path) -> None:
         # with a pip of its own: benchmarks/gpu.sh installs with `python -m pip`
-        python = fresh_venv(folder / "venv", *MACHINE_VERSIONS, "safetensors", "ml_dtypes", "sentencepiece",
-                            "tokenizers", "nupunkt", "sympy", "packaging", "matplotlib", "tqdm", with_pip=True)
-        site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        (Path(site) / "zz_torch_from_the_test_env.pth").write_text(torch_site + "\n")   # last on sys.path
+        python = fresh_venv(
+            folder / "venv",
+            *MACHINE_VERSIONS,
+            "safetensors",
+            "ml_dtypes",
+            "sentencepiece",
+            "tokenizers",
+            "nupunkt",
+            "sympy",
+            "packaging",
+            "matplotlib",
+            "tqdm",
+            with_pip=True,
+        )
+        site = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        (Path(site) / "zz_torch_from_the_test_env.pth").write_text(torch_site + "\n")  # last on sys.path
+
     python = built_once(tmp_path_factory, "machine", build) / "venv" / "bin" / "python"
-    got = subprocess.run([str(python), "-c", "import transformers, onnx, onnxruntime, numpy, google.protobuf as p, "
-                          "torch; print(transformers.__version__, onnx.__version__, onnxruntime.__version__, "
-                          "numpy.__version__, p.__version__)"], capture_output=True, text=True, timeout=300)
+    got = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import transformers, onnx, onnxruntime, numpy, google.protobuf as p, "
+            "torch; print(transformers.__version__, onnx.__version__, onnxruntime.__version__, "
+            "numpy.__version__, p.__version__)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert got.returncode == 0, got.stderr[-3000:]
     assert got.stdout.split() == [v.split("==")[1] for v in MACHINE_VERSIONS], got.stdout
     return python

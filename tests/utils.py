@@ -2,6 +2,7 @@
 the data folder, the shared repository's limits, the parity texts, and helpers for
 windows, ports, processes and the HTTP API. Test modules import from here, never from
 conftest or from each other."""
+
 from __future__ import annotations
 
 import contextlib
@@ -47,8 +48,10 @@ PASSAGES = [
     "The pie dish was lined on the sides and bottom with mashed potato, as well as having a crust on top.",
     "Paris is the capital of France.",
     "北京是中国的首都。上海是一个大城市！The museum opened a new exhibition about ancient Egypt.",
-    " ".join(f"Sentence {i} is about the price of {i}.50 dollars in 2020, said Dr. Smith." for i in range(45)),
-    "one single sentence without any punctuation " * 60,   # longer than a window: pieces
+    " ".join(
+        f"Sentence {i} is about the price of {i}.50 dollars in 2020, said Dr. Smith." for i in range(45)
+    ),
+    "one single sentence without any punctuation " * 60,  # longer than a window: pieces
     "Short.",
 ]
 
@@ -103,6 +106,7 @@ def load_test(connect, call, clients: int, seconds: float = 3.0, per_client: int
             except Exception as exc:  # noqa: BLE001 (returned to the test, which asserts on it)
                 errors.append(repr(exc))
             n += 1
+
     run_in_threads(client, clients, join_s=30)
     return done, errors
 
@@ -111,15 +115,22 @@ def with_window(pruner, max_length: int, **batching):
     """The same model and backend with a smaller window (forces multi-block passages)."""
     from engine.pipeline.batching import BatchingConfig
     from engine.pruner import Pruner
+
     spec = dataclasses.replace(pruner.spec, max_length=max_length)
-    return Pruner(pruner.backend, pruner.encoder.tokenizer, spec,
-                  BatchingConfig(**batching) if batching else None, min_context_tokens=16)
+    return Pruner(
+        pruner.backend,
+        pruner.encoder.tokenizer,
+        spec,
+        BatchingConfig(**batching) if batching else None,
+        min_context_tokens=16,
+    )
 
 
 def processes_under(path) -> dict[int, str]:
     """pid -> command line of every process (but this one) that names `path`: a
     tritonserver serving a repository there, or its python-backend stubs."""
     import re
+
     me, out = os.getpid(), {}
     needle = re.compile(re.escape(str(path)) + r"(?=/|\s|$)")
     for entry in Path("/proc").iterdir():
@@ -127,8 +138,10 @@ def processes_under(path) -> dict[int, str]:
             continue
         try:
             cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = next((line for line in (entry / "status").read_text().splitlines()
-                          if line.startswith("State:")), "")
+            state = next(
+                (line for line in (entry / "status").read_text().splitlines() if line.startswith("State:")),
+                "",
+            )
         except OSError:
             continue
         if needle.search(cmd) and "zombie" not in state:
@@ -139,6 +152,7 @@ def processes_under(path) -> dict[int, str]:
 def free_ports(n):
     """n free loopback ports (a server started right after binds them)."""
     import socket
+
     socks = [socket.socket() for _ in range(n)]
     for s in socks:
         s.bind(("127.0.0.1", 0))
@@ -155,12 +169,27 @@ def fresh_venv(path: Path, *requirements: str, with_pip: bool = False, timeout: 
     install); `with_pip` puts a pip inside too, for what runs `python -m pip` in it."""
     import subprocess
     import sys
+
     cmd = [sys.executable, "-m", "venv", str(path)] + ([] if with_pip else ["--without-pip"])
     subprocess.run(cmd, check=True, timeout=120)
     python = path / "bin" / "python"
     if requirements:
-        pip = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-compile",
-                              *requirements], capture_output=True, text=True, timeout=timeout)
+        pip = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "--python",
+                str(python),
+                "install",
+                "-q",
+                "--no-compile",
+                *requirements,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         assert pip.returncode == 0, pip.stderr[-3000:]
     return python
 
@@ -178,10 +207,11 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
     import shutil
 
     from filelock import FileLock
+
     folder = tmp_path_factory.getbasetemp().parent / name
     with FileLock(f"{folder}.lock"):
         if not (folder / ".built").exists():
-            shutil.rmtree(folder, ignore_errors=True)       # what a failed build left
+            shutil.rmtree(folder, ignore_errors=True)  # what a failed build left
             folder.mkdir()
             build(folder)
             (folder / ".built").touch()
@@ -193,6 +223,7 @@ def serve_api(pruner, config=None, embedder=None, log=None):
     """The app on a free loopback port, in a thread; yields its base URL (`log`: the app's notes)."""
     from engine.http.app import ApiConfig, create_app
     from engine.http.api_thread import ApiThread
+
     (port,) = free_ports(1)
     with ApiThread(create_app(pruner, config or ApiConfig(), embedder, log=log), port=port) as api:
         yield api.url
@@ -219,7 +250,11 @@ def idle_within(pid: int, seconds: float, window: float = 0.5) -> float | None:
 
 
 TINY_DOCS = [
-    ("When was the stadium built?", "The stadium was built in 1923. It holds 80,000 people. Football is played.", 0),
+    (
+        "When was the stadium built?",
+        "The stadium was built in 1923. It holds 80,000 people. Football is played.",
+        0,
+    ),
     ("Where is Paris?", "Cheese is made from milk. Paris is the capital of France. The Alps are high.", 1),
     ("Who wrote the book?", "The book was written by Jane Austen. It was published in 1813.", 0),
 ]
@@ -231,11 +266,19 @@ def write_tiny_data(root: Path) -> Path:
     import json
 
     from engine.pipeline.text import split_sentences
+
     prune_rows, rag_rows = [], []
     for i, (q, ctx, gold) in enumerate(TINY_DOCS):
         spans = split_sentences(ctx)
-        prune_rows.append({"id": f"d{i}", "question": q, "context": ctx, "sentences": [list(s) for s in spans],
-                           "labels": [int(k == gold) for k in range(len(spans))]})
+        prune_rows.append(
+            {
+                "id": f"d{i}",
+                "question": q,
+                "context": ctx,
+                "sentences": [list(s) for s in spans],
+                "labels": [int(k == gold) for k in range(len(spans))],
+            }
+        )
         rag_rows.append({"id": f"q{i}", "question": q, "passages": [c for _, c, _ in TINY_DOCS], "gold": i})
     (root / "prune.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prune_rows))
     (root / "rag.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rag_rows))
@@ -249,11 +292,27 @@ class ApiProcess:
         (self.port,) = free_ports(1)
         self.url = f"http://127.0.0.1:{self.port}"
         self.key = key
-        cmd = [sys.executable, "-m", "engine", "api", "--model", str(model), "--port", str(self.port), "-q", *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "engine",
+            "api",
+            "--model",
+            str(model),
+            "--port",
+            str(self.port),
+            "-q",
+            *extra,
+        ]
         if key:
             cmd += ["--api-key", key]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -266,9 +325,14 @@ class ApiProcess:
         raise RuntimeError("prune api did not come up in 120 s")
 
     def prune(self, **body):
-        req = urllib.request.Request(self.url + "/v1/prune", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json",
-                                      **({"Authorization": f"Bearer {self.key}"} if self.key else {})})
+        req = urllib.request.Request(
+            self.url + "/v1/prune",
+            json.dumps(body).encode(),
+            {
+                "Content-Type": "application/json",
+                **({"Authorization": f"Bearer {self.key}"} if self.key else {}),
+            },
+        )
         with urllib.request.urlopen(req, timeout=60) as r:
             return json.loads(r.read())["results"]
 
@@ -280,8 +344,14 @@ class ApiProcess:
 def milvus_calls(address: str, calls: list[dict]) -> list[dict]:
     """`calls` made to a model service by the Milvus-like client (tests/server/milvus_client.py)
     in a process of its own; its answers."""
-    done = subprocess.run([sys.executable, "-m", "tests.server.milvus_client", address], input=json.dumps(calls),
-                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.server.milvus_client", address],
+        input=json.dumps(calls),
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
@@ -299,6 +369,7 @@ _PLAIN = (str, bytes, int, float, bool, type(None), list, tuple, dict, np.ndarra
 class Call:
     """One call: the thread that made it, `Class.method` (or the module's function), its
     arguments (real objects, not proxies), and its start and end (perf_counter)."""
+
     thread: int
     name: str
     args: tuple
@@ -363,7 +434,9 @@ class _Proxy:
         if isinstance(target, type):
             name = f"{target.__name__}()"
         with recorder.lock:
-            recorder.calls.append(Call(threading.get_ident(), name, args + tuple(kwargs.values()), start, end))
+            recorder.calls.append(
+                Call(threading.get_ident(), name, args + tuple(kwargs.values()), start, end)
+            )
         if isinstance(result, _PLAIN):
             return result
         return _Proxy(result, type(result).__name__, recorder)

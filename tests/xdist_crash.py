@@ -5,6 +5,7 @@ more; this hook (loaded by tests/conftest.py) adds the worker's pid and its exit
 (the signal that killed it, or its exit code), read from the worker process itself. With
 `--max-worker-restart 0` (pyproject's addopts) the run then ends instead of going on with a
 replacement worker."""
+
 from __future__ import annotations
 
 import signal
@@ -35,5 +36,8 @@ def pytest_testnodedown(node, error):
         returncode = popen.wait(5)
     except subprocess.TimeoutExpired:
         returncode = None
-    print(f"\n[{node.gateway.id}] worker pid {popen.pid} {exit_status(returncode)} ({error})",
-          file=sys.stderr, flush=True)
+    print(
+        f"\n[{node.gateway.id}] worker pid {popen.pid} {exit_status(returncode)} ({error})",
+        file=sys.stderr,
+        flush=True,
+    )

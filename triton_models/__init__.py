@@ -5,6 +5,7 @@
 
 `prune repository` (export/triton_repository.py) copies them into a repository with `template()`.
 """
+
 from importlib.resources import files
 from pathlib import Path
 
@@ -16,6 +17,7 @@ def template(name: str) -> Path:
     """The `model.py` of template `name`, where this package is installed."""
     path = Path(str(files(__name__) / name / "model.py"))
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: the {name} template is missing from this installation "
-                                "(reinstall prune-engine)")
+        raise FileNotFoundError(
+            f"{path}: the {name} template is missing from this installation (reinstall prune-engine)"
+        )
     return path

@@ -19,6 +19,7 @@ SKIP (on the CPU: what a CPU cannot show) and its figure, in gpu.json and gpu.md
 
     python -m benchmarks.gpu_run.check --device cuda --out check.json     (gpu.py runs it first)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,6 +48,7 @@ def export_fp16(folder: Path, sizes: dict) -> Path:
         return graph
     from export.checkpoints import make_test_checkpoint
     from export.onnx import export_model
+
     ck = make_test_checkpoint("provence", folder / "checkpoint", sizes=sizes)
     export_model(ck, folder / "fp16", precision="fp16", verify=False, overwrite=True, log=lambda m: None)
     return graph
@@ -55,11 +57,12 @@ def export_fp16(folder: Path, sizes: dict) -> Path:
 def batch(rows: int, length: int, seed: int, vocab: int = 500):
     """A ModelBatch of random ids, a ragged mask and sentences of 16 tokens."""
     from engine.pipeline.batching import ModelBatch
+
     rng = np.random.default_rng(seed)
     ids = rng.integers(5, vocab, size=(rows, length)).astype(np.int64)
     mask = np.ones_like(ids)
     for r in range(rows):
-        mask[r, rng.integers(length // 2, length + 1):] = 0
+        mask[r, rng.integers(length // 2, length + 1) :] = 0
     sid = np.tile(np.arange(length) // 16, (rows, 1)).astype(np.int64)
     sid[mask == 0] = -1
     return ModelBatch(ids, mask, sid, np.zeros_like(ids), list(range(rows)))
@@ -84,15 +87,21 @@ def device_used() -> int | None:
     """Bytes in use on GPU 0 (torch's view of the driver's count, else nvidia-smi), or None."""
     try:
         import torch
+
         if torch.cuda.is_available():
             free, total = torch.cuda.mem_get_info(0)
             return int(total - free)
     except Exception:
         pass
     import subprocess
+
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
-                             capture_output=True, text=True, timeout=20).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout
         return int(float(out.strip().splitlines()[0]) * 2**20)
     except Exception:
         return None
@@ -108,6 +117,7 @@ def check_capture(graph: Path, device: str, work: Path) -> tuple[list[dict], Any
     captured), kept for the next checks."""
     import onnxruntime as ort
     from engine.backends.gpu_graph import GpuGraphBackend
+
     log = work / "ort-capture.log"
     ort.set_default_logger_severity(1 if device == "cuda" else 3)
     try:
@@ -118,16 +128,29 @@ def check_capture(graph: Path, device: str, work: Path) -> tuple[list[dict], Any
     finally:
         ort.set_default_logger_severity(3)
     lines = log.read_text(errors="replace").splitlines()
-    graph_lines = [line for line in lines if "graph" in line.lower() and ("captur" in line.lower()
-                                                                           or "replay" in line.lower())]
+    graph_lines = [
+        line
+        for line in lines
+        if "graph" in line.lower() and ("captur" in line.lower() or "replay" in line.lower())
+    ]
     replays = sum("Replaying CUDA graph" in line for line in lines)
-    core.log_level = 3                      # the next sessions log as usual
+    core.log_level = 3  # the next sessions log as usual
     shared = check_shared(lines, core, device)
     if device != "cuda":
-        return [row("capture", "SKIP", "the CPU provider has no CUDA graphs", log_lines=len(lines)), shared], core
+        return [
+            row("capture", "SKIP", "the CPU provider has no CUDA graphs", log_lines=len(lines)),
+            shared,
+        ], core
     ok = replays >= 3
-    return [row("capture", "PASS" if ok else "FAIL", f"{replays} replays logged after capture at 4 x 128",
-                lines=graph_lines[:6]), shared], core
+    return [
+        row(
+            "capture",
+            "PASS" if ok else "FAIL",
+            f"{replays} replays logged after capture at 4 x 128",
+            lines=graph_lines[:6],
+        ),
+        shared,
+    ], core
 
 
 def check_shared(lines: list[str], core, device: str) -> dict:
@@ -147,11 +170,16 @@ def check_shared(lines: list[str], core, device: str) -> dict:
     copied = [line for line in lines if "Cannot use user supplied initializer" in line]
     total = sum(sizes.values())
     shares = [sum(sizes.get(n, 0) for n in used) / total for used in sessions] if total else []
-    figure = (f"{len(sizes)} weights ({total / 2**20:.1f} MiB) given to {len(sessions)} sessions: each used "
-              f"{', '.join(f'{100 * x:.0f}%' for x in shares) or '-'} of their bytes as given; {len(copied)} copied")
-    if device != "cuda":        # the CPU provider folds the fp16 weights it has no kernel for into float32 copies
-        return row("shared weights", "SKIP" if shares and not copied else "FAIL",
-                   figure + " (the CPU provider folds fp16 weights into float32 copies)")
+    figure = (
+        f"{len(sizes)} weights ({total / 2**20:.1f} MiB) given to {len(sessions)} sessions: each used "
+        f"{', '.join(f'{100 * x:.0f}%' for x in shares) or '-'} of their bytes as given; {len(copied)} copied"
+    )
+    if device != "cuda":  # the CPU provider folds the fp16 weights it has no kernel for into float32 copies
+        return row(
+            "shared weights",
+            "SKIP" if shares and not copied else "FAIL",
+            figure + " (the CPU provider folds fp16 weights into float32 copies)",
+        )
     ok = len(sessions) == 2 and min(shares) >= 0.9 and not copied
     return row("shared weights", "PASS" if ok else "FAIL", figure, copied=copied[:3])
 
@@ -170,9 +198,14 @@ def check_fresh_inputs(core) -> dict:
         repeated += key in seen
         seen.add(key)
     ok = worst <= MAX_DPROB and repeated == 0
-    return row("fresh inputs", "PASS" if ok else "FAIL",
-               f"50 calls at 4 x 128: max |dp| {worst:.2e} against the dynamic session (<= {MAX_DPROB}); "
-               f"{repeated} repeated outputs", dprob_vs_dynamic=worst, repeated=repeated)
+    return row(
+        "fresh inputs",
+        "PASS" if ok else "FAIL",
+        f"50 calls at 4 x 128: max |dp| {worst:.2e} against the dynamic session (<= {MAX_DPROB}); "
+        f"{repeated} repeated outputs",
+        dprob_vs_dynamic=worst,
+        repeated=repeated,
+    )
 
 
 def check_threads(core) -> dict:
@@ -190,6 +223,7 @@ def check_threads(core) -> dict:
                 results[w] = max(results.get(w, 0.0), float(np.abs(got - expected[w]).max()))
             except Exception as exc:
                 errors.append(f"{type(exc).__name__}: {exc}")
+
     threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
     for t in threads:
         t.start()
@@ -197,15 +231,22 @@ def check_threads(core) -> dict:
         t.join()
     worst = max(results.values(), default=float("nan"))
     ok = not errors and len(results) == len(work) and worst <= 1e-3
-    return row("threads", "PASS" if ok else "FAIL", f"4 threads x 20 calls on two shapes: {len(errors)} errors, "
-               f"max |dp| {worst:.2e} against the same calls one by one", errors=errors[:3])
+    return row(
+        "threads",
+        "PASS" if ok else "FAIL",
+        f"4 threads x 20 calls on two shapes: {len(errors)} errors, "
+        f"max |dp| {worst:.2e} against the same calls one by one",
+        errors=errors[:3],
+    )
 
 
 def check_providers(graph: Path, device: str, work: Path) -> dict:
     """One profiled run without CUDA graphs at 4 x 128: the provider of every node."""
     from engine.backends.gpu_graph import GpuGraphBackend
-    core = GpuGraphBackend(graph, [128], device=device, cuda_graphs=False, warm=[(4, 128)],
-                           profile=str(work / "ort-profile"))
+
+    core = GpuGraphBackend(
+        graph, [128], device=device, cuda_graphs=False, warm=[(4, 128)], profile=str(work / "ort-profile")
+    )
     try:
         core.infer(batch(4, 128, 7))
         shape = core.shapes[(4, 128)]
@@ -220,19 +261,27 @@ def check_providers(graph: Path, device: str, work: Path) -> dict:
     want = "CUDAExecutionProvider" if device == "cuda" else "CPUExecutionProvider"
     other = sorted(f"{name} ({op}: {provider})" for name, (provider, op) in nodes.items() if provider != want)
     ok = bool(nodes) and not other
-    return row("providers", "PASS" if ok else "FAIL", f"{len(nodes)} nodes profiled at 4 x 128, {len(other)} not "
-               f"on {want}", off_provider=other[:10])
+    return row(
+        "providers",
+        "PASS" if ok else "FAIL",
+        f"{len(nodes)} nodes profiled at 4 x 128, {len(other)} not on {want}",
+        off_provider=other[:10],
+    )
 
 
 def check_memory(folder: Path, device: str) -> dict:
     """Device memory: a hidden-1024 model (exported into `folder`) loaded, three more captured
     shapes, one unshared session."""
     if device != "cuda":
-        return row("memory", "SKIP", "device memory is measured on a GPU (the CPU provider upcasts fp16 weights "
-                   "per session)")
+        return row(
+            "memory",
+            "SKIP",
+            "device memory is measured on a GPU (the CPU provider upcasts fp16 weights per session)",
+        )
     graph = export_fp16(folder, WIDE)
     import onnxruntime as ort
     from engine.backends.gpu_graph import GpuGraphBackend
+
     base = device_used()
     if base is None:
         return row("memory", "FAIL", "no way to read device memory (torch or nvidia-smi)")
@@ -249,30 +298,55 @@ def check_memory(folder: Path, device: str) -> dict:
         opts.add_free_dimension_override_by_name("batch", 1)
         opts.add_free_dimension_override_by_name("sequence", 64)
         before_plain = device_used()
-        plain = ort.InferenceSession(str(graph), opts, providers=[("CUDAExecutionProvider", {
-            "enable_cuda_graph": "1", "arena_extend_strategy": "kSameAsRequested"})])
+        plain = ort.InferenceSession(
+            str(graph),
+            opts,
+            providers=[
+                (
+                    "CUDAExecutionProvider",
+                    {"enable_cuda_graph": "1", "arena_extend_strategy": "kSameAsRequested"},
+                )
+            ],
+        )
         b = batch(1, 64, 0)
         plain.run(None, {n: getattr(b, n) for n in core.input_names})
         unshared = device_used() - before_plain
         del plain
     finally:
         core.close()
-    mib = 2 ** 20
+    mib = 2**20
     ok = unshared - per_shape >= 0.7 * weights
-    return row("memory", "PASS" if ok else "FAIL",
-               f"weights {weights / mib:.0f} MiB; loaded (weights, dynamic session, 1 x 64) +{(loaded - base) / mib:.0f}"
-               f" MiB; each further captured shape +{per_shape / mib:.0f} MiB; a session without the shared weights "
-               f"+{unshared / mib:.0f} MiB", weights_bytes=weights, loaded_bytes=loaded - base,
-               per_shape_bytes=per_shape, unshared_bytes=unshared)
+    return row(
+        "memory",
+        "PASS" if ok else "FAIL",
+        f"weights {weights / mib:.0f} MiB; loaded (weights, dynamic session, 1 x 64) +{(loaded - base) / mib:.0f}"
+        f" MiB; each further captured shape +{per_shape / mib:.0f} MiB; a session without the shared weights "
+        f"+{unshared / mib:.0f} MiB",
+        weights_bytes=weights,
+        loaded_bytes=loaded - base,
+        per_shape_bytes=per_shape,
+        unshared_bytes=unshared,
+    )
 
 
 #: seconds each step may take on a GPU machine (its CPU exports the models): a step starts only where they fit
-ESTIMATES = {"export": 20.0, "capture": 15.0, "fresh inputs": 10.0, "threads": 10.0, "providers": 10.0,
-             "memory": 40.0}
+ESTIMATES = {
+    "export": 20.0,
+    "capture": 15.0,
+    "fresh inputs": 10.0,
+    "threads": 10.0,
+    "providers": 10.0,
+    "memory": 40.0,
+}
 
 
-def run_checks(device: str, work: Path, emit: Callable[[dict], None], log: Callable[[str], None] = print,
-               allows: Callable[[float], bool] = lambda seconds: True) -> list[dict]:
+def run_checks(
+    device: str,
+    work: Path,
+    emit: Callable[[dict], None],
+    log: Callable[[str], None] = print,
+    allows: Callable[[float], bool] = lambda seconds: True,
+) -> list[dict]:
     """Every check in order, each row emitted as it comes; a check that raises is a FAIL, one
     the budget (`allows(seconds)`) has no room for is not started (its row says so)."""
     work.mkdir(parents=True, exist_ok=True)
@@ -294,6 +368,7 @@ def run_checks(device: str, work: Path, emit: Callable[[dict], None], log: Calla
         except Exception as exc:
             done(row(name, "FAIL", f"{type(exc).__name__}: {str(exc)[:300]}"))
             return None
+
     tiny = attempt("export", lambda: export_fp16(work / "tiny", TINY))
     if tiny is None:
         return rows
@@ -309,8 +384,10 @@ def run_checks(device: str, work: Path, emit: Callable[[dict], None], log: Calla
                     done(result)
         finally:
             core.close()
-    for name, fn in (("providers", lambda: check_providers(tiny, device, work)),
-                     ("memory", lambda: check_memory(work / "wide", device))):
+    for name, fn in (
+        ("providers", lambda: check_providers(tiny, device, work)),
+        ("memory", lambda: check_memory(work / "wide", device)),
+    ):
         result = attempt(name, fn)
         if result is not None:
             done(result)

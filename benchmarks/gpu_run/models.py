@@ -3,6 +3,7 @@ on the weights), and their exports by `prune export`, each in a process of its o
 that one can run in the background on the CPU while the GPU measures, and so that the
 budget can stop it), reused where the folder already holds an export of the same
 checkpoint at the same precision."""
+
 from __future__ import annotations
 
 import hashlib
@@ -25,9 +26,15 @@ def checkpoint(folder: Path, sizes: dict, label: str) -> tuple[Path, dict]:
     if config.is_file() and list(folder.glob("*.safetensors")):
         have = json.loads(config.read_text())
         if all(have.get(k) == v for k, v in sizes.items()):
-            return folder, {"kind": "checkpoint", "model": label, "seconds": time.time() - t0, "reused": True,
-                            "reused_because": "its config has the same sizes"}
+            return folder, {
+                "kind": "checkpoint",
+                "model": label,
+                "seconds": time.time() - t0,
+                "reused": True,
+                "reused_because": "its config has the same sizes",
+            }
     from export.checkpoints import make_test_checkpoint
+
     make_test_checkpoint("provence", folder, sizes=sizes)
     return folder, {"kind": "checkpoint", "model": label, "seconds": time.time() - t0, "reused": False}
 
@@ -69,8 +76,20 @@ def not_reusable(out: Path, ck: Path, precision: str, sha: str | None = None) ->
 def export_command(ck: Path, out: Path, precision: str) -> list[str]:
     """`prune export` of `ck` into `out` at `precision` (no parity run: this is a speed
     measurement; its fidelity is the run's own check against fp32 PyTorch)."""
-    return [sys.executable, "-m", "engine", "export", "--model", str(ck), "--out", str(out), "--precision", precision,
-            "--no-verify", "--overwrite"]
+    return [
+        sys.executable,
+        "-m",
+        "engine",
+        "export",
+        "--model",
+        str(ck),
+        "--out",
+        str(out),
+        "--precision",
+        precision,
+        "--no-verify",
+        "--overwrite",
+    ]
 
 
 class Export:
@@ -78,14 +97,22 @@ class Export:
     process (`begin`), waited for until a deadline (`wait`), stopped when the budget
     says so (`stop`); `row()` is its line in the report, the export time included."""
 
-    def __init__(self, label: str, ck: Path, out: Path, precision: str, logs: Path,
-                 log: Callable[[str], None], background: bool = False):
+    def __init__(
+        self,
+        label: str,
+        ck: Path,
+        out: Path,
+        precision: str,
+        logs: Path,
+        log: Callable[[str], None],
+        background: bool = False,
+    ):
         self.label, self.ck, self.out, self.precision = label, ck, out, precision
         self.logs, self.log, self.background = logs, log, background
         self.proc: subprocess.Popen | None = None
         self.began = self.ended = None
         self.reused = False
-        self.why: str | None = None            # reused because / not reusable because
+        self.why: str | None = None  # reused because / not reusable because
         self.failed: str | None = None
         self.stopped: str | None = None
 
@@ -96,14 +123,17 @@ class Export:
         if why is None:
             self.reused, self.ended = True, time.time()
             self.why = "its manifest names the same checkpoint, weights and precision"
-            self.log(f"{self.label} {self.precision}: reusing the export in {self.out} ({self.why}): not exported again")
+            self.log(
+                f"{self.label} {self.precision}: reusing the export in {self.out} ({self.why}): not exported again"
+            )
             return self
         self.log(f"{self.label} {self.precision}: exporting ({why} in {self.out}) ...")
         self.logs.mkdir(parents=True, exist_ok=True)
         name = f"export-{self.label.replace(' ', '-')}-{self.precision}.log"
         with open(self.logs / name, "w") as fh:
-            self.proc = subprocess.Popen(export_command(self.ck, self.out, self.precision), stdout=fh,
-                                         stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                export_command(self.ck, self.out, self.precision), stdout=fh, stderr=subprocess.STDOUT
+            )
         return self
 
     def running(self) -> bool:
@@ -164,8 +194,15 @@ class Export:
 
     def row(self) -> dict:
         """Its line in the report."""
-        row = {"kind": "export", "model": self.label, "precision": self.precision, "seconds": self.seconds,
-               "reused": self.reused, "background": self.background, "folder": str(self.out)}
+        row = {
+            "kind": "export",
+            "model": self.label,
+            "precision": self.precision,
+            "seconds": self.seconds,
+            "reused": self.reused,
+            "background": self.background,
+            "folder": str(self.out),
+        }
         if self.reused:
             row["reused_because"] = self.why
         if self.failed:
@@ -187,7 +224,8 @@ def config(ck: Path) -> dict:
 def load_module(ck: Path, attn: str):
     """The checkpoint's PyTorch module (fp32, CPU), or the error in words."""
     from engine.pytorch.torch_model import load_torch_model
+
     try:
         return load_torch_model(ck, attn=attn).module.eval()
-    except Exception as exc:      # an attention implementation DeBERTa lacks
+    except Exception as exc:  # an attention implementation DeBERTa lacks
         return f"{type(exc).__name__}: {str(exc)[:300]}"

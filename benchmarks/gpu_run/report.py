@@ -3,6 +3,7 @@ case. Every row is read with `.get`: a row may be a measured case, a fidelity ch
 export, a checkpoint, a case not measured (`skipped`) or one that failed (`error`), and
 of any age (the first GPU run's PyTorch rows had `attn` and `dtype`, not `path`): none
 of them stops the report from being written."""
+
 from __future__ import annotations
 
 import os
@@ -53,8 +54,9 @@ def _timed(rows: list[dict]) -> list[dict]:
 
 
 def _table(head: list[str], body: list[list[Any]]) -> list[str]:
-    return (["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-            + ["| " + " | ".join(_cell(c) for c in cells) + " |" for cells in body])
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + [
+        "| " + " | ".join(_cell(c) for c in cells) + " |" for cells in body
+    ]
 
 
 def _exports(rows: list[dict]) -> list[str]:
@@ -63,19 +65,34 @@ def _exports(rows: list[dict]) -> list[str]:
         return []
     body = []
     for r in made:
-        how = ("reused: " + str(r.get("reused_because", "")) if r.get("reused") else
-               "failed: " + str(r["error"]) if "error" in r else
-               "not finished: " + str(r["skipped"]) if "skipped" in r else
-               "made" + (" in the background, beside the cases below" if r.get("background") else ""))
-        body.append([r.get("model", "-"), r.get("kind"), r.get("precision", "-"), _num(r.get("seconds")), how])
+        how = (
+            "reused: " + str(r.get("reused_because", ""))
+            if r.get("reused")
+            else "failed: " + str(r["error"])
+            if "error" in r
+            else "not finished: " + str(r["skipped"])
+            if "skipped" in r
+            else "made" + (" in the background, beside the cases below" if r.get("background") else "")
+        )
+        body.append(
+            [r.get("model", "-"), r.get("kind"), r.get("precision", "-"), _num(r.get("seconds")), how]
+        )
     return ["", "## Checkpoints and exports (`prune export`, counted in the budget)", ""] + _table(
-        ["model", "what", "precision", "seconds", "how"], body)
+        ["model", "what", "precision", "seconds", "how"], body
+    )
 
 
 def _column(path: str) -> int:
     """The comparison's column order: the engine, torch eager, torch.compile, the rest."""
-    return 0 if path.startswith("onnxruntime") else 2 if path.startswith("torch.compile") else \
-        1 if path.startswith("torch") else 3
+    return (
+        0
+        if path.startswith("onnxruntime")
+        else 2
+        if path.startswith("torch.compile")
+        else 1
+        if path.startswith("torch")
+        else 3
+    )
 
 
 def _pivot(rows: list[dict]) -> list[str]:
@@ -86,46 +103,101 @@ def _pivot(rows: list[dict]) -> list[str]:
     paths = sorted(dict.fromkeys(path_of(r) for r in timed), key=_column)
     keys = list(dict.fromkeys((str(r.get("model") or "-"), shape_of(r)) for r in timed))
     cell = {(str(r.get("model") or "-"), shape_of(r), path_of(r)): r["ms_per_batch"] for r in timed}
-    body = [[model, shape] + [_num(cell.get((model, shape, p)), ".2f") for p in paths] for model, shape in keys]
-    return ["", "## Milliseconds per batch (median wall time)", ""] + _table(["model", "batch x length"] + paths, body)
+    body = [
+        [model, shape] + [_num(cell.get((model, shape, p)), ".2f") for p in paths] for model, shape in keys
+    ]
+    return ["", "## Milliseconds per batch (median wall time)", ""] + _table(
+        ["model", "batch x length"] + paths, body
+    )
 
 
 def _cases(rows: list[dict], peak: Any) -> list[str]:
     timed = _timed(rows)
     if not timed:
         return []
-    body = [[r.get("model", "-"), path_of(r), shape_of(r), _num(r.get("ms_per_batch"), ".2f"),
-             _num(r.get("p99_ms"), ".2f"), _num(r.get("sequences_per_s")), _num(r.get("tokens_per_s"), ".0f"),
-             _num(r.get("tflops"), ".1f"), _num(100 * r["share_of_fp16_peak"] if isinstance(
-                 r.get("share_of_fp16_peak"), (int, float)) else None, ".1f", "%"),
-             _num(r.get("compile_s", r.get("first_s")), ".2f"), "yes" if r.get("beside_export") else ""]
-            for r in timed]
-    return ["", f"## Every case (share of a {_num(peak, '.0f')} TFLOP/s dense fp16 peak; the first run at a shape, "
-            "which makes the engine's session or compiles, apart from the timed runs)", ""] + _table(
-        ["model", "path", "batch x length", "ms per batch", "p99 ms", "sequences/s", "tokens/s", "TFLOP/s",
-         "share of peak", "first run s", "beside an export"], body)
+    body = [
+        [
+            r.get("model", "-"),
+            path_of(r),
+            shape_of(r),
+            _num(r.get("ms_per_batch"), ".2f"),
+            _num(r.get("p99_ms"), ".2f"),
+            _num(r.get("sequences_per_s")),
+            _num(r.get("tokens_per_s"), ".0f"),
+            _num(r.get("tflops"), ".1f"),
+            _num(
+                100 * r["share_of_fp16_peak"]
+                if isinstance(r.get("share_of_fp16_peak"), (int, float))
+                else None,
+                ".1f",
+                "%",
+            ),
+            _num(r.get("compile_s", r.get("first_s")), ".2f"),
+            "yes" if r.get("beside_export") else "",
+        ]
+        for r in timed
+    ]
+    return [
+        "",
+        f"## Every case (share of a {_num(peak, '.0f')} TFLOP/s dense fp16 peak; the first run at a shape, "
+        "which makes the engine's session or compiles, apart from the timed runs)",
+        "",
+    ] + _table(
+        [
+            "model",
+            "path",
+            "batch x length",
+            "ms per batch",
+            "p99 ms",
+            "sequences/s",
+            "tokens/s",
+            "TFLOP/s",
+            "share of peak",
+            "first run s",
+            "beside an export",
+        ],
+        body,
+    )
 
 
 def _checks(rows: list[dict]) -> list[str]:
     checks = [r for r in rows if "max_abs_dprob" in r]
     if not checks:
         return []
-    body = [[r.get("model", "-"), path_of(r), _num(r.get("max_abs_dprob"), ".2e"), r.get("check", "-"),
-             ", ".join(map(str, r.get("providers") or [])) or "-"] for r in checks]
-    backends = [f"- {r.get('model', '-')} {path_of(r)}: {r['backend']}" for r in rows
-                if r.get("kind") == "backend" and r.get("backend")]
-    return ["", "## Fidelity", ""] + _table(
-        ["model", "path", "max abs probability difference", "against", "providers"], body) + (
-        ["", "The engine's backends, as measured:", ""] + backends if backends else [])
+    body = [
+        [
+            r.get("model", "-"),
+            path_of(r),
+            _num(r.get("max_abs_dprob"), ".2e"),
+            r.get("check", "-"),
+            ", ".join(map(str, r.get("providers") or [])) or "-",
+        ]
+        for r in checks
+    ]
+    backends = [
+        f"- {r.get('model', '-')} {path_of(r)}: {r['backend']}"
+        for r in rows
+        if r.get("kind") == "backend" and r.get("backend")
+    ]
+    return (
+        ["", "## Fidelity", ""]
+        + _table(["model", "path", "max abs probability difference", "against", "providers"], body)
+        + (["", "The engine's backends, as measured:", ""] + backends if backends else [])
+    )
 
 
 def _gpu_check(rows: list[dict]) -> list[str]:
     checks = [r for r in rows if r.get("kind") == "check"]
     if not checks:
         return []
-    return ["", "## The GPU check (the design on this device, before anything is timed: gpu_run/check.py)", ""] + \
-        _table(["check", "result", "figure"], [[r.get("check", "-"), r.get("result", "-"), r.get("figure", "-")]
-                                               for r in checks])
+    return [
+        "",
+        "## The GPU check (the design on this device, before anything is timed: gpu_run/check.py)",
+        "",
+    ] + _table(
+        ["check", "result", "figure"],
+        [[r.get("check", "-"), r.get("result", "-"), r.get("figure", "-")] for r in checks],
+    )
 
 
 def _bench(bench: Any) -> list[str]:
@@ -138,10 +210,21 @@ def _bench(bench: Any) -> list[str]:
         lines += [str(bench["status"]), ""]
     paths = bench.get("paths") or []
     if paths:
-        lines += _table(["path", "passages/s", "tokens/s", "p50 ms per call", "repeats", "warm-up s", "compile s"],
-                        [[r.get("path", "-"), _num(r.get("passages_per_s")), _num(r.get("tokens_per_s"), ".0f"),
-                          _num(r.get("p50_ms"), ".0f"), r.get("repeats", "-"), _num(r.get("warmup_s")),
-                          _num(r.get("compile_s"))] for r in paths])
+        lines += _table(
+            ["path", "passages/s", "tokens/s", "p50 ms per call", "repeats", "warm-up s", "compile s"],
+            [
+                [
+                    r.get("path", "-"),
+                    _num(r.get("passages_per_s")),
+                    _num(r.get("tokens_per_s"), ".0f"),
+                    _num(r.get("p50_ms"), ".0f"),
+                    r.get("repeats", "-"),
+                    _num(r.get("warmup_s")),
+                    _num(r.get("compile_s")),
+                ]
+                for r in paths
+            ],
+        )
     for pid, why in (bench.get("not_measured") or {}).items():
         lines.append(f"- not measured: {pid}: {why}")
     return lines
@@ -163,14 +246,26 @@ def markdown(report: dict) -> str:
     fidelity, the RAG workload, and what was not measured or failed, and why."""
     info = report.get("info") or {}
     rows = [r for r in report.get("rows") or [] if isinstance(r, dict)]
-    lines = [f"# GPU benchmark ({info.get('gpu') or info.get('device', '-')}, {info.get('config', '-')})", "",
-             f"Command: `{report.get('command', '-')}`", "",
-             f"Budget: {_num(info.get('budget_s'), '.0f')} s, {_num(info.get('elapsed_s'), '.0f')} s used"
-             + (f"; stopped: {info['stopped']}" if info.get("stopped") else "") + "."]
+    lines = [
+        f"# GPU benchmark ({info.get('gpu') or info.get('device', '-')}, {info.get('config', '-')})",
+        "",
+        f"Command: `{report.get('command', '-')}`",
+        "",
+        f"Budget: {_num(info.get('budget_s'), '.0f')} s, {_num(info.get('elapsed_s'), '.0f')} s used"
+        + (f"; stopped: {info['stopped']}" if info.get("stopped") else "")
+        + ".",
+    ]
     if info.get("versions"):
         lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()) + "."]
-    for part in (_gpu_check(rows), _exports(rows), _pivot(rows), _cases(rows, info.get("peak_tflops")), _checks(rows),
-                 _bench(report.get("bench")), _left_out(rows)):
+    for part in (
+        _gpu_check(rows),
+        _exports(rows),
+        _pivot(rows),
+        _cases(rows, info.get("peak_tflops")),
+        _checks(rows),
+        _bench(report.get("bench")),
+        _left_out(rows),
+    ):
         lines += part
     return "\n".join(lines) + "\n"
 
@@ -180,12 +275,16 @@ def plot(report: dict, path) -> bool:
     path; False where matplotlib is missing or nothing was measured."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    rows = [r for r in _timed([r for r in report.get("rows") or [] if isinstance(r, dict)])
-            if isinstance(r.get("sequences_per_s"), (int, float)) and isinstance(r.get("batch"), int)]
+    rows = [
+        r
+        for r in _timed([r for r in report.get("rows") or [] if isinstance(r, dict)])
+        if isinstance(r.get("sequences_per_s"), (int, float)) and isinstance(r.get("batch"), int)
+    ]
     if not rows:
         return False
     fig, ax = plt.subplots(figsize=(8, 5))

@@ -1,4 +1,5 @@
 """The one small interface every accelerated core implements."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

@@ -35,6 +35,7 @@
 On the CPU provider (device "cpu") the same sessions run without CUDA graphs: that is how
 the tests check the shapes, the sharing, the thread and the outputs without a GPU.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -47,8 +48,13 @@ import numpy as np
 
 from engine.backends.base import Backend
 from engine.backends.gpu_shared import GpuThread, SharedWeights
-from engine.backends.onnxruntime import (check_cuda_ran, preload_cuda_libraries, require_cuda, session_options,
-                                         thread_denormals)
+from engine.backends.onnxruntime import (
+    check_cuda_ran,
+    preload_cuda_libraries,
+    require_cuda,
+    session_options,
+    thread_denormals,
+)
 from engine.pipeline.batching import BatchingConfig, ModelBatch
 from engine.errors import BackendError, ModelLoadError
 from engine.settings import DEFAULTS
@@ -81,10 +87,14 @@ class _Session:
         if rows is None:
             return
         where = ("cuda", 0) if device == "cuda" else ("cpu", 0)
-        self.inputs = {n: ort.OrtValue.ortvalue_from_shape_and_type([rows, length], np.int64, *where)
-                       for n in self.input_names}
-        self.outputs = [ort.OrtValue.ortvalue_from_shape_and_type([rows], np.float32, *where),
-                        ort.OrtValue.ortvalue_from_shape_and_type([rows, length], np.float32, *where)]
+        self.inputs = {
+            n: ort.OrtValue.ortvalue_from_shape_and_type([rows, length], np.int64, *where)
+            for n in self.input_names
+        }
+        self.outputs = [
+            ort.OrtValue.ortvalue_from_shape_and_type([rows], np.float32, *where),
+            ort.OrtValue.ortvalue_from_shape_and_type([rows, length], np.float32, *where),
+        ]
         for name, value in self.inputs.items():
             self.binding.bind_ortvalue_input(name, value)
         for name, value in zip(OUTPUTS, self.outputs):
@@ -105,7 +115,7 @@ class _Session:
             return rerank, probs
         for name, value in self.inputs.items():
             value.update_inplace(feeds[name])
-        self.binding.synchronize_inputs()        # the copies are done before the graph reads them
+        self.binding.synchronize_inputs()  # the copies are done before the graph reads them
         self.session.run_with_iobinding(self.binding)
         self.binding.synchronize_outputs()
         # copies, made here: on the CPU provider numpy() may be a view of the bound buffer, which
@@ -119,13 +129,25 @@ class GpuGraphBackend(Backend):
     module doc). `ort_log_level` and `profile` (a file prefix: every session records ONNX
     Runtime's profile) are for the GPU check (benchmarks/gpu_run/check.py); `ort`: the
     onnxruntime module (a test may hand in a recording one)."""
+
     name = "onnxruntime"
 
-    def __init__(self, graph: str | Path, lengths: list[int], *, device: str = "cuda",
-                 batching: BatchingConfig | None = None, cuda_graphs: bool = True,
-                 max_graphs: int = DEFAULTS.gpu_graphs, warm: list[tuple[int, int]] | tuple = (),
-                 threads: int | None = None, ort_log_level: int = 3, profile: str | None = None, log: Any = None,
-                 ort: Any = None):
+    def __init__(
+        self,
+        graph: str | Path,
+        lengths: list[int],
+        *,
+        device: str = "cuda",
+        batching: BatchingConfig | None = None,
+        cuda_graphs: bool = True,
+        max_graphs: int = DEFAULTS.gpu_graphs,
+        warm: list[tuple[int, int]] | tuple = (),
+        threads: int | None = None,
+        ort_log_level: int = 3,
+        profile: str | None = None,
+        log: Any = None,
+        ort: Any = None,
+    ):
         if ort is None:
             try:
                 import onnxruntime as ort
@@ -141,20 +163,20 @@ class GpuGraphBackend(Backend):
         self.max_graphs = max(0, int(max_graphs))
         self.log_level = int(ort_log_level)
         self.profile = profile
-        self.threads = 1 if device == "cuda" else threads     # on the GPU the work is the device's
+        self.threads = 1 if device == "cuda" else threads  # on the GPU the work is the device's
         self.say = log or (lambda m: None)
         self.missing: list[str] = []
         if device == "cuda":
             require_cuda()
             self.missing = preload_cuda_libraries(ort)
         self.shapes: dict[tuple[int, int], _Session] = {}
-        self.wanted: list[tuple[int, int]] = []        # shapes to capture when the GPU is idle
-        self.failed: dict[tuple[int, int], str] = {}   # shapes whose capture failed, and why
-        self.hits: dict[tuple[int, int], int] = {}     # batches each uncaptured shape ran on the dynamic session
+        self.wanted: list[tuple[int, int]] = []  # shapes to capture when the GPU is idle
+        self.failed: dict[tuple[int, int], str] = {}  # shapes whose capture failed, and why
+        self.hits: dict[tuple[int, int], int] = {}  # batches each uncaptured shape ran on the dynamic session
         self.weights: SharedWeights | None = None
         self.dynamic: _Session | None = None
         self.gpu = GpuThread(idle=self._capture_one)
-        weakref.finalize(self, self.gpu.stop)         # a backend dropped without close() ends its thread
+        weakref.finalize(self, self.gpu.stop)  # a backend dropped without close() ends its thread
         try:
             self.gpu.call(self._load)
             for rows, length in warm:
@@ -170,9 +192,11 @@ class GpuGraphBackend(Backend):
         self.dynamic = _Session(self.ort, self._session(None, None), self.device, None, None)
         self.input_names = self.dynamic.input_names
         self.provider = self.dynamic.session.get_providers()[0]
-        self.say(f"GPU graph: {len(self.weights.values)} weights ({self.weights.bytes / 2**20:.0f} MiB) on "
-                 f"{self.device} once, shared by every session; dynamic session made in "
-                 f"{time.perf_counter() - t0:.1f} s")
+        self.say(
+            f"GPU graph: {len(self.weights.values)} weights ({self.weights.bytes / 2**20:.0f} MiB) on "
+            f"{self.device} once, shared by every session; dynamic session made in "
+            f"{time.perf_counter() - t0:.1f} s"
+        )
 
     def _session(self, rows: int | None, length: int | None) -> Any:
         """A session of the shared weights: at rows x length (captured on cuda), or dynamic."""
@@ -189,8 +213,12 @@ class GpuGraphBackend(Backend):
             opts.add_free_dimension_override_by_name("sequence", length)
         self.weights.add_to(opts)
         if self.device == "cuda":
-            cuda = {"device_id": 0, "use_tf32": 0, "enable_cuda_graph": "1" if fixed and self.cuda_graphs else "0"}
-            if fixed:   # a captured shape's memory is what its first run asks for (ORT's CUDA-graph tests)
+            cuda = {
+                "device_id": 0,
+                "use_tf32": 0,
+                "enable_cuda_graph": "1" if fixed and self.cuda_graphs else "0",
+            }
+            if fixed:  # a captured shape's memory is what its first run asks for (ORT's CUDA-graph tests)
                 cuda["arena_extend_strategy"] = "kSameAsRequested"
             providers: list[Any] = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
         else:
@@ -198,10 +226,13 @@ class GpuGraphBackend(Backend):
         what = f"the {rows} x {length}" if fixed else "the dynamic"
         try:
             with thread_denormals(False):
-                session = self.ort.InferenceSession(str(self.weights.graph), sess_options=opts, providers=providers)
+                session = self.ort.InferenceSession(
+                    str(self.weights.graph), sess_options=opts, providers=providers
+                )
         except Exception as exc:
-            raise ModelLoadError(f"{self.source}: ONNX Runtime cannot make {what} session "
-                                 f"({type(exc).__name__}: {exc})") from exc
+            raise ModelLoadError(
+                f"{self.source}: ONNX Runtime cannot make {what} session ({type(exc).__name__}: {exc})"
+            ) from exc
         if self.device == "cuda":
             check_cuda_ran(session.get_providers()[0], session.get_providers(), self.missing)
         return session
@@ -217,10 +248,13 @@ class GpuGraphBackend(Backend):
         if "sentence_ids" in filler:
             filler["sentence_ids"][:] = -1
         with thread_denormals(True):
-            shape.run(filler)       # ONNX Runtime runs until the graph is captured (cuda), then replays
+            shape.run(filler)  # ONNX Runtime runs until the graph is captured (cuda), then replays
         self.shapes[(rows, length)] = shape
-        self.say(f"GPU graph: {rows} x {length} session made" + (" with CUDA graphs on" if self.cuda_graphs else "")
-                 + f" in {time.perf_counter() - t0:.1f} s ({len(self.shapes)} of at most {self.max_graphs})")
+        self.say(
+            f"GPU graph: {rows} x {length} session made"
+            + (" with CUDA graphs on" if self.cuda_graphs else "")
+            + f" in {time.perf_counter() - t0:.1f} s ({len(self.shapes)} of at most {self.max_graphs})"
+        )
         return shape
 
     def _capture_one(self, shape: tuple[int, int] | None = None) -> bool:
@@ -231,28 +265,36 @@ class GpuGraphBackend(Backend):
             shape = self.wanted.pop(0)
         try:
             self._capture(*shape)
-        except Exception as exc:             # the shape keeps running on the dynamic session
+        except Exception as exc:  # the shape keeps running on the dynamic session
             self.failed[shape] = f"{type(exc).__name__}: {exc}"
-            self.say(f"GPU graph: the {shape[0]} x {shape[1]} session could not be made ({exc}); "
-                     "its batches run on the dynamic session")
+            self.say(
+                f"GPU graph: the {shape[0]} x {shape[1]} session could not be made ({exc}); "
+                "its batches run on the dynamic session"
+            )
         return True
 
     def _run(self, key: tuple[int, int], feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         shape = self.shapes.get(key)
         if shape is None and key in self.wanted and self.hits.get(key, 0) >= CAPTURE_AFTER:
-            self.wanted.remove(key)              # a shape this busy is captured now, even with no idle moment
+            self.wanted.remove(key)  # a shape this busy is captured now, even with no idle moment
             self._capture_one(key)
             shape = self.shapes.get(key)
-        if shape is None:                        # the dynamic session, at the batch's own size
+        if shape is None:  # the dynamic session, at the batch's own size
             self.hits[key] = self.hits.get(key, 0) + 1
-            if key not in self.wanted and key not in self.failed and \
-                    len(self.shapes) + len(self.wanted) < self.max_graphs:
+            if (
+                key not in self.wanted
+                and key not in self.failed
+                and len(self.shapes) + len(self.wanted) < self.max_graphs
+            ):
                 self.wanted.append(key)
             with thread_denormals(True):
                 return self.dynamic.run(feeds)
         n = next(iter(feeds.values())).shape[0]
-        if n < shape.rows:                       # spare rows: copies of the first (their outputs are dropped)
-            feeds = {name: np.concatenate([a, np.repeat(a[:1], shape.rows - n, axis=0)]) for name, a in feeds.items()}
+        if n < shape.rows:  # spare rows: copies of the first (their outputs are dropped)
+            feeds = {
+                name: np.concatenate([a, np.repeat(a[:1], shape.rows - n, axis=0)])
+                for name, a in feeds.items()
+            }
         with thread_denormals(True):
             return shape.run(feeds)
 
@@ -272,18 +314,24 @@ class GpuGraphBackend(Backend):
     def _shape_for(self, rows: int, length: int) -> tuple[int, int]:
         i = bisect.bisect_left(self.lengths, length)
         if i == len(self.lengths) or self.lengths[i] != length:
-            raise BackendError(f"a batch of length {length} is not one of this graph's lengths {self.lengths}")
+            raise BackendError(
+                f"a batch of length {length} is not one of this graph's lengths {self.lengths}"
+            )
         sizes = self.rows_for(length)
         j = bisect.bisect_left(sizes, rows)
         if j == len(sizes):
-            raise BackendError(f"a batch of {rows} rows x {length} exceeds the largest shape "
-                               f"({sizes[-1]} x {length}): the token budget is {self.budget.max_batch_tokens}")
+            raise BackendError(
+                f"a batch of {rows} rows x {length} exceeds the largest shape "
+                f"({sizes[-1]} x {length}): the token budget is {self.budget.max_batch_tokens}"
+            )
         return sizes[j], length
 
     def batching(self, asked: BatchingConfig) -> BatchingConfig:
         """The pruner's batches: the longest first, padded to this graph's lengths, within
         the budget the shapes were sized by."""
-        return BatchingConfig(self.budget.max_batch_tokens, self.budget.max_batch_size, self.lengths, "longest")
+        return BatchingConfig(
+            self.budget.max_batch_tokens, self.budget.max_batch_size, self.lengths, "longest"
+        )
 
     def infer(self, batch: ModelBatch) -> tuple[np.ndarray, np.ndarray]:
         """(rerank_score [B], sentence_probs [B, L]) of one padded batch, run on the GPU
@@ -293,7 +341,7 @@ class GpuGraphBackend(Backend):
         feeds = {}
         for name in self.input_names:
             array = np.ascontiguousarray(getattr(batch, name))
-            if array.dtype != np.int64:          # a bound input is copied byte for byte
+            if array.dtype != np.int64:  # a bound input is copied byte for byte
                 raise BackendError(f"{name} must be int64, got {array.dtype}")
             feeds[name] = array
         try:
@@ -306,12 +354,14 @@ class GpuGraphBackend(Backend):
 
     def close(self) -> None:
         """Free every session and the device copy of the weights, and stop the GPU thread."""
+
         def free() -> None:
             self.shapes.clear()
             self.wanted.clear()
             self.dynamic = None
             if self.weights is not None:
                 self.weights.close()
+
         if self.gpu.thread.is_alive():
             self.gpu.call(free)
             self.gpu.stop()
@@ -321,8 +371,14 @@ class GpuGraphBackend(Backend):
     def describe(self) -> str:
         """The provider, the graph, the shared weights and the shapes captured so far, in words."""
         made = ", ".join(f"{r}x{n}" for r, n in sorted(self.shapes, key=lambda s: (s[1], s[0]))) or "none yet"
-        shared = (f"{len(self.weights.values)} weights ({self.weights.bytes / 2**20:.0f} MiB) shared"
-                  if self.weights is not None and self.weights.values else "closed")
-        return (f"onnxruntime {getattr(self, 'provider', '-')} ({self.source.name}, GPU graph: {shared}, "
-                f"a dynamic session and captured shapes ({made}; at most {self.max_graphs})"
-                + (", CUDA graphs on" if self.cuda_graphs else "") + ", IO binding, one GPU thread)")
+        shared = (
+            f"{len(self.weights.values)} weights ({self.weights.bytes / 2**20:.0f} MiB) shared"
+            if self.weights is not None and self.weights.values
+            else "closed"
+        )
+        return (
+            f"onnxruntime {getattr(self, 'provider', '-')} ({self.source.name}, GPU graph: {shared}, "
+            f"a dynamic session and captured shapes ({made}; at most {self.max_graphs})"
+            + (", CUDA graphs on" if self.cuda_graphs else "")
+            + ", IO binding, one GPU thread)"
+        )

@@ -1,5 +1,6 @@
 """What the GPU graph's sessions share (engine/backends/gpu_graph.py): the one thread that
 runs them, and the one copy of the weights they are given."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -17,7 +18,7 @@ from engine.errors import BackendError
 
 #: float initializers of at least this many bytes are shared (smaller ones: scalars, tiny norms)
 SHARE_MIN_BYTES = 1024
-_FLOAT_TYPES = (1, 10, 16)            # onnx.TensorProto FLOAT, FLOAT16, BFLOAT16
+_FLOAT_TYPES = (1, 10, 16)  # onnx.TensorProto FLOAT, FLOAT16, BFLOAT16
 
 
 class GpuThread:
@@ -56,9 +57,9 @@ class GpuThread:
             if done.set_running_or_notify_cancel():
                 try:
                     done.set_result(fn(*args))
-                except BaseException as exc:        # handed to the caller
+                except BaseException as exc:  # handed to the caller
                     done.set_exception(exc)
-            del job, fn, args, done                 # the loop holds no job (nor its owner) between jobs
+            del job, fn, args, done  # the loop holds no job (nor its owner) between jobs
             busy = True
 
     @property
@@ -73,7 +74,7 @@ class GpuThread:
     def _idle(self) -> bool:
         try:
             return bool(self.idle())
-        except Exception:           # an idle task never stops the thread; the task reports its own errors
+        except Exception:  # an idle task never stops the thread; the task reports its own errors
             return False
 
     def stop(self) -> None:
@@ -89,12 +90,13 @@ def _device_value(ort: Any, array: np.ndarray, device: str) -> tuple[Any, Any]:
     device once, then seen through DLPack as a tensor whose buffer its OrtValue does not own,
     which is what `add_initializer` takes (it refuses an owning one)."""
     from onnxruntime.capi import _pybind_state as C
+
     owner = ort.OrtValue.ortvalue_from_numpy(array, "cuda" if device == "cuda" else "cpu", 0)
     capsule = owner._ortvalue.to_dlpack()
     try:
-        view = C.OrtValue.from_dlpack(capsule, False)       # onnxruntime 1.32: (data, is_bool_tensor)
+        view = C.OrtValue.from_dlpack(capsule, False)  # onnxruntime 1.32: (data, is_bool_tensor)
     except TypeError:
-        view = C.OrtValue.from_dlpack(capsule)              # 1.31 and earlier: (data)
+        view = C.OrtValue.from_dlpack(capsule)  # 1.31 and earlier: (data)
     return ort.OrtValue(view), (owner, array)
 
 
@@ -107,9 +109,10 @@ class SharedWeights:
     def __init__(self, ort: Any, graph: Path, device: str, min_bytes: int = SHARE_MIN_BYTES):
         import onnx
         from onnx import numpy_helper
+
         proto = onnx.load(str(graph))
         self.values: dict[str, Any] = {}
-        self.sizes: dict[str, int] = {}           # name -> bytes
+        self.sizes: dict[str, int] = {}  # name -> bytes
         self._keep: list[Any] = []
         self.bytes = 0
         for tensor in proto.graph.initializer:
@@ -126,8 +129,14 @@ class SharedWeights:
         self.folder = Path(tempfile.mkdtemp(prefix="prune-gpu-graph-"))
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.folder), True)
         self.graph = self.folder / "model.onnx"
-        onnx.save_model(proto, str(self.graph), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location="weights.bin", size_threshold=min_bytes)
+        onnx.save_model(
+            proto,
+            str(self.graph),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location="weights.bin",
+            size_threshold=min_bytes,
+        )
 
     def add_to(self, opts: Any) -> None:
         """Give every shared weight to a session's options."""

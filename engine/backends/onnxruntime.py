@@ -1,4 +1,5 @@
 """ONNX Runtime in-process: the embedded default."""
+
 from __future__ import annotations
 
 import contextlib
@@ -30,7 +31,7 @@ SHRINK_ABOVE_TOKENS = 4096
 #: (flush-to-zero and denormals-are-zero while it runs) or keep (IEEE, ORT's default). The
 #: attention's softmax over masked positions makes denormals, and on Intel CPUs each costs a
 #: microcode assist (docs/performance.md has the figures).
-_FTZ_DAZ = 0x8040                 # MXCSR's flush-to-zero (bit 15) and denormals-are-zero (bit 6)
+_FTZ_DAZ = 0x8040  # MXCSR's flush-to-zero (bit 15) and denormals-are-zero (bit 6)
 
 
 def _libm() -> Any:
@@ -90,14 +91,23 @@ def arena_mode(value: str = DEFAULTS.ort_arena) -> str:
 DEVICES = ("cpu", "cuda")
 
 
-TENSORRT_FALLBACK = ("ONNX Runtime's TensorRT provider is not available here (it needs TensorRT's libraries): "
-                     "running the CUDA provider")
+TENSORRT_FALLBACK = (
+    "ONNX Runtime's TensorRT provider is not available here (it needs TensorRT's libraries): "
+    "running the CUDA provider"
+)
 
 
 #: The libraries ONNX Runtime's CUDA provider opens when it loads (CUDA 12 and 13 builds);
 #: pip installs them under `nvidia/*/lib` (nvidia-cu13 / nvidia-cudnn-cu13 and the like).
-CUDA_LIBRARIES = ("libcudart.so", "libcublasLt.so", "libcublas.so", "libcufft.so", "libcurand.so",
-                  "libnvrtc.so", "libcudnn.so")
+CUDA_LIBRARIES = (
+    "libcudart.so",
+    "libcublasLt.so",
+    "libcublas.so",
+    "libcufft.so",
+    "libcurand.so",
+    "libnvrtc.so",
+    "libcudnn.so",
+)
 
 
 def preload_cuda_libraries(ort: Any) -> list[str]:
@@ -112,13 +122,18 @@ def preload_cuda_libraries(ort: Any) -> list[str]:
     import ctypes
     import io
     import sys
+
     if not sys.platform.startswith("linux"):
         return []
     if hasattr(ort, "preload_dlls"):
         with contextlib.suppress(Exception), contextlib.redirect_stdout(io.StringIO()):
-            ort.preload_dlls()                      # it prints what it could not load; we say it below
-    lib_dirs = [d for entry in sys.path if entry and (Path(entry) / "nvidia").is_dir()
-                for d in sorted((Path(entry) / "nvidia").glob("*/lib"))]
+            ort.preload_dlls()  # it prints what it could not load; we say it below
+    lib_dirs = [
+        d
+        for entry in sys.path
+        if entry and (Path(entry) / "nvidia").is_dir()
+        for d in sorted((Path(entry) / "nvidia").glob("*/lib"))
+    ]
     for name in CUDA_LIBRARIES:
         if name in loaded_libraries():
             continue
@@ -133,8 +148,11 @@ def preload_cuda_libraries(ort: Any) -> list[str]:
 def loaded_libraries() -> str:
     """The file names of the shared libraries this process has mapped (Linux)."""
     try:
-        return " ".join(line.rsplit("/", 1)[-1] for line in Path("/proc/self/maps").read_text().splitlines()
-                        if "/" in line)
+        return " ".join(
+            line.rsplit("/", 1)[-1]
+            for line in Path("/proc/self/maps").read_text().splitlines()
+            if "/" in line
+        )
     except OSError:
         return ""
 
@@ -147,9 +165,11 @@ def require_cuda() -> None:
         raise ModelLoadError("onnxruntime is not installed: pip install 'prune-engine[gpu]'") from exc
     available = ort.get_available_providers()
     if "CUDAExecutionProvider" not in available:
-        raise ModelLoadError("device='cuda' needs ONNX Runtime's CUDA provider: pip install "
-                             "'prune-engine[gpu]' (onnxruntime-gpu, without the CPU onnxruntime); "
-                             f"this onnxruntime {ort.__version__} has {available}")
+        raise ModelLoadError(
+            "device='cuda' needs ONNX Runtime's CUDA provider: pip install "
+            "'prune-engine[gpu]' (onnxruntime-gpu, without the CPU onnxruntime); "
+            f"this onnxruntime {ort.__version__} has {available}"
+        )
 
 
 class ArenaRuns:
@@ -169,9 +189,13 @@ class ArenaRuns:
         return self.shrink if self.shrink is not None and tokens > SHRINK_ABOVE_TOKENS else self.plain
 
 
-def session_options(ort: Any, intra_op_threads: int | None = None, inter_op_threads: int | None = None,
-                    arena: str = DEFAULTS.ort_arena, denormals: str = DEFAULTS.ort_denormals
-                    ) -> tuple[Any, ArenaRuns]:
+def session_options(
+    ort: Any,
+    intra_op_threads: int | None = None,
+    inter_op_threads: int | None = None,
+    arena: str = DEFAULTS.ort_arena,
+    denormals: str = DEFAULTS.ort_denormals,
+) -> tuple[Any, ArenaRuns]:
     """(SessionOptions, ArenaRuns) as every engine session uses them: all graph
     optimizations, threads (None: every core), the arena mode, denormals flushed to zero
     or kept (`DENORMALS`)."""
@@ -190,22 +214,31 @@ def session_options(ort: Any, intra_op_threads: int | None = None, inter_op_thre
     return opts, ArenaRuns(ort, mode)
 
 
-def tensorrt_options(input_names: list[str], buckets: list[int], max_batch: int,
-                     cache: str | Path) -> dict[str, Any]:
+def tensorrt_options(
+    input_names: list[str], buckets: list[int], max_batch: int, cache: str | Path
+) -> dict[str, Any]:
     """ONNX Runtime's TensorRT provider: fp16, an engine cache, and one optimization
     profile spanning the engine's length buckets (min: 1 x the smallest bucket; opt: 8 x
     the middle bucket; max: max_batch x the window)."""
+
     def shapes(rows: int, length: int) -> str:
         return ",".join(f"{n}:{rows}x{length}" for n in input_names)
+
     mid = buckets[len(buckets) // 2]
-    return {"trt_fp16_enable": True, "trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache),
-            "trt_timing_cache_enable": True, "trt_profile_min_shapes": shapes(1, buckets[0]),
-            "trt_profile_opt_shapes": shapes(min(8, max_batch), mid),
-            "trt_profile_max_shapes": shapes(max_batch, buckets[-1])}
+    return {
+        "trt_fp16_enable": True,
+        "trt_engine_cache_enable": True,
+        "trt_engine_cache_path": str(cache),
+        "trt_timing_cache_enable": True,
+        "trt_profile_min_shapes": shapes(1, buckets[0]),
+        "trt_profile_opt_shapes": shapes(min(8, max_batch), mid),
+        "trt_profile_max_shapes": shapes(max_batch, buckets[-1]),
+    }
 
 
-def session_providers(ort: Any, device: str, providers: list[Any] | None, tensorrt: dict[str, Any] | None,
-                      say: Any) -> list[Any]:
+def session_providers(
+    ort: Any, device: str, providers: list[Any] | None, tensorrt: dict[str, Any] | None, say: Any
+) -> list[Any]:
     """The providers a session is made with: the CPU's for device "cpu" (even where
     onnxruntime-gpu offers CUDA first) unless `providers` are given; CUDA's (TensorRT's
     first when asked for and present, else saying so) for "cuda"."""
@@ -231,7 +264,8 @@ def check_cuda_ran(ran: str, providers: list[str], missing: list[str]) -> None:
         f"device='cuda': ONNX Runtime's CUDA provider did not load and the session fell back to {providers}; "
         + (f"not found or not loadable: {', '.join(missing)} (" if missing else "(")
         + "pip install 'onnxruntime-gpu[cuda,cudnn]' brings them as pip packages, found on sys.path; "
-        "or put CUDA's and cuDNN's lib folders on LD_LIBRARY_PATH)")
+        "or put CUDA's and cuDNN's lib folders on LD_LIBRARY_PATH)"
+    )
 
 
 class OnnxRuntimeBackend(Backend):
@@ -239,17 +273,29 @@ class OnnxRuntimeBackend(Backend):
     the inputs are copied to the GPU once per batch, and only the small pooled outputs
     (B floats and B x S probabilities) come back. `tensorrt` puts ONNX Runtime's TensorRT
     provider first (`tensorrt_options`), where the installed onnxruntime-gpu has it."""
+
     name = "onnxruntime"
 
-    def __init__(self, graph: str | Path, *, intra_op_threads: int | None = None,
-                 inter_op_threads: int | None = None, providers: list[Any] | None = None,
-                 arena: str = DEFAULTS.ort_arena, device: str = "cpu", io_binding: bool | None = None,
-                 tensorrt: dict[str, Any] | None = None, log: Any = None, denormals: str = DEFAULTS.ort_denormals):
+    def __init__(
+        self,
+        graph: str | Path,
+        *,
+        intra_op_threads: int | None = None,
+        inter_op_threads: int | None = None,
+        providers: list[Any] | None = None,
+        arena: str = DEFAULTS.ort_arena,
+        device: str = "cpu",
+        io_binding: bool | None = None,
+        tensorrt: dict[str, Any] | None = None,
+        log: Any = None,
+        denormals: str = DEFAULTS.ort_denormals,
+    ):
         try:
             import onnxruntime as ort
         except ImportError as exc:
-            raise ModelLoadError("onnxruntime is not installed: pip install 'prune-engine[cpu]' "
-                                 "(or [gpu] for onnxruntime-gpu)") from exc
+            raise ModelLoadError(
+                "onnxruntime is not installed: pip install 'prune-engine[cpu]' (or [gpu] for onnxruntime-gpu)"
+            ) from exc
         graph = Path(graph)
         if not graph.is_file():
             raise ModelLoadError(f"{graph}: no ONNX graph")
@@ -267,12 +313,16 @@ class OnnxRuntimeBackend(Backend):
             require_cuda()
             missing = preload_cuda_libraries(ort)
         try:
-            with thread_denormals(False):      # ORT's first session sets this thread's flags: undone
-                self.session = ort.InferenceSession(str(graph), sess_options=opts,
-                                                    providers=session_providers(ort, device, providers, tensorrt, say))
+            with thread_denormals(False):  # ORT's first session sets this thread's flags: undone
+                self.session = ort.InferenceSession(
+                    str(graph),
+                    sess_options=opts,
+                    providers=session_providers(ort, device, providers, tensorrt, say),
+                )
         except Exception as exc:
-            raise ModelLoadError(f"{graph}: ONNX Runtime cannot load the graph "
-                                 f"({type(exc).__name__}: {exc})") from exc
+            raise ModelLoadError(
+                f"{graph}: ONNX Runtime cannot load the graph ({type(exc).__name__}: {exc})"
+            ) from exc
         ran = self.session.get_providers()[0]
         if device == "cuda":
             check_cuda_ran(ran, self.session.get_providers(), missing)
@@ -285,8 +335,9 @@ class OnnxRuntimeBackend(Backend):
         self.input_names = [i.name for i in self.session.get_inputs()]
         outputs = [o.name for o in self.session.get_outputs()]
         if outputs[:2] != ["rerank_score", "sentence_probs"]:
-            raise ModelLoadError(f"{graph}: outputs {outputs} do not follow the contract "
-                                 "(rerank_score, sentence_probs)")
+            raise ModelLoadError(
+                f"{graph}: outputs {outputs} do not follow the contract (rerank_score, sentence_probs)"
+            )
         self.graph = graph
 
     def infer(self, batch: ModelBatch) -> tuple[np.ndarray, np.ndarray]:
@@ -300,19 +351,24 @@ class OnnxRuntimeBackend(Backend):
     def _run(self, batch: ModelBatch) -> tuple[np.ndarray, np.ndarray]:
         runs = self.runs(int(np.prod(batch.shape)))
         if not self.io_binding:
-            rerank, probs = self.session.run(["rerank_score", "sentence_probs"], batch.inputs(self.input_names), runs)
+            rerank, probs = self.session.run(
+                ["rerank_score", "sentence_probs"], batch.inputs(self.input_names), runs
+            )
             return rerank, probs
         binding = self.session.io_binding()
         for name, array in batch.inputs(self.input_names).items():
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
         for name in ("rerank_score", "sentence_probs"):
-            binding.bind_output(name, "cpu")      # small: B and B x S floats
+            binding.bind_output(name, "cpu")  # small: B and B x S floats
         self.session.run_with_iobinding(binding, runs)
         rerank, probs = binding.copy_outputs_to_cpu()[:2]
         return rerank, probs
 
     def describe(self) -> str:
         """The execution provider and graph, in words."""
-        return (f"onnxruntime {self.session.get_providers()[0]} ({self.graph.name}"
-                + (", IO binding" if self.io_binding else "")
-                + ("" if self.device == "cuda" else f"; {denormal_state(self.flush)}") + ")")
+        return (
+            f"onnxruntime {self.session.get_providers()[0]} ({self.graph.name}"
+            + (", IO binding" if self.io_binding else "")
+            + ("" if self.device == "cuda" else f"; {denormal_state(self.flush)}")
+            + ")"
+        )

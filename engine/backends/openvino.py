@@ -17,6 +17,7 @@ stays flat and every shape is prepared again.
 
 One InferRequest per thread: a Pruner shared by a service's threads runs them side by side.
 """
+
 from __future__ import annotations
 
 import functools
@@ -60,30 +61,46 @@ def bf16_supported(core=None) -> bool:
 
 class OpenVinoBackend(Backend):
     """An ONNX graph or OpenVINO IR (`graph`: .onnx or .xml) on OpenVINO's CPU plugin."""
+
     name = "openvino"
 
-    def __init__(self, graph: str | Path, *, precision: str = "fp32", threads: int | None = None,
-                 shape_cache: int | None = None):
+    def __init__(
+        self,
+        graph: str | Path,
+        *,
+        precision: str = "fp32",
+        threads: int | None = None,
+        shape_cache: int | None = None,
+    ):
         core = openvino_core()
         graph = Path(graph)
         if not graph.is_file():
             raise ModelLoadError(f"{graph}: no graph")
         if precision not in PRECISIONS:
-            raise ModelLoadError(f"OpenVINO inference precision must be one of {PRECISIONS}, got {precision!r}")
+            raise ModelLoadError(
+                f"OpenVINO inference precision must be one of {PRECISIONS}, got {precision!r}"
+            )
         if precision == "bf16" and not bf16_supported(core):
             flags = cpu_flags()
             have = sorted(f for f in flags or () if f.startswith(("avx512", "amx")))
-            seen = ("its flags cannot be read here" if flags is None
-                    else f"this one has {', '.join(have) or 'no AVX-512 or AMX flags'}")
+            seen = (
+                "its flags cannot be read here"
+                if flags is None
+                else f"this one has {', '.join(have) or 'no AVX-512 or AMX flags'}"
+            )
             raise ModelLoadError(
                 f"bf16 needs a CPU that computes in bf16 ({' or '.join(BF16_FLAGS)}) and OpenVINO's CPU plugin "
-                f"says this one does not ({seen}): use fp32, or the static INT8 export")
+                f"says this one does not ({seen}): use fp32, or the static INT8 export"
+            )
         if threads is not None and threads < 1:
             raise ModelLoadError(f"threads must be at least 1, got {threads}")
         if shape_cache is not None and shape_cache < 0:
             raise ModelLoadError(f"shape_cache must be 0 or more, got {shape_cache}")
-        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32",
-                                  "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
+        config: dict[str, Any] = {
+            "INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32",
+            "PERFORMANCE_HINT": "LATENCY",
+            "NUM_STREAMS": 1,
+        }
         if threads:
             config["INFERENCE_NUM_THREADS"] = int(threads)
         if shape_cache is not None:
@@ -92,11 +109,14 @@ class OpenVinoBackend(Backend):
             model = core.read_model(str(graph))
             self.compiled = core.compile_model(model, "CPU", config)
         except Exception as exc:
-            raise ModelLoadError(f"{graph}: OpenVINO cannot load the graph ({type(exc).__name__}: {exc})") from exc
+            raise ModelLoadError(
+                f"{graph}: OpenVINO cannot load the graph ({type(exc).__name__}: {exc})"
+            ) from exc
         outputs = [o.get_any_name() for o in self.compiled.outputs]
         if outputs[:2] != ["rerank_score", "sentence_probs"]:
-            raise ModelLoadError(f"{graph}: outputs {outputs} do not follow the contract "
-                                 "(rerank_score, sentence_probs)")
+            raise ModelLoadError(
+                f"{graph}: outputs {outputs} do not follow the contract (rerank_score, sentence_probs)"
+            )
         self.input_names = [i.get_any_name() for i in self.compiled.inputs]
         self._outputs = (self.compiled.output("rerank_score"), self.compiled.output("sentence_probs"))
         self._local = threading.local()
@@ -109,8 +129,10 @@ class OpenVinoBackend(Backend):
             request = self._local.request = self.compiled.create_infer_request()
         try:
             out = request.infer(batch.inputs(self.input_names))
-            return (np.array(out[self._outputs[0]], dtype=np.float32, copy=True),
-                    np.array(out[self._outputs[1]], dtype=np.float32, copy=True))
+            return (
+                np.array(out[self._outputs[0]], dtype=np.float32, copy=True),
+                np.array(out[self._outputs[1]], dtype=np.float32, copy=True),
+            )
         except Exception as exc:
             raise BackendError(f"OpenVINO failed on a batch of shape {batch.shape}: {exc}") from exc
 

@@ -1,4 +1,5 @@
 """PyTorch: runs the checkpoint itself. The fp32 reference every backend is tested against."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -12,10 +13,12 @@ from engine.errors import BackendError
 
 class TorchBackend(Backend):
     """The fp32 PyTorch reference: a checkpoint run as its family's own code computes it."""
+
     name = "torch"
 
     def __init__(self, model, *, device: str = "cpu", dtype: str = "float32", threads: int | None = None):
         import torch
+
         if threads:
             torch.set_num_threads(int(threads))
         self.torch = torch
@@ -27,26 +30,40 @@ class TorchBackend(Backend):
     def infer(self, batch: ModelBatch) -> tuple[np.ndarray, np.ndarray]:
         """(rerank_score [B], sentence_probs [B, S]) of one padded batch, in PyTorch."""
         torch = self.torch
-        t = {k: torch.from_numpy(getattr(batch, k)).to(self.device)
-             for k in ("input_ids", "attention_mask", "sentence_ids", "token_type_ids")}
+        t = {
+            k: torch.from_numpy(getattr(batch, k)).to(self.device)
+            for k in ("input_ids", "attention_mask", "sentence_ids", "token_type_ids")
+        }
         try:
             with torch.inference_mode():
-                rerank, probs = self.model(t["input_ids"], t["attention_mask"], t["sentence_ids"],
-                                           t["token_type_ids"])
+                rerank, probs = self.model(
+                    t["input_ids"], t["attention_mask"], t["sentence_ids"], t["token_type_ids"]
+                )
         except Exception as exc:
             raise BackendError(f"PyTorch failed on a batch of shape {batch.shape}: {exc}") from exc
-        return (rerank.float().cpu().numpy().astype(np.float32, copy=False),
-                probs.float().cpu().numpy().astype(np.float32, copy=False))
+        return (
+            rerank.float().cpu().numpy().astype(np.float32, copy=False),
+            probs.float().cpu().numpy().astype(np.float32, copy=False),
+        )
 
     def describe(self) -> str:
         """The device, dtype and attention, in words."""
         return f"torch {self.torch.__version__} {self.device} {str(self.dtype).replace('torch.', '')}"
 
     @classmethod
-    def from_checkpoint(cls, path, *, family: str | None = None, options: dict[str, Any] | None = None,
-                        attn: str = "eager", device: str = "cpu", dtype: str = "float32",
-                        threads: int | None = None) -> tuple["TorchBackend", Any, Any]:
+    def from_checkpoint(
+        cls,
+        path,
+        *,
+        family: str | None = None,
+        options: dict[str, Any] | None = None,
+        attn: str = "eager",
+        device: str = "cpu",
+        dtype: str = "float32",
+        threads: int | None = None,
+    ) -> tuple["TorchBackend", Any, Any]:
         """(backend, tokenizer, ModelSpec) of a checkpoint folder (or hub id)."""
         from engine.pytorch.torch_model import load_torch_model
+
         tm = load_torch_model(path, family=family, options=options, attn=attn)
         return cls(tm.module, threads=threads, device=device, dtype=dtype), tm.tokenizer, tm.spec

@@ -7,6 +7,7 @@ model's `max_batch_size` is split; the batches of one call are sent concurrently
 within one deadline, through a transport (`engine.triton.client`): one server with
 retries, or a replica set with failover.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -22,6 +23,7 @@ from engine.triton.client import Transport
 
 class TritonBackend(Backend):
     """The token-level core model on Triton, through `transport` (one server or replicas)."""
+
     name = "triton"
 
     def __init__(self, transport: Transport):
@@ -30,8 +32,10 @@ class TritonBackend(Backend):
         required = {"input_ids", "attention_mask", "sentence_ids"}
         inputs, outputs = transport.metadata_inputs, transport.metadata_outputs
         if not required <= set(inputs) or not set(GRAPH_OUTPUTS) <= set(outputs):
-            raise ModelLoadError(f"model {transport.model!r} on {transport.url} does not follow the engine's "
-                                 f"contract: inputs {inputs}, outputs {outputs}")
+            raise ModelLoadError(
+                f"model {transport.model!r} on {transport.url} does not follow the engine's "
+                f"contract: inputs {inputs}, outputs {outputs}"
+            )
         self.input_names = list(inputs)
 
     def manifest(self) -> dict[str, Any]:
@@ -47,8 +51,9 @@ class TritonBackend(Backend):
         try:
             res = t.infer_with_retries(text_model, [], [t.tc.InferRequestedOutput("tokenizer")])
         except Exception as exc:
-            raise ModelLoadError(f"cannot fetch the tokenizer from the text model {text_model!r} on {t.url}: "
-                                 f"{exc}") from exc
+            raise ModelLoadError(
+                f"cannot fetch the tokenizer from the text model {text_model!r} on {t.url}: {exc}"
+            ) from exc
         value = res.as_numpy("tokenizer")
         if value is None or value.size != 1:
             raise ModelLoadError(f"the text model {text_model!r} returned no tokenizer")
@@ -84,9 +89,9 @@ class TritonBackend(Backend):
         for k, b in enumerate(batches):
             feeds = b.inputs(self.input_names)
             for s in range(0, b.shape[0], step):
-                jobs.append({n: a[s:s + step] for n, a in feeds.items()})
+                jobs.append({n: a[s : s + step] for n, a in feeds.items()})
                 owners.append(k)
-        deadline = t.deadline()      # one deadline for the whole call
+        deadline = t.deadline()  # one deadline for the whole call
         try:
             raw = t.infer_all(t.model, [self._request(f) for f in jobs], deadline)
         except Exception as exc:

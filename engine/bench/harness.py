@@ -6,6 +6,7 @@ profiler (benchmarks/, dev/).
   (the figures, the command, the machine, the date) and `NAME.md` (the command and the
   machine above its own table).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,9 @@ def parser(doc: str | None, out: str | None = None, repeats: int = 5) -> argpars
     """A benchmark's argument parser with the flags every one shares: --repeats, --threads
     and --out (required when `out` is None, else that folder by default)."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=repeats, help=f"interleaved rounds, medians (default {repeats})")
+    ap.add_argument(
+        "--repeats", type=int, default=repeats, help=f"interleaved rounds, medians (default {repeats})"
+    )
     ap.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
     if out is None:
         ap.add_argument("--out", type=Path, required=True, help="folder for the report (NAME.json, NAME.md)")
@@ -44,14 +47,28 @@ class Study:
 
     def header(self, title: str, method: str = "") -> list[str]:
         """The report's first lines: title, command, machine and how it was measured."""
-        return [f"# {title}", "", "```", self.command, "```", "",
-                f"Machine: {machine_line(self.machine)}." + (f" {method}" if method else ""), ""]
+        return [
+            f"# {title}",
+            "",
+            "```",
+            self.command,
+            "```",
+            "",
+            f"Machine: {machine_line(self.machine)}." + (f" {method}" if method else ""),
+            "",
+        ]
 
     def write(self, out: Path, figures: dict[str, Any], markdown: list[str], echo: bool = True) -> Path:
         """`out/NAME.json` (figures + command, machine, date) and `out/NAME.md`; the md's path."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        doc = {"study": self.name, "command": self.command, "machine": self.machine, "date": self.started, **figures}
+        doc = {
+            "study": self.name,
+            "command": self.command,
+            "machine": self.machine,
+            "date": self.started,
+            **figures,
+        }
         (out / f"{self.name}.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
         text = "\n".join(markdown).rstrip() + "\n"
         (out / f"{self.name}.md").write_text(text)

@@ -18,6 +18,7 @@ reported as a share of what the hardware allows.
   arithmetic (it leaves out softmax, layer norm, GELU and the like).
 - A path's achieved rate: the work of the padded batches it sent over its median time.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -27,8 +28,15 @@ from typing import Any, Iterable
 
 import numpy as np
 
-WEIGHT_OPS = {"MatMul", "MatMulInteger", "Gemm", "FusedMatMul", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
-              "QLinearMatMul"}
+WEIGHT_OPS = {
+    "MatMul",
+    "MatMulInteger",
+    "Gemm",
+    "FusedMatMul",
+    "DynamicQuantizeMatMul",
+    "MatMulIntegerToFloat",
+    "QLinearMatMul",
+}
 #: fused attention (fp32, and the INT8 export's): the input projection is the weight (input 1)
 ATTENTION_OPS = {"Attention", "QAttention"}
 
@@ -36,14 +44,18 @@ ATTENTION_OPS = {"Attention", "QAttention"}
 def cpu_session(model, threads: int | None):
     """An ONNX Runtime CPU session of an in-memory model; `threads` intra-op (None or 0: all cores)."""
     import onnxruntime as ort
+
     opts = ort.SessionOptions()
     if threads:
         opts.intra_op_num_threads = int(threads)
-    return ort.InferenceSession(model.SerializeToString(), sess_options=opts, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        model.SerializeToString(), sess_options=opts, providers=["CPUExecutionProvider"]
+    )
 
 
-def gemm_rates(threads: int | None = None, m: int = 4096, k: int = 384, n: int = 1536,
-               runs: int = 7) -> dict[str, Any]:
+def gemm_rates(
+    threads: int | None = None, m: int = 4096, k: int = 384, n: int = 1536, runs: int = 7
+) -> dict[str, Any]:
     """ONNX Runtime's fp32 MatMul and int8 MatMulInteger rates on this CPU (GFLOP/s, GOP/s)."""
     out: dict[str, Any] = {"shape": [m, k, n], "threads": threads}
     for key, kind in (("fp32_gflops", "fp32"), ("int8_gops", "int8")):
@@ -57,39 +69,61 @@ def _gemm_graph(kind: str, m: int, k: int, n: int):
     (uint8 input), or "qdq" (float input through QuantizeLinear/DequantizeLinear, int8
     weight through DequantizeLinear: static INT8 as OpenVINO reads it); with its input."""
     from onnx import TensorProto, helper, numpy_helper
+
     rng = np.random.default_rng(0)
     b = rng.standard_normal((k, n), dtype=np.float32)
     scalar = numpy_helper.from_array
     if kind == "fp32":
-        a, a_type, y_type = rng.standard_normal((m, k), dtype=np.float32), TensorProto.FLOAT, TensorProto.FLOAT
+        a, a_type, y_type = (
+            rng.standard_normal((m, k), dtype=np.float32),
+            TensorProto.FLOAT,
+            TensorProto.FLOAT,
+        )
         nodes, init = [helper.make_node("MatMul", ["a", "b"], ["y"])], [scalar(b, "b")]
     elif kind == "int8":
         a, a_type, y_type = rng.integers(0, 255, (m, k), dtype=np.uint8), TensorProto.UINT8, TensorProto.INT32
         nodes = [helper.make_node("MatMulInteger", ["a", "b"], ["y"])]
         init = [scalar(rng.integers(-127, 127, (k, n), dtype=np.int8), "b")]
     else:
-        a, a_type, y_type = rng.standard_normal((m, k), dtype=np.float32), TensorProto.FLOAT, TensorProto.FLOAT
-        nodes = [helper.make_node("QuantizeLinear", ["a", "sa", "za"], ["aq"]),
-                 helper.make_node("DequantizeLinear", ["aq", "sa", "za"], ["ad"]),
-                 helper.make_node("DequantizeLinear", ["bq", "sb", "zb"], ["bd"]),
-                 helper.make_node("MatMul", ["ad", "bd"], ["y"])]
-        init = [scalar(np.array(0.03, np.float32), "sa"), scalar(np.array(128, np.uint8), "za"),
-                scalar(np.clip(np.round(b / 0.03), -127, 127).astype(np.int8), "bq"),
-                scalar(np.array(0.03, np.float32), "sb"), scalar(np.array(0, np.int8), "zb")]
-    graph = helper.make_graph(nodes, "gemm", [helper.make_tensor_value_info("a", a_type, [m, k])],
-                              [helper.make_tensor_value_info("y", y_type, [m, n])], initializer=init)
+        a, a_type, y_type = (
+            rng.standard_normal((m, k), dtype=np.float32),
+            TensorProto.FLOAT,
+            TensorProto.FLOAT,
+        )
+        nodes = [
+            helper.make_node("QuantizeLinear", ["a", "sa", "za"], ["aq"]),
+            helper.make_node("DequantizeLinear", ["aq", "sa", "za"], ["ad"]),
+            helper.make_node("DequantizeLinear", ["bq", "sb", "zb"], ["bd"]),
+            helper.make_node("MatMul", ["ad", "bd"], ["y"]),
+        ]
+        init = [
+            scalar(np.array(0.03, np.float32), "sa"),
+            scalar(np.array(128, np.uint8), "za"),
+            scalar(np.clip(np.round(b / 0.03), -127, 127).astype(np.int8), "bq"),
+            scalar(np.array(0.03, np.float32), "sb"),
+            scalar(np.array(0, np.int8), "zb"),
+        ]
+    graph = helper.make_graph(
+        nodes,
+        "gemm",
+        [helper.make_tensor_value_info("a", a_type, [m, k])],
+        [helper.make_tensor_value_info("y", y_type, [m, n])],
+        initializer=init,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model, a
 
 
-def openvino_gemm_rates(threads: int | None = None, m: int = 4096, k: int = 384, n: int = 1536,
-                        runs: int = 7) -> dict[str, Any]:
+def openvino_gemm_rates(
+    threads: int | None = None, m: int = 4096, k: int = 384, n: int = 1536, runs: int = 7
+) -> dict[str, Any]:
     """OpenVINO's CPU plugin on the same product: f32, bf16 inference (where the CPU
     computes bf16) and static int8 (GFLOP/s, GOP/s), one stream of `threads` threads."""
     import tempfile
 
     from engine.backends.openvino import bf16_supported, openvino_core
+
     core = openvino_core()
     out: dict[str, Any] = {}
     cases = [("fp32_gflops", "fp32", "f32"), ("int8_gops", "qdq", "f32")]
@@ -97,7 +131,11 @@ def openvino_gemm_rates(threads: int | None = None, m: int = 4096, k: int = 384,
         cases.insert(1, ("bf16_gflops", "fp32", "bf16"))
     for key, kind, hint in cases:
         model, a = _gemm_graph(kind, m, k, n)
-        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
+        config: dict[str, Any] = {
+            "INFERENCE_PRECISION_HINT": hint,
+            "PERFORMANCE_HINT": "LATENCY",
+            "NUM_STREAMS": 1,
+        }
         if threads:
             config["INFERENCE_NUM_THREADS"] = int(threads)
         with tempfile.TemporaryDirectory(prefix="prune-gemm-") as tmp:
@@ -105,9 +143,10 @@ def openvino_gemm_rates(threads: int | None = None, m: int = 4096, k: int = 384,
             path.write_bytes(model.SerializeToString())
             request = core.compile_model(core.read_model(str(path)), "CPU", config).create_infer_request()
 
-        class _Run:                       # median_run_seconds's session interface
+        class _Run:  # median_run_seconds's session interface
             def run(self, _outputs, feed):
                 request.infer(feed)
+
         out[key] = 2.0 * m * k * n / median_run_seconds(_Run(), {0: a}, runs) / 1e9
     return out
 
@@ -128,11 +167,16 @@ def graph_work(graph: str | Path) -> dict[str, float]:
     """{"linear_flops_per_token", "activation_products"} of an ONNX graph (see the module
     docstring); external weights are not read, only their shapes."""
     import onnx
+
     model = onnx.load(str(graph), load_external_data=False)
     dims = {t.name: list(t.dims) for t in model.graph.initializer}
     # weights reached through a DequantizeLinear / Transpose / Cast of an initializer count too
-    via = {n.output[0]: n.input[0] for n in model.graph.node
-           if n.op_type in ("DequantizeLinear", "Transpose", "Cast") and n.input and n.input[0] in dims}
+    via = {
+        n.output[0]: n.input[0]
+        for n in model.graph.node
+        if n.op_type in ("DequantizeLinear", "Transpose", "Cast") and n.input and n.input[0] in dims
+    }
+
     def matrix(name: str) -> list[int] | None:
         shape = dims.get(name) or dims.get(via.get(name, ""))
         return shape if shape is not None and len(shape) == 2 else None
@@ -147,7 +191,7 @@ def graph_work(graph: str | Path) -> dict[str, float]:
                     kk, nn = nn, kk
                 linear += 2.0 * kk * nn
                 if node.op_type in ATTENTION_OPS:
-                    products += 2                      # its QK^T and AV
+                    products += 2  # its QK^T and AV
             elif node.op_type in ("MatMul", "FusedMatMul"):
                 products += 1
     return {"linear_flops_per_token": linear, "activation_products": float(products)}
@@ -158,5 +202,9 @@ def workload_flops(shapes: Iterable[tuple[int, int]], work: dict[str, float], hi
     length L) shapes."""
     total = 0.0
     for rows, length in shapes:
-        total += rows * length * (work["linear_flops_per_token"] + work["activation_products"] * 2.0 * length * hidden)
+        total += (
+            rows
+            * length
+            * (work["linear_flops_per_token"] + work["activation_products"] * 2.0 * length * hidden)
+        )
     return total

@@ -13,6 +13,7 @@ the answer one line `{"n": N, "dim": D, "emb": base64 of float32 [N, D]}` (L2-no
 `encode` in batches of 64, as the engine's other peers). `torch` (no export) checks the
 protocol against the in-process peer.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,27 +33,35 @@ BATCH = 64
 def load(args):
     """The model as its documentation exports and loads it, and what runs, in words."""
     from sentence_transformers import SentenceTransformer
+
     work = Path(args.work)
     if args.backend == "torch":
         return SentenceTransformer(args.checkpoint, device="cpu"), "torch fp32"
     if args.backend == "onnx":
         from sentence_transformers import export_dynamic_quantized_onnx_model
+
         model = SentenceTransformer(args.checkpoint, backend="onnx")
-        model.save_pretrained(str(work))              # the quantized file goes beside the model, as on the hub
+        model.save_pretrained(str(work))  # the quantized file goes beside the model, as on the hub
         export_dynamic_quantized_onnx_model(model, args.int8_config, str(work))
         (graph,) = sorted((work / "onnx").glob(f"model_*{args.int8_config}.onnx"))
         file_name = f"onnx/{graph.name}"
     else:
         from optimum.intel import OVQuantizationConfig
         from sentence_transformers import export_static_quantized_openvino_model
+
         calibration = Path(args.calibration)
         samples = sum(1 for line in calibration.read_text().splitlines() if line.strip())
         model = SentenceTransformer(args.checkpoint, backend="openvino")
         model.save_pretrained(str(work))
         export_static_quantized_openvino_model(
-            model, OVQuantizationConfig(num_samples=samples),
-            str(work), dataset_name=str(calibration.parent), dataset_config_name="default",
-            dataset_split=calibration.stem, column_name="text")
+            model,
+            OVQuantizationConfig(num_samples=samples),
+            str(work),
+            dataset_name=str(calibration.parent),
+            dataset_config_name="default",
+            dataset_split=calibration.stem,
+            column_name="text",
+        )
         (graph,) = sorted((work / "openvino").glob("openvino_model_*quantized.xml"))
         file_name = f"openvino/{graph.name}"
     model = SentenceTransformer(str(work), backend=args.backend, model_kwargs={"file_name": file_name})
@@ -66,21 +75,34 @@ def main(argv=None) -> int:
     p.add_argument("--backend", choices=["onnx", "openvino", "torch"], required=True)
     p.add_argument("--work", required=True)
     p.add_argument("--int8-config", default="avx2", choices=["arm64", "avx2", "avx512", "avx512_vnni"])
-    p.add_argument("--calibration", help="openvino: a JSONL file of {\"text\": ...} to calibrate on")
+    p.add_argument("--calibration", help='openvino: a JSONL file of {"text": ...} to calibrate on')
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     out = sys.stdout
-    sys.stdout = sys.stderr                    # the libraries' prints must not reach the protocol
+    sys.stdout = sys.stderr  # the libraries' prints must not reach the protocol
     model, what = load(args)
     import numpy as np
+
     out.write(json.dumps({"ready": True, "model": what}) + "\n")
     out.flush()
     for line in sys.stdin:
         texts = json.loads(line)["texts"]
-        emb = np.asarray(model.encode(texts, batch_size=BATCH, normalize_embeddings=True, convert_to_numpy=True,
-                                      show_progress_bar=False), dtype=np.float32)
-        out.write(json.dumps({"n": emb.shape[0], "dim": emb.shape[1],
-                              "emb": base64.b64encode(emb.tobytes()).decode()}) + "\n")
+        emb = np.asarray(
+            model.encode(
+                texts,
+                batch_size=BATCH,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            ),
+            dtype=np.float32,
+        )
+        out.write(
+            json.dumps(
+                {"n": emb.shape[0], "dim": emb.shape[1], "emb": base64.b64encode(emb.tobytes()).decode()}
+            )
+            + "\n"
+        )
         out.flush()
     return 0
 

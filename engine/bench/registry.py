@@ -6,7 +6,7 @@ Built in three parts:
   `BenchPath` with a stable id, a group and a `start` that builds what it needs (a Pruner,
   a tritonserver, a `prune api` process) only when the path is selected, from the
   `Session` the paths share (engine.bench.session, beside `BenchOptions`);
-- **the runner** (`measure`, here): starts the selected paths, then runs them interleaved
+- **the runner** (`measure`, engine.bench.runner): starts the selected paths, then runs them interleaved
   over the repeats (every path once a round, as `engine.machine.timing.interleave` does) so that
   drift hits them alike (on a GPU, each path first runs the workload once, untimed:
   sessions per shape, CUDA graphs and compiles are made there); it stops early when its
@@ -38,29 +38,21 @@ sentence splitting, tokenization, model, decisions. The groups:
 
 Timings are never asserted in tests; they are printed with the machine and settings.
 """
+
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.pruner import workload_batches
-from engine.bench.figures import report, stopped_report
 from engine.bench.session import COMPILE_ON_CPU, PEERS, BenchOptions, BenchPath, Runner, Session
 from engine.bench.runs import (
-    BenchStopped,
     PathResult,
     RerankClient,
     SharedPruner,
-    Stop,
-    core_input_data,
-    perf_analyzer,
     run_concurrent,
     run_sequential,
     selects,
-    text_input_data,
 )
-from engine.datafiles import load_rag_data
 
 GROUPS = ("reference", "peer", "in-process", "triton", "api", "deployment")
 
@@ -69,6 +61,7 @@ def _sequential(pruner_of: Callable[["Session"], Any], per_passage: bool = False
     def start(s: Session) -> Runner:
         pruner = pruner_of(s)
         return lambda r: run_sequential(pruner, s.queries, r, per_passage=per_passage)
+
     return start
 
 
@@ -76,6 +69,7 @@ def _concurrent(client_of: Callable[["Session"], Callable[[], Any]], c: int):
     def start(s: Session) -> Runner:
         make = client_of(s)
         return lambda r: run_concurrent(make, s.queries, c, r)
+
     return start
 
 
@@ -85,12 +79,14 @@ def _peer(pid: str):
         if peer is None:
             return s.not_here(f"{pid} does not run here (the log says why)")
         return lambda r: run_sequential(peer, s.queries, r)
+
     return start
 
 
 def _compiled(dtype: str):
     """The torch.compile path: its compile time (a first pass over the workload) is kept
     in its row as `compile_s`, apart from the timed repeats."""
+
     def start(s: Session) -> Runner | None:
         if s.options.device == "cpu" and s.options.compile_backend is None:
             return s.not_here(COMPILE_ON_CPU)
@@ -99,7 +95,9 @@ def _compiled(dtype: str):
         def run(r: PathResult) -> float:
             r.extra["compile_s"] = seconds
             return run_sequential(pruner, s.queries, r)
+
         return run
+
     return start
 
 
@@ -107,16 +105,19 @@ def _remote_peer(backend: str):
     def start(s: Session) -> Runner:
         peer = s.remote_peer(backend)
         return lambda r: run_sequential(peer, s.queries, r)
+
     return start
 
 
 def _text_model(c: int):
     def start(s: Session) -> Runner:
         from engine.pruner import Pruner
+
         server = s.servers()[0]
 
         def core_stats():
             import tritonclient.grpc as g
+
             st = g.InferenceServerClient(server.grpc_url).get_inference_statistics("bench").model_stats[0]
             return st.inference_stats.success.count, st.execution_count
 
@@ -126,29 +127,36 @@ def _text_model(c: int):
             req1, exe1 = core_stats()
             r.extra = {"core_requests": req1 - req0, "core_executions": exe1 - exe0}
             return el
+
         return run
+
     return start
 
 
 def _bf16(name: str, make: Callable[[Session], Any]) -> Callable[[Session], Runner | None]:
     """A path computing in bf16 on OpenVINO: `make(session)`'s pruner, where the CPU has bf16."""
+
     def start(s: Session) -> Runner | None:
         from engine.backends.openvino import bf16_supported
         from engine.machine.cpu import BF16_MISSING
+
         if not bf16_supported():
             return s.not_here(BF16_MISSING)
         return _sequential(make)(s)
+
     return start
 
 
 def _triton_core(proto: str, replicas: bool = False, model: str = "bench"):
     def client_of(s: Session) -> Callable[[], Any]:
         from engine.pruner import Pruner
-        if replicas:         # one multi-endpoint client over every replica
+
+        if replicas:  # one multi-endpoint client over every replica
             urls = [x.grpc_url for x in s.servers()]
             return lambda: Pruner.connect(urls, model)
         url = getattr(s.servers()[0], f"{proto}_url")
         return lambda: Pruner.connect(url, model, protocol=proto)
+
     return client_of
 
 
@@ -156,6 +164,7 @@ def _rerank(args: Callable[[Session], list[str]] | None = None, url: str | None 
     def client_of(s: Session) -> Callable[[], Any]:
         where = url or s.api(args(s))
         return lambda: RerankClient(where)
+
     return client_of
 
 
@@ -163,87 +172,189 @@ def _shared(precision: str):
     def client_of(s: Session) -> Callable[[], Any]:
         pruner = s.pruner(precision)
         return lambda: SharedPruner(pruner)
+
     return client_of
 
 
 def _deployed(url: str, model: str):
     def client_of(s: Session) -> Callable[[], Any]:
         from engine.pruner import Pruner
+
         return lambda: Pruner.connect(url, model)
+
     return client_of
 
 
 def registry(o: BenchOptions, family: str) -> list[BenchPath]:
     """Every path these options make possible, in report order; nothing is started."""
-    from engine.pipeline.batching import BatchingConfig
-    on = "" if o.device == "cpu" else "-cuda"
-    cs = o.concurrencies
     int8 = "int8" in o.models and o.device == "cpu"
-    precision = "int8" if "int8" in o.models else "fp32"
+    return [*_reference_paths(o, family), *_in_process_paths(o, int8), *_served_paths(o, int8)]
+
+
+def _reference_paths(o: BenchOptions, family: str) -> list[BenchPath]:
+    """PyTorch on the checkpoint, and the peers on the embedding family's job."""
+    from engine.pipeline.batching import BatchingConfig
+
+    if not o.checkpoint:
+        return []
     unbatched = BatchingConfig(max_batch_size=1, strategy="fixed")
+    paths = [
+        BenchPath(
+            "torch-unbatched (reference)",
+            "reference",
+            _sequential(lambda s: s.torch(batching=unbatched), per_passage=True),
+        ),
+        BenchPath("torch-batched", "reference", _sequential(lambda s: s.torch()), "fp32"),
+    ]
+    if o.device == "cuda":
+        paths.append(
+            BenchPath("torch-batched fp16", "reference", _sequential(lambda s: s.torch(dtype="float16")))
+        )
+    paths.append(
+        BenchPath(
+            "torch.compile batched" + (" fp16" if o.device == "cuda" else ""),
+            "reference",
+            _compiled("float16" if o.device == "cuda" else "float32"),
+        )
+    )
+    if family == "embedding":
+        paths += [
+            BenchPath(name, "peer", _peer(pid), pid, "int8" if pid.endswith("int8") else "fp32", "peer")
+            for pid, name in PEERS.items()
+        ]
+        if o.peer_python:
+            from engine.bench.peers import REMOTE_PEERS
+
+            paths += [
+                BenchPath(name, "peer", _remote_peer(backend), f"st-{backend}", "int8", "peer")
+                for backend, name in REMOTE_PEERS.items()
+            ]
+    return paths
+
+
+def _in_process_paths(o: BenchOptions, int8: bool) -> list[BenchPath]:
+    """The exports in this process: the default model, ONNX Runtime's precisions (and the
+    batching ablation), OpenVINO's."""
+    from engine.pipeline.batching import BatchingConfig
+
+    on = "" if o.device == "cpu" else "-cuda"
     fixed = BatchingConfig(strategy="fixed", max_batch_size=8)
     paths: list[BenchPath] = []
-    if o.checkpoint:
-        paths += [BenchPath("torch-unbatched (reference)", "reference",
-                            _sequential(lambda s: s.torch(batching=unbatched), per_passage=True)),
-                  BenchPath("torch-batched", "reference", _sequential(lambda s: s.torch()), "fp32")]
-        if o.device == "cuda":
-            paths.append(BenchPath("torch-batched fp16", "reference", _sequential(lambda s: s.torch(dtype="float16"))))
-        paths.append(BenchPath("torch.compile batched" + (" fp16" if o.device == "cuda" else ""), "reference",
-                               _compiled("float16" if o.device == "cuda" else "float32")))
-        if family == "embedding":
-            paths += [BenchPath(name, "peer", _peer(pid), pid, "int8" if pid.endswith("int8") else "fp32", "peer")
-                      for pid, name in PEERS.items()]
-            if o.peer_python:
-                from engine.bench.peers import REMOTE_PEERS
-                paths += [BenchPath(name, "peer", _remote_peer(backend), f"st-{backend}", "int8", "peer")
-                          for backend, name in REMOTE_PEERS.items()]
     if "default" in o.models:
         pick = default_pick(o.models["default"])
         # the default model's work per token is the fp32 graph's: its share is computed on that
-        paths.append(BenchPath(f"default ({pick[0]}: Pruner.load('default'), no flags)", "in-process",
-                               _sequential(lambda s: s.pruner("default", backend=None)), "fp32", pick[1]))
+        paths.append(
+            BenchPath(
+                f"default ({pick[0]}: Pruner.load('default'), no flags)",
+                "in-process",
+                _sequential(lambda s: s.pruner("default", backend=None)),
+                "fp32",
+                pick[1],
+            )
+        )
     if "fp32" in o.models:
-        paths += [BenchPath(f"onnxruntime{on}-fp32", "in-process", _sequential(lambda s: s.pruner("fp32")), "fp32"),
-                  BenchPath(f"onnxruntime{on}-fp32, fixed batches of 8 in input order", "in-process",
-                            _sequential(lambda s: s.pruner("fp32", batching=fixed)), "fp32", batches="fixed")]
+        paths += [
+            BenchPath(f"onnxruntime{on}-fp32", "in-process", _sequential(lambda s: s.pruner("fp32")), "fp32"),
+            BenchPath(
+                f"onnxruntime{on}-fp32, fixed batches of 8 in input order",
+                "in-process",
+                _sequential(lambda s: s.pruner("fp32", batching=fixed)),
+                "fp32",
+                batches="fixed",
+            ),
+        ]
     if "fp16" in o.models:
-        paths.append(BenchPath(f"onnxruntime{on}-fp16", "in-process", _sequential(lambda s: s.pruner("fp16"))))
+        paths.append(
+            BenchPath(f"onnxruntime{on}-fp16", "in-process", _sequential(lambda s: s.pruner("fp16")))
+        )
     if int8:
-        paths.append(BenchPath("onnxruntime-int8", "in-process", _sequential(lambda s: s.pruner("int8")),
-                               "int8", "int8"))
+        paths.append(
+            BenchPath(
+                "onnxruntime-int8", "in-process", _sequential(lambda s: s.pruner("int8")), "int8", "int8"
+            )
+        )
     if o.openvino and o.device == "cpu" and "fp32" in o.models:
-        paths += [BenchPath("openvino-fp32", "in-process", _sequential(lambda s: s.pruner("fp32", backend="openvino")),
-                            "fp32"),
-                  BenchPath("openvino-bf16", "in-process",
-                            _bf16("openvino-bf16", lambda s: s.pruner("fp32", backend="openvino", precision="bf16")),
-                            "fp32", "bf16"),
-                  BenchPath("openvino-int8 (NNCF static)", "in-process", _sequential(lambda s: s.ov_int8()),
-                            "fp32", "int8"),
-                  BenchPath("openvino-int8 (NNCF static), bf16 rest", "in-process",
-                            _bf16("openvino-int8-bf16", lambda s: s.ov_int8("bf16")), "fp32", "int8")]
+        paths += [
+            BenchPath(
+                "openvino-fp32",
+                "in-process",
+                _sequential(lambda s: s.pruner("fp32", backend="openvino")),
+                "fp32",
+            ),
+            BenchPath(
+                "openvino-bf16",
+                "in-process",
+                _bf16("openvino-bf16", lambda s: s.pruner("fp32", backend="openvino", precision="bf16")),
+                "fp32",
+                "bf16",
+            ),
+            BenchPath(
+                "openvino-int8 (NNCF static)",
+                "in-process",
+                _sequential(lambda s: s.ov_int8()),
+                "fp32",
+                "int8",
+            ),
+            BenchPath(
+                "openvino-int8 (NNCF static), bf16 rest",
+                "in-process",
+                _bf16("openvino-int8-bf16", lambda s: s.ov_int8("bf16")),
+                "fp32",
+                "int8",
+            ),
+        ]
+    return paths
+
+
+def _served_paths(o: BenchOptions, int8: bool) -> list[BenchPath]:
+    """What runs behind a server: Triton, the HTTP API, INT8 shared by client threads, and an
+    existing deployment."""
+    cs = o.concurrencies
+    precision = "int8" if "int8" in o.models else "fp32"
+    paths: list[BenchPath] = []
     if o.triton:
         if o.replicas > 1:
-            paths += [BenchPath(f"{label} {o.replicas} replicas c{c} ({precision})", "triton",
-                                _concurrent(_triton_core("grpc", True, model), c))
-                      for c in cs for model, label in (("bench", "triton-grpc"), ("bench_text", "triton-text-grpc"))]
-        paths += [BenchPath(f"triton-{proto} c{c} ({precision})", "triton", _concurrent(_triton_core(proto), c))
-                  for proto in ("grpc", "http") for c in cs]
+            paths += [
+                BenchPath(
+                    f"{label} {o.replicas} replicas c{c} ({precision})",
+                    "triton",
+                    _concurrent(_triton_core("grpc", True, model), c),
+                )
+                for c in cs
+                for model, label in (("bench", "triton-grpc"), ("bench_text", "triton-text-grpc"))
+            ]
+        paths += [
+            BenchPath(f"triton-{proto} c{c} ({precision})", "triton", _concurrent(_triton_core(proto), c))
+            for proto in ("grpc", "http")
+            for c in cs
+        ]
         paths += [BenchPath(f"triton-text-grpc c{c} ({precision})", "triton", _text_model(c)) for c in cs]
         in_front = _rerank(lambda s: ["--server", s.servers()[0].grpc_url, "--text-model", "bench_text"])
         paths += [BenchPath(f"api-text-grpc c{c} ({precision})", "api", _concurrent(in_front, c)) for c in cs]
     if int8:
-        paths += [BenchPath(f"onnxruntime-int8 in-process c{c}", "in-process", _concurrent(_shared("int8"), c))
-                  for c in cs]
+        paths += [
+            BenchPath(f"onnxruntime-int8 in-process c{c}", "in-process", _concurrent(_shared("int8"), c))
+            for c in cs
+        ]
         args = ["--model", str(o.models["int8"])] + (["--threads", str(o.threads)] if o.threads else [])
-        paths += [BenchPath(f"api-in-process c{c} (int8)", "api", _concurrent(_rerank(lambda s: args), c))
-                  for c in cs]
-    if o.server_url:         # an existing Triton deployment's text model
-        paths += [BenchPath(f"deployment-text-grpc c{c}", "deployment",
-                            _concurrent(_deployed(o.server_url, o.text_model), c)) for c in cs]
-    if o.api_url:            # an existing HTTP API (TEI's /rerank)
-        paths += [BenchPath(f"deployment-api c{c}", "deployment", _concurrent(_rerank(url=o.api_url), c))
-                  for c in cs]
+        paths += [
+            BenchPath(f"api-in-process c{c} (int8)", "api", _concurrent(_rerank(lambda s: args), c))
+            for c in cs
+        ]
+    if o.server_url:  # an existing Triton deployment's text model
+        paths += [
+            BenchPath(
+                f"deployment-text-grpc c{c}",
+                "deployment",
+                _concurrent(_deployed(o.server_url, o.text_model), c),
+            )
+            for c in cs
+        ]
+    if o.api_url:  # an existing HTTP API (TEI's /rerank)
+        paths += [
+            BenchPath(f"deployment-api c{c}", "deployment", _concurrent(_rerank(url=o.api_url), c))
+            for c in cs
+        ]
     return paths
 
 
@@ -251,6 +362,7 @@ def default_pick(folder: Path) -> tuple[str, str]:
     """(what the default model's export is, the arithmetic its share is computed on): its
     `--precision auto` pick where it has one; "not exported yet" for `--list`."""
     from engine.pipeline.spec import MANIFEST, Manifest
+
     if not (Path(folder) / MANIFEST).is_file():
         return "not exported yet", "fp32"
     manifest = Manifest.read(folder)
@@ -264,134 +376,3 @@ def select(paths: list[BenchPath], only: str | None) -> list[BenchPath]:
     if not chosen:
         raise ValueError(f"no benchmark path matches {only!r}; `prune bench --list` shows them")
     return chosen
-
-
-def workload(session: Session) -> list:
-    """The padded batches the engine sends for the workload (the base export's batching:
-    fp32, else fp16), made once a session."""
-    return session.once("batches", lambda: workload_batches(session.pruner(session.options.base), session.queries))
-
-
-def _start(session: Session, p: BenchPath) -> Runner | None:
-    """`p` started (None: it cannot run here, or failed to start: the reason is kept);
-    BenchStopped passes through."""
-    session.log(f"starting {p.id} ...")
-    session.starting = p.name
-    try:
-        runner = p.start(session)
-    except BenchStopped:
-        raise
-    except Exception as exc:
-        return session.not_here(f"failed to start: {type(exc).__name__}: {str(exc)[:300]}")
-    if runner is None and p.name not in session.reasons:
-        return session.not_here("not measurable here (the log says why)")
-    if runner is not None and session.options.device == "cuda":
-        # a GPU path's first pass makes what later passes reuse (sessions per shape, CUDA
-        # graphs, cuDNN's choices, compiled kernels): once over the workload, untimed
-        session.stop.check()
-        t0 = time.perf_counter()
-        try:
-            runner(PathResult(p.name))
-        except BenchStopped:
-            raise
-        except Exception as exc:
-            return session.not_here(f"failed in its warm-up pass: {type(exc).__name__}: {str(exc)[:300]}")
-        session.warmups[p.name] = time.perf_counter() - t0
-        session.log(f"{p.id}: warm-up pass {session.warmups[p.name]:.1f} s")
-    return runner
-
-
-def _repeat(session: Session, active: dict[str, Runner], name: str, results: dict[str, PathResult], rnd: int,
-            repeats: int) -> None:
-    """One timed repeat of path `name` (round `rnd`), its seconds kept as it ends. A path
-    that fails leaves `active` (its reason kept); BenchStopped passes through."""
-    session.stop.check()
-    t0 = time.perf_counter()
-    try:
-        own = active[name](results[name])
-    except BenchStopped:
-        raise
-    except Exception as exc:
-        session.reasons[name] = f"failed in round {rnd}: {type(exc).__name__}: {str(exc)[:300]}"
-        session.log(f"{name}: {session.reasons[name]}")
-        del active[name]
-        return
-    seconds = time.perf_counter() - t0 if own is None else float(own)
-    results[name].seconds.append(seconds)
-    session.log(f"round {rnd}/{repeats} {name}: {seconds:.3f} s")
-
-
-def start_order(session: Session, paths: list[BenchPath]) -> list[BenchPath]:
-    """The order the paths start in: the registry's; under a budget, the engine's own
-    (in-process) paths first, so that a peer's long start (a compile) cannot leave them out."""
-    if session.options.budget_s is None:
-        return paths
-    return sorted(paths, key=lambda p: p.group != "in-process")
-
-
-def measure(session: Session, paths: list[BenchPath], repeats: int) -> dict[str, PathResult]:
-    """Start the paths (a path that cannot run here is logged and left out, with its
-    reason in `session.reasons`), then run them interleaved over `repeats`, every path once
-    a round; each measured path's result. Under a budget, a path's first repeat runs as
-    soon as it has started. Stopped early (the budget, SIGTERM), it keeps every repeat
-    that ended."""
-    n_passages = sum(len(q.passages) for q in session.queries)
-    tokens = sum(int(b.attention_mask.sum()) for b in workload(session))
-    results: dict[str, PathResult] = {}
-    first = 2 if session.options.budget_s is not None else 1
-    try:
-        with session.stop.measuring():
-            active: dict[str, Runner] = {}
-            for p in start_order(session, paths):
-                session.stop.check()
-                runner = _start(session, p)
-                if runner is None:
-                    continue
-                active[p.name] = runner
-                results[p.name] = PathResult(p.name, passages=n_passages, tokens=tokens)
-                if p.name in session.warmups:
-                    results[p.name].extra["warmup_s"] = session.warmups[p.name]
-                if first == 2:
-                    _repeat(session, active, p.name, results, 1, repeats)
-            for rnd in range(first, repeats + 1):
-                for name in list(active):
-                    _repeat(session, active, name, results, rnd, repeats)
-    except BenchStopped as exc:
-        session.log(f"prune bench stopped: {exc}; keeping the {sum(bool(r.seconds) for r in results.values())} "
-                    "path(s) measured so far")
-    for p in paths:
-        r = results.get(p.name)
-        if (r is None or not r.seconds or not r.latencies) and p.name not in session.reasons:
-            started = "started, no repeat ended" if r is not None else "not started"
-            session.reasons[p.name] = f"{started}: prune bench stopped ({session.stop.reason})"
-    return {name: r for name, r in results.items() if r.seconds and r.latencies}
-
-
-def bench(o: BenchOptions, log=print, out_dir: Path | None = None, stop: Stop | None = None) -> dict[str, Any]:
-    """Measure the selected paths of the registry and return the report (`bench_report`
-    writes it). With `server_url`/`api_url` and no `only`, only the deployment's paths
-    run (the local model still gives the workload's token counts). `stop` (default: the
-    options' budget): when it says so, the report holds what was measured by then."""
-    only = o.only if o.only is not None or not (o.server_url or o.api_url) else "^deployment-"
-    qs = load_rag_data(o.data, o.queries)
-    session = Session(o, qs, log, stop=stop or Stop(o.budget_s))
-    with session.stack:
-        try:
-            with session.stop.measuring():
-                session.stop.check()
-                base = session.pruner(o.base)
-                paths = select(registry(o, base.family.name), only)
-        except BenchStopped as exc:
-            log(f"prune bench stopped before it measured anything: {exc}")
-            return stopped_report(session, str(exc))
-        results = measure(session, paths, o.repeats)
-        pa = None
-        if session.started("servers") and out_dir is not None and o.perf and session.stop.reason is None:
-            log("perf_analyzer ...")
-            server = session.servers()[0]
-            core = session.pruner("int8" if "int8" in o.models else o.base)
-            pa = {"bench": perf_analyzer(server.grpc_url, "bench", core_input_data(core, qs), o.concurrencies,
-                                         out_dir, o.perf_analyzer, o.perf_window_ms),
-                  "bench_text": perf_analyzer(server.grpc_url, "bench_text", text_input_data(qs), o.concurrencies,
-                                              out_dir, o.perf_analyzer, o.perf_window_ms)}
-        return report(session, paths, results, only, pa, workload(session))

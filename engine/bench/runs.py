@@ -2,6 +2,7 @@
 stops early (its budget, SIGTERM), sequential and concurrent runs, the HTTP API as a
 process, the client's share of the work, padding, and Triton's perf_analyzer.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,23 +27,32 @@ from engine.pruner import call_batches, workload_batches
 @dataclass
 class PathResult:
     """One measured path: its passages/s over repeats, latency and what it ran."""
+
     name: str
-    seconds: list[float] = field(default_factory=list)       # per repeat, whole workload
-    latencies: list[float] = field(default_factory=list)     # per query, last repeat
+    seconds: list[float] = field(default_factory=list)  # per repeat, whole workload
+    latencies: list[float] = field(default_factory=list)  # per query, last repeat
     passages: int = 0
     tokens: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)      # per-path counters (last repeat)
+    extra: dict[str, Any] = field(default_factory=dict)  # per-path counters (last repeat)
 
     def summary(self, baseline: float | None) -> dict[str, Any]:
         """The path's row: medians, spread and its speed against `baseline`."""
         t = statistics.median(self.seconds)
         lat = np.array(self.latencies) * 1000
-        return {"path": self.name, "id": path_id(self.name), "seconds_median": t, "seconds": self.seconds,
-                "passages_per_s": self.passages / t, "tokens_per_s": self.tokens / t,
-                "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)),
-                "p99_ms": float(np.percentile(lat, 99)),
-                "speedup_vs_reference": (baseline / t) if baseline else None, "repeats": len(self.seconds),
-                **self.extra}
+        return {
+            "path": self.name,
+            "id": path_id(self.name),
+            "seconds_median": t,
+            "seconds": self.seconds,
+            "passages_per_s": self.passages / t,
+            "tokens_per_s": self.tokens / t,
+            "p50_ms": float(np.percentile(lat, 50)),
+            "p95_ms": float(np.percentile(lat, 95)),
+            "p99_ms": float(np.percentile(lat, 99)),
+            "speedup_vs_reference": (baseline / t) if baseline else None,
+            "repeats": len(self.seconds),
+            **self.extra,
+        }
 
 
 class BenchStopped(Exception):
@@ -156,7 +166,7 @@ def run_concurrent(make_client: Callable[[], Any], queries, concurrency: int, re
     threads = [threading.Thread(target=work) for _ in range(concurrency)]
     for t in threads:
         t.start()
-    ready.wait()            # clients are connected; time only the work
+    ready.wait()  # clients are connected; time only the work
     t0 = time.perf_counter()
     go.set()
     for t in threads:
@@ -186,13 +196,18 @@ class RerankClient:
     def __init__(self, url: str):
         import http.client
         from urllib.parse import urlsplit
+
         u = urlsplit(url)
         self._conn = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
 
     def prune(self, question: str, passages: list[str]) -> list[dict[str, Any]]:
         """One /rerank call; its ranked results."""
-        self._conn.request("POST", "/rerank", body=json.dumps({"query": question, "texts": passages}),
-                           headers={"Content-Type": "application/json"})
+        self._conn.request(
+            "POST",
+            "/rerank",
+            body=json.dumps({"query": question, "texts": passages}),
+            headers={"Content-Type": "application/json"},
+        )
         r = self._conn.getresponse()
         body = r.read()
         if r.status != 200:
@@ -225,11 +240,16 @@ def start_api(args: list[str], log=print, timeout: float = 300.0) -> tuple[subpr
     loopback port; returns it and its URL once /health answers."""
     import socket
     import urllib.request
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "engine", "api", "--quiet", "--port", str(port), *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "engine", "api", "--quiet", "--port", str(port), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -250,6 +270,7 @@ def client_share(pruner, queries) -> dict[str, float]:
     """Time of the client-side work alone (split, tokenize, encode, batch, decide)."""
     from engine.pipeline.decide import build_result, keep_mask
     from engine.pipeline.text import split_sentences
+
     fam = pruner.family
     t0 = time.perf_counter()
     n = 0
@@ -258,8 +279,16 @@ def client_share(pruner, queries) -> dict[str, float]:
         call_batches(pruner, q.question, q.passages, spans)
         for p, sp in zip(q.passages, spans):
             probs = np.full(len(sp), 0.5)
-            build_result(0, p, sp, probs, keep_mask(probs, fam, fam.rules.threshold, fam.rules.title, fam.rules.alpha),
-                         0.0, fam.rules.threshold, 1)
+            build_result(
+                0,
+                p,
+                sp,
+                probs,
+                keep_mask(probs, fam, fam.rules.threshold, fam.rules.title, fam.rules.alpha),
+                0.0,
+                fam.rules.threshold,
+                1,
+            )
         n += len(q.passages)
     el = time.perf_counter() - t0
     return {"client_seconds": el, "client_passages_per_s_one_core": n / el}
@@ -277,8 +306,11 @@ def output_bytes(batches, n_passages: int) -> dict[str, float]:
     outputs (B x L x 2 floats, what a graph without in-graph pooling returns)."""
     pooled = sum(4 * b.shape[0] * (1 + int(b.sentence_ids.max()) + 1) for b in batches)
     raw = sum(4 * b.shape[0] * b.shape[1] * 2 for b in batches)
-    return {"pooled_bytes_per_passage": pooled / n_passages, "raw_token_bytes_per_passage": raw / n_passages,
-            "reduction": raw / pooled if pooled else 0.0}
+    return {
+        "pooled_bytes_per_passage": pooled / n_passages,
+        "raw_token_bytes_per_passage": raw / n_passages,
+        "reduction": raw / pooled if pooled else 0.0,
+    }
 
 
 def core_input_data(pruner, queries) -> list[dict[str, Any]]:
@@ -286,15 +318,24 @@ def core_input_data(pruner, queries) -> list[dict[str, Any]]:
     data = []
     for b in workload_batches(pruner, queries[:20]):
         for r in range(b.shape[0]):
-            data.append({n: {"content": getattr(b, n)[r].tolist(), "shape": [b.shape[1]]}
-                         for n in pruner.spec.input_names})
+            data.append(
+                {
+                    n: {"content": getattr(b, n)[r].tolist(), "shape": [b.shape[1]]}
+                    for n in pruner.spec.input_names
+                }
+            )
     return data
 
 
 def text_input_data(queries) -> list[dict[str, Any]]:
     """perf_analyzer input data for the text model: one query (question and passages) per request."""
-    return [{"question": {"content": [q.question], "shape": [1]},
-             "passages": {"content": list(q.passages), "shape": [len(q.passages)]}} for q in queries[:20]]
+    return [
+        {
+            "question": {"content": [q.question], "shape": [1]},
+            "passages": {"content": list(q.passages), "shape": [len(q.passages)]},
+        }
+        for q in queries[:20]
+    ]
 
 
 #: Triton's release: the server nvidia-pytriton 0.7.0 bundles ([serve]), the image deploy/Dockerfile
@@ -306,19 +347,29 @@ def find_perf_analyzer(binary: str | None = None) -> Path | str:
     """perf_analyzer's binary: `binary`, else beside this interpreter, else on PATH; or a
     sentence saying why there is none."""
     import shutil
+
     if binary:
         return Path(binary) if Path(binary).is_file() else f"--perf-analyzer {binary}: no such file"
     beside = Path(sys.executable).parent / "perf_analyzer"
     found = beside if beside.is_file() else shutil.which("perf_analyzer")
     if found:
         return Path(found)
-    return (f"no perf_analyzer binary: install one with `pip install --no-deps --target DIR "
-            f"tritonclient=={TRITON_RELEASE} nvidia-cuda-runtime-cu12` and pass --perf-analyzer "
-            "DIR/bin/perf_analyzer (docs/installing.md)")
+    return (
+        f"no perf_analyzer binary: install one with `pip install --no-deps --target DIR "
+        f"tritonclient=={TRITON_RELEASE} nvidia-cuda-runtime-cu12` and pass --perf-analyzer "
+        "DIR/bin/perf_analyzer (docs/installing.md)"
+    )
 
 
-def perf_analyzer(server_grpc: str, model: str, data: list[dict[str, Any]], concurrencies,
-                  out_dir: Path, binary: str | None = None, window_ms: int = 8000) -> dict[str, Any]:
+def perf_analyzer(
+    server_grpc: str,
+    model: str,
+    data: list[dict[str, Any]],
+    concurrencies,
+    out_dir: Path,
+    binary: str | None = None,
+    window_ms: int = 8000,
+) -> dict[str, Any]:
     """Triton's perf_analyzer on real requests of the workload (its JSON input data).
     `binary`: its path (default: beside this interpreter, then on PATH; docs/installing.md);
     `window_ms`: each measurement window (it takes 3 to 6 of them, until they agree)."""
@@ -329,9 +380,10 @@ def perf_analyzer(server_grpc: str, model: str, data: list[dict[str, Any]], conc
     data_file = out_dir / f"perf_analyzer_input_{model}.json"
     data_file.write_text(json.dumps({"data": data}))
     env = dict(os.environ)
-    libs = [binary.parent.parent / "nvidia" / "cuda_runtime" / "lib"]    # installed with --target beside it
+    libs = [binary.parent.parent / "nvidia" / "cuda_runtime" / "lib"]  # installed with --target beside it
     try:
         import nvidia.cuda_runtime
+
         libs.append(Path(nvidia.cuda_runtime.__path__[0]) / "lib")
     except ImportError:
         pass
@@ -340,9 +392,29 @@ def perf_analyzer(server_grpc: str, model: str, data: list[dict[str, Any]], conc
     for c in concurrencies:
         csv = out_dir / f"perf_analyzer_{model}_c{c}.csv"
         # a shared 2-core machine is noisy: longer windows and a looser stability band
-        cmd = [str(binary), "-m", model, "-u", server_grpc, "-i", "grpc", "--input-data", str(data_file),
-               "--concurrency-range", f"{c}:{c}", "--measurement-interval", str(window_ms), "-f", str(csv),
-               "--percentile", "95", "--stability-percentage", "50", "--max-trials", "6"]
+        cmd = [
+            str(binary),
+            "-m",
+            model,
+            "-u",
+            server_grpc,
+            "-i",
+            "grpc",
+            "--input-data",
+            str(data_file),
+            "--concurrency-range",
+            f"{c}:{c}",
+            "--measurement-interval",
+            str(window_ms),
+            "-f",
+            str(csv),
+            "--percentile",
+            "95",
+            "--stability-percentage",
+            "50",
+            "--max-trials",
+            "6",
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
         if proc.returncode != 0:
             return {"skipped": f"perf_analyzer failed: {(proc.stderr or proc.stdout)[-400:]}"}

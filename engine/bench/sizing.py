@@ -12,6 +12,7 @@ the p99 wait is (W / rho) ln(100 rho). N is the smallest count whose concurrency
 p99 wait fits the budget, plus one so that losing a replica keeps the budget. The
 autoscaling threshold is the mean queue wait W at the highest utilization that fits.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,7 +30,9 @@ def path_figures(report: dict, prefix: str) -> dict[str, float]:
         raise InputError(f"no path starting with {prefix!r} c in the report; paths: {names}")
     c1 = next((r for r in rows if r["path"] == prefix + " c1" or r["path"].startswith(prefix + " c1 ")), None)
     if c1 is None:
-        raise InputError(f"the report has no {prefix!r} c1 path: the concurrency-1 latency is the model's input")
+        raise InputError(
+            f"the report has no {prefix!r} c1 path: the concurrency-1 latency is the model's input"
+        )
     mu = max(queries / r["seconds_median"] for r in rows)
     s50, s99 = c1["p50_ms"] / 1000, c1["p99_ms"] / 1000
     cs2 = ((s99 - s50) / 2.33 * mu) ** 2
@@ -72,20 +75,26 @@ def max_utilization(f: dict[str, float], budget: float) -> float:
     return lo
 
 
-def report_lines(report: dict[str, Any], source: str, path: str, rates: list[float], budget: float) -> list[str]:
+def report_lines(
+    report: dict[str, Any], source: str, path: str, rates: list[float], budget: float
+) -> list[str]:
     """What `prune capacity` prints for a bench report: the per-replica figures, the
     utilization and autoscaling threshold for the budget, and a table of replicas per rate."""
     f = path_figures(report, path)
     rho = max_utilization(f, budget)
     machine = report["machine"]
     per_query = report["settings"]["passages"] / report["settings"]["queries"]
-    lines = [f"bench {source} ({report['date']}; {machine.get('cpu_model', '')}, {machine.get('cpus', '')} CPUs), "
-             f"paths {', '.join(f['paths'])}",
-             f"per replica: saturation {f['mu']:.2f} queries/s ({per_query:.0f} passages each), concurrency-1 "
-             f"latency p50 {f['s50'] * 1000:.0f} ms, p99 {f['s99'] * 1000:.0f} ms, service-time Cs^2 {f['cs2']:.2f}",
-             f"p99 budget {budget:g} s: at most {rho:.0%} utilization per replica; autoscaling threshold (mean queue "
-             f"wait there): {mean_wait(rho, f['mu'], f['cs2']) * 1000:.0f} ms", "",
-             "| queries/s | replicas (one spare) | p99 at that count without the spare |", "|---|---|---|"]
+    lines = [
+        f"bench {source} ({report['date']}; {machine.get('cpu_model', '')}, {machine.get('cpus', '')} CPUs), "
+        f"paths {', '.join(f['paths'])}",
+        f"per replica: saturation {f['mu']:.2f} queries/s ({per_query:.0f} passages each), concurrency-1 "
+        f"latency p50 {f['s50'] * 1000:.0f} ms, p99 {f['s99'] * 1000:.0f} ms, service-time Cs^2 {f['cs2']:.2f}",
+        f"p99 budget {budget:g} s: at most {rho:.0%} utilization per replica; autoscaling threshold (mean queue "
+        f"wait there): {mean_wait(rho, f['mu'], f['cs2']) * 1000:.0f} ms",
+        "",
+        "| queries/s | replicas (one spare) | p99 at that count without the spare |",
+        "|---|---|---|",
+    ]
     for rate in rates:
         n, p99 = replicas_needed(rate, f, budget)
         lines.append(f"| {rate:g} | {n if n > 0 else 'budget below one query'} | {p99 * 1000:.0f} ms |")

@@ -1,11 +1,12 @@
 """`prune`: one command line with subcommands.
 
-    prune export  --model CHECKPOINT --out build/provence
-    prune run     --model build/provence --question "..." --context-file doc.txt
-    prune index   --db rag.db --data docs.jsonl
-    prune ask     --db rag.db --question "..."
-    prune test-checkpoint --family all --out build/test-checkpoints
+prune export  --model CHECKPOINT --out build/provence
+prune run     --model build/provence --question "..." --context-file doc.txt
+prune index   --db rag.db --data docs.jsonl
+prune ask     --db rag.db --question "..."
+prune test-checkpoint --family all --out build/test-checkpoints
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,8 +14,20 @@ import difflib
 import os
 import sys
 
-from engine.cli import (api, ask, bench, capacity, eval, export, fidelity, index, repository, run, serve,
-                        test_checkpoint)
+from engine.cli import (
+    api,
+    ask,
+    bench,
+    capacity,
+    eval,
+    export,
+    fidelity,
+    index,
+    repository,
+    run,
+    serve,
+    test_checkpoint,
+)
 from engine.errors import PruneError
 
 #: the subcommands, in `prune --help`'s order: one module each, the command's flags beside
@@ -25,24 +38,38 @@ COMMANDS = (export, run, eval, fidelity, repository, api, serve, bench, capacity
 def build_parser() -> argparse.ArgumentParser:
     """The `prune` command's parser, every subcommand with its flags."""
     import engine
+
     p = _Parser(prog="prune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"prune-engine {engine.__version__}")
     # also before the subcommand (`prune -q run ...`); own names, or the subcommand's defaults win
     top = p.add_mutually_exclusive_group()
-    top.add_argument("-q", "--quiet", dest="top_quiet", action="store_true", help="as the subcommands' --quiet")
-    top.add_argument("-v", "--verbose", dest="top_verbose", action="store_true", help="as the subcommands' --verbose")
+    top.add_argument(
+        "-q", "--quiet", dest="top_quiet", action="store_true", help="as the subcommands' --quiet"
+    )
+    top.add_argument(
+        "-v", "--verbose", dest="top_verbose", action="store_true", help="as the subcommands' --verbose"
+    )
     sub = p.add_subparsers(dest="command", required=True)
-    p.commands = sub.choices            # name -> the subcommand's parser (main's errors name it)
+    p.commands = sub.choices  # name -> the subcommand's parser (main's errors name it)
     output = argparse.ArgumentParser(add_help=False)
     loud = output.add_argument_group("output").add_mutually_exclusive_group()
-    loud.add_argument("-q", "--quiet", action="store_true",
-                      help="nothing on stderr but errors: no progress, notes or server logs")
-    loud.add_argument("-v", "--verbose", action="store_true",
-                      help="more on stderr: Python logging at DEBUG and a traceback with every error")
+    loud.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="nothing on stderr but errors: no progress, notes or server logs",
+    )
+    loud.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="more on stderr: Python logging at DEBUG and a traceback with every error",
+    )
 
     def new(name: str, **kwargs) -> argparse.ArgumentParser:
         """A subcommand's parser: its help shows the defaults once, and -q / -v."""
         return sub.add_parser(name, formatter_class=_HelpFormatter, parents=[output], **kwargs)
+
     for command in COMMANDS:
         command.add(new)
     return p
@@ -60,10 +87,12 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         """Print `prog: error: message` and a pointer to --help on one line; exit 2."""
-        self.exit(2, f"{self.prog}: error: {message}{self.suggestions()} ({self.prog} --help shows the usage)\n")
+        self.exit(
+            2, f"{self.prog}: error: {message}{self.suggestions()} ({self.prog} --help shows the usage)\n"
+        )
 
     def suggestions(self) -> str:
-        """"; did you mean --x?" for each word given that looks like a misspelt option of this
+        """ "; did you mean --x?" for each word given that looks like a misspelt option of this
         parser (a subcommand's: the top parser's words hold every subcommand's options)."""
         if self._subparsers is not None:
             return ""
@@ -90,8 +119,13 @@ class _HelpFormatter(argparse.HelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         default = action.default
-        if ("default" in text or default is None or isinstance(default, bool) or default is argparse.SUPPRESS
-                or not action.option_strings):
+        if (
+            "default" in text
+            or default is None
+            or isinstance(default, bool)
+            or default is argparse.SUPPRESS
+            or not action.option_strings
+        ):
             return text
         return f"{text} (default: %(default)s)"
 
@@ -100,11 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run `prune` with `argv`; the exit status."""
     try:
         parser = build_parser()
-    except PruneError as exc:   # a PRUNE_* variable that does not parse
+    except PruneError as exc:  # a PRUNE_* variable that does not parse
         print(f"prune: error: {exc}", file=sys.stderr)
         return 2
     args, unknown = parser.parse_known_args(argv)
-    if unknown:         # told by the subcommand's parser, which knows its options (and its --help)
+    if unknown:  # told by the subcommand's parser, which knows its options (and its --help)
         parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     args.quiet = args.quiet or args.top_quiet
     args.verbose = args.verbose or args.top_verbose
@@ -114,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     args.log = _logger(args)
     if args.verbose:
         import logging
+
         logging.basicConfig(level=logging.DEBUG, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         return args.func(args)
@@ -129,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         # written (the commands check theirs first; this catches what a check cannot foresee)
         if args.verbose:
             import traceback
+
             traceback.print_exc()
         print(f"prune {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -1,4 +1,5 @@
 """`prune api`: the HTTP API in front of an in-process model or a Triton text model."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,17 +7,30 @@ from pathlib import Path
 from engine.errors import PruneError
 from engine.settings import default_workers
 
-from engine.cli.flags import (add_batching, add_openvino, add_setting, api_imports, batching, model_path,
-                               port_number, positive_float)
+from engine.cli.flags import (
+    add_batching,
+    add_openvino,
+    add_setting,
+    api_imports,
+    batching,
+    model_path,
+    port_number,
+    positive_float,
+)
 
 
 def add(new) -> None:
     """`prune api`'s flags."""
     h = new("api", help="the HTTP API: TEI and Cohere rerank, /v1/prune (in-process or a Triton text model)")
-    h.add_argument("--model", help="exported folder, or 'default' (all-MiniLM-L6-v2, exported on first use); "
-                                   "default: 'default'")
-    h.add_argument("--server", help="a Triton server's gRPC address, host:port (several replicas: comma-separated "
-                                    "or dns:///name:port), instead of an in-process model")
+    h.add_argument(
+        "--model",
+        help="exported folder, or 'default' (all-MiniLM-L6-v2, exported on first use); default: 'default'",
+    )
+    h.add_argument(
+        "--server",
+        help="a Triton server's gRPC address, host:port (several replicas: comma-separated "
+        "or dns:///name:port), instead of an in-process model",
+    )
     add_setting(h, "text_model")
     add_setting(h, "host")
     add_setting(h, "port", type=port_number)
@@ -28,8 +42,11 @@ def add(new) -> None:
     add_setting(h, "model_service_port", type=port_number)
     add_encoder(h)
     add_openvino(h, ("onnxruntime", "openvino"))
-    add_setting(h, "device", "; with --model default on cuda, the default model's fp16 GPU graph, exported on "
-                "first use")
+    add_setting(
+        h,
+        "device",
+        "; with --model default on cuda, the default model's fp16 GPU graph, exported on first use",
+    )
     add_batching(h)
     h.set_defaults(func=run)
 
@@ -38,6 +55,7 @@ def run(args) -> int:
     """Run `prune api`; the exit status."""
     uvicorn, _, _ = api_imports()
     from engine.pruner import Pruner
+
     check_ports(args)
     if args.server:
         name = args.text_model or "default_text"
@@ -46,16 +64,36 @@ def run(args) -> int:
         label = f"{name}@{args.server}"
     else:
         model = model_path(args)
-        pruner = Pruner.load(model, args.backend, threads=args.threads, batching=batching(args),
-                             precision=args.inference_precision, device=args.device, log=args.log)
+        pruner = Pruner.load(
+            model,
+            args.backend,
+            threads=args.threads,
+            batching=batching(args),
+            precision=args.inference_precision,
+            device=args.device,
+            log=args.log,
+        )
         label = Path(model).name if args.model and args.model != "default" else "default"
-    app = api_app(args, pruner, label, remote=bool(args.server),
-                  default_encoder=not args.server and model_is_default(args))
-    args.log(f"prune api: {label} ({pruner.family.name}, {pruner.describe()}) on http://{args.host}:{args.port}"
-             + service_note(args) + ("" if args.api_key else "; no API key"))
+    app = api_app(
+        args,
+        pruner,
+        label,
+        remote=bool(args.server),
+        default_encoder=not args.server and model_is_default(args),
+    )
+    args.log(
+        f"prune api: {label} ({pruner.family.name}, {pruner.describe()}) on http://{args.host}:{args.port}"
+        + service_note(args)
+        + ("" if args.api_key else "; no API key")
+    )
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info",
-                    timeout_graceful_shutdown=int(args.request_timeout))
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="warning" if args.quiet else "info",
+            timeout_graceful_shutdown=int(args.request_timeout),
+        )
     finally:
         pruner.close()
     return 0
@@ -63,17 +101,24 @@ def run(args) -> int:
 
 def add_encoder(p) -> None:
     """--encoder: the retrieval encoder the model service's Embedding calls use."""
-    p.add_argument("--encoder", help="exported encoder folder (prune export --encoder) that Milvus's Embedding calls "
-                                     "use (--model-service-port); default: the default model's encoder when --model "
-                                     "is default, else none (Embedding answers UNIMPLEMENTED)")
+    p.add_argument(
+        "--encoder",
+        help="exported encoder folder (prune export --encoder) that Milvus's Embedding calls "
+        "use (--model-service-port); default: the default model's encoder when --model "
+        "is default, else none (Embedding answers UNIMPLEMENTED)",
+    )
 
 
 def check_ports(args) -> None:
     """A PruneError (one line) before anything loads when a port of `prune api` cannot be
     bound: --port taken, --model-service-port taken or unservable, or both the same."""
     check_model_service(args)
-    check_port_table([("--port", args.host, args.port),
-                      ("--model-service-port", args.host, getattr(args, "model_service_port", None))])
+    check_port_table(
+        [
+            ("--port", args.host, args.port),
+            ("--model-service-port", args.host, getattr(args, "model_service_port", None)),
+        ]
+    )
 
 
 def check_port_table(ports: list[tuple[str, str, int | None]]) -> None:
@@ -94,6 +139,7 @@ def check_port_table(ports: list[tuple[str, str, int | None]]) -> None:
 def port_is_free(host: str, port: int) -> bool:
     """Whether host:port can be bound now (as a server binds: SO_REUSEADDR)."""
     import socket
+
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -110,6 +156,7 @@ def check_model_service(args) -> None:
     if getattr(args, "model_service_port", None) is None:
         return
     from engine.http.milvus import proto_modules
+
     proto_modules()
 
 
@@ -128,14 +175,22 @@ def api_app(args, pruner, label: str, remote: bool, default_encoder: bool = Fals
     embedder = None
     if port is not None:
         from engine.http.milvus import address
+
         service = address(args.host, port)
         encoder = getattr(args, "encoder", None) or ("default" if default_encoder else None)
         if encoder:
             from engine.rag.embedder import Embedder
+
             embedder = Embedder.load(encoder, threads=getattr(args, "threads", None), log=args.log)
-    config = ApiConfig(api_key=args.api_key, workers=workers, max_concurrent=args.max_concurrent,
-                       request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes, model_name=label,
-                       model_service=service)
+    config = ApiConfig(
+        api_key=args.api_key,
+        workers=workers,
+        max_concurrent=args.max_concurrent,
+        request_timeout=args.request_timeout,
+        max_body_bytes=args.max_body_bytes,
+        model_name=label,
+        model_service=service,
+    )
     return create_app(pruner, config, embedder, log=args.log)
 
 

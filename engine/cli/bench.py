@@ -1,4 +1,5 @@
 """`prune bench`: the speed of every path side by side on a RAG workload."""
+
 from __future__ import annotations
 
 import json
@@ -16,58 +17,136 @@ def add(new) -> None:
     b = new("bench", help="speed of every path side by side on the RAG workload")
     b.add_argument("--data", required=True, help="RAG JSONL (question, passages)")
     b.add_argument("--model", help="exported fp32 folder (default: the default model)")
-    b.add_argument("--int8", help="exported int8 folder (default: the default model's, exported on first use)")
-    b.add_argument("--fp16", help="exported fp16 folder (default with --device cuda: the default model's, "
-                   "exported on first use); without --model, the only export measured (no fp32 paths)")
-    b.add_argument("--openvino", action="store_true", help="also OpenVINO: fp32, bf16 inference (where the CPU has "
-                   "it) and static INT8 (--ov-int8, else quantized here from --model with NNCF); [openvino] extra")
+    b.add_argument(
+        "--int8", help="exported int8 folder (default: the default model's, exported on first use)"
+    )
+    b.add_argument(
+        "--fp16",
+        help="exported fp16 folder (default with --device cuda: the default model's, "
+        "exported on first use); without --model, the only export measured (no fp32 paths)",
+    )
+    b.add_argument(
+        "--openvino",
+        action="store_true",
+        help="also OpenVINO: fp32, bf16 inference (where the CPU has "
+        "it) and static INT8 (--ov-int8, else quantized here from --model with NNCF); [openvino] extra",
+    )
     b.add_argument("--ov-int8", help="an `prune export --precision ov-int8` folder for --openvino")
-    b.add_argument("--peer-python", metavar="PYTHON", help="also sentence-transformers' ONNX and OpenVINO backends, "
-                   "each with its own int8 export, run by this interpreter of an environment with "
-                   "sentence-transformers[onnx,openvino] and datasets (their optimum pins transformers<4.58: "
-                   "docs/installing.md)")
-    add_setting(b, "device", "; prune bench on cuda: PyTorch fp32/fp16 and ONNX Runtime's CUDA provider (fp32, "
-                "fp16)")
-    b.add_argument("--checkpoint", help="the checkpoint, for the PyTorch reference paths (unbatched, batched, and "
-                   "torch.compile on the engine's batches: fp16 with --device cuda)")
-    b.add_argument("--compile-backend", metavar="NAME", help="torch.compile's backend for the torch.compile path "
-                   "(default inductor; on the CPU that path runs only when this is given, as inductor compiles C++ "
-                   "for every batch shape there; aot_eager traces the model without generating code)")
-    b.add_argument("--budget-s", type=_seconds, metavar="SECONDS", help="stop measuring after this many seconds: "
-                   "bench.json and bench.md then hold the repeats that ended, and say which paths were not "
-                   "measured (SIGTERM, e.g. from `timeout`, stops it the same way)")
-    b.add_argument("--queries", type=positive_int, default=30, help="queries per path and repeat")
-    b.add_argument("--repeats", type=positive_int, default=3, help="interleaved repeats (medians are reported)")
-    add_setting(b, "threads")
-    b.add_argument("--triton", action="store_true", help="also serve the model with tritonserver and "
-                   "measure gRPC/HTTP at concurrency 1/4/16 and perf_analyzer")
-    b.add_argument("--paths", help="only the paths whose names or ids match this regular expression "
-                   "(e.g. 'c16' for a focused comparison with more repeats; ids are the names in lower "
-                   "case with '-' for the rest: triton-text-grpc-c16-int8)")
-    b.add_argument("--concurrencies", default="1,4,16", type=_concurrencies,
-                   help="client concurrencies of the concurrent paths and perf_analyzer (default 1,4,16)")
-    b.add_argument("--text-instances", type=positive_int, default=4,
-                   help="instances of the served text model (default 4)")
-    b.add_argument("--no-perf-analyzer", action="store_true", help="skip perf_analyzer (with --triton)")
-    b.add_argument("--perf-analyzer-window", type=positive_int, default=8000, metavar="MS",
-                   help="perf_analyzer's measurement window (it takes 3 to 6 until they agree; default 8000 ms)")
-    b.add_argument("--perf-analyzer", metavar="PATH", help="Triton's perf_analyzer binary (default: beside this "
-                   "Python, then on PATH; docs/installing.md says how to install it apart)")
-    b.add_argument("--replicas", type=positive_int, default=1,
-                   help="with --triton: start this many servers and also measure one client over all of them")
-    b.add_argument("--server", help="measure an existing Triton deployment: host:port (gRPC), its text model "
-                                    "(--text-model) at concurrency 1/4/16; alone, only its paths run")
-    add_setting(b, "text_model")
-    b.add_argument("--api", help="measure an existing HTTP API (prune api, prune serve): its URL, TEI's /rerank "
-                                 "at concurrency 1/4/16; alone, only its paths run")
-    b.add_argument("--out", default="build/bench", help="folder for the bench-DATE results (default build/bench)")
-    b.add_argument("--list", action="store_true", help="list the paths these flags make possible (id, group, "
-                   "name) and exit, measuring nothing")
+    b.add_argument(
+        "--peer-python",
+        metavar="PYTHON",
+        help="also sentence-transformers' ONNX and OpenVINO backends, "
+        "each with its own int8 export, run by this interpreter of an environment with "
+        "sentence-transformers[onnx,openvino] and datasets (their optimum pins transformers<4.58: "
+        "docs/installing.md)",
+    )
+    add_setting(
+        b, "device", "; prune bench on cuda: PyTorch fp32/fp16 and ONNX Runtime's CUDA provider (fp32, fp16)"
+    )
+    b.add_argument(
+        "--checkpoint",
+        help="the checkpoint, for the PyTorch reference paths (unbatched, batched, and "
+        "torch.compile on the engine's batches: fp16 with --device cuda)",
+    )
+    b.add_argument(
+        "--compile-backend",
+        metavar="NAME",
+        help="torch.compile's backend for the torch.compile path "
+        "(default inductor; on the CPU that path runs only when this is given, as inductor compiles C++ "
+        "for every batch shape there; aot_eager traces the model without generating code)",
+    )
+    b.add_argument(
+        "--budget-s",
+        type=_seconds,
+        metavar="SECONDS",
+        help="stop measuring after this many seconds: "
+        "bench.json and bench.md then hold the repeats that ended, and say which paths were not "
+        "measured (SIGTERM, e.g. from `timeout`, stops it the same way)",
+    )
+    _add_workload(b)
+    _add_served(b)
     b.set_defaults(func=run)
+
+
+def _add_workload(b) -> None:
+    """The workload and the run: queries, repeats, threads, which paths, where the report goes."""
+    b.add_argument("--queries", type=positive_int, default=30, help="queries per path and repeat")
+    b.add_argument(
+        "--repeats", type=positive_int, default=3, help="interleaved repeats (medians are reported)"
+    )
+    add_setting(b, "threads")
+
+
+def _add_served(b) -> None:
+    """The served paths: Triton, the HTTP API, an existing deployment."""
+    b.add_argument(
+        "--triton",
+        action="store_true",
+        help="also serve the model with tritonserver and "
+        "measure gRPC/HTTP at concurrency 1/4/16 and perf_analyzer",
+    )
+    b.add_argument(
+        "--paths",
+        help="only the paths whose names or ids match this regular expression "
+        "(e.g. 'c16' for a focused comparison with more repeats; ids are the names in lower "
+        "case with '-' for the rest: triton-text-grpc-c16-int8)",
+    )
+    b.add_argument(
+        "--concurrencies",
+        default="1,4,16",
+        type=_concurrencies,
+        help="client concurrencies of the concurrent paths and perf_analyzer (default 1,4,16)",
+    )
+    b.add_argument(
+        "--text-instances",
+        type=positive_int,
+        default=4,
+        help="instances of the served text model (default 4)",
+    )
+    b.add_argument("--no-perf-analyzer", action="store_true", help="skip perf_analyzer (with --triton)")
+    b.add_argument(
+        "--perf-analyzer-window",
+        type=positive_int,
+        default=8000,
+        metavar="MS",
+        help="perf_analyzer's measurement window (it takes 3 to 6 until they agree; default 8000 ms)",
+    )
+    b.add_argument(
+        "--perf-analyzer",
+        metavar="PATH",
+        help="Triton's perf_analyzer binary (default: beside this "
+        "Python, then on PATH; docs/installing.md says how to install it apart)",
+    )
+    b.add_argument(
+        "--replicas",
+        type=positive_int,
+        default=1,
+        help="with --triton: start this many servers and also measure one client over all of them",
+    )
+    b.add_argument(
+        "--server",
+        help="measure an existing Triton deployment: host:port (gRPC), its text model "
+        "(--text-model) at concurrency 1/4/16; alone, only its paths run",
+    )
+    add_setting(b, "text_model")
+    b.add_argument(
+        "--api",
+        help="measure an existing HTTP API (prune api, prune serve): its URL, TEI's /rerank "
+        "at concurrency 1/4/16; alone, only its paths run",
+    )
+    b.add_argument(
+        "--out", default="build/bench", help="folder for the bench-DATE results (default build/bench)"
+    )
+    b.add_argument(
+        "--list",
+        action="store_true",
+        help="list the paths these flags make possible (id, group, name) and exit, measuring nothing",
+    )
 
 
 def _concurrencies(text: str) -> tuple[int, ...]:
     import argparse
+
     try:
         values = tuple(int(x) for x in text.split(","))
     except ValueError:
@@ -79,6 +158,7 @@ def _concurrencies(text: str) -> tuple[int, ...]:
 
 def _seconds(text: str) -> float:
     import argparse
+
     try:
         value = float(text)
     except ValueError:
@@ -90,9 +170,13 @@ def _seconds(text: str) -> float:
 
 def run(args) -> int:
     """Run `prune bench`; the exit status."""
-    from engine.bench.registry import BenchOptions, Stop, bench, registry, select
+    from engine.bench.registry import registry, select
+    from engine.bench.runner import bench
+    from engine.bench.runs import Stop
+    from engine.bench.session import BenchOptions
     from engine.bench.report import markdown, plot
     from engine.models.default_model import default_checkpoint, default_model_dir, ensure_default_model
+
     log = args.log
     # bad input is reported before any model is exported or loaded
     input_file(args.data, "--data")
@@ -101,18 +185,24 @@ def run(args) -> int:
     if not args.list:
         output_folder(args.out, "--out")
         from engine.datafiles import load_rag_data
-        load_rag_data(args.data, args.queries)      # the queries bench reads, checked
-    if args.device == "cuda" and not args.list:   # the CUDA provider is checked before any export or measurement
+
+        load_rag_data(args.data, args.queries)  # the queries bench reads, checked
+    if (
+        args.device == "cuda" and not args.list
+    ):  # the CUDA provider is checked before any export or measurement
         from engine.backends.onnxruntime import require_cuda
+
         require_cuda()
 
     def default(precision: str) -> Path:
         """The default model at `precision`: exported on first use, but not to be listed."""
         return default_model_dir(precision) if args.list else ensure_default_model(log, precision=precision)
-    own = bool(args.model or args.fp16)        # the user's exports: no default model joins them
+
+    own = bool(args.model or args.fp16)  # the user's exports: no default model joins them
     models = {"fp32": Path(args.model)} if args.model else {} if args.fp16 else {"fp32": default("fp32")}
-    if args.device == "cpu" and not own:    # what Pruner.load("default") gives a user here
+    if args.device == "cpu" and not own:  # what Pruner.load("default") gives a user here
         from engine.settings import setting
+
         models["default"] = default(setting("default_precision"))
     if args.device == "cpu" and (args.int8 or not own):
         models["int8"] = Path(args.int8) if args.int8 else default("int8")
@@ -121,24 +211,40 @@ def run(args) -> int:
     if args.ov_int8:
         models["ov-int8"] = Path(args.ov_int8)
     checkpoint = args.checkpoint or (None if own else default_checkpoint())
-    options = BenchOptions(models=models, data=Path(args.data), checkpoint=checkpoint, queries=args.queries,
-                           repeats=args.repeats, threads=args.threads, triton=args.triton, only=args.paths,
-                           concurrencies=args.concurrencies,
-                           text_instances=args.text_instances, perf=not args.no_perf_analyzer,
-                           perf_analyzer=args.perf_analyzer, perf_window_ms=args.perf_analyzer_window,
-                           replicas=args.replicas, device=args.device,
-                           server_url=args.server, text_model=args.text_model or "default_text", api_url=args.api,
-                           openvino=args.openvino or bool(args.ov_int8), peer_python=args.peer_python,
-                           budget_s=args.budget_s, compile_backend=args.compile_backend)
-    if args.list:                  # nothing is exported, started or measured
+    options = BenchOptions(
+        models=models,
+        data=Path(args.data),
+        checkpoint=checkpoint,
+        queries=args.queries,
+        repeats=args.repeats,
+        threads=args.threads,
+        triton=args.triton,
+        only=args.paths,
+        concurrencies=args.concurrencies,
+        text_instances=args.text_instances,
+        perf=not args.no_perf_analyzer,
+        perf_analyzer=args.perf_analyzer,
+        perf_window_ms=args.perf_analyzer_window,
+        replicas=args.replicas,
+        device=args.device,
+        server_url=args.server,
+        text_model=args.text_model or "default_text",
+        api_url=args.api,
+        openvino=args.openvino or bool(args.ov_int8),
+        peer_python=args.peer_python,
+        budget_s=args.budget_s,
+        compile_backend=args.compile_backend,
+    )
+    if args.list:  # nothing is exported, started or measured
         from engine.pipeline.spec import Manifest
-        family = Manifest.read(models[options.base]).family if own else "embedding"   # the default model's
+
+        family = Manifest.read(models[options.base]).family if own else "embedding"  # the default model's
         for p in select(registry(options, family), args.paths):
             print(f"{p.id:48} {p.group:11} {p.name}")
         return 0
     out_dir = Path(args.out) / time.strftime("bench-%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
-    with Stop(options.budget_s).on_signals() as stop:     # stopped early, it still writes what it measured
+    with Stop(options.budget_s).on_signals() as stop:  # stopped early, it still writes what it measured
         report = bench(options, log=log, out_dir=out_dir, stop=stop)
         command = shlex.join(["prune", *sys.argv[1:]])
         report["command"] = command
@@ -147,6 +253,9 @@ def run(args) -> int:
         (out_dir / "bench.md").write_text(text)
         plot(report, out_dir / "bench.png")
     print(text)
-    print(f"wrote {out_dir}/bench.json, bench.md" + (", bench.png" if report["paths"] else "")
-          + (f" (stopped early: {report['stopped']})" if report.get("stopped") else ""))
+    print(
+        f"wrote {out_dir}/bench.json, bench.md"
+        + (", bench.png" if report["paths"] else "")
+        + (f" (stopped early: {report['stopped']})" if report.get("stopped") else "")
+    )
     return 0

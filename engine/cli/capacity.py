@@ -1,4 +1,5 @@
 """`prune capacity`: replicas for a request rate and a p99 budget, from a `prune bench` run."""
+
 from __future__ import annotations
 
 import json
@@ -9,11 +10,17 @@ from engine.errors import InputError
 
 def add(new) -> None:
     """`prune capacity`'s flags."""
-    c = new("capacity", help="how many replicas a request rate and a p99 budget need, from a prune bench run "
-                             "(docs/scaling.md)")
+    c = new(
+        "capacity",
+        help="how many replicas a request rate and a p99 budget need, from a prune bench run "
+        "(docs/scaling.md)",
+    )
     c.add_argument("--bench", required=True, help="a bench.json written by prune bench --triton")
-    c.add_argument("--path", default="triton-text-grpc", help="the path family, without ' cN (...)' "
-                                                              "(default: triton-text-grpc)")
+    c.add_argument(
+        "--path",
+        default="triton-text-grpc",
+        help="the path family, without ' cN (...)' (default: triton-text-grpc)",
+    )
     c.add_argument("--rates", type=float, nargs="+", default=[1, 2, 5, 10, 20], help="queries/s to size for")
     c.add_argument("--p99", type=float, default=1.5, help="the p99 latency budget in seconds (default 1.5)")
     c.set_defaults(func=run)
@@ -22,6 +29,7 @@ def add(new) -> None:
 def run(args) -> int:
     """Run `prune capacity`; the exit status."""
     from engine.bench.sizing import report_lines
+
     try:
         report = json.loads(Path(args.bench).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:

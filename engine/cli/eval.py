@@ -1,4 +1,5 @@
 """`prune eval`: sentence-level P/R/F1, per domain, on RAG calls, and reranking MRR, with baselines."""
+
 from __future__ import annotations
 
 import shlex
@@ -13,17 +14,27 @@ from engine.settings import positive_int
 def add(new) -> None:
     """`prune eval`'s flags."""
     v = new("eval", help="sentence-level P/R/F1 (grid search) and reranking MRR, with baselines")
-    v.add_argument("--model", action="append", help="exported model folder (repeatable; default: the default model)")
+    v.add_argument(
+        "--model", action="append", help="exported model folder (repeatable; default: the default model)"
+    )
     v.add_argument("--data", help="JSONL with question, context, sentences, labels")
-    v.add_argument("--rag-data", help="JSONL with question, passages, gold (an index or a list of them): what "
-                   "each model keeps of a RAG call's passages at its defaults, and reranking MRR")
+    v.add_argument(
+        "--rag-data",
+        help="JSONL with question, passages, gold (an index or a list of them): what "
+        "each model keeps of a RAG call's passages at its defaults, and reranking MRR",
+    )
     v.add_argument("--limit", type=positive_int, help="first N documents of --data")
     v.add_argument("--rag-limit", type=positive_int, help="first N queries of --rag-data")
     v.add_argument("--out", help="folder for eval.json, eval.md and pr_curve.png")
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
-    v.add_argument("--budgets", type=positive_int, nargs="+", metavar="TOKENS",
-                   help="also each model at these budget_tokens (e.g. 100 200 400 800): sentence F1 and answer "
-                        "passages kept beside the defaults' (the model's tokenizer counts)")
+    v.add_argument(
+        "--budgets",
+        type=positive_int,
+        nargs="+",
+        metavar="TOKENS",
+        help="also each model at these budget_tokens (e.g. 100 200 400 800): sentence F1 and answer "
+        "passages kept beside the defaults' (the model's tokenizer counts)",
+    )
     add_windows(v)
     add_batching(v)
     v.set_defaults(func=run)
@@ -32,10 +43,17 @@ def add(new) -> None:
 def run(args) -> int:
     """Run `prune eval`; the exit status."""
     from engine.evaluate.quality import evaluate
-    from engine.evaluate.quality_report import (domain_table, rag_domain_table, rag_table, rerank_table, table,
-                                            write_report)
+    from engine.evaluate.quality_report import (
+        domain_table,
+        rag_domain_table,
+        rag_table,
+        rerank_table,
+        table,
+        write_report,
+    )
     from engine.models.default_model import ensure_default_model
     from engine.pruner import Pruner
+
     # bad input is reported before any model loads (the default one is exported on first use)
     if not args.data and not args.rag_data:
         raise PruneError("give --data (sentence labels) and/or --rag-data (reranking)")
@@ -43,8 +61,9 @@ def run(args) -> int:
     input_file(args.rag_data, "--rag-data")
     output_folder(args.out, "--out")
     from engine.datafiles import load_prune_data, load_rag_data
+
     if args.data:
-        load_prune_data(args.data, args.limit)      # read again by evaluate(): a bad record is named now
+        load_prune_data(args.data, args.limit)  # read again by evaluate(): a bad record is named now
     if args.rag_data:
         load_rag_data(args.rag_data, args.rag_limit)
     models = {}
@@ -52,8 +71,16 @@ def run(args) -> int:
         path = m or str(ensure_default_model(args.log))
         name = Path(path).name if m else "all-MiniLM-L6-v2 (default)"
         models[name] = Pruner.load(path, threads=args.threads, batching=batching(args))
-    report = evaluate(models, args.data, args.rag_data, limit=args.limit, rag_limit=args.rag_limit,
-                      progress=not (args.no_progress or args.quiet), log=args.log, windows=args.windows)
+    report = evaluate(
+        models,
+        args.data,
+        args.rag_data,
+        limit=args.limit,
+        rag_limit=args.rag_limit,
+        progress=not (args.no_progress or args.quiet),
+        log=args.log,
+        windows=args.windows,
+    )
     rows = report.get("_rows")
     if rows:
         print(table(rows))
@@ -81,15 +108,22 @@ def budgets(args, models) -> dict:
     printed as tables; the report's `budgets`."""
     from engine.datafiles import load_prune_data, load_rag_data
     from engine.evaluate.quality_budget import budget_table, prune_budget_rows, rag_budget_rows
+
     progress, out = not (args.no_progress or args.quiet), {}
     if args.data:
         samples = load_prune_data(args.data, args.limit)
-        out["pruning"] = [row for name, p in models.items()
-                          for row in prune_budget_rows(name, p, samples, args.budgets, progress, args.windows)]
+        out["pruning"] = [
+            row
+            for name, p in models.items()
+            for row in prune_budget_rows(name, p, samples, args.budgets, progress, args.windows)
+        ]
         print("\n" + budget_table(out["pruning"], rag=False))
     if args.rag_data:
         rag = load_rag_data(args.rag_data, args.rag_limit)
-        out["rag"] = [row for name, p in models.items()
-                      for row in rag_budget_rows(name, p, rag, args.budgets, progress, args.windows)]
+        out["rag"] = [
+            row
+            for name, p in models.items()
+            for row in rag_budget_rows(name, p, rag, args.budgets, progress, args.windows)
+        ]
         print("\n" + budget_table(out["rag"], rag=True))
     return out

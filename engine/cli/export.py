@@ -1,4 +1,5 @@
 """`prune export`: a checkpoint exported to ONNX (and its reduced precisions, TensorRT's inputs)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,42 +13,78 @@ from engine.settings import positive_int
 def add(new) -> None:
     """`prune export`'s flags."""
     e = new("export", help="checkpoint -> ONNX graph + tokenizer + manifest, checked against PyTorch")
-    e.add_argument("--model", required=True, help="checkpoint folder, hub id, or 'default' (all-MiniLM-L6-v2)")
+    e.add_argument(
+        "--model", required=True, help="checkpoint folder, hub id, or 'default' (all-MiniLM-L6-v2)"
+    )
     e.add_argument("--out", required=True, help="output folder")
-    e.add_argument("--family", help=f"override the detected family: {', '.join(FAMILIES)} (zilliz: open_provence)")
+    e.add_argument(
+        "--family", help=f"override the detected family: {', '.join(FAMILIES)} (zilliz: open_provence)"
+    )
     e.add_argument("--tokenizer", help="tokenizer folder or hub id, if the checkpoint has none")
-    e.add_argument("--max-length", type=positive_int,
-                   help="model window in tokens (default: 512, or the checkpoint's if shorter; at most what its "
-                        "position embeddings allow, e.g. 8192 for BGE-M3-based models)")
+    e.add_argument(
+        "--max-length",
+        type=positive_int,
+        help="model window in tokens (default: 512, or the checkpoint's if shorter; at most what its "
+        "position embeddings allow, e.g. 8192 for BGE-M3-based models)",
+    )
     e.add_argument("--opset", type=positive_int, default=17, help="ONNX opset of the exported graph")
-    e.add_argument("--external-data", choices=["auto", "always", "never"], default="auto",
-                   help="store weights beside the graph (auto: when over 2 GB)")
+    e.add_argument(
+        "--external-data",
+        choices=["auto", "always", "never"],
+        default="auto",
+        help="store weights beside the graph (auto: when over 2 GB)",
+    )
     e.add_argument("--no-verify", action="store_true", help="skip the parity check against PyTorch")
     e.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
-    e.add_argument("--precision", choices=["fp32", "int8", "fp16", "ov-int8", "auto"],
-                   help="default auto (fp32 with --tensorrt); fp32: the reference, the family's own numbers; "
-                        "int8: dynamic quantization for CPUs; fp16: for GPUs (float32 I/O, softmax, pooling); "
-                        "ov-int8: static INT8 for OpenVINO (NNCF; an OpenVINO IR folder; pip install "
-                        "'prune-engine[openvino]'); auto: of the precisions worth trying on this CPU's kind "
-                        "(fp32, int8; ov-int8 with VNNI or AMX; ov-bf16 and ov-int8-bf16, OpenVINO's bf16 "
-                        "inference, with bf16), the fastest that passes the fidelity gate (printed, and recorded in "
-                        "the manifest, which loaders follow)")
-    e.add_argument("--calibration", help="ov-int8 (and auto): a text file (one passage per paragraph) or JSONL "
-                   "with `text`, to calibrate on instead of the built-in generic text (never evaluation data)")
-    e.add_argument("--gate-data", help="auto: JSONL the gate is measured on (prune fidelity --data's formats; "
-                   "default: built-in generic calls)")
+    e.add_argument(
+        "--precision",
+        choices=["fp32", "int8", "fp16", "ov-int8", "auto"],
+        help="default auto (fp32 with --tensorrt); fp32: the reference, the family's own numbers; "
+        "int8: dynamic quantization for CPUs; fp16: for GPUs (float32 I/O, softmax, pooling); "
+        "ov-int8: static INT8 for OpenVINO (NNCF; an OpenVINO IR folder; pip install "
+        "'prune-engine[openvino]'); auto: of the precisions worth trying on this CPU's kind "
+        "(fp32, int8; ov-int8 with VNNI or AMX; ov-bf16 and ov-int8-bf16, OpenVINO's bf16 "
+        "inference, with bf16), the fastest that passes the fidelity gate (printed, and recorded in "
+        "the manifest, which loaders follow)",
+    )
+    e.add_argument(
+        "--calibration",
+        help="ov-int8 (and auto): a text file (one passage per paragraph) or JSONL "
+        "with `text`, to calibrate on instead of the built-in generic text (never evaluation data)",
+    )
+    e.add_argument(
+        "--gate-data",
+        help="auto: JSONL the gate is measured on (prune fidelity --data's formats; "
+        "default: built-in generic calls)",
+    )
     e.add_argument("--no-optimize", action="store_true", help="skip ONNX Runtime's transformer optimizer")
-    e.add_argument("--int8-weight-type", choices=["QInt8", "QUInt8"], default="QInt8",
-                   help="weight type of the INT8 graph (default chosen by measured fidelity, docs/precisions.md)")
-    e.add_argument("--int8-per-tensor", dest="int8_per_channel", action="store_false",
-                   help="one scale per weight tensor instead of per output channel")
-    e.add_argument("--tensorrt", action="store_true",
-                   help="also build a TensorRT plan (needs TensorRT: NVIDIA's TensorRT or Triton container); "
-                        "writes build_tensorrt.sh either way")
-    e.add_argument("--max-batch-size", type=positive_int, default=64, help="largest batch of the TensorRT profiles")
-    e.add_argument("--encoder", action="store_true",
-                   help="export a sentence-embedding checkpoint's text encoder for retrieval (prune index "
-                        "--encoder) instead of a pruning model")
+    e.add_argument(
+        "--int8-weight-type",
+        choices=["QInt8", "QUInt8"],
+        default="QInt8",
+        help="weight type of the INT8 graph (default chosen by measured fidelity, docs/precisions.md)",
+    )
+    e.add_argument(
+        "--int8-per-tensor",
+        dest="int8_per_channel",
+        action="store_false",
+        help="one scale per weight tensor instead of per output channel",
+    )
+    e.add_argument(
+        "--tensorrt",
+        action="store_true",
+        help="also build a TensorRT plan (needs TensorRT: NVIDIA's TensorRT or Triton container); "
+        "writes build_tensorrt.sh either way",
+    )
+    e.add_argument(
+        "--max-batch-size", type=positive_int, default=64, help="largest batch of the TensorRT profiles"
+    )
+    e.add_argument(
+        "--encoder",
+        action="store_true",
+        help="export a sentence-embedding checkpoint's text encoder for retrieval (prune index "
+        "--encoder) instead of a pruning model",
+    )
     add_embedding_options(e)
     e.set_defaults(func=run)
 
@@ -56,6 +93,7 @@ def run(args) -> int:
     """Run `prune export`; the exit status."""
     if args.model == "default":
         from engine.models.default_model import default_checkpoint
+
         args.model = default_checkpoint()
     # bad input is reported before any work starts: flags that do not go together, then files
     if args.precision is None:
@@ -72,8 +110,10 @@ def run(args) -> int:
         from export.backbone import export_encoder
         from export.onnx import export_model
     except ImportError as exc:
-        raise PruneError(f"prune export needs PyTorch, transformers and onnx (missing here: {exc.name}): "
-                         "pip install 'prune-engine[export]'") from exc
+        raise PruneError(
+            f"prune export needs PyTorch, transformers and onnx (missing here: {exc.name}): "
+            "pip install 'prune-engine[export]'"
+        ) from exc
     if args.encoder:
         export_encoder(args.model, args.out, overwrite=args.overwrite, opset=args.opset, log=args.log)
         return 0
@@ -81,22 +121,41 @@ def run(args) -> int:
         return _auto(args)
     if args.precision == "ov-int8":
         return _openvino_int8(args)
-    export_model(args.model, args.out, overwrite=args.overwrite, precision=args.precision,
-                 tensorrt_graph=args.tensorrt, log=args.log, **_export_args(args))
+    export_model(
+        args.model,
+        args.out,
+        overwrite=args.overwrite,
+        precision=args.precision,
+        tensorrt_graph=args.tensorrt,
+        log=args.log,
+        **_export_args(args),
+    )
     if args.tensorrt:
         from export.tensorrt import export_tensorrt
-        export_tensorrt(Path(args.out), precision="fp16" if args.precision == "fp32" else args.precision,
-                        max_batch_size=args.max_batch_size,
-                        log=args.log)
+
+        export_tensorrt(
+            Path(args.out),
+            precision="fp16" if args.precision == "fp32" else args.precision,
+            max_batch_size=args.max_batch_size,
+            log=args.log,
+        )
     return 0
 
 
 def _export_args(args) -> dict:
     """export_model's arguments from the flags, as every export path passes them."""
-    return dict(family=args.family, tokenizer=args.tokenizer, max_length=args.max_length, opset=args.opset,
-                external_data=args.external_data, verify=not args.no_verify, options=embedding_options(args),
-                optimize=not args.no_optimize, int8_weight_type=args.int8_weight_type,
-                int8_per_channel=args.int8_per_channel)
+    return dict(
+        family=args.family,
+        tokenizer=args.tokenizer,
+        max_length=args.max_length,
+        opset=args.opset,
+        external_data=args.external_data,
+        verify=not args.no_verify,
+        options=embedding_options(args),
+        optimize=not args.no_optimize,
+        int8_weight_type=args.int8_weight_type,
+        int8_per_channel=args.int8_per_channel,
+    )
 
 
 def _checkpoint(name: str, flag: str) -> None:
@@ -112,10 +171,13 @@ def _calibration(args) -> list[str] | None:
         return None
     if args.calibration.endswith(".jsonl"):
         from engine.datafiles import read_jsonl
+
         texts = []
         for n, row in enumerate(read_jsonl(args.calibration), 1):
             if not (isinstance(row, dict) and isinstance(row.get("text"), str)):
-                raise PruneError(f"--calibration {args.calibration}: record {n} is not an object with a text string")
+                raise PruneError(
+                    f"--calibration {args.calibration}: record {n} is not an object with a text string"
+                )
             texts.append(row["text"])
     else:
         raw = Path(args.calibration).read_text(encoding="utf-8")
@@ -128,10 +190,19 @@ def _calibration(args) -> list[str] | None:
 def _auto(args) -> int:
     """Every precision this CPU runs, gated and timed; the fastest that passes (export/auto.py)."""
     from export.auto import choose_precision
+
     if args.tensorrt:
         raise PruneError("--tensorrt builds from an fp32/fp16 ONNX export, not from --precision auto")
-    choose_precision(args.model, args.out, export_args=_export_args(args), calibration=_calibration(args),
-                     gate_data=args.gate_data, overwrite=args.overwrite, progress=not args.quiet, log=args.log)
+    choose_precision(
+        args.model,
+        args.out,
+        export_args=_export_args(args),
+        calibration=_calibration(args),
+        gate_data=args.gate_data,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+        log=args.log,
+    )
     return 0
 
 
@@ -141,11 +212,18 @@ def _openvino_int8(args) -> int:
 
     from export.onnx import export_model
     from export.ov_int8 import quantize
+
     if args.tensorrt:
         raise PruneError("--tensorrt builds from an ONNX export, not from ov-int8")
     texts = _calibration(args)
     with tempfile.TemporaryDirectory(prefix="prune-ov-int8-") as tmp:
         export_model(args.model, Path(tmp) / "fp32", precision="fp32", log=args.log, **_export_args(args))
-        quantize(Path(tmp) / "fp32", args.out, texts=texts, overwrite=args.overwrite, progress=not args.quiet,
-                 log=args.log)
+        quantize(
+            Path(tmp) / "fp32",
+            args.out,
+            texts=texts,
+            overwrite=args.overwrite,
+            progress=not args.quiet,
+            log=args.log,
+        )
     return 0

@@ -1,6 +1,7 @@
 """What several commands share: flags from engine.settings, the batching and call-option
 flags, the embedding family's export options, the default model, the RAG database, and the
 checks of files and numbers that make a bad input one line and exit 2 before any model loads."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,8 +10,15 @@ from pathlib import Path
 
 from engine.errors import PruneError
 from engine.pipeline.families import FAMILIES
-from engine.pipeline.inputs import (OPTION_NAMES, WINDOWS, CallOptions, check_tags, option_choices, option_help,
-                           option_type)
+from engine.pipeline.inputs import (
+    OPTION_NAMES,
+    WINDOWS,
+    CallOptions,
+    check_tags,
+    option_choices,
+    option_help,
+    option_type,
+)
 from engine.settings import SETTINGS, help_text, setting
 from engine.pipeline.spec import RUNTIMES
 
@@ -63,15 +71,20 @@ def output_folder(path: str | None, flag: str, named: str | None = None) -> None
     named = named or path
     p = Path(path)
     if p.exists() and not p.is_dir():
-        raise PruneError(f"{flag} {named}: " + ("" if named == path else f"{path} ") + "is a file, not a folder")
+        raise PruneError(
+            f"{flag} {named}: " + ("" if named == path else f"{path} ") + "is a file, not a folder"
+        )
     parent = p if p.exists() else next(a for a in p.parents if a.exists())
     _writable_folder(parent, flag, named)
 
 
 def _writable_folder(folder: Path, flag: str, path: str) -> None:
     if not folder.is_dir():
-        raise PruneError(f"{flag} {path}: no folder {folder} (make it first)" if not folder.exists()
-                         else f"{flag} {path}: {folder} is a file, not a folder")
+        raise PruneError(
+            f"{flag} {path}: no folder {folder} (make it first)"
+            if not folder.exists()
+            else f"{flag} {path}: {folder} is a file, not a folder"
+        )
     if not os.access(folder, os.W_OK | os.X_OK):
         raise PruneError(f"{flag} {path}: cannot write into {folder} (permission denied)")
 
@@ -84,7 +97,7 @@ def positive_float(text: str) -> float:
     return value
 
 
-positive_float.__name__ = "positive number"     # what argparse's error calls it
+positive_float.__name__ = "positive number"  # what argparse's error calls it
 
 
 def non_negative_int(text: str) -> int:
@@ -118,12 +131,16 @@ def add_batching(p: argparse.ArgumentParser) -> None:
 
 def add_windows(p: argparse.ArgumentParser) -> None:
     """--windows."""
-    p.add_argument("--windows", choices=list(WINDOWS),
-                   help="how a long passage is cut: as the family's own code (reference: OpenSearch's 510-token "
-                        "windows with stride 128 and a decision per window; OpenProvence's fragments of half "
-                        "the window averaged without weights) or sentence-aligned blocks with one decision per "
-                        "passage and token-weighted pieces (default: the family's own: " +
-                        ", ".join(f"{f.name} {f.rules.windows}" for f in FAMILIES.values()) + ")")
+    p.add_argument(
+        "--windows",
+        choices=list(WINDOWS),
+        help="how a long passage is cut: as the family's own code (reference: OpenSearch's 510-token "
+        "windows with stride 128 and a decision per window; OpenProvence's fragments of half "
+        "the window averaged without weights) or sentence-aligned blocks with one decision per "
+        "passage and token-weighted pieces (default: the family's own: "
+        + ", ".join(f"{f.name} {f.rules.windows}" for f in FAMILIES.values())
+        + ")",
+    )
 
 
 def add_call_options(p: argparse.ArgumentParser) -> None:
@@ -134,7 +151,9 @@ def add_call_options(p: argparse.ArgumentParser) -> None:
         if kind is bool:
             p.add_argument(flag, action="store_true", help=option_help(name))
         else:
-            p.add_argument(flag, type=kind, choices=choices, help=option_help(name) + " (default: the model's)")
+            p.add_argument(
+                flag, type=kind, choices=choices, help=option_help(name) + " (default: the model's)"
+            )
 
 
 def call_options(args) -> "CallOptions":
@@ -152,32 +171,47 @@ def add_tags(p: argparse.ArgumentParser, when: str = "") -> None:
 def tags(args) -> tuple[str, str]:
     """(pre, post) of --pre and --post: both, or neither (<em> and </em>); one alone is an
     InputError before any model loads (engine.pipeline.inputs.check_tags: tags come in pairs)."""
-    return (args.pre, args.post) if check_tags(args.pre, args.post, ("--pre", "--post")) else ("<em>", "</em>")
+    return (
+        (args.pre, args.post) if check_tags(args.pre, args.post, ("--pre", "--post")) else ("<em>", "</em>")
+    )
 
 
 def batching(args):
     """The BatchingConfig the flags ask for."""
     from engine.pipeline.batching import BatchingConfig
+
     return BatchingConfig(max_batch_tokens=args.max_batch_tokens, max_batch_size=args.max_batch_size)
 
 
 def add_embedding_options(p: argparse.ArgumentParser) -> None:
     """The embedding family's export options (--mode, --pooling, ...)."""
     g = p.add_argument_group("embedding family (sentence-embedding encoders)")
-    g.add_argument("--embedding-mode", choices=["isolated", "passage", "full"],
-                   help="what a sentence's tokens attend to (default isolated: each sentence alone)")
+    g.add_argument(
+        "--embedding-mode",
+        choices=["isolated", "passage", "full"],
+        help="what a sentence's tokens attend to (default isolated: each sentence alone)",
+    )
     g.add_argument("--similarity-scale", type=float, help="p = sigmoid(scale * (cos - shift)); default 8")
     g.add_argument("--similarity-shift", type=float, help="cosine that maps to p = 0.5; default 0.5")
-    g.add_argument("--embedding-rerank", choices=["max", "mean"],
-                   help="passage score: best sentence cosine (max) or cosine with the passage mean")
+    g.add_argument(
+        "--embedding-rerank",
+        choices=["max", "mean"],
+        help="passage score: best sentence cosine (max) or cosine with the passage mean",
+    )
 
 
 def embedding_options(args) -> dict:
     """The embedding export options the flags ask for."""
-    return {k: v for k, v in {"mode": getattr(args, "embedding_mode", None),
-                              "scale": getattr(args, "similarity_scale", None),
-                              "shift": getattr(args, "similarity_shift", None),
-                              "rerank": getattr(args, "embedding_rerank", None)}.items() if v is not None}
+    return {
+        k: v
+        for k, v in {
+            "mode": getattr(args, "embedding_mode", None),
+            "scale": getattr(args, "similarity_scale", None),
+            "shift": getattr(args, "similarity_shift", None),
+            "rerank": getattr(args, "embedding_rerank", None),
+        }.items()
+        if v is not None
+    }
 
 
 def model_path(args) -> str:
@@ -185,6 +219,7 @@ def model_path(args) -> str:
     if args.model and args.model != "default":
         return args.model
     from engine.models.default_model import default_model
+
     return str(default_model(args.backend, getattr(args, "device", "cpu"), args.log))
 
 
@@ -194,28 +229,35 @@ def api_imports():
         import uvicorn
         from engine.http.app import ApiConfig, create_app
     except ImportError as exc:
-        raise PruneError(f"the HTTP API needs FastAPI and uvicorn (missing here: {exc.name}): "
-                         "pip install 'prune-engine[api]'") from exc
+        raise PruneError(
+            f"the HTTP API needs FastAPI and uvicorn (missing here: {exc.name}): "
+            "pip install 'prune-engine[api]'"
+        ) from exc
     return uvicorn, ApiConfig, create_app
 
 
 def pipeline(args):
     """The RAG pipeline the flags describe."""
     from engine.rag.retrieval import Pipeline
-    return Pipeline(args.db, collection=args.collection, token=args.token or os.environ.get("MILVUS_TOKEN"),
-                    log=args.log)
+
+    return Pipeline(
+        args.db, collection=args.collection, token=args.token or os.environ.get("MILVUS_TOKEN"), log=args.log
+    )
 
 
 def load_models(args, pipe, with_pruner: bool) -> None:
     """Open the pipeline's encoder (and its pruner when `with_pruner`), logging progress."""
     from engine.rag.embedder import Embedder
+
     if getattr(args, "mode", "hybrid") != "bm25":
         pipe.embedder = Embedder.load(args.encoder, threads=args.threads, log=args.log)
     if with_pruner:
         from engine.pruner import Pruner
+
         if args.server:
-            pipe.pruner = Pruner.connect(args.server, args.text_model or "default_text", protocol=args.protocol,
-                                         timeout=args.timeout)
+            pipe.pruner = Pruner.connect(
+                args.server, args.text_model or "default_text", protocol=args.protocol, timeout=args.timeout
+            )
         else:
             args.backend = "onnxruntime"
             pipe.pruner = Pruner.load(model_path(args), threads=args.threads, log=args.log)
@@ -223,23 +265,38 @@ def load_models(args, pipe, with_pruner: bool) -> None:
 
 def add_db(x: argparse.ArgumentParser) -> None:
     """--db, --collection."""
-    x.add_argument("--db", required=True, help="a Milvus Lite file (created by prune index), or a Milvus "
-                   "server's URI (http://host:19530)")
+    x.add_argument(
+        "--db",
+        required=True,
+        help="a Milvus Lite file (created by prune index), or a Milvus server's URI (http://host:19530)",
+    )
     x.add_argument("--collection", default="passages", help="the collection's name")
     x.add_argument("--token", help="a Milvus server's token, user:password (env MILVUS_TOKEN)")
-    x.add_argument("--encoder", default="default", help="exported encoder folder (prune export --encoder), "
-                   "or 'default' (all-MiniLM-L6-v2's, exported on first use)")
+    x.add_argument(
+        "--encoder",
+        default="default",
+        help="exported encoder folder (prune export --encoder), "
+        "or 'default' (all-MiniLM-L6-v2's, exported on first use)",
+    )
     add_setting(x, "threads")
 
 
 def add_openvino(p, backends: tuple[str, ...]) -> None:
     """`--backend` (of `backends`) and OpenVINO's `--inference-precision`."""
-    p.add_argument("--backend", choices=list(backends), default=None,
-                   help="onnxruntime (an exported folder); openvino (the same folder on OpenVINO, pip install "
-                        "'prune-engine[openvino]'; an ov-int8 export runs there whatever this says)"
-                   + ("; torch: a checkpoint (the fp32 reference)" if "torch" in backends else "")
-                   + ". Default: the runtime the export's manifest prefers (prune export --precision auto), "
-                     "else onnxruntime")
-    p.add_argument("--inference-precision", choices=list(RUNTIMES["openvino"]), default=None,
-                   help="OpenVINO: bf16 inference of the fp32 graph (CPUs with AVX512_BF16 or AMX); "
-                        "default: the export's preferred runtime's, else fp32")
+    p.add_argument(
+        "--backend",
+        choices=list(backends),
+        default=None,
+        help="onnxruntime (an exported folder); openvino (the same folder on OpenVINO, pip install "
+        "'prune-engine[openvino]'; an ov-int8 export runs there whatever this says)"
+        + ("; torch: a checkpoint (the fp32 reference)" if "torch" in backends else "")
+        + ". Default: the runtime the export's manifest prefers (prune export --precision auto), "
+        "else onnxruntime",
+    )
+    p.add_argument(
+        "--inference-precision",
+        choices=list(RUNTIMES["openvino"]),
+        default=None,
+        help="OpenVINO: bf16 inference of the fp32 graph (CPUs with AVX512_BF16 or AMX); "
+        "default: the export's preferred runtime's, else fp32",
+    )

@@ -1,4 +1,5 @@
 """`prune run`: prune passages for a question, or a JSONL file of calls."""
+
 from __future__ import annotations
 
 import json
@@ -6,8 +7,19 @@ import sys
 import time
 from pathlib import Path
 
-from engine.cli.flags import (add_batching, add_call_options, add_openvino, add_setting, add_tags,
-                               batching, call_options, input_file, model_path, output_file, tags)
+from engine.cli.flags import (
+    add_batching,
+    add_call_options,
+    add_openvino,
+    add_setting,
+    add_tags,
+    batching,
+    call_options,
+    input_file,
+    model_path,
+    output_file,
+    tags,
+)
 from engine.errors import PruneError
 from engine.pipeline.inputs import CallOptions
 from engine.settings import TORCH_ATTENTIONS, TORCH_DTYPES, positive_int
@@ -16,37 +28,66 @@ from engine.settings import TORCH_ATTENTIONS, TORCH_DTYPES, positive_int
 def add(new) -> None:
     """`prune run`'s flags."""
     r = new("run", help="prune passages for a question")
-    r.add_argument("--model", help="exported folder (onnxruntime) or checkpoint (--backend torch), or 'default' "
-                                    "(all-MiniLM-L6-v2, exported on first use); default: 'default'")
+    r.add_argument(
+        "--model",
+        help="exported folder (onnxruntime) or checkpoint (--backend torch), or 'default' "
+        "(all-MiniLM-L6-v2, exported on first use); default: 'default'",
+    )
     add_openvino(r, ("onnxruntime", "openvino", "torch"))
-    r.add_argument("--server", help="a Triton server, host:port (gRPC 8001 or HTTP 8000) instead of in-process; "
-                   "several replicas (gRPC): host1:8001,host2:8001 or dns:///name:8001")
+    r.add_argument(
+        "--server",
+        help="a Triton server, host:port (gRPC 8001 or HTTP 8000) instead of in-process; "
+        "several replicas (gRPC): host1:8001,host2:8001 or dns:///name:8001",
+    )
     add_setting(r, "text_model", "; a core model's name makes this client tokenize")
     r.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="how to reach --server")
     add_setting(r, "timeout")
     r.add_argument("--family", help="family override for --backend torch")
     add_setting(r, "device")
-    r.add_argument("--dtype", choices=TORCH_DTYPES, default=TORCH_DTYPES[0],
-                   help="--backend torch: the weights' and activations' type (float16/bfloat16 on a GPU)")
-    r.add_argument("--attn", choices=TORCH_ATTENTIONS, default=TORCH_ATTENTIONS[0],
-                   help="--backend torch: attention implementation (sdpa: XLM-R and BERT backbones)")
-    r.add_argument("--trt-provider", action="store_true",
-                   help="with --device cuda: ONNX Runtime's TensorRT provider first (fp16; engines cached in "
-                        "the model folder's trt-cache/), the CUDA provider where it is absent")
+    r.add_argument(
+        "--dtype",
+        choices=TORCH_DTYPES,
+        default=TORCH_DTYPES[0],
+        help="--backend torch: the weights' and activations' type (float16/bfloat16 on a GPU)",
+    )
+    r.add_argument(
+        "--attn",
+        choices=TORCH_ATTENTIONS,
+        default=TORCH_ATTENTIONS[0],
+        help="--backend torch: attention implementation (sdpa: XLM-R and BERT backbones)",
+    )
+    r.add_argument(
+        "--trt-provider",
+        action="store_true",
+        help="with --device cuda: ONNX Runtime's TensorRT provider first (fp16; engines cached in "
+        "the model folder's trt-cache/), the CUDA provider where it is absent",
+    )
     r.add_argument("--question", help="the question the passages are pruned for")
     r.add_argument("--context", action="append", help="a passage (repeatable)")
-    r.add_argument("--context-file", action="append", help="a file holding one passage; - for stdin (repeatable)")
-    r.add_argument("--passages-file", action="append",
-                   help="a JSONL file of passages, one a line: a JSON string or an object with text (repeatable)")
+    r.add_argument(
+        "--context-file", action="append", help="a file holding one passage; - for stdin (repeatable)"
+    )
+    r.add_argument(
+        "--passages-file",
+        action="append",
+        help="a JSONL file of passages, one a line: a JSON string or an object with text (repeatable)",
+    )
     add_call_options(r)
     r.add_argument("--json", action="store_true", help="print results as JSON")
     r.add_argument("--highlight", action="store_true", help="print passages with kept sentences tagged")
-    r.add_argument("--input", help="a JSONL file of queries (question, passages or context, optional id, "
-                   "threshold, title, alpha, top_k, windows, lexical_weight, passage_margin), - for stdin; "
-                   "one result line per input line")
+    r.add_argument(
+        "--input",
+        help="a JSONL file of queries (question, passages or context, optional id, "
+        "threshold, title, alpha, top_k, windows, lexical_weight, passage_margin), - for stdin; "
+        "one result line per input line",
+    )
     r.add_argument("--output", help="where the JSONL results go with --input (default: stdout)")
-    r.add_argument("--group", type=positive_int, default=64,
-                   help="queries read, batched together and written at a time with --input (bounds memory)")
+    r.add_argument(
+        "--group",
+        type=positive_int,
+        default=64,
+        help="queries read, batched together and written at a time with --input (bounds memory)",
+    )
     add_tags(r, " (--highlight)")
     add_batching(r)
     r.set_defaults(func=run)
@@ -55,35 +96,57 @@ def add(new) -> None:
 def run(args) -> int:
     """Run `prune run`; the exit status."""
     from engine.pruner import Pruner
+
     # bad input is reported before any model loads
     options = call_options(args)
     args.pre, args.post = tags(args)
     if args.input:
         if args.question or args.context or args.context_file or args.passages_file:
-            raise PruneError("--input takes the questions and passages from the file: "
-                             "drop --question/--context/--context-file/--passages-file")
+            raise PruneError(
+                "--input takes the questions and passages from the file: "
+                "drop --question/--context/--context-file/--passages-file"
+            )
         input_file(args.input, "--input")
         output_file(args.output, "--output")
     else:
         if args.question is None:
-            raise PruneError("give --question (with --context/--context-file/--passages-file), or --input FILE.jsonl")
+            raise PruneError(
+                "give --question (with --context/--context-file/--passages-file), or --input FILE.jsonl"
+            )
         contexts = _read_contexts(args)
         if not args.question.strip():
             raise PruneError("question is empty")
     t0 = time.perf_counter()
     if args.server:
         name = args.text_model or "default_text"
-        args.log(f"connecting to model {name!r} on the Triton server at {args.server} ({args.protocol}; "
-                 "waiting up to 10 s for it to be ready) ...")
-        pruner = Pruner.connect(args.server, name, protocol=args.protocol, tokenizer=args.model,
-                                batching=batching(args), timeout=args.timeout)
+        args.log(
+            f"connecting to model {name!r} on the Triton server at {args.server} ({args.protocol}; "
+            "waiting up to 10 s for it to be ready) ..."
+        )
+        pruner = Pruner.connect(
+            args.server,
+            name,
+            protocol=args.protocol,
+            tokenizer=args.model,
+            batching=batching(args),
+            timeout=args.timeout,
+        )
         args.model = f"{args.protocol}://{args.server}/{name}"
     else:
         args.model = model_path(args)
-        pruner = Pruner.load(args.model, backend=args.backend, family=args.family, threads=args.threads,
-                             batching=batching(args), device=args.device, tensorrt=args.trt_provider,
-                             log=args.log, dtype=args.dtype, attn=args.attn,
-                             precision=args.inference_precision)
+        pruner = Pruner.load(
+            args.model,
+            backend=args.backend,
+            family=args.family,
+            threads=args.threads,
+            batching=batching(args),
+            device=args.device,
+            tensorrt=args.trt_provider,
+            log=args.log,
+            dtype=args.dtype,
+            attn=args.attn,
+            precision=args.inference_precision,
+        )
     t_load = time.perf_counter() - t0
     if args.input:
         return _run_file(pruner, args, options)
@@ -94,15 +157,20 @@ def run(args) -> int:
         print(json.dumps([r.to_dict() for r in results], ensure_ascii=False, indent=2))
         return 0
     fam = pruner.family
-    print(f"# model {args.model} ({fam.name}, {pruner.describe()}); loaded in {t_load:.2f} s, "
-          f"pruned {len(results)} passage(s) in {t_run * 1000:.0f} ms")
+    print(
+        f"# model {args.model} ({fam.name}, {pruner.describe()}); loaded in {t_load:.2f} s, "
+        f"pruned {len(results)} passage(s) in {t_run * 1000:.0f} ms"
+    )
     for r in results:
         score = "n/a" if r.reranking_score is None else f"{r.reranking_score:.4f}"
         kept = sum(s.kept for s in r.sentences)
-        print(f"\n## passage {r.index}: reranking_score {score}, kept {kept}/{len(r.sentences)} sentences, "
-              f"compression {r.compression_rate:.0%}, threshold {r.threshold}"
-              + (f", lexical_weight {r.lexical_weight}" if r.lexical_weight else "") + f", blocks {r.blocks}"
-              + (f" ({r.windows} windows)" if r.windows != "sentences" else ""))
+        print(
+            f"\n## passage {r.index}: reranking_score {score}, kept {kept}/{len(r.sentences)} sentences, "
+            f"compression {r.compression_rate:.0%}, threshold {r.threshold}"
+            + (f", lexical_weight {r.lexical_weight}" if r.lexical_weight else "")
+            + f", blocks {r.blocks}"
+            + (f" ({r.windows} windows)" if r.windows != "sentences" else "")
+        )
         if args.highlight:
             print(r.highlight(args.pre, args.post))
         elif r.sentences and not kept and not args.verbose:
@@ -125,7 +193,9 @@ def _read_contexts(args) -> list[str]:
         try:
             contexts.append(path.read_text(encoding="utf-8"))
         except UnicodeDecodeError as exc:
-            raise PruneError(f"--context-file {f}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+            raise PruneError(
+                f"--context-file {f}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+            ) from None
     for f in args.passages_file or []:
         input_file(f, "--passages-file")
         contexts.extend(_read_passages_file(f))
@@ -138,12 +208,15 @@ def _read_passages_file(name: str) -> list[str]:
     """The passages of a JSONL file: one a line, a JSON string or an object with `text`
     (what a retriever returns; `prune index --data` reads the same)."""
     from engine.datafiles import read_jsonl
+
     out = []
     try:
         for n, row in enumerate(read_jsonl(name), 1):
             text = row.get("text") if isinstance(row, dict) else row
             if not isinstance(text, str):
-                raise ValueError(f"{name}: record {n}: expected a JSON string or an object with a text string")
+                raise ValueError(
+                    f"{name}: record {n}: expected a JSON string or an object with a text string"
+                )
             out.append(text)
     except (FileNotFoundError, ValueError) as exc:
         raise PruneError(f"--passages-file {exc}") from None
@@ -154,6 +227,7 @@ def _read_passages_file(name: str) -> list[str]:
 
 def _run_file(pruner, args, options: CallOptions) -> int:
     from engine.batchfile import run_file
+
     source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
     sink = sys.stdout if args.output in (None, "-") else open(args.output, "w", encoding="utf-8")
     try:

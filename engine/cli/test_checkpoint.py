@@ -1,4 +1,5 @@
 """`prune test-checkpoint`: tiny random-weight checkpoints with the real layouts."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,8 +14,11 @@ def add(new) -> None:
     t.add_argument("--family", default="all", help="a family name, or all")
     t.add_argument("--out", required=True, help="output folder (one subfolder per family with --family all)")
     t.add_argument("--seed", type=int, default=0, help="random seed of the weights")
-    t.add_argument("--backbone", choices=["modernbert"],
-                   help="with --family open_provence: a ModernBERT backbone instead of XLM-RoBERTa")
+    t.add_argument(
+        "--backbone",
+        choices=["modernbert"],
+        help="with --family open_provence: a ModernBERT backbone instead of XLM-RoBERTa",
+    )
     t.set_defaults(func=run)
 
 
@@ -22,6 +26,7 @@ def run(args) -> int:
     """Run `prune test-checkpoint`; the exit status."""
     from engine.pipeline.families import FAMILIES
     from export.checkpoints import make_test_checkpoint
+
     names = list(FAMILIES) if args.family == "all" else [args.family]
     output_folder(args.out, "--out")
     if args.backbone and names != ["open_provence"]:

@@ -1,5 +1,6 @@
 """The lexical baseline of `prune eval`: Okapi BM25 over engine.pipeline.lexical's words, for
 sentences (against the question) and for a call's passages (its ranking)."""
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,9 @@ class BM25:
         """BM25 score of `doc` for `query` (word lists)."""
         tf = Counter(doc)
         norm = self.k1 * (1 - self.b + self.b * len(doc) / self.avgdl)
-        return sum(self.idf.get(w, 0.0) * tf[w] * (self.k1 + 1) / (tf[w] + norm)
-                   for w in set(query) if w in tf)
+        return sum(
+            self.idf.get(w, 0.0) * tf[w] * (self.k1 + 1) / (tf[w] + norm) for w in set(query) if w in tf
+        )
 
 
 def bm25_sentence_scores(samples: Sequence[PruneSample]) -> list[np.ndarray]:

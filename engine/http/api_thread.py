@@ -4,6 +4,7 @@ tritonserver, and what the benchmark and the tests start on a free port.
 `prune api` runs uvicorn in the main thread instead (its signal handling is uvicorn's own).
 In a thread uvicorn installs no signal handlers; the owner stops it with `stop()`, which
 drains: requests in flight finish, up to `timeout_graceful_shutdown` seconds."""
+
 from __future__ import annotations
 
 import threading
@@ -16,12 +17,28 @@ from engine.errors import BackendError
 class ApiThread:
     """The ASGI `app` served on host:port from a daemon thread; a context manager."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 8080, *, log_level: str = "warning",
-                 graceful_s: float = 30.0):
+    def __init__(
+        self,
+        app: Any,
+        host: str = "127.0.0.1",
+        port: int = 8080,
+        *,
+        log_level: str = "warning",
+        graceful_s: float = 30.0,
+    ):
         import uvicorn
+
         self.host, self.port = host, port
-        self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                                                     timeout_graceful_shutdown=int(graceful_s)))
+        self._server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=host,
+                port=port,
+                log_level=log_level,
+                lifespan="on",
+                timeout_graceful_shutdown=int(graceful_s),
+            )
+        )
         self._thread: threading.Thread | None = None
 
     @property
@@ -36,11 +53,13 @@ class ApiThread:
         self._thread.start()
         deadline = time.monotonic() + timeout
         while not self._server.started:
-            if not self._thread.is_alive():   # uvicorn logs why (the port is taken, ...)
+            if not self._thread.is_alive():  # uvicorn logs why (the port is taken, ...)
                 raise BackendError(f"the HTTP API could not start on {self.host}:{self.port}")
             if time.monotonic() > deadline:
                 self.stop()
-                raise BackendError(f"the HTTP API did not start on {self.host}:{self.port} within {timeout:.0f} s")
+                raise BackendError(
+                    f"the HTTP API did not start on {self.host}:{self.port} within {timeout:.0f} s"
+                )
             time.sleep(0.02)
         return self
 

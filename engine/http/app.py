@@ -21,6 +21,7 @@ the config, the worker pool, health, metrics, the requests in flight), the handl
 handlers (`EXCEPTION_HANDLERS`), the API key and metrics middleware (`guard`), the body
 limit (`_BodyLimit`, outermost); `create_app` only wires them.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -42,10 +43,24 @@ try:
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     from engine.http import opensearch_api as opensearch
-    from engine.http.models import (POST_ERRORS, ApiError, CohereDocumentOut, CohereRerankRequest,
-                                    CohereRerankResponse, CohereResult, ErrorBody, HealthResponse,
-                                    InfoResponse, PrunedPassage, PruneRequest, PruneResponse, TeiRank,
-                                    TeiRerankRequest, info_rules, sentences_out)
+    from engine.http.models import (
+        POST_ERRORS,
+        ApiError,
+        CohereDocumentOut,
+        CohereRerankRequest,
+        CohereRerankResponse,
+        CohereResult,
+        ErrorBody,
+        HealthResponse,
+        InfoResponse,
+        PrunedPassage,
+        PruneRequest,
+        PruneResponse,
+        TeiRank,
+        TeiRerankRequest,
+        info_rules,
+        sentences_out,
+    )
 except ImportError as exc:  # pragma: no cover - the message is the point
     raise ImportError("the HTTP API needs FastAPI and uvicorn: pip install 'prune-engine[api]'") from exc
 
@@ -53,16 +68,21 @@ __all__ = ["ApiConfig", "ApiState", "create_app", "PruneRequest", "ApiError"]
 
 
 #: The highlighting page (engine/http/page, package data): its paths, files and types.
-PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
-              "/page/page.js": ("page.js", "text/javascript; charset=utf-8"),
-              "/page/page.css": ("page.css", "text/css; charset=utf-8")}
+PAGE_FILES = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/page/page.js": ("page.js", "text/javascript; charset=utf-8"),
+    "/page/page.css": ("page.css", "text/css; charset=utf-8"),
+}
 #: Its headers: only its own script and style run, it talks only to this server, no page
 #: may frame it, and nothing is sniffed or cached.
 PAGE_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
-                               "img-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY",
-    "Cache-Control": "no-cache"}
+    "img-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-cache",
+}
 
 
 #: the paths served without the API key (the page asks for the key itself)
@@ -70,6 +90,7 @@ OPEN_PATHS = ("/health", "/metrics", *PAGE_FILES)
 
 
 # --------------------------------------------------------------------------- errors
+
 
 def _error(kind: ApiError, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     """The answer of error `kind` with `message` (TEI's body, Cohere's `message` beside it)."""
@@ -93,7 +114,9 @@ class _BodyLimit:
             try:
                 size = int(declared)
             except ValueError:
-                return await _error(ApiError.UNREADABLE, "Content-Length is not a number")(scope, receive, send)
+                return await _error(ApiError.UNREADABLE, "Content-Length is not a number")(
+                    scope, receive, send
+                )
             if size > self.limit:
                 refused = _error(ApiError.TOO_LARGE, f"the body is {size} bytes; the limit is {self.limit}")
                 return await refused(scope, receive, send)
@@ -102,8 +125,10 @@ class _BodyLimit:
             try:
                 message = await asyncio.wait_for(receive(), self.timeout)
             except asyncio.TimeoutError:
-                late = _error(ApiError.BODY_TIMEOUT,
-                              f"the body did not arrive within {self.timeout:g} s of its last part")
+                late = _error(
+                    ApiError.BODY_TIMEOUT,
+                    f"the body did not arrive within {self.timeout:g} s of its last part",
+                )
                 return await late(scope, receive, send)
             if message["type"] == "http.disconnect":
                 return None
@@ -120,10 +145,12 @@ class _BodyLimit:
                 sent = True
                 return {"type": "http.request", "body": bytes(body), "more_body": False}
             return await receive()
+
         await self.app(scope, replay, send)
 
 
 # --------------------------------------------------------------------------- the handlers
+
 
 async def api_state(request: Request) -> ApiState:
     """The state of the app serving `request` (every handler's dependency)."""
@@ -136,51 +163,97 @@ Api = Annotated[ApiState, Depends(api_state)]
 router = APIRouter()
 
 
-@router.post("/rerank", response_model=list[TeiRank], response_model_exclude_none=True, responses=POST_ERRORS,
-             summary="Rerank and prune texts (TEI's /rerank)")
+@router.post(
+    "/rerank",
+    response_model=list[TeiRank],
+    response_model_exclude_none=True,
+    responses=POST_ERRORS,
+    summary="Rerank and prune texts (TEI's /rerank)",
+)
 async def rerank(req: TeiRerankRequest, api: Api):
     """TEI's /rerank: the texts best first, each with its score and pruned text."""
     results = await api.prune(req.query, req.texts, CallOptions.of_attributes(req))
     ranked = sorted(results, key=lambda r: -api.score(r, req.raw_scores))
-    return [TeiRank(index=r.index, score=api.score(r, req.raw_scores),
-                    text=r.context if req.return_text else None, pruned_text=r.pruned_context,
-                    sentences=sentences_out(r) if req.return_sentences else None)
-            for r in ranked]
+    return [
+        TeiRank(
+            index=r.index,
+            score=api.score(r, req.raw_scores),
+            text=r.context if req.return_text else None,
+            pruned_text=r.pruned_context,
+            sentences=sentences_out(r) if req.return_sentences else None,
+        )
+        for r in ranked
+    ]
 
 
-@router.post("/v1/rerank", response_model=CohereRerankResponse, response_model_exclude_none=True,
-             responses=POST_ERRORS, summary="Rerank documents (Cohere's v1 rerank)")
-@router.post("/v2/rerank", response_model=CohereRerankResponse, response_model_exclude_none=True,
-             responses=POST_ERRORS, summary="Rerank documents (Cohere's v2 rerank)")
+@router.post(
+    "/v1/rerank",
+    response_model=CohereRerankResponse,
+    response_model_exclude_none=True,
+    responses=POST_ERRORS,
+    summary="Rerank documents (Cohere's v1 rerank)",
+)
+@router.post(
+    "/v2/rerank",
+    response_model=CohereRerankResponse,
+    response_model_exclude_none=True,
+    responses=POST_ERRORS,
+    summary="Rerank documents (Cohere's v2 rerank)",
+)
 async def cohere(req: CohereRerankRequest, api: Api):
     """Cohere's rerank (v1 and v2): the top_n documents best first."""
     texts = [d if isinstance(d, str) else d.text for d in req.documents]
     results = await api.prune(req.query, texts)
-    ranked = sorted(results, key=lambda r: -api.score(r, False))[:req.top_n]
+    ranked = sorted(results, key=lambda r: -api.score(r, False))[: req.top_n]
     return CohereRerankResponse(
         id=str(uuid.uuid4()),
-        results=[CohereResult(index=r.index, relevance_score=api.score(r, False),
-                              document=CohereDocumentOut(text=r.context) if req.return_documents else None)
-                 for r in ranked],
-        meta={"api_version": {"version": "2"}, "billed_units": {"search_units": 1}})
+        results=[
+            CohereResult(
+                index=r.index,
+                relevance_score=api.score(r, False),
+                document=CohereDocumentOut(text=r.context) if req.return_documents else None,
+            )
+            for r in ranked
+        ],
+        meta={"api_version": {"version": "2"}, "billed_units": {"search_units": 1}},
+    )
 
 
-@router.post("/v1/prune", response_model=PruneResponse, response_model_exclude_unset=True, responses=POST_ERRORS,
-             summary="Prune passages: the engine's full result")
+@router.post(
+    "/v1/prune",
+    response_model=PruneResponse,
+    response_model_exclude_unset=True,
+    responses=POST_ERRORS,
+    summary="Prune passages: the engine's full result",
+)
 async def prune_endpoint(req: PruneRequest, api: Api):
     """The engine's own endpoint: each passage's full result, with every option of a call."""
     tagged = check_tags(req.pre, req.post)
     results = await api.prune(req.question, req.passages, CallOptions.of_attributes(req))
-    return PruneResponse(model=api.config.model_name, results=[
-        PrunedPassage.of(r, r.highlight(req.pre, req.post) if tagged else None) for r in results])
+    return PruneResponse(
+        model=api.config.model_name,
+        results=[PrunedPassage.of(r, r.highlight(req.pre, req.post) if tagged else None) for r in results],
+    )
 
 
-@router.post(opensearch.PATHS[0], response_model=opensearch.OpenSearchResponse, responses=POST_ERRORS,
-             summary="OpenSearch's semantic highlighter: the remote model's contract (UTF-16 offsets)")
-@router.post(opensearch.PATHS[1], response_model=opensearch.OpenSearchResponse, responses=POST_ERRORS,
-             summary="The same (the path earlier releases served)")
-@router.post(opensearch.PATHS[2], response_model=opensearch.OpenSearchResponse, responses=POST_ERRORS,
-             summary="The same at TorchServe's path, as OpenSearch's own connector names it")
+@router.post(
+    opensearch.PATHS[0],
+    response_model=opensearch.OpenSearchResponse,
+    responses=POST_ERRORS,
+    summary="OpenSearch's semantic highlighter: the remote model's contract (UTF-16 offsets)",
+)
+@router.post(
+    opensearch.PATHS[1],
+    response_model=opensearch.OpenSearchResponse,
+    responses=POST_ERRORS,
+    summary="The same (the path earlier releases served)",
+)
+@router.post(
+    opensearch.PATHS[2],
+    response_model=opensearch.OpenSearchResponse,
+    responses=POST_ERRORS,
+    summary="The same at TorchServe's path, as OpenSearch's own connector names it",
+)
 async def opensearch_highlight(req: opensearch.OpenSearchRequest, api: Api):  # type: ignore[valid-type]
     """OpenSearch's remote semantic-highlighting model: each document's kept sentences as
     UTF-16 spans, one list per document of a batch (engine/http/opensearch_api.py)."""
@@ -188,13 +261,18 @@ async def opensearch_highlight(req: opensearch.OpenSearchRequest, api: Api):  # 
     calls, batch = opensearch.queries(req)
     api.pruner.limits.check_count(len(calls), "documents in one request")
     spans = [opensearch.highlights(results[0]) for results in await api.prune_many(calls)]
-    return opensearch.OpenSearchResponse(highlights=spans if batch else spans[0],
-                                         processing_time_ms=round(1000 * (time.perf_counter() - t0), 3))
+    return opensearch.OpenSearchResponse(
+        highlights=spans if batch else spans[0],
+        processing_time_ms=round(1000 * (time.perf_counter() - t0), 3),
+    )
 
 
-@router.get("/health", response_model=HealthResponse,
-            summary="200 while the engine answers (a recent request, or a probe of its own), 503 otherwise",
-            responses={503: {"model": ErrorBody, "description": ApiError.UNHEALTHY.meaning}})
+@router.get(
+    "/health",
+    response_model=HealthResponse,
+    summary="200 while the engine answers (a recent request, or a probe of its own), 503 otherwise",
+    responses={503: {"model": ErrorBody, "description": ApiError.UNHEALTHY.meaning}},
+)
 async def health_endpoint(api: Api):
     """Whether the engine answers: a request succeeded within the last few seconds, or a probe
     of its own did (never queued behind requests)."""
@@ -210,10 +288,19 @@ async def info(api: Api):
     """The model, its family and defaults, the engine, the limits and the version."""
     config, pruner = api.config, api.pruner
     rules, defaults = info_rules(api.family)
-    return InfoResponse(model=config.model_name, family=api.family.name, rules=rules, defaults=defaults,
-                        engine=pruner.describe(), max_length=pruner.max_length, limits=pruner.limits.to_dict(),
-                        max_body_bytes=config.max_body_bytes, max_concurrent=config.max_concurrent,
-                        request_timeout=config.request_timeout, version=_version())
+    return InfoResponse(
+        model=config.model_name,
+        family=api.family.name,
+        rules=rules,
+        defaults=defaults,
+        engine=pruner.describe(),
+        max_length=pruner.max_length,
+        limits=pruner.limits.to_dict(),
+        max_body_bytes=config.max_body_bytes,
+        max_concurrent=config.max_concurrent,
+        request_timeout=config.request_timeout,
+        version=_version(),
+    )
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
@@ -229,16 +316,18 @@ def page_handler(path: str):
 
     async def serve():
         return Response(body, media_type=media, headers=PAGE_HEADERS)
+
     return serve
 
 
 # --------------------------------------------------------------------------- errors and middleware
 
+
 async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
     """422: the field at fault, or why the body is not JSON."""
     first = exc.errors()[0] if exc.errors() else {}
     where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-    if first.get("type") == "unknown_field":        # engine.http.models.StrictRequest: it names the field
+    if first.get("type") == "unknown_field":  # engine.http.models.StrictRequest: it names the field
         return _error(ApiError.INVALID, (f"{where}: " if where else "") + first.get("msg", "unknown field"))
     if first.get("type") == "json_invalid":
         why, at = first.get("ctx", {}).get("error", "invalid"), first.get("loc", ("", "?"))[-1]
@@ -250,9 +339,15 @@ async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse
 
 def not_json_message(content_type: str | None) -> str:
     """What a body not read as JSON, for its Content-Type (curl -d sends a form's), is told."""
-    sent = f"this request's Content-Type is {content_type}" if content_type else "this request has no Content-Type"
-    return (f"the body must be JSON sent with Content-Type: application/json ({sent}; "
-            "with curl, add -H 'Content-Type: application/json')")
+    sent = (
+        f"this request's Content-Type is {content_type}"
+        if content_type
+        else "this request has no Content-Type"
+    )
+    return (
+        f"the body must be JSON sent with Content-Type: application/json ({sent}; "
+        "with curl, add -H 'Content-Type: application/json')"
+    )
 
 
 async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -284,8 +379,14 @@ async def engine_failed(request: Request, exc: PruneError) -> JSONResponse:
 
 
 #: each exception the handlers may raise, and its answer
-EXCEPTION_HANDLERS = {RequestValidationError: invalid, StarletteHTTPException: http_error, Busy: busy,
-                      asyncio.TimeoutError: late, InputError: bad_input, PruneError: engine_failed}
+EXCEPTION_HANDLERS = {
+    RequestValidationError: invalid,
+    StarletteHTTPException: http_error,
+    Busy: busy,
+    asyncio.TimeoutError: late,
+    InputError: bad_input,
+    PruneError: engine_failed,
+}
 
 
 async def guard(request: Request, call_next):
@@ -293,7 +394,7 @@ async def guard(request: Request, call_next):
     status and latency counted by route."""
     api: ApiState = request.app.state.api
     path = request.url.path
-    route = path if path in api.routes else "other"     # bounded label values
+    route = path if path in api.routes else "other"  # bounded label values
     if path not in OPEN_PATHS and not api.config.authorizes(request.headers.get("authorization")):
         api.metrics.requests.labels(route, "401").inc()
         return _error(ApiError.UNAUTHORIZED, "a valid API key is required: Authorization: Bearer KEY")
@@ -306,6 +407,7 @@ async def guard(request: Request, call_next):
 
 # --------------------------------------------------------------------------- the app
 
+
 @contextlib.asynccontextmanager
 async def _lifespan(app):
     api = app.state.api
@@ -313,6 +415,7 @@ async def _lifespan(app):
     try:
         if api.config.model_service:
             from engine.http import milvus
+
             service = await milvus.start(api, api.config.model_service, api.embedder)
         yield
     finally:
@@ -321,14 +424,20 @@ async def _lifespan(app):
         api.close()
 
 
-def create_app(pruner: PrunerProtocol, config: ApiConfig = ApiConfig(), embedder: Any = None,
-               log: Any = None) -> Any:
+def create_app(
+    pruner: PrunerProtocol, config: ApiConfig = ApiConfig(), embedder: Any = None, log: Any = None
+) -> Any:
     """The ASGI app serving `pruner` (which it does not close: its owner does), and, when
     `config.model_service` is set, Milvus's model service beside it (engine/http/milvus.py;
     `embedder` answers its Embedding calls; `log` is told the port it binds when asked for 0)."""
-    app = FastAPI(title="prune-engine", version=_version(), lifespan=_lifespan, exception_handlers=EXCEPTION_HANDLERS,
-                  description="Context pruning and semantic highlighting: TEI- and Cohere-compatible rerank, "
-                              "and the engine's own prune endpoint (docs/http-api.md).")
+    app = FastAPI(
+        title="prune-engine",
+        version=_version(),
+        lifespan=_lifespan,
+        exception_handlers=EXCEPTION_HANDLERS,
+        description="Context pruning and semantic highlighting: TEI- and Cohere-compatible rerank, "
+        "and the engine's own prune endpoint (docs/http-api.md).",
+    )
     app.middleware("http")(guard)
     app.include_router(router)
     for path in PAGE_FILES:
@@ -347,9 +456,11 @@ def route_paths(app: FastAPI) -> frozenset[str]:
 def _page_file(name: str) -> bytes:
     """A file of the page, from where the package is installed."""
     from importlib.resources import files
+
     return (files("engine.http") / "page" / name).read_bytes()
 
 
 def _version() -> str:
     import engine
+
     return engine.__version__

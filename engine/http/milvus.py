@@ -29,6 +29,7 @@ The servicers run on the HTTP API's event loop and share its `ApiState`: the sam
 pool, limits, deadline (a call past it stops at its next batch), API key rule and metrics
 (their own counter, by the RPC's path and gRPC status code).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -46,7 +47,7 @@ from engine.http.state import ApiState, Busy
 PACKAGE = "milvus.proto.modelservice"
 #: what Milvus's client sends and accepts at most: the server takes as much
 MILVUS_MAX_MESSAGE = 100 * 1024 * 1024
-DEFAULT_TAGS = (["<em>"], ["</em>"])     # Milvus's highlighters' own default tags
+DEFAULT_TAGS = (["<em>"], ["</em>"])  # Milvus's highlighters' own default tags
 
 
 #: the vendored proto, by the package-qualified name it registers under in protobuf's pool (a
@@ -61,11 +62,14 @@ def proto_modules() -> tuple[Any, Any]:
     from pathlib import Path
 
     import grpc
+
     try:
         import grpc_tools  # noqa: F401
     except ImportError as exc:
-        raise PruneError("the model service needs grpcio-tools: pip install 'prune-engine[model-service]'") from exc
-    root = str(Path(__file__).resolve().parents[2])       # the folder holding the engine package
+        raise PruneError(
+            "the model service needs grpcio-tools: pip install 'prune-engine[model-service]'"
+        ) from exc
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding the engine package
     sys.path.insert(0, root)
     try:
         return grpc.protos_and_services(PROTO)
@@ -76,6 +80,7 @@ def proto_modules() -> tuple[Any, Any]:
 @dataclass(frozen=True)
 class HighlightParams:
     """A Highlight call's params, read from Milvus's strings."""
+
     options: CallOptions
     pre: list[str]
     post: list[str]
@@ -94,8 +99,12 @@ class HighlightParams:
         check_tags(raw.get("pre_tags"), raw.get("post_tags"), ("pre_tags", "post_tags"))
         pre = _tags(raw, "pre_tags", DEFAULT_TAGS[0])
         post = _tags(raw, "post_tags", DEFAULT_TAGS[1])
-        return cls(options=CallOptions.of(threshold=threshold), pre=pre, post=post,
-                   highlight_only=_boolean(raw, "highlight_only", True))
+        return cls(
+            options=CallOptions.of(threshold=threshold),
+            pre=pre,
+            post=post,
+            highlight_only=_boolean(raw, "highlight_only", True),
+        )
 
 
 def _tags(raw: dict[str, str], name: str, default: list[str]) -> list[str]:
@@ -128,8 +137,9 @@ def _boolean(raw: dict[str, str], name: str, default: bool) -> bool:
 class EmbeddingParams:
     """An Embedding call's params, read from Milvus's strings (its zilliz text-embedding
     function forwards the function's params, and `input_type`, which changes nothing here)."""
-    truncate: bool = True           # a text over the window is cut to it; false: refused (INVALID_ARGUMENT)
-    direction: str = "right"        # which end is kept: right (the start, the default) or left (the end)
+
+    truncate: bool = True  # a text over the window is cut to it; false: refused (INVALID_ARGUMENT)
+    direction: str = "right"  # which end is kept: right (the start, the default) or left (the end)
 
     @classmethod
     def parse(cls, params: dict[str, str]) -> EmbeddingParams:
@@ -167,23 +177,31 @@ class ModelService:
         """One score per document, in order: /rerank's."""
         docs = list(request.documents)
         results = await self.api.prune(request.query, docs) if docs else []
-        return self.pb.TextRerankResponse(status=self.pb.Status(code=0),
-                                          scores=[self.api.score(r, False) for r in results])
+        return self.pb.TextRerankResponse(
+            status=self.pb.Status(code=0), scores=[self.api.score(r, False) for r in results]
+        )
 
     async def embedding(self, request: Any, context: Any) -> Any:
         """Each text's embedding, little-endian float32, from the retrieval encoder."""
         if self.embedder is None:
-            raise NotServed("this server has no embedding model: its pruning model scores sentences, it does not "
-                            "embed; give prune api --encoder FOLDER (prune export --encoder makes one), or serve "
-                            "--model default, which brings its encoder")
+            raise NotServed(
+                "this server has no embedding model: its pruning model scores sentences, it does not "
+                "embed; give prune api --encoder FOLDER (prune export --encoder makes one), or serve "
+                "--model default, which brings its encoder"
+            )
         texts = list(request.texts)
         self.api.pruner.limits.check_count(len(texts), "texts in one request")
         vectors = await self.api.in_pool(self._embed, texts, EmbeddingParams.parse(dict(request.params)))
         dense = self.pb.DenseVector.DType.Value("DTYPE_FLOAT")
-        return self.pb.TextEmbeddingResponse(status=self.pb.Status(code=0), results=[
-            self.pb.EmbeddingResult(dense=self.pb.DenseVector(dtype=dense, data=v.astype("<f4").tobytes(),
-                                                              dim=len(v)))
-            for v in vectors])
+        return self.pb.TextEmbeddingResponse(
+            status=self.pb.Status(code=0),
+            results=[
+                self.pb.EmbeddingResult(
+                    dense=self.pb.DenseVector(dtype=dense, data=v.astype("<f4").tobytes(), dim=len(v))
+                )
+                for v in vectors
+            ],
+        )
 
     def _embed(self, texts: list[str], params: EmbeddingParams) -> Any:
         """The texts' embeddings, on a worker thread: a text over the encoder's window is cut
@@ -193,14 +211,19 @@ class ModelService:
             self.api.metrics.truncated.inc(len(cut))
             logging.getLogger("prune.api").warning(
                 "Embedding: %d of %d texts were longer than the encoder's window (%d tokens) and were cut to it, "
-                "keeping their %s (text %s; the param truncate=false refuses them instead)", len(cut), len(texts),
-                self.embedder.max_length, "start" if params.direction == "right" else "end",
-                ", ".join(map(str, cut[:5])) + (", ..." if len(cut) > 5 else ""))
+                "keeping their %s (text %s; the param truncate=false refuses them instead)",
+                len(cut),
+                len(texts),
+                self.embedder.max_length,
+                "start" if params.direction == "right" else "end",
+                ", ".join(map(str, cut[:5])) + (", ..." if len(cut) > 5 else ""),
+            )
         return self.embedder.embed(ids)
 
 
 def _grpc() -> Any:
     import grpc
+
     return grpc
 
 
@@ -214,7 +237,7 @@ def _guarded(api: ApiState, route: str, handler: Callable[[Any, Any], Awaitable[
             if not api.config.authorizes(dict(context.invocation_metadata() or ()).get("authorization")):
                 raise Unauthenticated("a valid API key is required: metadata authorization: Bearer KEY")
             return await handler(request, context)
-        except Exception as exc:            # noqa: BLE001  (each becomes its status code)
+        except Exception as exc:  # noqa: BLE001  (each becomes its status code)
             code, message = _status_of(exc)
             await context.abort(code, message)
         finally:
@@ -231,8 +254,12 @@ class Unauthenticated(Exception):
 def _status_of(exc: Exception) -> tuple[Any, str]:
     """The gRPC status code and message an error answers with."""
     grpc = _grpc()
-    for kind, code in ((InputError, grpc.StatusCode.INVALID_ARGUMENT), (Busy, grpc.StatusCode.RESOURCE_EXHAUSTED),
-                       (NotServed, grpc.StatusCode.UNIMPLEMENTED), (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED)):
+    for kind, code in (
+        (InputError, grpc.StatusCode.INVALID_ARGUMENT),
+        (Busy, grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (NotServed, grpc.StatusCode.UNIMPLEMENTED),
+        (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    ):
         if isinstance(exc, kind):
             return code, str(exc)
     if isinstance(exc, asyncio.TimeoutError):
@@ -244,9 +271,11 @@ def _status_of(exc: Exception) -> tuple[Any, str]:
 
 
 #: service -> (its RPC, the ModelService handler, the request and response messages)
-ROUTES = {"HighlightService": ("Highlight", "highlight", "HighlightRequest", "HighlightResponse"),
-          "RerankService": ("Rerank", "rerank", "TextRerankRequest", "TextRerankResponse"),
-          "TextEmbeddingService": ("Embedding", "embedding", "TextEmbeddingRequest", "TextEmbeddingResponse")}
+ROUTES = {
+    "HighlightService": ("Highlight", "highlight", "HighlightRequest", "HighlightResponse"),
+    "RerankService": ("Rerank", "rerank", "TextRerankRequest", "TextRerankResponse"),
+    "TextEmbeddingService": ("Embedding", "embedding", "TextEmbeddingRequest", "TextEmbeddingResponse"),
+}
 
 
 async def start(api: ApiState, address: str, embedder: Any = None) -> Any:
@@ -254,18 +283,23 @@ async def start(api: ApiState, address: str, embedder: Any = None) -> Any:
     grpc = _grpc()
     pb, _ = proto_modules()
     service = ModelService(api, pb, embedder)
-    server = grpc.aio.server(options=[
-        ("grpc.max_receive_message_length", min(api.config.max_body_bytes, MILVUS_MAX_MESSAGE)),
-        ("grpc.max_send_message_length", MILVUS_MAX_MESSAGE),
-        ("grpc.keepalive_permit_without_calls", 1),                # Milvus pings every 30 s, idle or not
-        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-        ("grpc.http2.max_ping_strikes", 0)])
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", min(api.config.max_body_bytes, MILVUS_MAX_MESSAGE)),
+            ("grpc.max_send_message_length", MILVUS_MAX_MESSAGE),
+            ("grpc.keepalive_permit_without_calls", 1),  # Milvus pings every 30 s, idle or not
+            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+            ("grpc.http2.max_ping_strikes", 0),
+        ]
+    )
     handlers = []
     for name, (method, attr, request_name, response_name) in ROUTES.items():
         request, response = getattr(pb, request_name), getattr(pb, response_name)
         rpc = grpc.unary_unary_rpc_method_handler(
             _guarded(api, f"/{PACKAGE}.{name}/{method}", getattr(service, attr)),
-            request_deserializer=request.FromString, response_serializer=response.SerializeToString)
+            request_deserializer=request.FromString,
+            response_serializer=response.SerializeToString,
+        )
         handlers.append(grpc.method_handlers_generic_handler(f"{PACKAGE}.{name}", {method: rpc}))
     server.add_generic_rpc_handlers(handlers)
     try:
@@ -276,7 +310,7 @@ async def start(api: ApiState, address: str, embedder: Any = None) -> Any:
         raise PruneError(f"the model service cannot listen on {address} (in use?)")
     await server.start()
     host, _, asked = address.rpartition(":")
-    if asked == "0" and api.log:            # the port the system chose is the one a client needs
+    if asked == "0" and api.log:  # the port the system chose is the one a client needs
         api.log(f"Milvus's model service listening on {host}:{port} (gRPC)")
     return server
 

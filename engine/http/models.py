@@ -6,6 +6,7 @@ instead of changing what clients read. TEI's and Cohere's bodies keep their prot
 field names; `/v1/prune` is the engine's own (docs/http-api.md). OpenAPI (`/openapi.json`)
 shows every field of every body.
 """
+
 from __future__ import annotations
 
 from dataclasses import MISSING, fields
@@ -25,6 +26,7 @@ from engine.pipeline.rules import Rules
 
 class ErrorBody(BaseModel):
     """TEI's error body, with Cohere's `message` beside it."""
+
     error: str
     error_type: str
     message: str
@@ -34,6 +36,7 @@ class ApiError(Enum):
     """Every error the API answers with: its status, what it means, and TEI's `error_type`
     ("Validation", TEI's kind of a request at fault, unless another is named). One place
     decides both the status and the kind of each error."""
+
     UNREADABLE = (400, "the body cannot be read (not UTF-8, a bad Content-Length)")
     UNAUTHORIZED = (401, "a missing or wrong API key", "Unauthorized")
     NOT_FOUND = (404, "no such route")
@@ -66,22 +69,34 @@ class ApiError(Enum):
 #: the errors every POST route may answer with, documented in the schema
 POST_ERRORS: dict[int | str, dict[str, Any]] = {
     kind.status: {"model": ErrorBody, "description": kind.meaning}
-    for kind in (ApiError.UNREADABLE, ApiError.UNAUTHORIZED, ApiError.BODY_TIMEOUT, ApiError.TOO_LARGE,
-                 ApiError.INVALID, ApiError.OVERLOADED, ApiError.BACKEND, ApiError.TIMEOUT)}
+    for kind in (
+        ApiError.UNREADABLE,
+        ApiError.UNAUTHORIZED,
+        ApiError.BODY_TIMEOUT,
+        ApiError.TOO_LARGE,
+        ApiError.INVALID,
+        ApiError.OVERLOADED,
+        ApiError.BACKEND,
+        ApiError.TIMEOUT,
+    )
+}
 
 
 # --------------------------------------------------------------------------- shared parts
+
 
 class _Request(BaseModel):
     """A protocol's body (TEI's, Cohere's): a field the engine does not use is ignored, as
     TEI's serde types and Cohere's published schema do (clients send fields of their own:
     Cohere's priority, max_tokens_per_doc, ...)."""
+
     model_config = ConfigDict(extra="ignore")
 
 
 class StrictRequest(BaseModel):
     """The engine's own bodies (/v1/prune, /v1/highlight): a field they do not know is
     refused (422 naming it and the nearest known one), never a silent default."""
+
     model_config = ConfigDict(extra="forbid")
 
     @model_validator(mode="before")
@@ -90,13 +105,17 @@ class StrictRequest(BaseModel):
         if isinstance(data, dict):
             for name in data:
                 if name not in cls.model_fields:
-                    raise PydanticCustomError("unknown_field", "{message}",
-                                              {"message": unknown_name(str(name), list(cls.model_fields))})
+                    raise PydanticCustomError(
+                        "unknown_field",
+                        "{message}",
+                        {"message": unknown_name(str(name), list(cls.model_fields))},
+                    )
         return data
 
 
 class SentenceOut(BaseModel):
     """One sentence of a passage: its text, character span, keep probability and decision."""
+
     text: str
     start: int = Field(description="character offset of the sentence in its passage")
     end: int = Field(description="character offset just past the sentence")
@@ -106,31 +125,41 @@ class SentenceOut(BaseModel):
 
 def sentences_out(result: PruneResult) -> list[SentenceOut]:
     """A result's sentences as the API returns them."""
-    return [SentenceOut(text=s.text, start=s.start, end=s.end, probability=s.probability, kept=s.kept)
-            for s in result.sentences]
+    return [
+        SentenceOut(text=s.text, start=s.start, end=s.end, probability=s.probability, kept=s.kept)
+        for s in result.sentences
+    ]
 
 
 # --------------------------------------------------------------------------- TEI
 
+
 class TeiRerankRequest(_Request):
     """TEI's `/rerank` body (text-embeddings-inference's RerankRequest), plus `return_sentences`."""
+
     query: str = Field(min_length=1, description="the question")
     texts: list[str] = Field(description="the passages to rank and prune")
     raw_scores: bool = Field(False, description="the model's own score instead of one in [0, 1]")
     return_text: bool = Field(False, description="return each text")
-    truncate: bool = Field(False, description="accepted for TEI clients; nothing is truncated (long texts are "
-                                              "cut into windows)")
+    truncate: bool = Field(
+        False, description="accepted for TEI clients; nothing is truncated (long texts are cut into windows)"
+    )
     truncation_direction: Literal["Left", "Right", "left", "right"] = "Right"
-    return_sentences: bool = Field(False, description="engine extra: each text's sentences with spans, "
-                                                      "probabilities and kept flags")
-    budget_tokens: int | None = Field(None, description="engine extra: pruned_text within this many tokens over "
-                                                        "all texts (the /v1/prune option)")
-    budget_tokenizer: str | None = Field(None, description="engine extra: what budget_tokens counts (the /v1/prune "
-                                                           "option)")
+    return_sentences: bool = Field(
+        False, description="engine extra: each text's sentences with spans, probabilities and kept flags"
+    )
+    budget_tokens: int | None = Field(
+        None,
+        description="engine extra: pruned_text within this many tokens over all texts (the /v1/prune option)",
+    )
+    budget_tokenizer: str | None = Field(
+        None, description="engine extra: what budget_tokens counts (the /v1/prune option)"
+    )
 
 
 class TeiRank(BaseModel):
     """One text of TEI's `/rerank` answer, best first; `pruned_text` is the engine's extra."""
+
     index: int
     score: float
     text: str | None = None
@@ -140,14 +169,17 @@ class TeiRank(BaseModel):
 
 # --------------------------------------------------------------------------- Cohere
 
+
 class CohereDocument(BaseModel):
     """A Cohere document given as an object (v1 allows `{"text": ...}` with fields of its own)."""
+
     model_config = ConfigDict(extra="allow")
     text: str
 
 
 class CohereRerankRequest(_Request):
     """Cohere's rerank body (v1 and v2)."""
+
     model: str | None = None
     query: str = Field(min_length=1)
     documents: list[str | CohereDocument]
@@ -157,11 +189,13 @@ class CohereRerankRequest(_Request):
 
 class CohereDocumentOut(BaseModel):
     """A returned document (`return_documents=true`)."""
+
     text: str
 
 
 class CohereResult(BaseModel):
     """One document of Cohere's answer, best first."""
+
     index: int
     relevance_score: float
     document: CohereDocumentOut | None = None
@@ -169,22 +203,26 @@ class CohereResult(BaseModel):
 
 class CohereApiVersion(BaseModel):
     """Cohere's `meta.api_version`."""
+
     version: str
 
 
 class CohereBilledUnits(BaseModel):
     """Cohere's `meta.billed_units`."""
+
     search_units: int
 
 
 class CohereMeta(BaseModel):
     """Cohere's `meta`."""
+
     api_version: CohereApiVersion
     billed_units: CohereBilledUnits
 
 
 class CohereRerankResponse(BaseModel):
     """Cohere's rerank answer."""
+
     id: str
     results: list[CohereResult]
     meta: CohereMeta
@@ -194,47 +232,67 @@ class CohereRerankResponse(BaseModel):
 
 #: `/v1/prune`'s body: the question, the passages, every CallOptions option, and the tags
 PruneRequest = create_model(
-    "PruneRequest", __base__=StrictRequest,
+    "PruneRequest",
+    __base__=StrictRequest,
     question=(str, Field(min_length=1, description="the question the passages are pruned for")),
     passages=(list[str], Field(description="the passages, one call")),
     **option_fields(),
-    pre=(str | None, Field(None, description="with post: each result's passage with its kept sentences tagged")),
-    post=(str | None, Field(None, description="the tag after each kept sentence (with pre)")))
+    pre=(
+        str | None,
+        Field(None, description="with post: each result's passage with its kept sentences tagged"),
+    ),
+    post=(str | None, Field(None, description="the tag after each kept sentence (with pre)")),
+)
 
 
 class BudgetOut(BaseModel):
     """What a call's budget did (engine.pipeline.budget.Budget), on each passage of a call that set budget_tokens."""
+
     tokens: int = Field(description="the call's budget_tokens")
     used: int = Field(description="tokens the call's pruned texts hold together")
     kept: int = Field(description="tokens this passage's pruned text holds")
     cut: int = Field(description="sentences of this passage the threshold kept and the budget cut")
-    tokenizer: str = Field(description="what counted: model (the engine model's tokenizer), a tiktoken encoding "
-                                       "or a tokenizer.json path")
+    tokenizer: str = Field(
+        description="what counted: model (the engine model's tokenizer), a tiktoken encoding "
+        "or a tokenizer.json path"
+    )
 
 
 class PrunedPassage(BaseModel):
     """One passage of `/v1/prune`'s answer, in the call's order (or reordered)."""
+
     index: int = Field(description="the passage's position in the request")
     context: str = Field(description="the passage, untouched")
     pruned_context: str = Field(description="the kept sentences, with their original separators")
-    reranking_score: float | None = Field(description="the model's own passage score (null: an empty passage)")
+    reranking_score: float | None = Field(
+        description="the model's own passage score (null: an empty passage)"
+    )
     sentences: list[SentenceOut]
     compression_rate: float = Field(description="share of the passage's characters removed, 0..1")
     threshold: float = Field(description="the keep threshold the call ran with")
     blocks: int = Field(description="model windows the passage needed")
     windows: str = Field(description="how a long passage was cut: 'sentences' or 'reference'")
     lexical_weight: float = Field(description="the lexical score's share in the probabilities")
-    highlighted: str | None = Field(None, description="with pre and post: the passage with its kept sentences "
-                                                      "tagged")
+    highlighted: str | None = Field(
+        None, description="with pre and post: the passage with its kept sentences tagged"
+    )
     budget: BudgetOut | None = Field(None, description="with budget_tokens: what the budget kept and cut")
 
     @classmethod
     def of(cls, r: PruneResult, highlighted: str | None = None) -> PrunedPassage:
         """The wire form of one engine result."""
-        out = cls(index=r.index, context=r.context, pruned_context=r.pruned_context,
-                  reranking_score=r.reranking_score, sentences=sentences_out(r),
-                  compression_rate=r.compression_rate, threshold=r.threshold, blocks=r.blocks, windows=r.windows,
-                  lexical_weight=r.lexical_weight)
+        out = cls(
+            index=r.index,
+            context=r.context,
+            pruned_context=r.pruned_context,
+            reranking_score=r.reranking_score,
+            sentences=sentences_out(r),
+            compression_rate=r.compression_rate,
+            threshold=r.threshold,
+            blocks=r.blocks,
+            windows=r.windows,
+            lexical_weight=r.lexical_weight,
+        )
         if highlighted is not None:
             out.highlighted = highlighted
         if r.budget is not None:
@@ -244,18 +302,22 @@ class PrunedPassage(BaseModel):
 
 class PruneResponse(BaseModel):
     """`/v1/prune`'s answer."""
+
     model: str
     results: list[PrunedPassage]
 
 
 # --------------------------------------------------------------------------- /health, /info
 
+
 class HealthResponse(BaseModel):
     """`/health`'s answer when the engine is up; `checked` says how it was known."""
+
     status: Literal["ok"]
     checked: Literal["requests", "probe"] = Field(
         description="'requests': a request succeeded within the last few seconds; 'probe': a health inference "
-                    "of its own answered")
+        "of its own answered"
+    )
 
 
 def _rules_fields() -> dict[str, tuple[Any, Any]]:
@@ -264,24 +326,40 @@ def _rules_fields() -> dict[str, tuple[Any, Any]]:
     return {f.name: (hints[f.name], ... if f.default is MISSING else f.default) for f in fields(Rules)}
 
 
-RulesBody = create_model("RulesBody", __doc__="The model's decision rules (engine.pipeline.rules.Rules): its family's "
-                         "defaults with its export's; threshold applies to the model's scores alone, "
-                         "lexical_threshold (when not null) to the fused ones.", **_rules_fields())
+RulesBody = create_model(
+    "RulesBody",
+    __doc__="The model's decision rules (engine.pipeline.rules.Rules): its family's "
+    "defaults with its export's; threshold applies to the model's scores alone, "
+    "lexical_threshold (when not null) to the fused ones.",
+    **_rules_fields(),
+)
 
 Defaults = create_model(
-    "Defaults", __base__=RulesBody,
+    "Defaults",
+    __base__=RulesBody,
     __doc__="The decision settings a call gets when it passes none: the model's rules resolved for such a call "
-            "(engine.pipeline.rules.Rules.resolve; `threshold` the one it runs with), and what they mean.",
-    threshold_without_lexical=(float, Field(description="the threshold of a call that sets lexical_weight 0")),
+    "(engine.pipeline.rules.Rules.resolve; `threshold` the one it runs with), and what they mean.",
+    threshold_without_lexical=(
+        float,
+        Field(description="the threshold of a call that sets lexical_weight 0"),
+    ),
     score_kind=(str, Field(description="what reranking_score is: logit, probability, cosine or none")),
     zero_rerank_when_empty=(bool, Field(False, description="a passage with nothing kept scores 0.0")),
-    decides_per_window=(bool, Field(False, description="a long passage is decided per token window (the union of "
-                                                       "the windows' decisions), not from its sentences' merged "
-                                                       "probabilities")))
+    decides_per_window=(
+        bool,
+        Field(
+            False,
+            description="a long passage is decided per token window (the union of "
+            "the windows' decisions), not from its sentences' merged "
+            "probabilities",
+        ),
+    ),
+)
 
 
 class InfoResponse(BaseModel):
     """`/info`'s answer: the model, its family and defaults, the engine, the limits."""
+
     model: str
     family: str
     rules: RulesBody
@@ -298,7 +376,11 @@ class InfoResponse(BaseModel):
 def info_rules(family: Family) -> tuple[RulesBody, Defaults]:
     """`/info`'s `rules` and `defaults` for a model of `family` (with its export's defaults)."""
     rules = family.rules
-    defaults = Defaults(**rules.resolve(CallOptions()).to_dict(), threshold_without_lexical=rules.threshold_at(0.0),
-                        score_kind=family.score_kind, zero_rerank_when_empty=family.zero_rerank_when_empty,
-                        decides_per_window=family.token_windows(rules.windows))
+    defaults = Defaults(
+        **rules.resolve(CallOptions()).to_dict(),
+        threshold_without_lexical=rules.threshold_at(0.0),
+        score_kind=family.score_kind,
+        zero_rerank_when_empty=family.zero_rerank_when_empty,
+        decides_per_window=family.token_windows(rules.windows),
+    )
     return RulesBody(**rules.to_dict()), defaults

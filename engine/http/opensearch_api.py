@@ -21,6 +21,7 @@ Served at `POST /v1/highlight` (and `/opensearch/highlight`), and at TorchServe'
 /predictions/semantic_highlighter`, the URL OpenSearch's own connector names, so that a
 connector made for TorchServe points at the engine unchanged (docs/integrations.md).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -39,22 +40,26 @@ PATHS = ("/v1/highlight", "/opensearch/highlight", "/predictions/semantic_highli
 
 class OpenSearchInput(BaseModel):
     """One document of a batch: the question and the field's text."""
+
     model_config = ConfigDict(extra="ignore")
     question: str
     context: str
 
 
 OpenSearchRequest = create_model(
-    "OpenSearchRequest", __base__=StrictRequest,
+    "OpenSearchRequest",
+    __base__=StrictRequest,
     __doc__="What OpenSearch's connector sends: one question and context, or a batch in `inputs`.",
     question=(str, Field("", description="the question (one document; empty in a batch)")),
     context=(str, Field("", description="the field's text (one document; empty in a batch)")),
     inputs=(list[OpenSearchInput] | None, Field(None, description="a batch: the documents, in order")),
-    **option_fields())
+    **option_fields(),
+)
 
 
 class Span(BaseModel):
     """A highlighted span, in UTF-16 code units."""
+
     start: int
     end: int
 
@@ -63,6 +68,7 @@ class OpenSearchResponse(BaseModel):
     """`highlights`: the spans of one document, or of each document of a batch in order;
     `processing_time_ms`: the request's time in the engine (OpenSearch ignores it, as it
     ignores every other key; the opensearch-py-ml handler sends it too)."""
+
     highlights: list[Span] | list[list[Span]]
     processing_time_ms: float
 
@@ -71,7 +77,9 @@ def queries(req: Any) -> tuple[list[dict[str, Any]], bool]:
     """(the calls a request asks for, whether it is a batch): one per document."""
     options = CallOptions.of_attributes(req)
     if req.inputs:
-        return [{"question": d.question, "passages": [d.context], "options": options} for d in req.inputs], True
+        return [
+            {"question": d.question, "passages": [d.context], "options": options} for d in req.inputs
+        ], True
     if not req.question.strip():
         raise InputError("give question and context, or inputs: [{question, context}, ...]")
     return [{"question": req.question, "passages": [req.context], "options": options}], False

@@ -9,6 +9,7 @@ server without installing FastAPI. The input is checked here with the same valid
 in-process (engine.pipeline.inputs), against the server's limits (from `/info`), so a bad call
 gets the same InputError before it is sent; an error the server answers is raised as
 InputError (4xx) or BackendError (5xx, unreachable), with the server's message."""
+
 from __future__ import annotations
 
 import asyncio
@@ -29,11 +30,19 @@ from engine.pipeline.rules import Rules
 
 def result_from_dict(d: dict[str, Any]) -> PruneResult:
     """A PruneResult from its `to_dict()` form (what `/v1/prune` and `prune run --json` give)."""
-    return PruneResult(index=d["index"], context=d["context"], pruned_context=d["pruned_context"],
-                       reranking_score=d["reranking_score"], sentences=[Sentence(**s) for s in d["sentences"]],
-                       compression_rate=d["compression_rate"], threshold=d["threshold"], blocks=d.get("blocks", 1),
-                       windows=d.get("windows", "sentences"), lexical_weight=d.get("lexical_weight", 0.0),
-                       budget=Budget(**d["budget"]) if d.get("budget") else None)
+    return PruneResult(
+        index=d["index"],
+        context=d["context"],
+        pruned_context=d["pruned_context"],
+        reranking_score=d["reranking_score"],
+        sentences=[Sentence(**s) for s in d["sentences"]],
+        compression_rate=d["compression_rate"],
+        threshold=d["threshold"],
+        blocks=d.get("blocks", 1),
+        windows=d.get("windows", "sentences"),
+        lexical_weight=d.get("lexical_weight", 0.0),
+        budget=Budget(**d["budget"]) if d.get("budget") else None,
+    )
 
 
 class HttpPruner:
@@ -49,8 +58,9 @@ class HttpPruner:
 
     def _request(self, path: str, body: dict[str, Any] | None = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, headers=self._headers,
-                                     method="GET" if body is None else "POST")
+        req = urllib.request.Request(
+            self.url + path, data=data, headers=self._headers, method="GET" if body is None else "POST"
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as r:
                 return json.load(r)
@@ -75,7 +85,7 @@ class HttpPruner:
     def family(self) -> Family:
         """The server's family with the defaults its model runs with (from `/info`)."""
         fam = get_family(self.info["family"])
-        rules = self.info.get("rules")      # a server before `rules` was sent: the family's defaults
+        rules = self.info.get("rules")  # a server before `rules` was sent: the family's defaults
         return replace(fam, rules=Rules.from_dict(rules)) if rules else fam
 
     @property
@@ -88,18 +98,28 @@ class HttpPruner:
         """The server's input limits (from /info)."""
         return Limits(**self.info["limits"])
 
-    def prune(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None, *,
-              sentences: Any = None, **changes: Any) -> list[PruneResult]:
+    def prune(
+        self,
+        question: str,
+        passages: str | Sequence[str],
+        options: CallOptions | None = None,
+        *,
+        sentences: Any = None,
+        **changes: Any,
+    ) -> list[PruneResult]:
         """`Pruner.prune` through the server's `/v1/prune` (one request: one call)."""
         if sentences is not None:
-            raise InputError("sentences: given sentence lists are an in-process option; /v1/prune splits itself")
+            raise InputError(
+                "sentences: given sentence lists are an in-process option; /v1/prune splits itself"
+            )
         question, texts = check_call(question, passages, self.limits)
         options = CallOptions.of(options, **changes)
         body: dict[str, Any] = {"question": question, "passages": texts, **options.given()}
         return [result_from_dict(d) for d in self._request("/v1/prune", body)["results"]]
 
-    async def aprune(self, question: str, passages: str | Sequence[str], options: CallOptions | None = None,
-                     **kwargs: Any) -> list[PruneResult]:
+    async def aprune(
+        self, question: str, passages: str | Sequence[str], options: CallOptions | None = None, **kwargs: Any
+    ) -> list[PruneResult]:
         """`prune` for asyncio code (runs in a worker thread)."""
         return await asyncio.to_thread(self.prune, question, passages, options, **kwargs)
 

@@ -2,6 +2,7 @@
 on `app.state.api`), each part a plain object a test can make and drive alone: the config,
 the engine's health, the metrics, the requests in flight and the worker pool the pruner
 runs in."""
+
 from __future__ import annotations
 
 import asyncio
@@ -25,14 +26,15 @@ from engine.settings import DEFAULTS
 @dataclass(frozen=True)
 class ApiConfig:
     """How the API serves: the key, worker threads, limits and the model's public name."""
+
     api_key: str | None = None
     workers: int = 1
     max_concurrent: int = DEFAULTS.max_concurrent
     request_timeout: float = DEFAULTS.request_timeout
     max_body_bytes: int = DEFAULTS.max_body_bytes
-    body_timeout: float = 10.0            # seconds the body may take to arrive
+    body_timeout: float = 10.0  # seconds the body may take to arrive
     model_name: str = "prune-engine"
-    model_service: str | None = None      # host:port of Milvus's model service (gRPC), or none
+    model_service: str | None = None  # host:port of Milvus's model service (gRPC), or none
 
     def authorizes(self, credentials: str | None) -> bool:
         """Whether a call whose `Authorization` (HTTP's header, gRPC's metadata) is
@@ -82,15 +84,19 @@ class Health:
     async def check(self) -> str:
         """'requests' or 'probe' when the engine answers; raises when it does not."""
         now = time.monotonic()
-        if (self.ok_at is not None and now - self.ok_at < HEALTH_FRESH_S
-                and (self.failed_at is None or self.failed_at < self.ok_at)):
+        if (
+            self.ok_at is not None
+            and now - self.ok_at < HEALTH_FRESH_S
+            and (self.failed_at is None or self.failed_at < self.ok_at)
+        ):
             return "requests"
         if self._probe is None or self._probe.done():
             loop = asyncio.get_running_loop()
             self._probe = loop.run_in_executor(
-                self._pool, lambda: self.pruner.prune("Is the engine up?", ["The engine is up."]))
+                self._pool, lambda: self.pruner.prune("Is the engine up?", ["The engine is up."])
+            )
         await asyncio.wait_for(asyncio.shield(self._probe), self.timeout)
-        self.failed_at = None          # the engine answers again; only user requests vouch for it
+        self.failed_at = None  # the engine answers again; only user requests vouch for it
         return "probe"
 
     def close(self) -> None:
@@ -103,22 +109,39 @@ class Metrics:
 
     def __init__(self) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
         self.registry = CollectorRegistry()
-        self.requests = Counter("prune_api_requests", "HTTP requests by route and status", ["route", "status"],
-                                registry=self.registry)
-        self.grpc_requests = Counter("prune_api_grpc_requests", "calls of Milvus's model service (gRPC) by route "
-                                     "and status code", ["route", "code"], registry=self.registry)
-        self.truncated = Counter("prune_api_truncated_texts", "texts of Embedding calls cut to the encoder's window",
-                                 registry=self.registry)
-        self.latency = Histogram("prune_api_request_seconds", "request latency by route", ["route"],
-                                 registry=self.registry,
-                                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.requests = Counter(
+            "prune_api_requests",
+            "HTTP requests by route and status",
+            ["route", "status"],
+            registry=self.registry,
+        )
+        self.grpc_requests = Counter(
+            "prune_api_grpc_requests",
+            "calls of Milvus's model service (gRPC) by route and status code",
+            ["route", "code"],
+            registry=self.registry,
+        )
+        self.truncated = Counter(
+            "prune_api_truncated_texts",
+            "texts of Embedding calls cut to the encoder's window",
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "prune_api_request_seconds",
+            "request latency by route",
+            ["route"],
+            registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
         self.passages = Counter("prune_api_passages", "passages pruned", registry=self.registry)
         self.in_flight = Gauge("prune_api_in_flight", "requests being served", registry=self.registry)
 
     def text(self) -> bytes:
         """Every metric in Prometheus' text format."""
         from prometheus_client import generate_latest
+
         return generate_latest(self.registry)
 
 
@@ -148,6 +171,7 @@ class ApiState:
     """What the handlers serve from (`app.state.api`): the pruner and its family, the config,
     the worker pool, health, metrics, the requests in flight, and the app's routes (the
     metrics' label values)."""
+
     pruner: PrunerProtocol
     family: Family
     config: ApiConfig
@@ -156,20 +180,36 @@ class ApiState:
     metrics: Metrics
     in_flight: InFlight
     routes: frozenset[str] = frozenset()
-    embedder: Any = None                  # the retrieval encoder Milvus's Embedding calls use, if any
-    log: Callable[[str], None] | None = None      # where the server's own notes go (the CLI's stderr)
+    embedder: Any = None  # the retrieval encoder Milvus's Embedding calls use, if any
+    log: Callable[[str], None] | None = None  # where the server's own notes go (the CLI's stderr)
 
     @classmethod
-    def of(cls, pruner: PrunerProtocol, config: ApiConfig, routes: frozenset[str] = frozenset(),
-           embedder: Any = None, log: Callable[[str], None] | None = None) -> ApiState:
+    def of(
+        cls,
+        pruner: PrunerProtocol,
+        config: ApiConfig,
+        routes: frozenset[str] = frozenset(),
+        embedder: Any = None,
+        log: Callable[[str], None] | None = None,
+    ) -> ApiState:
         """The state of an app serving `pruner` (and `embedder`) as `config` says."""
         metrics = Metrics()
-        return cls(pruner=pruner, family=pruner.family, config=config, routes=routes, embedder=embedder, log=log,
-                   pool=ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="prune-api"),
-                   health=Health(pruner, timeout=config.request_timeout), metrics=metrics,
-                   in_flight=InFlight(config.max_concurrent, metrics.in_flight))
+        return cls(
+            pruner=pruner,
+            family=pruner.family,
+            config=config,
+            routes=routes,
+            embedder=embedder,
+            log=log,
+            pool=ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="prune-api"),
+            health=Health(pruner, timeout=config.request_timeout),
+            metrics=metrics,
+            in_flight=InFlight(config.max_concurrent, metrics.in_flight),
+        )
 
-    async def prune(self, question: str, texts: list[str], options: CallOptions | None = None) -> list[PruneResult]:
+    async def prune(
+        self, question: str, texts: list[str], options: CallOptions | None = None
+    ) -> list[PruneResult]:
         """One call of the pruner in the worker pool (`in_pool`)."""
         return await self.in_pool(self._prune_now, question, texts, options)
 

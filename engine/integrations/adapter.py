@@ -17,6 +17,7 @@ Rules (docs/integrations.md):
   `metadata["relevance_score"]`, LlamaIndex's node score, Haystack's `Document.score`; it
   is the reranking score in [0, 1], as the HTTP API's `relevance_score` (`relevance`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -48,6 +49,7 @@ TOP_N = {"top_k": "top_n"}
 class PruneOptions:
     """What an adapter holds: the call's options (every CallOptions option, by its name)
     and its own fields."""
+
     call: CallOptions = field(default_factory=CallOptions)
     keep_empty: bool = False
     pre: str = "<em>"
@@ -72,7 +74,11 @@ class PruneOptions:
 
     def given(self) -> dict[str, Any]:
         """The options and adapter fields set to something other than their defaults."""
-        own = {k: getattr(self, k) for k, (default, _) in ADAPTER_FIELD_HELP.items() if getattr(self, k) != default}
+        own = {
+            k: getattr(self, k)
+            for k, (default, _) in ADAPTER_FIELD_HELP.items()
+            if getattr(self, k) != default
+        }
         return {**self.call.given(), **own}
 
 
@@ -80,7 +86,11 @@ def adapter_fields(rename: dict[str, str] | None = None) -> dict[str, tuple[Any,
     """pydantic field definitions of every CallOptions option (named as `rename` says) and
     the adapter's own fields: what LangChain's and LlamaIndex's adapters are made of."""
     from pydantic import Field
-    own = {k: (type(default), Field(default, description=what)) for k, (default, what) in ADAPTER_FIELD_HELP.items()}
+
+    own = {
+        k: (type(default), Field(default, description=what))
+        for k, (default, what) in ADAPTER_FIELD_HELP.items()
+    }
     return {**option_fields(rename), **own}
 
 
@@ -88,8 +98,9 @@ def options_of(adapter: Any, rename: dict[str, str] | None = None) -> PruneOptio
     """The PruneOptions an adapter holds as attributes (its framework's own fields: a
     pydantic model for LangChain and LlamaIndex), named as `rename` says."""
     names = {(rename or {}).get(n, n): n for n in (*OPTION_NAMES, *ADAPTER_FIELDS)}
-    return PruneOptions.of(**{option: getattr(adapter, attr) for attr, option in names.items()
-                              if hasattr(adapter, attr)})
+    return PruneOptions.of(
+        **{option: getattr(adapter, attr) for attr, option in names.items() if hasattr(adapter, attr)}
+    )
 
 
 @contextlib.contextmanager
@@ -111,7 +122,9 @@ def relevance(engine: Any, result: PruneResult) -> float:
 def check_pruner(pruner: Any) -> None:
     """TypeError unless `pruner` is something `resolve_pruner` takes."""
     if not isinstance(pruner, (str, Path)) and not callable(getattr(pruner, "prune", None)):
-        raise TypeError(f"pruner must be a Pruner, a pruner's URL or an exported folder, got {type(pruner).__name__}")
+        raise TypeError(
+            f"pruner must be a Pruner, a pruner's URL or an exported folder, got {type(pruner).__name__}"
+        )
 
 
 def resolve_pruner(pruner: Any) -> Any:
@@ -122,10 +135,13 @@ def resolve_pruner(pruner: Any) -> Any:
         text = str(pruner)
         if text.startswith(("http://", "https://")):
             from engine.http.pruner_client import HttpPruner
+
             return HttpPruner(text)
         from engine.pruner import Pruner
+
         if text == "default":
             from engine.models.default_model import ensure_default_model
+
             return Pruner.load(ensure_default_model())
         return Pruner.load(text)
     check_pruner(pruner)
@@ -143,16 +159,23 @@ def skip_reason(content: Any) -> str | None:
 
 def pruning_metadata(r: PruneResult, opts: PruneOptions) -> dict[str, Any]:
     """What a document's metadata gets under `metadata_key` (the module docstring)."""
-    return {"original_text": r.context, "reranking_score": r.reranking_score,
-            "compression_rate": r.compression_rate, "threshold": r.threshold,
-            "highlighted": r.highlight(opts.pre, opts.post),
-            "sentences": [{"text": s.text, "start": s.start, "end": s.end, "probability": s.probability,
-                           "kept": s.kept} for s in r.sentences]}
+    return {
+        "original_text": r.context,
+        "reranking_score": r.reranking_score,
+        "compression_rate": r.compression_rate,
+        "threshold": r.threshold,
+        "highlighted": r.highlight(opts.pre, opts.post),
+        "sentences": [
+            {"text": s.text, "start": s.start, "end": s.end, "probability": s.probability, "kept": s.kept}
+            for s in r.sentences
+        ],
+    }
 
 
 @dataclass
 class Outcome:
     """One document's fate: its input position, and the result (None: passed through)."""
+
     index: int
     result: PruneResult | None
     skipped: str | None = None
@@ -175,9 +198,11 @@ def _plan(contents: list[Any]) -> tuple[list[int], list[str], list[Outcome]]:
     return run, texts, passed
 
 
-def _finish(run: list[int], results: list[PruneResult], passed: list[Outcome], opts: PruneOptions) -> list[Outcome]:
+def _finish(
+    run: list[int], results: list[PruneResult], passed: list[Outcome], opts: PruneOptions
+) -> list[Outcome]:
     ranked = bool(opts.call.reorder or opts.call.top_k is not None)
-    done = [Outcome(run[r.index], r) for r in results]       # r.index: position in the call; ranked already
+    done = [Outcome(run[r.index], r) for r in results]  # r.index: position in the call; ranked already
     if not opts.keep_empty:
         done = [o for o in done if o.result and o.result.pruned_context.strip()]
     if ranked:

@@ -13,14 +13,22 @@ Each document comes back as a copy whose content is its pruned text, `meta["prun
 the reranking score in [0, 1] as its `score`, as Haystack's rankers give theirs. A document
 with no text content (a blob, an image)
 or empty text is passed through unchanged. The input documents are not changed."""
+
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 from typing import Any
 
-from engine.integrations.adapter import (Adapter, Outcome, PruneOptions, check_pruner, framework, relevance,
-                                        resolve_pruner)
+from engine.integrations.adapter import (
+    Adapter,
+    Outcome,
+    PruneOptions,
+    check_pruner,
+    framework,
+    relevance,
+    resolve_pruner,
+)
 
 with framework(__name__, "haystack-ai 2.x", "haystack"):
     from haystack import Document, component, default_from_dict, default_to_dict
@@ -54,10 +62,12 @@ class PruneRanker(Adapter):
         if isinstance(self.pruner, (str, Path)):
             source = str(self.pruner)
         elif isinstance(getattr(self.pruner, "url", None), str) and hasattr(self.pruner, "info"):
-            source = self.pruner.url              # an HttpPruner
+            source = self.pruner.url  # an HttpPruner
         else:
-            raise TypeError("PruneRanker.to_dict needs the pruner given as an exported folder, 'default' or a URL "
-                            f"(it was given a {type(self.pruner).__name__} object)")
+            raise TypeError(
+                "PruneRanker.to_dict needs the pruner given as an exported folder, 'default' or a URL "
+                f"(it was given a {type(self.pruner).__name__} object)"
+            )
         return default_to_dict(self, pruner=source, **self.options.given())
 
     @classmethod
@@ -70,13 +80,16 @@ class PruneRanker(Adapter):
         return self.options.with_top_k(top_k)
 
     @component.output_types(documents=list[Document])
-    def run(self, query: str, documents: list[Document], top_k: int | None = None) -> dict[str, list[Document]]:
+    def run(
+        self, query: str, documents: list[Document], top_k: int | None = None
+    ) -> dict[str, list[Document]]:
         """The documents pruned for `query` (ranked with top_k or reorder)."""
         return {"documents": self._pruned(query, documents, self._opts(top_k))}
 
     @component.output_types(documents=list[Document])
-    async def run_async(self, query: str, documents: list[Document],
-                        top_k: int | None = None) -> dict[str, list[Document]]:
+    async def run_async(
+        self, query: str, documents: list[Document], top_k: int | None = None
+    ) -> dict[str, list[Document]]:
         """`run` for asyncio pipelines."""
         return {"documents": await self._apruned(query, documents, self._opts(top_k))}
 
@@ -87,5 +100,6 @@ class PruneRanker(Adapter):
         meta = {**doc.meta, opts.metadata_key: o.note(opts)}
         if o.result is None:
             return dataclasses.replace(doc, meta=meta)
-        return dataclasses.replace(doc, content=o.result.pruned_context, meta=meta,
-                                   score=relevance(self._engine, o.result))
+        return dataclasses.replace(
+            doc, content=o.result.pruned_context, meta=meta, score=relevance(self._engine, o.result)
+        )

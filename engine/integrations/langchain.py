@@ -13,6 +13,7 @@ reranking score in [0, 1] (where LangChain's rerankers put theirs), and
 (engine.integrations.adapter). `top_n` keeps the n best, as LangChain's rerankers do. The
 input documents are not changed: the
 compressor returns new ones."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -34,13 +35,15 @@ class _Compressor(PrunerModel, BaseDocumentCompressor):
     """PruneCompressor's methods; its fields (every CallOptions option, `top_k` named
     `top_n` as LangChain's rerankers say, and the adapter's own) are added below."""
 
-    def compress_documents(self, documents: Sequence[Document], query: str,
-                           callbacks: Callbacks | None = None) -> Sequence[Document]:
+    def compress_documents(
+        self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
+    ) -> Sequence[Document]:
         """The documents pruned for `query` (ranked with top_n or reorder)."""
         return self._pruned(query, documents, self._options())
 
-    async def acompress_documents(self, documents: Sequence[Document], query: str,
-                                  callbacks: Callbacks | None = None) -> Sequence[Document]:
+    async def acompress_documents(
+        self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
+    ) -> Sequence[Document]:
         """`compress_documents` for asyncio code."""
         return await self._apruned(query, documents, self._options())
 
@@ -56,8 +59,11 @@ class _Compressor(PrunerModel, BaseDocumentCompressor):
 
 
 PruneCompressor = with_options(
-    _Compressor, "PruneCompressor", "Sentence-level pruning of retrieved documents, in one call per query: a "
-    "LangChain document compressor with every option of engine.pipeline.inputs.CallOptions (`top_k` is `top_n`).")
+    _Compressor,
+    "PruneCompressor",
+    "Sentence-level pruning of retrieved documents, in one call per query: a "
+    "LangChain document compressor with every option of engine.pipeline.inputs.CallOptions (`top_k` is `top_n`).",
+)
 
 
 class EngineEmbeddings(Embeddings):
@@ -67,7 +73,10 @@ class EngineEmbeddings(Embeddings):
 
     def __init__(self, encoder: Any = "default", *, threads: int | None = None):
         from engine.rag.embedder import Embedder
-        self.encoder = Embedder.load(encoder, threads=threads) if isinstance(encoder, (str, Path)) else encoder
+
+        self.encoder = (
+            Embedder.load(encoder, threads=threads) if isinstance(encoder, (str, Path)) else encoder
+        )
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         """The texts' embeddings."""

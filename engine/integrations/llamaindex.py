@@ -9,6 +9,7 @@ Each node comes back as a copy whose text is its pruned text, with `metadata["pr
 the reranking score in [0, 1] as the NodeWithScore's score, as LlamaIndex's rerankers give
 theirs. `top_n` keeps the n best, as they do. `pruning` is excluded from the text
 the LLM and the embedder see. The input nodes are not changed."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,12 +34,14 @@ class _Postprocessor(PrunerModel, BaseNodePostprocessor):
     def class_name(cls) -> str:
         return "PrunePostprocessor"
 
-    def _postprocess_nodes(self, nodes: list[NodeWithScore],
-                           query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
+    def _postprocess_nodes(
+        self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
+    ) -> list[NodeWithScore]:
         return self._pruned(self._query(query_bundle), nodes, self._options())
 
-    async def _apostprocess_nodes(self, nodes: list[NodeWithScore],
-                                  query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
+    async def _apostprocess_nodes(
+        self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
+    ) -> list[NodeWithScore]:
         return await self._apruned(self._query(query_bundle), nodes, self._options())
 
     @staticmethod
@@ -48,7 +51,7 @@ class _Postprocessor(PrunerModel, BaseNodePostprocessor):
         return query_bundle.query_str
 
     def _contents(self, nodes: list[NodeWithScore]) -> list[Any]:
-        return [getattr(n.node, "text", None) for n in nodes]     # an image or index node has no text
+        return [getattr(n.node, "text", None) for n in nodes]  # an image or index node has no text
 
     def _remade(self, n: NodeWithScore, o: Outcome, opts: PruneOptions) -> NodeWithScore:
         node, key, score = n.node.model_copy(deep=True), opts.metadata_key, n.score
@@ -63,8 +66,11 @@ class _Postprocessor(PrunerModel, BaseNodePostprocessor):
 
 
 PrunePostprocessor = with_options(
-    _Postprocessor, "PrunePostprocessor", "Sentence-level pruning of retrieved nodes, in one call per query: a "
-    "LlamaIndex node postprocessor with every option of engine.pipeline.inputs.CallOptions (`top_k` is `top_n`).")
+    _Postprocessor,
+    "PrunePostprocessor",
+    "Sentence-level pruning of retrieved nodes, in one call per query: a "
+    "LlamaIndex node postprocessor with every option of engine.pipeline.inputs.CallOptions (`top_k` is `top_n`).",
+)
 
 
 class EngineEmbedding(BaseEmbedding):
@@ -76,7 +82,10 @@ class EngineEmbedding(BaseEmbedding):
     def __init__(self, encoder: Any = "default", *, threads: int | None = None, **kwargs: Any):
         super().__init__(model_name="all-MiniLM-L6-v2 (prune-engine)", **kwargs)
         from engine.rag.embedder import Embedder
-        self._encoder = Embedder.load(encoder, threads=threads) if isinstance(encoder, (str, Path)) else encoder
+
+        self._encoder = (
+            Embedder.load(encoder, threads=threads) if isinstance(encoder, (str, Path)) else encoder
+        )
 
     @classmethod
     def class_name(cls) -> str:

@@ -2,6 +2,7 @@
 `pruner` field, the engine it opens, and the option fields made from
 engine.pipeline.inputs.CallOptions (`top_k` named `top_n`, as both frameworks' rerankers say); an
 option it does not have is an error naming the options it has, not ignored."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -9,15 +10,24 @@ from typing import Any
 from pydantic import BaseModel, Field, PrivateAttr, create_model, model_validator
 
 from engine.errors import InputError
-from engine.integrations.adapter import TOP_N, Adapter, PruneOptions, adapter_fields, options_of, resolve_pruner
+from engine.integrations.adapter import (
+    TOP_N,
+    Adapter,
+    PruneOptions,
+    adapter_fields,
+    options_of,
+    resolve_pruner,
+)
 
 
 class PrunerModel(Adapter, BaseModel):
     """The `pruner` an adapter is given, opened once when the adapter is made, and the
     options it holds as fields."""
 
-    pruner: Any = Field(description="a Pruner (in-process or Pruner.connect), an HttpPruner, the HTTP API's "
-                                    "URL, an exported folder, or 'default'")
+    pruner: Any = Field(
+        description="a Pruner (in-process or Pruner.connect), an HttpPruner, the HTTP API's "
+        "URL, an exported folder, or 'default'"
+    )
     _engine: Any = PrivateAttr(default=None)
 
     @model_validator(mode="before")
@@ -26,9 +36,15 @@ class PrunerModel(Adapter, BaseModel):
         if isinstance(data, dict):
             unknown = sorted(k for k in data if k not in cls.model_fields and not k.startswith("_"))
             for name in unknown:
-                hint = f" (it is {TOP_N[name]} here, as the framework's rerankers name it)" if name in TOP_N else ""
-                raise InputError(f"{cls.__name__} has no option {name!r}{hint}; its options: "
-                                 f"{', '.join(n for n in cls.model_fields if n != 'callback_manager')}")
+                hint = (
+                    f" (it is {TOP_N[name]} here, as the framework's rerankers name it)"
+                    if name in TOP_N
+                    else ""
+                )
+                raise InputError(
+                    f"{cls.__name__} has no option {name!r}{hint}; its options: "
+                    f"{', '.join(n for n in cls.model_fields if n != 'callback_manager')}"
+                )
         return data
 
     def model_post_init(self, __context: Any) -> None:

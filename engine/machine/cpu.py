@@ -15,6 +15,7 @@ project's auto table), so it is tried only where the CPU has int8 dot products; 
 bf16 paths only where the CPU computes bf16. Every candidate still passes the fidelity
 gate and is timed before it is picked: the kinds only decide what is worth exporting.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,8 +33,10 @@ AUTO_PRECISIONS = ("fp32", "int8", "ov-int8", "ov-bf16", "ov-int8-bf16")
 
 
 #: why auto tries every precision where the flags cannot be read
-FLAGS_UNKNOWN = ("this CPU's flags cannot be read here (they are read from Linux's /proc/cpuinfo on x86): "
-                 "every precision is tried, and the timing decides")
+FLAGS_UNKNOWN = (
+    "this CPU's flags cannot be read here (they are read from Linux's /proc/cpuinfo on x86): "
+    "every precision is tried, and the timing decides"
+)
 
 
 def cpu_flags() -> set[str] | None:
@@ -52,6 +55,7 @@ def cpu_flags() -> set[str] | None:
 @dataclass(frozen=True)
 class CpuKind:
     """What a CPU computes fast, from its flags (`known` False: they could not be read)."""
+
     flags: frozenset[str]
     known: bool = True
 
@@ -93,11 +97,14 @@ class CpuKind:
         this CPU (`openvino`: whether OpenVINO is installed), else why not."""
         why: dict[str, str | None] = {"fp32": None, "int8": None}
         no_ov = None if openvino else "OpenVINO is not installed: pip install 'prune-engine[openvino]'"
-        if not self.known:                  # no false reason: OpenVINO's plugin and the timing decide
+        if not self.known:  # no false reason: OpenVINO's plugin and the timing decide
             return {**why, **{name: no_ov for name in AUTO_PRECISIONS if name not in why}}
-        why["ov-int8"] = no_ov or (None if self.int8_dot else
-                                   f"no int8 dot products on this CPU ({' or '.join(INT8_DOT_FLAGS)}): "
-                                   "OpenVINO's static INT8 ran slower than ONNX Runtime fp32 on such a CPU")
+        why["ov-int8"] = no_ov or (
+            None
+            if self.int8_dot
+            else f"no int8 dot products on this CPU ({' or '.join(INT8_DOT_FLAGS)}): "
+            "OpenVINO's static INT8 ran slower than ONNX Runtime fp32 on such a CPU"
+        )
         for name in ("ov-bf16", "ov-int8-bf16"):
             why[name] = no_ov or (None if self.bf16 else BF16_MISSING)
         return why

@@ -8,6 +8,7 @@ them (engine.bench.harness adds a study's report around them).
   and each pruner's model alone over them;
 - `cpu_model`: the CPU's name, for the report beside the figures.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -23,8 +24,9 @@ def stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def interleave(variants: dict[str, Callable[[], float | None]], repeats: int, log: Log = stderr,
-               warmup: bool = False) -> dict[str, list[float]]:
+def interleave(
+    variants: dict[str, Callable[[], float | None]], repeats: int, log: Log = stderr, warmup: bool = False
+) -> dict[str, list[float]]:
     """Run every variant once per round, `repeats` rounds; each variant's seconds per round.
 
     A variant returns its own seconds (when it times only part of its work) or None (the
@@ -52,11 +54,14 @@ def medians(times: dict[str, list[float]]) -> dict[str, float]:
 
 def model_passes(pruners: dict[str, Any], batches: list) -> dict[str, Callable[[], None]]:
     """For `interleave`: each pruner's model alone over the same padded batches, one pass."""
+
     def one_pass(pruner) -> Callable[[], None]:
         def run() -> None:
             for b in batches:
                 pruner.backend.infer(b)
+
         return run
+
     return {name: one_pass(p) for name, p in pruners.items()}
 
 

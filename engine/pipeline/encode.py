@@ -11,6 +11,7 @@ cut at sentence ends into blocks, each with the question in front. A single sent
 longer than a block is cut into pieces; their scores are merged token-weighted.
 Nothing is truncated.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -45,14 +46,17 @@ def check_vocabulary(tok: Tokenizer, embedding_rows: int, family: Any, source: s
         problem = f"its vocabulary has {size} tokens for the model's {embedding_rows} word-embedding rows"
     elif not probe or all(i in specials for i in probe):
         names = sorted({tok.id_to_token(i) or str(i) for i in probe})
-        problem = (f"it maps ordinary words ({', '.join(_PROBE_WORDS[:4])}, ...) to {', '.join(names) or 'nothing'} "
-                   f"(vocabulary of {size} tokens)")
+        problem = (
+            f"it maps ordinary words ({', '.join(_PROBE_WORDS[:4])}, ...) to {', '.join(names) or 'nothing'} "
+            f"(vocabulary of {size} tokens)"
+        )
     if problem:
         usual = getattr(family, "usual_tokenizer", "") or "the checkpoint's own"
         raise ModelLoadError(
             f"{source}: the tokenizer does not fit the model: {problem}. The checkpoint probably "
             f"ships no tokenizer; export again with --tokenizer (a folder or hub id; for the "
-            f"{getattr(family, 'name', 'model')} family usually {usual})")
+            f"{getattr(family, 'name', 'model')} family usually {usual})"
+        )
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
@@ -78,19 +82,21 @@ def manifest_tokenizer(folder: str | Path, manifest: Any, family: Any) -> Tokeni
 @dataclass
 class Unit:
     """One sentence, or one piece of a sentence longer than a block."""
-    sentence: int        # index of the sentence in its passage
+
+    sentence: int  # index of the sentence in its passage
     token_ids: list[int]
 
 
 @dataclass
 class Block:
     """A model window's worth of one passage: token ids, sentence ids, its sentences."""
-    passage: int                   # index of the passage in the call
-    first: bool                    # first block of its passage: source of the reranking score
-    input_ids: np.ndarray          # int64 [n], the whole template, unpadded
-    sentence_ids: np.ndarray       # int64 [n]
-    token_type_ids: np.ndarray     # int64 [n]
-    units: list[tuple[int, int]]   # per block-local sentence slot: (sentence index, token count)
+
+    passage: int  # index of the passage in the call
+    first: bool  # first block of its passage: source of the reranking score
+    input_ids: np.ndarray  # int64 [n], the whole template, unpadded
+    sentence_ids: np.ndarray  # int64 [n]
+    token_type_ids: np.ndarray  # int64 [n]
+    units: list[tuple[int, int]]  # per block-local sentence slot: (sentence index, token count)
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -130,11 +136,13 @@ class Encoder:
             raise InputError(
                 f"the question is {len(ids)} tokens; this model's window of {self.spec.max_length} "
                 f"tokens allows at most {self.max_question_tokens} so that each block keeps "
-                f"{self.min_context_tokens} tokens for the passage. Shorten the question.")
+                f"{self.min_context_tokens} tokens for the passage. Shorten the question."
+            )
         return ids
 
-    def blocks(self, question: list[int], passage: int, sentences: list[list[int]],
-               fragment: int | None = None) -> list[Block]:
+    def blocks(
+        self, question: list[int], passage: int, sentences: list[list[int]], fragment: int | None = None
+    ) -> list[Block]:
         """Blocks for one passage whose sentences are already tokenized. A sentence longer
         than a block (or than `fragment` tokens, when given) is cut into pieces."""
         capacity = self.spec.max_length - self.n_special - len(question)
@@ -146,7 +154,7 @@ class Encoder:
             if not ids:
                 continue  # a sentence with no tokens gets probability 0 (see decide)
             for start in range(0, len(ids), piece):
-                units.append(Unit(i, ids[start:start + piece]))
+                units.append(Unit(i, ids[start : start + piece]))
         groups: list[list[Unit]] = []
         used = capacity + 1
         for unit in units:
@@ -164,8 +172,12 @@ class Encoder:
         words = [t.split() for t in texts]
         idx = [i for i, w in enumerate(words) if w]
         out: list[list[int]] = [[] for _ in texts]
-        for i, e in zip(idx, self.tokenizer.encode_batch([words[i] for i in idx], is_pretokenized=True,
-                                                          add_special_tokens=False)):
+        for i, e in zip(
+            idx,
+            self.tokenizer.encode_batch(
+                [words[i] for i in idx], is_pretokenized=True, add_special_tokens=False
+            ),
+        ):
             out[i] = list(e.ids)
         return out
 
@@ -183,9 +195,11 @@ class Encoder:
         stride = fam.window_stride * total // fam.window_tokens
         size = total - self.n_special - len(question)
         if size <= stride:
-            raise InputError(f"the question is {len(question)} tokens: too long for {total}-token windows "
-                             f"overlapping by {stride} (windows='sentences' has no overlap)")
-        firsts = [0]                        # each sentence's first token in the passage
+            raise InputError(
+                f"the question is {len(question)} tokens: too long for {total}-token windows "
+                f"overlapping by {stride} (windows='sentences' has no overlap)"
+            )
+        firsts = [0]  # each sentence's first token in the passage
         for sent in sentences:
             firsts.append(firsts[-1] + len(sent))
         blocks: list[Block] = []
@@ -196,8 +210,8 @@ class Encoder:
             for i in range(bisect.bisect_right(firsts, start) - 1, len(sentences)):
                 if firsts[i] >= stop:
                     break
-                if sentences[i]:            # the part of sentence i inside [start, stop)
-                    units.append(Unit(i, sentences[i][max(start - firsts[i], 0):stop - firsts[i]]))
+                if sentences[i]:  # the part of sentence i inside [start, stop)
+                    units.append(Unit(i, sentences[i][max(start - firsts[i], 0) : stop - firsts[i]]))
             if units:
                 blocks.append(self._block(question, passage, units, start == 0))
             if stop >= firsts[-1]:
@@ -212,17 +226,22 @@ class Encoder:
         input_ids = np.empty(n, dtype=np.int64)
         sentence_ids = np.full(n, -1, dtype=np.int64)
         token_type_ids = np.zeros(n, dtype=np.int64)
-        input_ids[:len(head)] = head
+        input_ids[: len(head)] = head
         pos = len(head)
         for slot, unit in enumerate(units):
             ids = [spec.cls_id, *unit.token_ids, spec.sep_id] if self.per_unit else unit.token_ids
             k = len(ids)
-            input_ids[pos:pos + k] = ids
-            sentence_ids[pos:pos + k] = slot  # an embedding model pools its [CLS]/[SEP] too
+            input_ids[pos : pos + k] = ids
+            sentence_ids[pos : pos + k] = slot  # an embedding model pools its [CLS]/[SEP] too
             pos += k
         if not self.per_unit:
             input_ids[pos] = spec.sep_id
-            token_type_ids[len(head):] = 1
-        return Block(passage=passage, first=first, input_ids=input_ids, sentence_ids=sentence_ids,
-                     token_type_ids=token_type_ids,
-                     units=[(u.sentence, len(u.token_ids)) for u in units])
+            token_type_ids[len(head) :] = 1
+        return Block(
+            passage=passage,
+            first=first,
+            input_ids=input_ids,
+            sentence_ids=sentence_ids,
+            token_type_ids=token_type_ids,
+            units=[(u.sentence, len(u.token_ids)) for u in units],
+        )

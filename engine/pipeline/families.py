@@ -5,6 +5,7 @@ A family fixes the input template, how sentence scores are made (mean of token k
 probabilities, or a classifier over mean-pooled sentence states), the sentence decision
 rule and its defaults. See docs/families.md for the sources.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,19 +17,21 @@ from typing import Any
 from engine.errors import ModelLoadError
 from engine.pipeline.rules import Rules
 
+
 @dataclass(frozen=True)
 class Family:
     """A model family: input template, sentence scoring, decision rule and defaults."""
+
     name: str
-    backbone: str                 # transformers model_type of the encoder
-    sentence_pooling: str         # "token_probs": mean keep prob of tokens; "hidden": classifier on mean state
+    backbone: str  # transformers model_type of the encoder
+    sentence_pooling: str  # "token_probs": mean keep prob of tokens; "hidden": classifier on mean state
     has_rerank_head: bool
     uses_token_type_ids: bool
-    seps_between: int             # separator tokens between question and context
-    rules: Rules                  # the decision rules' defaults (engine.pipeline.rules)
+    seps_between: int  # separator tokens between question and context
+    rules: Rules  # the decision rules' defaults (engine.pipeline.rules)
     description: str
     sentence_specials: bool = False  # each sentence wrapped in its own [CLS] ... [SEP]
-    rerank_merge: str = "first"      # passage score from the "first" block, or the "max" over blocks
+    rerank_merge: str = "first"  # passage score from the "first" block, or the "max" over blocks
     rerank_transform: str = "logit"  # the score as the head gives it, or its "sigmoid"
     zero_rerank_when_empty: bool = False  # a passage with nothing kept scores 0.0
     # How a passage longer than the window is cut (`rules.windows`): "sentences", blocks of
@@ -83,8 +86,12 @@ class Family:
 
 
 _PROVENCE = Family(
-    name="provence", backbone="deberta-v2", sentence_pooling="token_probs",
-    has_rerank_head=True, uses_token_type_ids=False, seps_between=1,
+    name="provence",
+    backbone="deberta-v2",
+    sentence_pooling="token_probs",
+    has_rerank_head=True,
+    uses_token_type_ids=False,
+    seps_between=1,
     rules=Rules(threshold=0.1, keep_rule="gt", title="first_sentence"),
     description="naver/provence-reranker-debertav3-v1: DeBERTa-v3 + rerank and token heads",
     usual_tokenizer="naver/provence-reranker-debertav3-v1 (DeBERTa-v3's, microsoft/deberta-v3-large)",
@@ -93,31 +100,50 @@ _PROVENCE = Family(
 FAMILIES: dict[str, Family] = {
     "provence": _PROVENCE,
     # Provence's heads and rules on XLM-RoBERTa
-    "xprovence": replace(_PROVENCE, name="xprovence", backbone="xlm-roberta",
-                         description="naver/xprovence-reranker-bgem3: XLM-RoBERTa + rerank and token heads",
-                         usual_tokenizer="BAAI/bge-reranker-v2-m3 (XLM-RoBERTa's)"),
+    "xprovence": replace(
+        _PROVENCE,
+        name="xprovence",
+        backbone="xlm-roberta",
+        description="naver/xprovence-reranker-bgem3: XLM-RoBERTa + rerank and token heads",
+        usual_tokenizer="BAAI/bge-reranker-v2-m3 (XLM-RoBERTa's)",
+    ),
     "open_provence": Family(
-        name="open_provence", backbone="xlm-roberta", sentence_pooling="token_probs",
-        has_rerank_head=True, uses_token_type_ids=False, seps_between=2,
+        name="open_provence",
+        backbone="xlm-roberta",
+        sentence_pooling="token_probs",
+        has_rerank_head=True,
+        uses_token_type_ids=False,
+        seps_between=2,
         # as OpenProvenceModel.process(): the config's `default_threadshold` (sic) or 0.1; the
         # reranking score is the sigmoid of the logit, the best over the passage's blocks,
         # and 0.0 when no sentence is kept
         rules=Rules(threshold=0.1, keep_rule="gt", windows="reference"),
         description="zilliz/semantic-highlight-bilingual-v1 and OpenProvence checkpoints",
-        rerank_merge="max", rerank_transform="sigmoid", zero_rerank_when_empty=True, score_kind="probability",
+        rerank_merge="max",
+        rerank_transform="sigmoid",
+        zero_rerank_when_empty=True,
+        score_kind="probability",
         fragment_divisor=2,
         usual_tokenizer="the base model's (BAAI/bge-m3 for zilliz/semantic-highlight-bilingual-v1)",
     ),
     "opensearch": Family(
-        name="opensearch", backbone="bert", sentence_pooling="hidden",
-        has_rerank_head=False, uses_token_type_ids=True, seps_between=1,
+        name="opensearch",
+        backbone="bert",
+        sentence_pooling="hidden",
+        has_rerank_head=False,
+        uses_token_type_ids=True,
+        seps_between=1,
         rules=Rules(threshold=0.5, keep_rule="ge", alpha=0.05, windows="reference"),
         description="opensearch-project/opensearch-semantic-highlighter-v1: BERT sentence tagger",
-        window_tokens=510, window_stride=128, score_kind="none",
+        window_tokens=510,
+        window_stride=128,
+        score_kind="none",
         usual_tokenizer="bert-base-uncased",
     ),
     "embedding": Family(
-        name="embedding", backbone="auto", sentence_pooling="embedding",
+        name="embedding",
+        backbone="auto",
+        sentence_pooling="embedding",
         # threshold 0.87 (cosine 0.74 with the default mapping) and keep-the-best backoff:
         # chosen on the first half of squad-dev-prune, F1 73.3 on the other half (docs/families.md).
         # Fused half and half with the in-passage lexical score (engine.pipeline.lexical), kept above
@@ -125,12 +151,22 @@ FAMILIES: dict[str, Family] = {
         # (docs/quality.md); lexical_weight=0 turns it off. The passage gate's margin 0.1:
         # chosen on squad-dev-rag and a RAG-shaped coqa-dev (docs/quality.md), so that the
         # passages of a call that do not answer come back empty.
-        has_rerank_head=True, uses_token_type_ids=False, seps_between=1,
-        rules=Rules(threshold=0.87, keep_rule="gt", alpha=0.0, lexical_weight=0.5, lexical_threshold=0.83,
-                    passage_margin=0.1),
+        has_rerank_head=True,
+        uses_token_type_ids=False,
+        seps_between=1,
+        rules=Rules(
+            threshold=0.87,
+            keep_rule="gt",
+            alpha=0.0,
+            lexical_weight=0.5,
+            lexical_threshold=0.83,
+            passage_margin=0.1,
+        ),
         description="any sentence-embedding encoder (e.g. all-MiniLM-L6-v2): cosine of "
-                    "question and sentence embeddings, mapped to a probability",
-        sentence_specials=True, rerank_merge="max", score_kind="cosine",
+        "question and sentence embeddings, mapped to a probability",
+        sentence_specials=True,
+        rerank_merge="max",
+        score_kind="cosine",
         usual_tokenizer="the encoder's own (e.g. sentence-transformers/all-MiniLM-L6-v2)",
     ),
 }
@@ -165,8 +201,13 @@ def checkpoint_family(fam: Family, config: dict[str, Any]) -> Family:
         return fam
     if (config.get("base_model_config") or {}).get("model_type") == "modernbert":
         fam = replace(fam, backbone="modernbert", seps_between=1)
-    return with_threshold(fam, next((config[k] for k in ("default_threadshold", "default_threshold")
-                                     if config.get(k) is not None), None))
+    return with_threshold(
+        fam,
+        next(
+            (config[k] for k in ("default_threadshold", "default_threshold") if config.get(k) is not None),
+            None,
+        ),
+    )
 
 
 def get_family(name: str) -> Family:
@@ -194,12 +235,21 @@ def read_config(folder: str | Path) -> dict[str, Any]:
 
 
 # Plain encoders without a task head: used as sentence-embedding models.
-_ENCODER_ARCHITECTURES = {"BertModel", "RobertaModel", "XLMRobertaModel", "MPNetModel",
-                          "DistilBertModel", "DebertaV2Model", "ElectraModel", "NomicBertModel"}
+_ENCODER_ARCHITECTURES = {
+    "BertModel",
+    "RobertaModel",
+    "XLMRobertaModel",
+    "MPNetModel",
+    "DistilBertModel",
+    "DebertaV2Model",
+    "ElectraModel",
+    "NomicBertModel",
+}
 
 
-def detect_family(config: dict[str, Any], weight_names: list[str] | None = None,
-                  folder: str | Path | None = None) -> Family:
+def detect_family(
+    config: dict[str, Any], weight_names: list[str] | None = None, folder: str | Path | None = None
+) -> Family:
     """Family of a checkpoint from its config.json (and, failing that, its tensor names)."""
     model_type = str(config.get("model_type", "")).lower()
     archs = [str(a) for a in (config.get("architectures") or [])]
@@ -211,12 +261,15 @@ def detect_family(config: dict[str, Any], weight_names: list[str] | None = None,
     if model_type == "provence":
         return FAMILIES["provence"]
     if any(a in _ENCODER_ARCHITECTURES for a in archs) or (
-            folder is not None and (Path(folder) / "modules.json").is_file()):
+        folder is not None and (Path(folder) / "modules.json").is_file()
+    ):
         return FAMILIES["embedding"]
     if weight_names:
         names = set(weight_names)
+
         def has(prefix: str) -> bool:
             return any(n.startswith(prefix) for n in names)
+
         if has("pruning_head."):
             return FAMILIES["open_provence"]
         if has("token_classifier.") and has("deberta."):

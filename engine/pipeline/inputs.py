@@ -16,6 +16,7 @@ The rules:
 - options: threshold, alpha and lexical_weight in [0, 1], title and windows from their
   lists, top_k a positive integer, passage_margin a finite number (negative: no gate).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -38,6 +39,7 @@ WINDOWS = ("reference", "sentences")
 class Limits:
     """What one call may hold (docs/limits.md). A Triton text model has its own per-request
     limits; its client cuts a call into requests within them."""
+
     max_passages: int = DEFAULTS.max_passages
     max_chars: int = DEFAULTS.max_call_chars
 
@@ -62,8 +64,9 @@ def check_unicode(text: str, what: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise InputError(f"{what} is not valid Unicode: a lone surrogate {text[exc.start]!r} at character "
-                         f"{exc.start}") from None
+        raise InputError(
+            f"{what} is not valid Unicode: a lone surrogate {text[exc.start]!r} at character {exc.start}"
+        ) from None
 
 
 def check_question(question: Any) -> str:
@@ -91,8 +94,10 @@ def check_call(question: Any, passages: Any, limits: Limits = Limits()) -> tuple
             raise InputError(f"passage {i} must be a str, got {type(p).__name__}")
         total += len(p)
         if total > limits.max_chars:
-            raise InputError(f"the call holds more than {limits.max_chars} characters (question and passages "
-                             f"together, passed at passage {i}); split it into several calls")
+            raise InputError(
+                f"the call holds more than {limits.max_chars} characters (question and passages "
+                f"together, passed at passage {i}); split it into several calls"
+            )
         check_unicode(p, f"passage {i}")
     return question, passages
 
@@ -202,7 +207,9 @@ def check_budget_tokenizer(value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip():
-        raise InputError(f"budget_tokenizer must be a tiktoken encoding's name or a tokenizer.json path, got {value!r}")
+        raise InputError(
+            f"budget_tokenizer must be a tiktoken encoding's name or a tokenizer.json path, got {value!r}"
+        )
     return value.strip()
 
 
@@ -248,8 +255,10 @@ class CallOptions:
         name is an InputError that lists the known ones."""
         unknown = sorted(set(changes) - set(OPTION_NAMES))
         if unknown:
-            raise InputError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-                             f"the options are {', '.join(OPTION_NAMES)}")
+            raise InputError(
+                f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                f"the options are {', '.join(OPTION_NAMES)}"
+            )
         return replace(options or cls(), **changes) if changes else (options or cls())
 
     @classmethod
@@ -257,8 +266,13 @@ class CallOptions:
         """The options `source` carries as attributes named as the options (a request body's
         fields, parsed command-line flags), checked: the one way a surface's request becomes
         a call's options. An absent or None attribute (a switch's False) is the model's default."""
-        return cls.of(**{name: value for name in OPTION_NAMES
-                         if (value := getattr(source, name, None)) is not None and value is not False})
+        return cls.of(
+            **{
+                name: value
+                for name in OPTION_NAMES
+                if (value := getattr(source, name, None)) is not None and value is not False
+            }
+        )
 
     def given(self) -> dict[str, Any]:
         """The options set to something other than their default, by name (what a request
@@ -278,8 +292,14 @@ def option_help(name: str) -> str:
 def option_type(name: str) -> type:
     """The Python type an option takes when set: float, int, bool or str."""
     f = next(f for f in fields(CallOptions) if f.name == name)
-    return {"reorder": bool, "top_k": int, "title": str, "windows": str, "budget_tokens": int,
-            "budget_tokenizer": str}.get(f.name, float)
+    return {
+        "reorder": bool,
+        "top_k": int,
+        "title": str,
+        "windows": str,
+        "budget_tokens": int,
+        "budget_tokenizer": str,
+    }.get(f.name, float)
 
 
 def option_choices(name: str) -> tuple[str, ...] | None:
@@ -293,12 +313,16 @@ def option_fields(rename: dict[str, str] | None = None) -> dict[str, tuple[Any, 
     description. `rename` gives an option a framework's own name (`{"top_k": "top_n"}`).
     The HTTP request model and the LangChain and LlamaIndex adapters are made of these."""
     from pydantic import Field
+
     out: dict[str, tuple[Any, Any]] = {}
     for name in OPTION_NAMES:
         choices = option_choices(name)
-        kind = Literal[choices] if choices else option_type(name)       # type: ignore[valid-type]
-        spec = ((bool, Field(False, description=option_help(name))) if name == "reorder"
-                else (kind | None, Field(None, description=option_help(name))))
+        kind = Literal[choices] if choices else option_type(name)  # type: ignore[valid-type]
+        spec = (
+            (bool, Field(False, description=option_help(name)))
+            if name == "reorder"
+            else (kind | None, Field(None, description=option_help(name)))
+        )
         out[(rename or {}).get(name, name)] = spec
     return out
 
@@ -307,9 +331,11 @@ def unknown_name(name: str, known: Sequence[str], what: str = "field") -> str:
     """What a misspelt `name` is told: that it is unknown, the nearest of `known` if one is
     close ("did you mean threshold?"), else every known one."""
     import difflib
+
     near = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
-    return (f"unknown {what} {name!r}; " + (f"did you mean {near[0]!r}?" if near else
-                                            f"the {what}s are {', '.join(known)}"))
+    return f"unknown {what} {name!r}; " + (
+        f"did you mean {near[0]!r}?" if near else f"the {what}s are {', '.join(known)}"
+    )
 
 
 def check_tags(pre: str | None, post: str | None, names: tuple[str, str] = ("pre", "post")) -> bool:
@@ -317,7 +343,9 @@ def check_tags(pre: str | None, post: str | None, names: tuple[str, str] = ("pre
     other is an InputError (a tag left open, or closing nothing, is never sent back)."""
     if (pre is None) != (post is None):
         given, missing = names if post is None else names[::-1]
-        raise InputError(f"{given} without {missing}: tags come in pairs (give both {names[0]} and {names[1]})")
+        raise InputError(
+            f"{given} without {missing}: tags come in pairs (give both {names[0]} and {names[1]})"
+        )
     return pre is not None
 
 
@@ -329,5 +357,6 @@ def check_sentences(sentences: Any, n_passages: int) -> None:
         raise InputError("sentences must hold one list of sentences per passage")
     for i, sent in enumerate(sentences):
         if isinstance(sent, str) or not isinstance(sent, Sequence):
-            raise InputError(f"sentences[{i}] must be a list of sentences (str or (start, end)), "
-                             f"got {type(sent).__name__}")
+            raise InputError(
+                f"sentences[{i}] must be a list of sentences (str or (start, end)), got {type(sent).__name__}"
+            )

@@ -17,6 +17,7 @@ pruner and the Triton text model (which runs the same Pruner) give the same resu
 Words (`words`): Unicode word characters (`\\w+`), case-folded; Chinese, Japanese and
 Korean runs as overlapping character bigrams. The settings were chosen on squad-dev and
 coqa-dev (docs/quality.md)."""
+
 from __future__ import annotations
 
 import math
@@ -30,10 +31,12 @@ _WORD = re.compile(r"\w+")
 #: Scripts written without spaces between words: Han (CJK ideographs and their
 #: extensions and compatibility forms), Hiragana, Katakana (with its phonetic extensions
 #: and half-width forms) and Hangul (syllables, jamo, compatibility jamo).
-_CJK = ("\u1100-\u11ff\u2e80-\u2fdf\u3005-\u3007\u3021-\u3029\u3031-\u3035\u3038-\u303c"
-        "\u3040-\u309f\u30a0-\u30ff\u3130-\u318f\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
-        "\ua960-\ua97f\uac00-\ud7af\ud7b0-\ud7ff\uf900-\ufaff\uff66-\uff9f\uffa0-\uffdc"
-        "\U00020000-\U0003134f")
+_CJK = (
+    "\u1100-\u11ff\u2e80-\u2fdf\u3005-\u3007\u3021-\u3029\u3031-\u3035\u3038-\u303c"
+    "\u3040-\u309f\u30a0-\u30ff\u3130-\u318f\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
+    "\ua960-\ua97f\uac00-\ud7af\ud7b0-\ud7ff\uf900-\ufaff\uff66-\uff9f\uffa0-\uffdc"
+    "\U00020000-\U0003134f"
+)
 _CJK_RUN = re.compile(f"[{_CJK}]+|[^{_CJK}]+")
 _IS_CJK = re.compile(f"[{_CJK}]")
 K1, B = 1.5, 0.75
@@ -56,7 +59,7 @@ def words(text: str) -> list[str]:
             elif len(run) == 1:
                 out.append(run)
             else:
-                out.extend(run[i:i + 2] for i in range(len(run) - 1))
+                out.extend(run[i : i + 2] for i in range(len(run) - 1))
     return out
 
 

@@ -13,37 +13,54 @@ another score with a threshold of its own: `threshold` applies to the model's sc
 threshold it runs with in `threshold` (and `lexical_threshold` None): the threshold its
 results report. Torch-free.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from engine.pipeline.inputs import (CallOptions, check_alpha, check_passage_margin, check_threshold, check_title,
-                           check_top_k, check_windows)
+from engine.pipeline.inputs import (
+    CallOptions,
+    check_alpha,
+    check_passage_margin,
+    check_threshold,
+    check_title,
+    check_top_k,
+    check_windows,
+)
 
 KEEP_RULES = ("gt", "ge")
 
 #: what an export records in its manifest's `defaults` (a call's own: top_k, reorder)
-RECORDED = ("threshold", "keep_rule", "title", "alpha", "windows", "lexical_weight", "lexical_threshold",
-            "passage_margin")
+RECORDED = (
+    "threshold",
+    "keep_rule",
+    "title",
+    "alpha",
+    "windows",
+    "lexical_weight",
+    "lexical_threshold",
+    "passage_margin",
+)
 
 
 @dataclass(frozen=True)
 class Rules:
     """The decision settings (engine.pipeline.decide's rules): a family's defaults, or one call's."""
-    threshold: float                          # keep a sentence whose probability passes this
-    keep_rule: str = "gt"                     # "gt": probability > threshold; "ge": >=
-    title: str = "none"                       # "first_sentence": the first sentence is a title
-    alpha: float | None = None                # backoff: keep the best sentence when it reaches this; None: off
-    windows: str = "sentences"                # how a long passage is cut (engine.pipeline.inputs.WINDOWS)
-    lexical_weight: float = 0.0               # the lexical score's share in the fused scores (0: the model alone)
-    lexical_threshold: float | None = None    # the threshold when lexical_weight > 0; None: `threshold`
-    passage_margin: float | None = None       # the passage gate's margin below the call's best; None: no gate
-    top_k: int | None = None                  # keep the k best passages by reranking score
-    reorder: bool = False                     # return the passages best first
-    budget_tokens: int | None = None          # a call's: keep within this many tokens (engine.pipeline.budget)
-    budget_tokenizer: str | None = None       # what counts them; None: the model's own tokenizer
+
+    threshold: float  # keep a sentence whose probability passes this
+    keep_rule: str = "gt"  # "gt": probability > threshold; "ge": >=
+    title: str = "none"  # "first_sentence": the first sentence is a title
+    alpha: float | None = None  # backoff: keep the best sentence when it reaches this; None: off
+    windows: str = "sentences"  # how a long passage is cut (engine.pipeline.inputs.WINDOWS)
+    lexical_weight: float = 0.0  # the lexical score's share in the fused scores (0: the model alone)
+    lexical_threshold: float | None = None  # the threshold when lexical_weight > 0; None: `threshold`
+    passage_margin: float | None = None  # the passage gate's margin below the call's best; None: no gate
+    top_k: int | None = None  # keep the k best passages by reranking score
+    reorder: bool = False  # return the passages best first
+    budget_tokens: int | None = None  # a call's: keep within this many tokens (engine.pipeline.budget)
+    budget_tokenizer: str | None = None  # what counts them; None: the model's own tokenizer
 
     def __post_init__(self) -> None:
         """Each value checked as a call's option is (engine.pipeline.inputs: InputError, a ValueError)."""
@@ -69,8 +86,11 @@ class Rules:
         set or the one for its lexical weight."""
         given = _switched(options.given())
         rules = replace(self, **given)
-        return replace(rules, threshold=given.get("threshold", self.threshold_at(rules.lexical_weight)),
-                       lexical_threshold=None)
+        return replace(
+            rules,
+            threshold=given.get("threshold", self.threshold_at(rules.lexical_weight)),
+            lexical_threshold=None,
+        )
 
     def overridden(self, values: Mapping[str, Any]) -> Rules:
         """These rules with a manifest's `defaults` over them: the recorded names present

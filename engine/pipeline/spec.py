@@ -4,6 +4,7 @@ An exported model folder carries it in `manifest.json`, read and written only th
 `Manifest`; a PyTorch checkpoint folder is described by reading its config and tokenizer.
 Torch-free.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,20 +25,20 @@ GRAPH_OUTPUTS = ("rerank_score", "sentence_probs")
 class ModelSpec:
     """What the client needs of a model: its family (with the export's defaults), its
     window, its special tokens."""
+
     family: Family
     max_length: int
     cls_id: int
     sep_id: int
     pad_id: int
     name: str = "model"
-    precision: str = "fp32"            # the export's (its manifest's), e.g. int8, int8-static
-    auto_pick: bool = False            # chosen by `prune export --precision auto` on its machine
+    precision: str = "fp32"  # the export's (its manifest's), e.g. int8, int8-static
+    auto_pick: bool = False  # chosen by `prune export --precision auto` on its machine
 
     @property
     def input_names(self) -> tuple[str, ...]:
         """The graph's inputs for this family (token_type_ids only where it uses them)."""
-        return tuple(n for n in GRAPH_INPUTS
-                     if n != "token_type_ids" or self.family.uses_token_type_ids)
+        return tuple(n for n in GRAPH_INPUTS if n != "token_type_ids" or self.family.uses_token_type_ids)
 
     def special_tokens(self) -> dict[str, int]:
         """cls_id, sep_id, pad_id."""
@@ -50,8 +51,10 @@ def special_ids(tokenizer: Any) -> dict[str, int]:
     sep_id = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
     pad_id = tokenizer.pad_token_id
     if cls_id is None or sep_id is None or pad_id is None:
-        raise ModelLoadError(f"tokenizer {type(tokenizer).__name__} lacks a cls/sep/pad token "
-                             f"(cls={cls_id}, sep={sep_id}, pad={pad_id})")
+        raise ModelLoadError(
+            f"tokenizer {type(tokenizer).__name__} lacks a cls/sep/pad token "
+            f"(cls={cls_id}, sep={sep_id}, pad={pad_id})"
+        )
     return {"cls_id": int(cls_id), "sep_id": int(sep_id), "pad_id": int(pad_id)}
 
 
@@ -59,19 +62,22 @@ def special_ids(tokenizer: Any) -> dict[str, int]:
 #: bucket outside it, is refused before the client pads anything to it.
 MAX_WINDOW = 32_768
 
+
 @dataclass(frozen=True)
 class TokenizerInfo:
     """The manifest's `tokenizer`: its file in the folder and the special token ids."""
+
     cls_id: int
     sep_id: int
     pad_id: int
     file: str = "tokenizer.json"
-    seps_between: int | None = None   # separators between question and context, when not the family's
+    seps_between: int | None = None  # separators between question and context, when not the family's
 
 
 @dataclass(frozen=True)
 class Source:
     """Where an export came from (`source`)."""
+
     checkpoint: str
     weights_sha256: str | None = None
     num_attention_heads: int | None = None
@@ -88,6 +94,7 @@ class Runtime:
     """The runtime an export prefers (`runtime`), written by `prune export --precision auto`
     where its pick is a way of running the fp32 graph rather than another graph: loaders
     without a backend of their own choice use it."""
+
     backend: str
     precision: str = "fp32"
 
@@ -102,18 +109,19 @@ class Manifest:
     engine does not read (opset, versions, verification, ...) are kept in `data` and written
     back as they were. Manifests of earlier exports load: every key added since has a
     default (tests/inprocess/test_manifest.py)."""
+
     family: str
     max_length: int
     tokenizer: TokenizerInfo
     graph: str = "model.onnx"
-    external_data: str | None = None    # the graph's weights file, when they are kept apart
+    external_data: str | None = None  # the graph's weights file, when they are kept apart
     inputs: tuple[str, ...] = ()
     buckets: tuple[int, ...] = ()
     precision: str | None = None
     # the decision rules' defaults this export records over its family's (engine.pipeline.rules:
     # the names of Rules.recorded; a name left out is the family's)
     defaults: dict[str, Any] = field(default_factory=dict)
-    embedding_rows: int = 0             # input_ids must stay below this (0: unknown)
+    embedding_rows: int = 0  # input_ids must stay below this (0: unknown)
     source: Source | None = None
     options: dict[str, Any] = field(default_factory=dict)
     tensorrt: dict[str, Any] | None = None
@@ -131,11 +139,15 @@ class Manifest:
             raise ModelLoadError(f"{folder}: no such model folder")
         if not path.is_file():
             if (folder / "config.json").is_file():
-                raise ModelLoadError(f"{folder} is a checkpoint, not an exported model (it has no {MANIFEST}): "
-                                     f"export it first (prune export --model {folder} --out {folder.name}-onnx), "
-                                     "or run it with PyTorch (--backend torch)")
-            raise ModelLoadError(f"{folder}: no {MANIFEST}, so not an exported model; export a checkpoint into a "
-                                 "folder of its own first (prune export --model CHECKPOINT --out FOLDER)")
+                raise ModelLoadError(
+                    f"{folder} is a checkpoint, not an exported model (it has no {MANIFEST}): "
+                    f"export it first (prune export --model {folder} --out {folder.name}-onnx), "
+                    "or run it with PyTorch (--backend torch)"
+                )
+            raise ModelLoadError(
+                f"{folder}: no {MANIFEST}, so not an exported model; export a checkpoint into a "
+                "folder of its own first (prune export --model CHECKPOINT --out FOLDER)"
+            )
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -154,25 +166,39 @@ class Manifest:
             tok, src = data["tokenizer"], data.get("source")
             rows = data.get("embedding_rows")
             manifest = cls(
-                family=str(data["family"]), max_length=int(data["max_length"]),
-                tokenizer=TokenizerInfo(cls_id=int(tok["cls_id"]), sep_id=int(tok["sep_id"]), pad_id=int(tok["pad_id"]),
-                                        file=str(tok.get("file") or "tokenizer.json"),
-                                        seps_between=None if tok.get("seps_between") is None
-                                        else int(tok["seps_between"])),
-                graph=str(data["graph"]), external_data=data.get("external_data") or None,
+                family=str(data["family"]),
+                max_length=int(data["max_length"]),
+                tokenizer=TokenizerInfo(
+                    cls_id=int(tok["cls_id"]),
+                    sep_id=int(tok["sep_id"]),
+                    pad_id=int(tok["pad_id"]),
+                    file=str(tok.get("file") or "tokenizer.json"),
+                    seps_between=None if tok.get("seps_between") is None else int(tok["seps_between"]),
+                ),
+                graph=str(data["graph"]),
+                external_data=data.get("external_data") or None,
                 inputs=tuple(str(n) for n in data.get("inputs") or ()),
-                buckets=tuple(int(b) for b in data.get("buckets") or ()), precision=data.get("precision"),
+                buckets=tuple(int(b) for b in data.get("buckets") or ()),
+                precision=data.get("precision"),
                 defaults=dict(data.get("defaults") or {}),
                 embedding_rows=rows if isinstance(rows, int) and not isinstance(rows, bool) else 0,
-                source=None if not isinstance(src, dict) else Source(
-                    checkpoint=str(src.get("checkpoint", "")), weights_sha256=src.get("weights_sha256"),
-                    num_attention_heads=src.get("num_attention_heads"), hidden_size=src.get("hidden_size")),
-                options=dict(data.get("options") or {}), tensorrt=data.get("tensorrt"),
-                runtime=_runtime(data.get("runtime"), where), data=dict(data))
+                source=None
+                if not isinstance(src, dict)
+                else Source(
+                    checkpoint=str(src.get("checkpoint", "")),
+                    weights_sha256=src.get("weights_sha256"),
+                    num_attention_heads=src.get("num_attention_heads"),
+                    hidden_size=src.get("hidden_size"),
+                ),
+                options=dict(data.get("options") or {}),
+                tensorrt=data.get("tensorrt"),
+                runtime=_runtime(data.get("runtime"), where),
+                data=dict(data),
+            )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ModelLoadError(f"{where}: manifest is incomplete: {exc}") from exc
         try:
-            manifest.spec()           # its values checked
+            manifest.spec()  # its values checked
         except ModelLoadError as exc:
             raise ModelLoadError(f"{where}: {exc}") from None
         return manifest
@@ -188,10 +214,17 @@ class Manifest:
             raise ModelLoadError(f"manifest defaults: {exc}") from None
         seps = self.tokenizer.seps_between
         if seps is not None and seps != family.seps_between:
-            family = replace(family, seps_between=seps)          # e.g. OpenProvence on ModernBERT
-        spec = ModelSpec(family=family, max_length=self.max_length, cls_id=self.tokenizer.cls_id,
-                         sep_id=self.tokenizer.sep_id, pad_id=self.tokenizer.pad_id, name=name,
-                         precision=self.precision or "fp32", auto_pick="auto" in self.data)
+            family = replace(family, seps_between=seps)  # e.g. OpenProvence on ModernBERT
+        spec = ModelSpec(
+            family=family,
+            max_length=self.max_length,
+            cls_id=self.tokenizer.cls_id,
+            sep_id=self.tokenizer.sep_id,
+            pad_id=self.tokenizer.pad_id,
+            name=name,
+            precision=self.precision or "fp32",
+            auto_pick="auto" in self.data,
+        )
         if not 16 <= spec.max_length <= MAX_WINDOW:
             raise ModelLoadError(f"manifest max_length {spec.max_length} is outside 16..{MAX_WINDOW}")
         if min(spec.cls_id, spec.sep_id, spec.pad_id) < 0:
@@ -205,20 +238,34 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: `data` with the typed fields written over it."""
         out = dict(self.data)
-        out.update(format=MANIFEST_FORMAT, family=self.family, max_length=self.max_length, graph=self.graph,
-                   external_data=self.external_data, inputs=list(self.inputs), buckets=list(self.buckets),
-                   precision=self.precision,
-                   embedding_rows=self.embedding_rows, options=self.options)
+        out.update(
+            format=MANIFEST_FORMAT,
+            family=self.family,
+            max_length=self.max_length,
+            graph=self.graph,
+            external_data=self.external_data,
+            inputs=list(self.inputs),
+            buckets=list(self.buckets),
+            precision=self.precision,
+            embedding_rows=self.embedding_rows,
+            options=self.options,
+        )
         tok = dict(out.get("tokenizer") or {})
-        tok.update(cls_id=self.tokenizer.cls_id, sep_id=self.tokenizer.sep_id, pad_id=self.tokenizer.pad_id,
-                   file=self.tokenizer.file)
+        tok.update(
+            cls_id=self.tokenizer.cls_id,
+            sep_id=self.tokenizer.sep_id,
+            pad_id=self.tokenizer.pad_id,
+            file=self.tokenizer.file,
+        )
         if self.tokenizer.seps_between is not None:
             tok["seps_between"] = self.tokenizer.seps_between
         out["tokenizer"] = tok
         out["defaults"] = dict(self.defaults)
         if self.source is not None:
-            out["source"] = {**(out.get("source") or {}), **{k: v for k, v in asdict(self.source).items()
-                                                            if v is not None}}
+            out["source"] = {
+                **(out.get("source") or {}),
+                **{k: v for k, v in asdict(self.source).items() if v is not None},
+            }
         if self.tensorrt is not None:
             out["tensorrt"] = self.tensorrt
         if self.runtime is not None:
@@ -244,6 +291,8 @@ def _runtime(value: Any, where: str) -> Runtime | None:
         raise ModelLoadError(f"{where}: runtime must name a backend of {sorted(RUNTIMES)}, got {value!r}")
     runtime = Runtime(backend=value["backend"], precision=value.get("precision", "fp32"))
     if runtime.precision not in RUNTIMES[runtime.backend]:
-        raise ModelLoadError(f"{where}: {runtime.backend} runs at {', '.join(RUNTIMES[runtime.backend])}, "
-                             f"not {runtime.precision!r}")
+        raise ModelLoadError(
+            f"{where}: {runtime.backend} runs at {', '.join(RUNTIMES[runtime.backend])}, "
+            f"not {runtime.precision!r}"
+        )
     return runtime

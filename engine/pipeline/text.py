@@ -12,6 +12,7 @@ How a passage is cut, outermost first:
 3. inside a punkt sentence, Chinese/Japanese sentence punctuation (``。！？``), which
    needs no space after it and which punkt does not see.
 """
+
 from __future__ import annotations
 
 import re
@@ -24,13 +25,9 @@ from engine.errors import InputError
 Span = tuple[int, int]
 
 _BLANK_LINE = re.compile(r"\n[ \t\r\f\v]*\n")
-_LIST_LINE = re.compile(
-    r"^[ \t]*(?:[-*+•·‣◦▪▸►–—]|\(?\d{1,3}[.)]|#{1,6})[ \t]+\S", re.MULTILINE
-)
+_LIST_LINE = re.compile(r"^[ \t]*(?:[-*+•·‣◦▪▸►–—]|\(?\d{1,3}[.)]|#{1,6})[ \t]+\S", re.MULTILINE)
 _CJK_END = re.compile(r"[。！？｡][」』”’）〕】\"')]*|(?<=[.!?])\s+(?=[「『（【〔\u3040-\u30ff\u4e00-\u9fff])")
 _SPACE = re.compile(r"\s")
-
-
 
 
 def _blocks(text: str) -> list[Span]:
@@ -90,18 +87,19 @@ def spans_from_sentences(text: str, sentences: Sequence[str | Span]) -> list[Spa
                 raise InputError(f"sentence {i} is empty")
             idx = text.find(sent, pos)
             if idx < 0:
-                raise InputError(f"sentence {i} ({sent[:40]!r}) is not found in its passage "
-                                 "(after the previous sentence)")
+                raise InputError(
+                    f"sentence {i} ({sent[:40]!r}) is not found in its passage (after the previous sentence)"
+                )
             start, end = idx, idx + len(sent)
-        elif (isinstance(sent, (tuple, list)) and len(sent) == 2
-              and all(isinstance(x, int) for x in sent)):
+        elif isinstance(sent, (tuple, list)) and len(sent) == 2 and all(isinstance(x, int) for x in sent):
             start, end = int(sent[0]), int(sent[1])
             if not (pos <= start < end <= len(text)):
-                raise InputError(f"sentence span {i} {tuple(sent)} is out of order or outside "
-                                 f"the passage (length {len(text)})")
+                raise InputError(
+                    f"sentence span {i} {tuple(sent)} is out of order or outside "
+                    f"the passage (length {len(text)})"
+                )
         else:
-            raise InputError(f"sentence {i} must be a str or a (start, end) pair, "
-                             f"got {type(sent).__name__}")
+            raise InputError(f"sentence {i} must be a str or a (start, end) pair, got {type(sent).__name__}")
         stripped = _strip(text, start, end)
         if stripped is None:
             raise InputError(f"sentence {i} is only whitespace")

@@ -1,4 +1,5 @@
 """The embedding family: any sentence-embedding encoder as a similarity highlighter."""
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,6 @@ EMBEDDING_DEFAULTS = {"mode": "isolated", "scale": 8.0, "shift": 0.5, "rerank": 
 _ROBERTA_LIKE = ("roberta", "xlm-roberta", "camembert")
 
 
-
 class EmbeddingHighlighterModel(nn.Module):
     """A sentence-embedding encoder (sentence-transformers layout: the backbone's own
     tensor names) scoring each sentence by its cosine with the question, in one pass.
@@ -37,10 +37,19 @@ class EmbeddingHighlighterModel(nn.Module):
     cos(q, s) ("max") or cos(q, mean of the context tokens) ("mean").
     """
 
-    def __init__(self, config: Any, *, mode: str = "isolated", pooling: str = "mean",
-                 scale: float = 8.0, shift: float = 0.5, rerank: str = "max"):
+    def __init__(
+        self,
+        config: Any,
+        *,
+        mode: str = "isolated",
+        pooling: str = "mean",
+        scale: float = 8.0,
+        shift: float = 0.5,
+        rerank: str = "max",
+    ):
         super().__init__()
         from transformers import AutoModel
+
         if mode not in EMBEDDING_MODES:
             raise ModelLoadError(f"embedding mode must be one of {EMBEDDING_MODES}, got {mode!r}")
         if pooling not in ("mean", "cls"):
@@ -49,7 +58,13 @@ class EmbeddingHighlighterModel(nn.Module):
             raise ModelLoadError(f"embedding rerank must be max or mean, got {rerank!r}")
         self.config = config
         self.encoder = AutoModel.from_config(config)
-        self.mode, self.pooling, self.scale, self.shift, self.rerank = mode, pooling, float(scale), float(shift), rerank
+        self.mode, self.pooling, self.scale, self.shift, self.rerank = (
+            mode,
+            pooling,
+            float(scale),
+            float(shift),
+            rerank,
+        )
         self.position_offset = (int(config.pad_token_id) + 1) if config.model_type in _ROBERTA_LIKE else 0
 
     def forward(self, input_ids, attention_mask, sentence_ids, token_type_ids=None):
@@ -68,11 +83,11 @@ class EmbeddingHighlighterModel(nn.Module):
             allowed = same | (valid.unsqueeze(2) & valid.unsqueeze(1))
         neg = torch.finfo(torch.float32).min
         mask = torch.zeros(allowed.shape, dtype=torch.float32, device=input_ids.device)
-        mask = mask.masked_fill(~allowed, neg).unsqueeze(1)                      # [B, 1, L, L]
+        mask = mask.masked_fill(~allowed, neg).unsqueeze(1)  # [B, 1, L, L]
 
-        onehot = sentence_onehot(sentence_ids)                                    # [B, L, S]
+        onehot = sentence_onehot(sentence_ids)  # [B, L, S]
         steps = torch.arange(length, device=input_ids.device).unsqueeze(0).expand(bsz, length)
-        starts = torch.argmax(onehot, dim=1)                                       # first token of each sentence
+        starts = torch.argmax(onehot, dim=1)  # first token of each sentence
         if self.mode == "isolated":
             tok_start = torch.bmm(onehot, starts.to(torch.float32).unsqueeze(-1)).squeeze(-1)
             positions = steps - tok_start.to(steps.dtype)
@@ -82,8 +97,12 @@ class EmbeddingHighlighterModel(nn.Module):
         else:
             positions = steps
         positions = positions + self.position_offset
-        hidden = self.encoder(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                              token_type_ids=torch.zeros_like(input_ids))[0].to(torch.float32)
+        hidden = self.encoder(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            token_type_ids=torch.zeros_like(input_ids),
+        )[0].to(torch.float32)
 
         if self.pooling == "mean":
             sent, counts = pool_hidden(hidden, sentence_ids)
@@ -96,7 +115,7 @@ class EmbeddingHighlighterModel(nn.Module):
         q = torch.nn.functional.normalize(q, dim=-1)
         sent = torch.nn.functional.normalize(sent, dim=-1)
         present = (counts > 0).to(torch.float32)
-        cos = torch.bmm(sent, q.unsqueeze(-1)).squeeze(-1)                         # [B, S]
+        cos = torch.bmm(sent, q.unsqueeze(-1)).squeeze(-1)  # [B, S]
         probs = torch.sigmoid(self.scale * (cos - self.shift)) * present
         if self.rerank == "max":
             rerank = (cos * present + (present - 1.0) * 2.0).max(dim=1).values
@@ -105,7 +124,6 @@ class EmbeddingHighlighterModel(nn.Module):
             passage = (hidden * cw.unsqueeze(-1)).sum(1) / cw.sum(1, keepdim=True).clamp(min=1.0)
             rerank = (torch.nn.functional.normalize(passage, dim=-1) * q).sum(-1)
         return rerank, probs
-
 
 
 def _pooling(folder: Path | None) -> str:
@@ -122,16 +140,22 @@ def _pooling(folder: Path | None) -> str:
     return "mean"
 
 
-def build(raw: dict[str, Any], state_names: set[str], attn: str, options: dict[str, Any],
-          folder: Path | None) -> nn.Module:
+def build(
+    raw: dict[str, Any], state_names: set[str], attn: str, options: dict[str, Any], folder: Path | None
+) -> nn.Module:
     """The family's module from a checkpoint's config and weight names."""
     kind = raw.get("model_type")
     if not kind:
         raise ModelLoadError("config.json has no model_type for the embedding encoder")
     opts = {**EMBEDDING_DEFAULTS, **{k: v for k, v in options.items() if v is not None}}
-    return EmbeddingHighlighterModel(backbone_config(kind, raw, attn), mode=opts["mode"],
-                                     pooling=opts.get("pooling") or _pooling(folder),
-                                     scale=opts["scale"], shift=opts["shift"], rerank=opts["rerank"])
+    return EmbeddingHighlighterModel(
+        backbone_config(kind, raw, attn),
+        mode=opts["mode"],
+        pooling=opts.get("pooling") or _pooling(folder),
+        scale=opts["scale"],
+        shift=opts["shift"],
+        rerank=opts["rerank"],
+    )
 
 
 def remap(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -9,6 +9,7 @@ Loading never runs code from the model folder (no trust_remote_code): the family
 read from config.json and the weights from safetensors, or from a PyTorch pickle with
 `torch.load(weights_only=True)`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,9 +28,13 @@ from engine.pytorch import embedding, open_provence, opensearch, provence, xprov
 from engine.pytorch.embedding import EmbeddingHighlighterModel
 
 #: family name -> its module
-FAMILY_MODULES: dict[str, ModuleType] = {"provence": provence, "xprovence": xprovence,
-                                         "open_provence": open_provence, "opensearch": opensearch,
-                                         "embedding": embedding}
+FAMILY_MODULES: dict[str, ModuleType] = {
+    "provence": provence,
+    "xprovence": xprovence,
+    "open_provence": open_provence,
+    "opensearch": opensearch,
+    "embedding": embedding,
+}
 
 
 def family_module(family: Family) -> ModuleType:
@@ -42,16 +47,18 @@ def family_module(family: Family) -> ModuleType:
 
 # --------------------------------------------------------------------------- loading
 
+
 @dataclass
 class LoadedCheckpoint:
     """A checkpoint loaded for PyTorch: the module, its tokenizer, family and spec."""
+
     model: nn.Module
     family: Family
     folder: Path
     config: dict[str, Any]
-    max_length: int               # the default window (what the published models were trained at)
+    max_length: int  # the default window (what the published models were trained at)
     weights_sha256: str
-    max_positions: int = 0        # the longest window the position embeddings allow (--max-length)
+    max_positions: int = 0  # the longest window the position embeddings allow (--max-length)
 
 
 def resolve_checkpoint(name_or_path: str | Path) -> Path:
@@ -66,8 +73,10 @@ def resolve_checkpoint(name_or_path: str | Path) -> Path:
         raise ModelLoadError(f"{text}: no such folder (and not a hub id like 'org/name')")
     try:
         from huggingface_hub import snapshot_download
-        return Path(snapshot_download(
-            text, allow_patterns=["*.json", "*.safetensors", "*.bin", "*.model", "*.txt"]))
+
+        return Path(
+            snapshot_download(text, allow_patterns=["*.json", "*.safetensors", "*.bin", "*.model", "*.txt"])
+        )
     except Exception as exc:  # offline, unknown repo, auth...
         raise ModelLoadError(f"{text}: not a local folder and the hub download failed: {exc}") from exc
 
@@ -88,12 +97,13 @@ def weight_names(folder: Path) -> list[str]:
     for f in _weight_files(folder):
         if f.suffix == ".safetensors":
             from safetensors import safe_open
+
             try:
                 with safe_open(str(f), framework="pt") as fh:
                     names.extend(fh.keys())
             except Exception as exc:
                 raise ModelLoadError(f"{f}: unreadable safetensors file ({exc})") from exc
-        else:   # a PyTorch pickle: names only, never code (weights_only), memory-mapped
+        else:  # a PyTorch pickle: names only, never code (weights_only), memory-mapped
             try:
                 names.extend(torch.load(str(f), map_location="cpu", weights_only=True, mmap=True).keys())
             except Exception as exc:
@@ -112,6 +122,7 @@ def load_state_dict(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
         try:
             if f.suffix == ".safetensors":
                 from safetensors.torch import load_file
+
                 state.update(load_file(str(f)))
             else:
                 state.update(torch.load(str(f), map_location="cpu", weights_only=True))
@@ -120,9 +131,14 @@ def load_state_dict(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
     return state, digest.hexdigest()
 
 
-
-def build_model(family: Family, raw: dict[str, Any], state_names: set[str], attn: str = "eager",
-                options: dict[str, Any] | None = None, folder: Path | None = None) -> nn.Module:
+def build_model(
+    family: Family,
+    raw: dict[str, Any],
+    state_names: set[str],
+    attn: str = "eager",
+    options: dict[str, Any] | None = None,
+    folder: Path | None = None,
+) -> nn.Module:
     """The family's module for a checkpoint, its weights not yet loaded."""
     return family_module(family).build(raw, state_names, attn, options or {}, folder)
 
@@ -141,8 +157,12 @@ def checkpoint_max_length(family: Family, raw: dict[str, Any]) -> int:
     return own(raw) if own else min(checkpoint_positions(family, raw), 512)
 
 
-def load_checkpoint(name_or_path: str | Path, family: str | None = None,
-                    attn: str = "eager", options: dict[str, Any] | None = None) -> LoadedCheckpoint:
+def load_checkpoint(
+    name_or_path: str | Path,
+    family: str | None = None,
+    attn: str = "eager",
+    options: dict[str, Any] | None = None,
+) -> LoadedCheckpoint:
     """Load a checkpoint of any family into its reference module, strictly: a missing or
     unexpected tensor is an error naming them."""
     folder = resolve_checkpoint(name_or_path)
@@ -161,8 +181,9 @@ def load_checkpoint(name_or_path: str | Path, family: str | None = None,
         except ModelLoadError:
             raise
         except Exception as exc:
-            raise ModelLoadError(f"{folder}: config.json does not build a {fam.name} model "
-                                 f"({type(exc).__name__}: {exc})") from exc
+            raise ModelLoadError(
+                f"{folder}: config.json does not build a {fam.name} model ({type(exc).__name__}: {exc})"
+            ) from exc
 
     # The config's sizes are checked against the weights on a "meta" model first (no
     # memory): a small checkpoint with a huge config.json fails here, before allocation.
@@ -177,28 +198,40 @@ def load_checkpoint(name_or_path: str | Path, family: str | None = None,
         raise ModelLoadError(
             f"{folder}: weights do not match the {fam.name} layout: "
             f"missing {missing[:8]}{'...' if len(missing) > 8 else ''} ({len(missing)}), "
-            f"unexpected {unexpected[:8]}{'...' if len(unexpected) > 8 else ''} ({len(unexpected)})")
+            f"unexpected {unexpected[:8]}{'...' if len(unexpected) > 8 else ''} ({len(unexpected)})"
+        )
     bad_shape = [k for k in state if k in expected and state[k].shape != expected[k].shape]
     if bad_shape:
         k = bad_shape[0]
-        raise ModelLoadError(f"{folder}: tensor {k} has shape {tuple(state[k].shape)}, the config "
-                             f"implies {tuple(expected[k].shape)}")
+        raise ModelLoadError(
+            f"{folder}: tensor {k} has shape {tuple(state[k].shape)}, the config "
+            f"implies {tuple(expected[k].shape)}"
+        )
     model = build("cpu")
     model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
     model.eval().to(torch.float32)
     from engine.pipeline.families import checkpoint_family
-    return LoadedCheckpoint(model=model, family=checkpoint_family(fam, raw), folder=folder, config=raw,
-                            max_length=checkpoint_max_length(fam, raw), weights_sha256=sha,
-                            max_positions=checkpoint_positions(fam, raw))
+
+    return LoadedCheckpoint(
+        model=model,
+        family=checkpoint_family(fam, raw),
+        folder=folder,
+        config=raw,
+        max_length=checkpoint_max_length(fam, raw),
+        weights_sha256=sha,
+        max_positions=checkpoint_positions(fam, raw),
+    )
 
 
 def save_checkpoint(model: nn.Module, folder: Path, config: dict[str, Any]) -> None:
     """Write config.json and model.safetensors (used by the test-checkpoint maker)."""
     from safetensors.torch import save_file
+
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    state = {k.removeprefix("encoder.") if isinstance(model, EmbeddingHighlighterModel) else k:
-             v.contiguous() for k, v in model.state_dict().items()
-             if not k.endswith(("position_ids", "embeddings.token_type_ids"))}
+    state = {
+        k.removeprefix("encoder.") if isinstance(model, EmbeddingHighlighterModel) else k: v.contiguous()
+        for k, v in model.state_dict().items()
+        if not k.endswith(("position_ids", "embeddings.token_type_ids"))
+    }
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
-

@@ -1,5 +1,6 @@
 """OpenProvence / Zilliz semantic-highlight: a sequence-classification reranker (XLM-R or
 ModernBERT) with a pruning head."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,7 +28,6 @@ class _PruningHead(nn.Module):
 OPEN_PROVENCE_BACKBONES = ("xlm-roberta", "roberta", "modernbert")
 
 
-
 class OpenProvenceModel(nn.Module):
     """OpenProvence / zilliz semantic-highlight: `ranking_model.*` (a whole
     XLMRobertaForSequenceClassification or ModernBertForSequenceClassification, one label =
@@ -43,17 +43,23 @@ class OpenProvenceModel(nn.Module):
     def __init__(self, base_config: Any, pruning_hidden: int | None = None, weighted_pooling: bool = False):
         super().__init__()
         from transformers import AutoModelForSequenceClassification
+
         if base_config.model_type not in OPEN_PROVENCE_BACKBONES:
-            raise ModelLoadError(f"open_provence checkpoints on a {base_config.model_type!r} "
-                                 f"backbone are not supported ({', '.join(OPEN_PROVENCE_BACKBONES)} are)")
+            raise ModelLoadError(
+                f"open_provence checkpoints on a {base_config.model_type!r} "
+                f"backbone are not supported ({', '.join(OPEN_PROVENCE_BACKBONES)} are)"
+            )
         self.config = base_config
         self.ranking_model = AutoModelForSequenceClassification.from_config(base_config)
-        self.pruning_head = _PruningHead(pruning_hidden or base_config.hidden_size, weighted_pooling=weighted_pooling)
+        self.pruning_head = _PruningHead(
+            pruning_hidden or base_config.hidden_size, weighted_pooling=weighted_pooling
+        )
         self.modernbert = base_config.model_type == "modernbert"
         if self.modernbert:
             self._pre_norm: list[torch.Tensor] = []
             self.ranking_model.model.final_norm.register_forward_pre_hook(
-                lambda module, args: self._pre_norm.append(args[0]))
+                lambda module, args: self._pre_norm.append(args[0])
+            )
 
     def forward(self, input_ids, attention_mask, sentence_ids, token_type_ids=None):
         """(rerank_score [B], sentence_probs [B, S]) as the family computes them."""
@@ -61,15 +67,17 @@ class OpenProvenceModel(nn.Module):
             self._pre_norm.clear()
             rerank = self.ranking_model(input_ids=input_ids, attention_mask=attention_mask).logits
             hidden = self._pre_norm.pop()
-            return rerank[:, 0].to(torch.float32), pool_token_probs(self.pruning_head.classifier(hidden), sentence_ids)
+            return rerank[:, 0].to(torch.float32), pool_token_probs(
+                self.pruning_head.classifier(hidden), sentence_ids
+            )
         hidden = self.ranking_model.base_model(input_ids=input_ids, attention_mask=attention_mask)[0]
         rerank = self.ranking_model.classifier(hidden)[:, 0].to(torch.float32)
         return rerank, pool_token_probs(self.pruning_head.classifier(hidden), sentence_ids)
 
 
-
-def build(raw: dict[str, Any], state_names: set[str], attn: str, options: dict[str, Any],
-          folder: Path | None) -> nn.Module:
+def build(
+    raw: dict[str, Any], state_names: set[str], attn: str, options: dict[str, Any], folder: Path | None
+) -> nn.Module:
     """The family's module from a checkpoint's config and weight names."""
     base = dict(raw.get("base_model_config") or {})
     if not base:
@@ -79,7 +87,9 @@ def build(raw: dict[str, Any], state_names: set[str], attn: str, options: dict[s
     cfg = backbone_config(kind, base, attn)
     cfg.model_type = kind
     pruning = raw.get("pruning_config") or {}
-    weighted = bool(pruning.get("use_weighted_pooling")) or "pruning_head.pooling_weights.weight" in state_names
+    weighted = (
+        bool(pruning.get("use_weighted_pooling")) or "pruning_head.pooling_weights.weight" in state_names
+    )
     return OpenProvenceModel(cfg, pruning.get("hidden_size"), weighted_pooling=weighted)
 
 

@@ -1,4 +1,5 @@
 """Provence (naver/provence-reranker-debertav3-v1): DeBERTa-v3 with rerank and token heads."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,6 +18,7 @@ class ProvenceModel(nn.Module):
     def __init__(self, config: Any):
         super().__init__()
         from transformers.models.deberta_v2.modeling_deberta_v2 import ContextPooler, DebertaV2Model
+
         self.config = config
         self.deberta = DebertaV2Model(config)
         self.pooler = ContextPooler(config)
@@ -30,8 +32,8 @@ class ProvenceModel(nn.Module):
         return rerank, pool_token_probs(self.token_classifier(hidden), sentence_ids)
 
 
-
-def build(raw: dict[str, Any], state_names: set[str], attn: str, options: dict[str, Any],
-          folder: Path | None) -> nn.Module:
+def build(
+    raw: dict[str, Any], state_names: set[str], attn: str, options: dict[str, Any], folder: Path | None
+) -> nn.Module:
     """The family's module from a checkpoint's config and weight names."""
     return ProvenceModel(backbone_config("deberta-v2", raw, attn))

@@ -1,4 +1,5 @@
 """XProvence (naver/xprovence-reranker-bgem3): XLM-RoBERTa with rerank and token heads."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,6 +18,7 @@ class XProvenceModel(nn.Module):
     def __init__(self, config: Any):
         super().__init__()
         from transformers import XLMRobertaModel
+
         self.config = config
         self.roberta = XLMRobertaModel(config)
         self.classifier = nn.Linear(config.hidden_size, getattr(config, "num_labels", 1))
@@ -29,9 +31,9 @@ class XProvenceModel(nn.Module):
         return rerank, pool_token_probs(self.token_classifier(out.last_hidden_state), sentence_ids)
 
 
-
-def build(raw: dict[str, Any], state_names: set[str], attn: str, options: dict[str, Any],
-          folder: Path | None) -> nn.Module:
+def build(
+    raw: dict[str, Any], state_names: set[str], attn: str, options: dict[str, Any], folder: Path | None
+) -> nn.Module:
     """The family's module from a checkpoint's config and weight names."""
     return XProvenceModel(backbone_config("xlm-roberta", raw, attn))
 

@@ -1,5 +1,6 @@
 """The documents `prune index` takes: a JSONL or JSON file read and checked (ids, text, the
 limits Milvus sets), and cut into chunks at sentence boundaries within the encoder's window."""
+
 from __future__ import annotations
 
 import json
@@ -10,9 +11,9 @@ from engine.datafiles import json_error
 from engine.errors import InputError
 from engine.pipeline.text import split_sentences
 
-CHUNK_TOKENS = 200          # tokens of the encoder per chunk (all-MiniLM-L6-v2 reads 256)
+CHUNK_TOKENS = 200  # tokens of the encoder per chunk (all-MiniLM-L6-v2 reads 256)
 MAX_ID_CHARS = 512
-MAX_TEXT_BYTES = 65_535     # Milvus's VARCHAR limit
+MAX_TEXT_BYTES = 65_535  # Milvus's VARCHAR limit
 
 
 def read_documents(path: str | Path) -> list[dict[str, Any]]:

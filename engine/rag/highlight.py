@@ -1,5 +1,6 @@
 """Highlights shaped like Milvus's hosted semantic highlighter, computed by a pruner on this
 machine, added to pymilvus search results (`semantic_highlight`)."""
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -20,10 +21,18 @@ def _param(highlighter: Any, name: str) -> Any:
     return getattr(highlighter, name, None)
 
 
-def semantic_highlight(results: Sequence[Sequence[dict]], pruner: Any, highlighter: Any = None, *,
-                       queries: Sequence[str] | None = None, input_fields: Sequence[str] | None = None,
-                       pre_tags: Sequence[str] | None = None, post_tags: Sequence[str] | None = None,
-                       threshold: float | None = None, highlight_only: bool | None = None):
+def semantic_highlight(
+    results: Sequence[Sequence[dict]],
+    pruner: Any,
+    highlighter: Any = None,
+    *,
+    queries: Sequence[str] | None = None,
+    input_fields: Sequence[str] | None = None,
+    pre_tags: Sequence[str] | None = None,
+    post_tags: Sequence[str] | None = None,
+    threshold: float | None = None,
+    highlight_only: bool | None = None,
+):
     """Add `hit["highlight"] = {field: {"fragments": [...], "scores": [...]}}` to every hit
     of pymilvus search results, as Milvus's hosted semantic highlighter does, computed by
     `pruner` on this machine.
@@ -66,9 +75,18 @@ def semantic_highlight(results: Sequence[Sequence[dict]], pruner: Any, highlight
                     raise InputError(f"field {f!r} is not in the search results: add it to output_fields")
                 texts.append(entity[f])
             idx = [i for i, t in enumerate(texts) if isinstance(t, str) and t.strip()]
-            done = pruner.prune(q, [texts[i] for i in idx], threshold=threshold, alpha=-1.0, title="none",
-                                passage_margin=-1.0) \
-                if idx else []
+            done = (
+                pruner.prune(
+                    q,
+                    [texts[i] for i in idx],
+                    threshold=threshold,
+                    alpha=-1.0,
+                    title="none",
+                    passage_margin=-1.0,
+                )
+                if idx
+                else []
+            )
             res: list[PruneResult | None] = [None] * len(texts)
             for i, r in zip(idx, done):
                 res[i] = r

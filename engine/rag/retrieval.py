@@ -15,6 +15,7 @@ reranking score, prunes them and returns the pruned context with its sources.
 `semantic_highlight(results, pruner, ...)` adds highlights shaped like Milvus's hosted
 semantic highlighter to pymilvus search results.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,14 +29,13 @@ import engine
 from engine.pipeline.decide import PruneResult
 from engine.pipeline.inputs import check_threshold
 from engine.errors import InputError, ModelLoadError, PruneError
-from engine.rag.documents import (CHUNK_TOKENS, MAX_ID_CHARS, MAX_TEXT_BYTES, check_document,
-                                  chunk_spans)
+from engine.rag.documents import CHUNK_TOKENS, MAX_ID_CHARS, MAX_TEXT_BYTES, check_document, chunk_spans
 
 COLLECTION = "passages"
-CANDIDATES = 20             # retrieved per question before reranking
-K = 5                       # returned after reranking
+CANDIDATES = 20  # retrieved per question before reranking
+K = 5  # returned after reranking
 MODES = ("hybrid", "dense", "bm25")
-RRF_K = 60                  # reciprocal-rank fusion constant (Milvus's default)
+RRF_K = 60  # reciprocal-rank fusion constant (Milvus's default)
 INSERT_ROWS = 256
 MAX_CANDIDATES = 1_000
 
@@ -48,7 +48,9 @@ def _milvus():
     try:
         import pymilvus
     except ImportError as exc:
-        raise ModelLoadError("the retrieval pipeline needs Milvus: pip install 'prune-engine[milvus]'") from exc
+        raise ModelLoadError(
+            "the retrieval pipeline needs Milvus: pip install 'prune-engine[milvus]'"
+        ) from exc
     return pymilvus
 
 
@@ -59,20 +61,22 @@ def is_local(db: str) -> bool:
 
 # ----------------------------------------------------------------------------- results
 
+
 @dataclass
 class AskResult:
     """What `prune ask` retrieved and kept for one question."""
-    id: str                         # the source document's id
-    chunk: int                      # chunk number within the document
-    start: int                      # character span of the chunk in the document
+
+    id: str  # the source document's id
+    chunk: int  # chunk number within the document
+    start: int  # character span of the chunk in the document
     end: int
-    text: str                       # the chunk, untouched
-    metadata: dict[str, Any]        # the document's other fields
-    retrieval_rank: int             # 1-based rank from Milvus
-    retrieval_score: float          # Milvus's score (RRF for hybrid, cosine for dense, BM25)
+    text: str  # the chunk, untouched
+    metadata: dict[str, Any]  # the document's other fields
+    retrieval_rank: int  # 1-based rank from Milvus
+    retrieval_score: float  # Milvus's score (RRF for hybrid, cosine for dense, BM25)
     reranking_score: float | None
     pruned_context: str
-    highlighted: str                # the chunk with kept sentences between the tags
+    highlighted: str  # the chunk with kept sentences between the tags
     result: PruneResult = field(repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -86,6 +90,7 @@ class AskResult:
 @dataclass
 class Answer:
     """One retrieved passage: its id, score, text and what was kept."""
+
     question: str
     mode: str
     candidates: int
@@ -96,21 +101,29 @@ class Answer:
     def context(self) -> str:
         """The pruned passages, numbered with their sources, ready for an LLM prompt
         (passages with nothing kept are left out)."""
-        parts = [f"[{i}] (source: {r.id}#{r.chunk})\n{r.pruned_context}"
-                 for i, r in enumerate((r for r in self.results if r.pruned_context), 1)]
+        parts = [
+            f"[{i}] (source: {r.id}#{r.chunk})\n{r.pruned_context}"
+            for i, r in enumerate((r for r in self.results if r.pruned_context), 1)
+        ]
         return "\n\n".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready values."""
-        return {"question": self.question, "mode": self.mode, "candidates": self.candidates,
-                "reranked": self.reranked,
-                "results": [r.to_dict() for r in self.results], "context": self.context(),
-                "timings_ms": self.timings_ms}
+        return {
+            "question": self.question,
+            "mode": self.mode,
+            "candidates": self.candidates,
+            "reranked": self.reranked,
+            "results": [r.to_dict() for r in self.results],
+            "context": self.context(),
+            "timings_ms": self.timings_ms,
+        }
 
 
 @dataclass
 class IndexReport:
     """What `prune index` wrote: documents, chunks, time."""
+
     documents: int
     chunks: int
     seconds: float
@@ -121,6 +134,7 @@ class IndexReport:
 
 # ----------------------------------------------------------------------------- pipeline
 
+
 class Pipeline:
     """A Milvus collection built by `index` and queried by `ask`.
 
@@ -128,9 +142,16 @@ class Pipeline:
     pruner / embedder: loaded on first use ("default" model) when not given.
     """
 
-    def __init__(self, db: str | Path, pruner: Any = None, embedder: Any = None, *,
-                 collection: str = COLLECTION, token: str | None = None,
-                 log: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        db: str | Path,
+        pruner: Any = None,
+        embedder: Any = None,
+        *,
+        collection: str = COLLECTION,
+        token: str | None = None,
+        log: Callable[[str], None] | None = None,
+    ):
         self.db, self.collection, self.token = str(db), collection, token
         self._pruner, self._embedder = pruner, embedder
         self.log = log or (lambda m: None)
@@ -150,31 +171,39 @@ class Pipeline:
         if is_local(self.db):
             path = Path(self.db)
             if path.suffix != ".db":
-                raise PipelineError(f"{self.db}: a Milvus Lite database is a file whose name ends in .db "
-                                    "(for example rag.db); a Milvus server is a URI such as http://host:19530")
+                raise PipelineError(
+                    f"{self.db}: a Milvus Lite database is a file whose name ends in .db "
+                    "(for example rag.db); a Milvus server is a URI such as http://host:19530"
+                )
             if not create and not path.exists():
-                raise PipelineError(f"{self.db}: no such Milvus Lite database; build it with prune index "
-                                    "--db FILE --data docs.jsonl")
+                raise PipelineError(
+                    f"{self.db}: no such Milvus Lite database; build it with prune index "
+                    "--db FILE --data docs.jsonl"
+                )
             if path.is_dir():
-                raise PipelineError(f"{self.db} is a folder; a Milvus Lite database is a file (for example rag.db)")
+                raise PipelineError(
+                    f"{self.db} is a folder; a Milvus Lite database is a file (for example rag.db)"
+                )
             path.parent.mkdir(parents=True, exist_ok=True)
         try:
             kwargs = {"uri": str(Path(self.db).resolve()) if is_local(self.db) else self.db}
             if self.token:
                 kwargs["token"] = self.token
-            with warnings.catch_warnings():   # milvus-lite 2.5 imports the deprecated pkg_resources
+            with warnings.catch_warnings():  # milvus-lite 2.5 imports the deprecated pkg_resources
                 warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
                 return pymilvus.MilvusClient(**kwargs)
         except Exception as exc:
             what = "a Milvus Lite database" if is_local(self.db) else "a Milvus server"
-            raise PipelineError(f"{self.db}: cannot open it as {what} ({type(exc).__name__}: "
-                                f"{getattr(exc, 'message', exc)})") from exc
+            raise PipelineError(
+                f"{self.db}: cannot open it as {what} ({type(exc).__name__}: {getattr(exc, 'message', exc)})"
+            ) from exc
 
     @property
     def pruner(self):
         """The pruner (loaded on first use)."""
         if self._pruner is None:
             from engine.pruner import Pruner
+
             self._pruner = Pruner.load("default")
         return self._pruner
 
@@ -187,6 +216,7 @@ class Pipeline:
         """The retrieval encoder (loaded on first use)."""
         if self._embedder is None:
             from engine.rag.embedder import Embedder
+
             self._embedder = Embedder.load("default", log=self.log)
         return self._embedder
 
@@ -216,8 +246,13 @@ class Pipeline:
         self.close()
 
     # -- index
-    def index(self, documents: Iterable[dict[str, Any]], *, chunk_tokens: int = CHUNK_TOKENS,
-              overwrite: bool = False) -> IndexReport:
+    def index(
+        self,
+        documents: Iterable[dict[str, Any]],
+        *,
+        chunk_tokens: int = CHUNK_TOKENS,
+        overwrite: bool = False,
+    ) -> IndexReport:
         """Chunk, embed and store `documents` (dicts with id, text and metadata) in a new
         collection. An existing collection is an error unless `overwrite`."""
         t0 = time.perf_counter()
@@ -226,46 +261,65 @@ class Pipeline:
             raise InputError("no documents to index")
         embedder = self.embedder
         if chunk_tokens + 2 > embedder.max_length:
-            raise InputError(f"chunk_tokens {chunk_tokens} does not fit the encoder's window of "
-                             f"{embedder.max_length} tokens (2 are special tokens)")
+            raise InputError(
+                f"chunk_tokens {chunk_tokens} does not fit the encoder's window of "
+                f"{embedder.max_length} tokens (2 are special tokens)"
+            )
         rows = []
         for doc in docs:
             meta = {k: v for k, v in doc.items() if k not in ("id", "text")}
             for n, (s, e) in enumerate(chunk_spans(doc["text"], embedder, chunk_tokens)):
                 text = doc["text"][s:e]
                 if len(text.encode("utf-8")) > MAX_TEXT_BYTES:
-                    raise InputError(f"document {doc['id']}: chunk {n} is over Milvus's {MAX_TEXT_BYTES} bytes")
-                rows.append({"doc_id": doc["id"], "chunk": n, "start": s, "end": e, "text": text,
-                             "metadata": meta})
+                    raise InputError(
+                        f"document {doc['id']}: chunk {n} is over Milvus's {MAX_TEXT_BYTES} bytes"
+                    )
+                rows.append(
+                    {"doc_id": doc["id"], "chunk": n, "start": s, "end": e, "text": text, "metadata": meta}
+                )
         self.log(f"{len(docs)} documents -> {len(rows)} chunks of at most {chunk_tokens} tokens")
         client = self._client or self._connect(create=True)
         self._client = client
         if client.has_collection(self.collection):
             if not overwrite:
-                raise PipelineError(f"collection {self.collection!r} already exists in {self.db}; "
-                                    "--overwrite rebuilds it")
+                raise PipelineError(
+                    f"collection {self.collection!r} already exists in {self.db}; --overwrite rebuilds it"
+                )
             client.drop_collection(self.collection)
         self._about = None
         self._create(client, embedder, chunk_tokens, len(docs))
         t_embed = 0.0
         for b in range(0, len(rows), INSERT_ROWS):
-            part = rows[b:b + INSERT_ROWS]
+            part = rows[b : b + INSERT_ROWS]
             t1 = time.perf_counter()
             vectors = embedder.encode([r["text"] for r in part], what="chunk")
             t_embed += time.perf_counter() - t1
             for r, v in zip(part, vectors):
                 r["dense"] = v.tolist()
             client.insert(self.collection, part)
-            self.log(f"  embedded and stored {min(b + INSERT_ROWS, len(rows))}/{len(rows)} chunks "
-                     f"({(b + len(part)) / max(t_embed, 1e-9):.0f} chunks/s embedding)")
-        return IndexReport(documents=len(docs), chunks=len(rows), seconds=time.perf_counter() - t0,
-                           embed_seconds=t_embed, collection=self.collection, db=self.db)
+            self.log(
+                f"  embedded and stored {min(b + INSERT_ROWS, len(rows))}/{len(rows)} chunks "
+                f"({(b + len(part)) / max(t_embed, 1e-9):.0f} chunks/s embedding)"
+            )
+        return IndexReport(
+            documents=len(docs),
+            chunks=len(rows),
+            seconds=time.perf_counter() - t0,
+            embed_seconds=t_embed,
+            collection=self.collection,
+            db=self.db,
+        )
 
     def _create(self, client, embedder, chunk_tokens: int, documents: int) -> None:
         pymilvus = _milvus()
         DataType, Function, FunctionType = pymilvus.DataType, pymilvus.Function, pymilvus.FunctionType
-        about = {"prune-engine": engine.__version__, "embedder": embedder.name, "dim": embedder.dim,
-                 "chunk_tokens": chunk_tokens, "documents": documents}
+        about = {
+            "prune-engine": engine.__version__,
+            "embedder": embedder.name,
+            "dim": embedder.dim,
+            "chunk_tokens": chunk_tokens,
+            "documents": documents,
+        }
         schema = client.create_schema(auto_id=True, description=json.dumps(about))
         schema.add_field("pk", DataType.INT64, is_primary=True)
         schema.add_field("doc_id", DataType.VARCHAR, max_length=MAX_ID_CHARS * 4)
@@ -276,13 +330,20 @@ class Pipeline:
         schema.add_field("metadata", DataType.JSON)
         schema.add_field("dense", DataType.FLOAT_VECTOR, dim=embedder.dim)
         schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
-        schema.add_function(Function(name="text_bm25", function_type=FunctionType.BM25,
-                                     input_field_names=["text"], output_field_names=["sparse"]))
+        schema.add_function(
+            Function(
+                name="text_bm25",
+                function_type=FunctionType.BM25,
+                input_field_names=["text"],
+                output_field_names=["sparse"],
+            )
+        )
         index = client.prepare_index_params()
-        index.add_index("dense", index_type="AUTOINDEX", metric_type="IP")   # unit vectors: cosine
+        index.add_index("dense", index_type="AUTOINDEX", metric_type="IP")  # unit vectors: cosine
         index.add_index("sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25")
-        client.create_collection(self.collection, schema=schema, index_params=index,
-                                 consistency_level="Strong")
+        client.create_collection(
+            self.collection, schema=schema, index_params=index, consistency_level="Strong"
+        )
 
     # -- query
     def about(self) -> dict[str, Any]:
@@ -293,9 +354,11 @@ class Pipeline:
         client = self.client
         if not client.has_collection(self.collection):
             names = client.list_collections()
-            raise PipelineError(f"no collection {self.collection!r} in {self.db}"
-                                + (f" (it has {', '.join(map(repr, names))})" if names else " (it is empty)")
-                                + "; build it with prune index")
+            raise PipelineError(
+                f"no collection {self.collection!r} in {self.db}"
+                + (f" (it has {', '.join(map(repr, names))})" if names else " (it is empty)")
+                + "; build it with prune index"
+            )
         desc = client.describe_collection(self.collection).get("description") or ""
         try:
             about = json.loads(desc)
@@ -310,13 +373,17 @@ class Pipeline:
         """Milvus hits (dicts with id, distance, entity) for `question`, best first."""
         return self._search(question, mode, limit, {})
 
-    def _search(self, question: str, mode: str, limit: int, timings: dict[str, float]) -> list[dict[str, Any]]:
+    def _search(
+        self, question: str, mode: str, limit: int, timings: dict[str, float]
+    ) -> list[dict[str, Any]]:
         if not isinstance(question, str) or not question.strip():
             raise InputError("question must be a non-empty string")
         if mode not in MODES:
             raise InputError(f"mode must be one of {MODES}, got {mode!r}")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CANDIDATES:
-            raise InputError(f"the number of candidates must be an integer in 1..{MAX_CANDIDATES}, got {limit!r}")
+            raise InputError(
+                f"the number of candidates must be an integer in 1..{MAX_CANDIDATES}, got {limit!r}"
+            )
         about = self.about()
         pymilvus = _milvus()
         fields = ["doc_id", "chunk", "start", "end", "text", "metadata"]
@@ -324,28 +391,54 @@ class Pipeline:
         if mode != "bm25":
             embedder = self.embedder
             if embedder.dim != about["dim"] or embedder.name != about["embedder"]:
-                raise PipelineError(f"the collection was embedded with {about['embedder']} ({about['dim']} dims); "
-                                    f"this pipeline's encoder is {embedder.name} ({embedder.dim} dims)")
+                raise PipelineError(
+                    f"the collection was embedded with {about['embedder']} ({about['dim']} dims); "
+                    f"this pipeline's encoder is {embedder.name} ({embedder.dim} dims)"
+                )
             t0 = time.perf_counter()
             vector = embedder.encode([question], what="question")[0].tolist()
             timings["embed"] = (time.perf_counter() - t0) * 1e3
         t0 = time.perf_counter()
         dense = {"data": [vector], "anns_field": "dense", "param": {"metric_type": "IP"}, "limit": limit}
-        sparse = {"data": [question], "anns_field": "sparse", "param": {"metric_type": "BM25"}, "limit": limit}
+        sparse = {
+            "data": [question],
+            "anns_field": "sparse",
+            "param": {"metric_type": "BM25"},
+            "limit": limit,
+        }
         if mode == "hybrid":
             hits = self.client.hybrid_search(
-                self.collection, [pymilvus.AnnSearchRequest(**dense), pymilvus.AnnSearchRequest(**sparse)],
-                ranker=pymilvus.RRFRanker(RRF_K), limit=limit, output_fields=fields)[0]
+                self.collection,
+                [pymilvus.AnnSearchRequest(**dense), pymilvus.AnnSearchRequest(**sparse)],
+                ranker=pymilvus.RRFRanker(RRF_K),
+                limit=limit,
+                output_fields=fields,
+            )[0]
         else:
             req = dense if mode == "dense" else sparse
-            hits = self.client.search(self.collection, data=req["data"], anns_field=req["anns_field"],
-                                      search_params=req["param"], limit=limit, output_fields=fields)[0]
+            hits = self.client.search(
+                self.collection,
+                data=req["data"],
+                anns_field=req["anns_field"],
+                search_params=req["param"],
+                limit=limit,
+                output_fields=fields,
+            )[0]
         timings["retrieve"] = (time.perf_counter() - t0) * 1e3
         return list(hits)
 
-    def ask(self, question: str, *, k: int = K, candidates: int = CANDIDATES, mode: str = "hybrid",
-            threshold: float | None = None, pre: str = "<em>", post: str = "</em>",
-            rerank: bool = True) -> Answer:
+    def ask(
+        self,
+        question: str,
+        *,
+        k: int = K,
+        candidates: int = CANDIDATES,
+        mode: str = "hybrid",
+        threshold: float | None = None,
+        pre: str = "<em>",
+        post: str = "</em>",
+        rerank: bool = True,
+    ) -> Answer:
         """Retrieve `candidates` chunks, rerank them by the pruner's reranking score, prune
         them, and return the best `k` with their pruned text. `rerank=False` keeps Milvus's
         order and prunes only the `k` it returns."""
@@ -359,22 +452,46 @@ class Pipeline:
             raise InputError(f"candidates must be an integer, got {candidates!r}")
         hits = self._search(question, mode, max(candidates, k), timings)
         t0 = time.perf_counter()
-        todo = hits if rerank else hits[:k]          # without reranking only the k returned are pruned
-        pruned = self.pruner.prune(question, [h["entity"]["text"] for h in todo], threshold=threshold) \
-            if todo else []
+        todo = hits if rerank else hits[:k]  # without reranking only the k returned are pruned
+        pruned = (
+            self.pruner.prune(question, [h["entity"]["text"] for h in todo], threshold=threshold)
+            if todo
+            else []
+        )
         timings["rerank_prune"] = (time.perf_counter() - t0) * 1e3
         results = []
         for rank, (hit, res) in enumerate(zip(hits, pruned), 1):
             e = hit["entity"]
-            results.append(AskResult(
-                id=e["doc_id"], chunk=int(e["chunk"]), start=int(e["start"]), end=int(e["end"]),
-                text=e["text"], metadata=e.get("metadata") or {}, retrieval_rank=rank,
-                retrieval_score=float(hit["distance"]), reranking_score=res.reranking_score,
-                pruned_context=res.pruned_context, highlighted=res.highlight(pre, post), result=res))
+            results.append(
+                AskResult(
+                    id=e["doc_id"],
+                    chunk=int(e["chunk"]),
+                    start=int(e["start"]),
+                    end=int(e["end"]),
+                    text=e["text"],
+                    metadata=e.get("metadata") or {},
+                    retrieval_rank=rank,
+                    retrieval_score=float(hit["distance"]),
+                    reranking_score=res.reranking_score,
+                    pruned_context=res.pruned_context,
+                    highlighted=res.highlight(pre, post),
+                    result=res,
+                )
+            )
         # best reranking score first; ties keep Milvus's order
         if rerank:
-            results.sort(key=lambda r: (-(r.reranking_score if r.reranking_score is not None else float("-inf")),
-                                        r.retrieval_rank))
+            results.sort(
+                key=lambda r: (
+                    -(r.reranking_score if r.reranking_score is not None else float("-inf")),
+                    r.retrieval_rank,
+                )
+            )
         timings["total"] = (time.perf_counter() - t_all) * 1e3
-        return Answer(question=question, mode=mode, candidates=len(hits), reranked=bool(rerank), results=results[:k],
-                      timings_ms={n: round(v, 2) for n, v in timings.items()})
+        return Answer(
+            question=question,
+            mode=mode,
+            candidates=len(hits),
+            reranked=bool(rerank),
+            results=results[:k],
+            timings_ms={n: round(v, 2) for n, v in timings.items()},
+        )

@@ -10,6 +10,7 @@ loading) with exponential backoff capped at 2 s, all within one deadline per cal
 (`timeout`): every request is sent with what is left of it, retries and backoff
 included, so a dead or stalled server is a clear error in at most `timeout` seconds.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,10 +24,19 @@ from engine.errors import BackendError, ModelLoadError
 T = TypeVar("T")
 R = TypeVar("R")
 
-RETRYABLE = ("unavailable", "connection refused", "connect", "socket closed", "broken pipe",
-              "reset by peer", "failed to establish", "timed out", "deadline",
-              "is not healthy",         # a model whose python-backend stub died (prune serve restarts it)
-              "has no available versions")   # a (re)starting server still loading the model
+RETRYABLE = (
+    "unavailable",
+    "connection refused",
+    "connect",
+    "socket closed",
+    "broken pipe",
+    "reset by peer",
+    "failed to establish",
+    "timed out",
+    "deadline",
+    "is not healthy",  # a model whose python-backend stub died (prune serve restarts it)
+    "has no available versions",
+)  # a (re)starting server still loading the model
 
 
 def retryable(exc: BaseException) -> bool:
@@ -38,11 +48,12 @@ def retryable(exc: BaseException) -> bool:
 @runtime_checkable
 class Transport(Protocol):
     """Requests to one model on one Triton server or on several replicas of it."""
-    tc: Any                          # tritonclient.grpc or tritonclient.http
+
+    tc: Any  # tritonclient.grpc or tritonclient.http
     protocol: str
     model: str
     timeout: float
-    concurrency: int                 # requests of one call in flight at once
+    concurrency: int  # requests of one call in flight at once
     config: dict[str, Any]
     max_batch_size: int | None
     metadata_inputs: list[str]
@@ -92,25 +103,38 @@ def grpc_channel_args() -> list[tuple[str, int]]:
     backoff capped at one second (a restarted server is reached within a second)."""
     from tritonclient.grpc import KeepAliveOptions
     from tritonclient.grpc._client import MAX_GRPC_MESSAGE_SIZE
+
     k = KeepAliveOptions()
-    return [("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
-            ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
-            ("grpc.keepalive_time_ms", k.keepalive_time_ms),
-            ("grpc.keepalive_timeout_ms", k.keepalive_timeout_ms),
-            ("grpc.keepalive_permit_without_calls", k.keepalive_permit_without_calls),
-            ("grpc.http2.max_pings_without_data", k.http2_max_pings_without_data),
-            ("grpc.use_local_subchannel_pool", 1),
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 1000)]
+    return [
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.keepalive_time_ms", k.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", k.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", k.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", k.http2_max_pings_without_data),
+        ("grpc.use_local_subchannel_pool", 1),
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 1000),
+    ]
 
 
 class TritonClient:
     """A connection to one model on a Triton server: readiness, config, retries."""
 
-    def __init__(self, url: str, model: str, *, protocol: str = "grpc", version: str = "",
-                 timeout: float = 30.0, retries: int = 3, backoff: float = 0.5, concurrency: int = 8,
-                 ready_timeout: float = 10.0):
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        *,
+        protocol: str = "grpc",
+        version: str = "",
+        timeout: float = 30.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        concurrency: int = 8,
+        ready_timeout: float = 10.0,
+    ):
         if protocol not in ("grpc", "http"):
             raise ModelLoadError(f"protocol must be grpc or http, got {protocol!r}")
         try:
@@ -123,8 +147,11 @@ class TritonClient:
         self.tc, self.protocol, self.url, self.model, self.version = tc, protocol, url, model, version
         self.timeout, self.retries, self.backoff, self.concurrency = timeout, retries, backoff, concurrency
         # The HTTP client is gevent-based: one Pruner per thread; gRPC clients are thread-safe.
-        self._client_kwargs = ({"channel_args": grpc_channel_args()} if protocol == "grpc" else
-                               {"concurrency": concurrency, "connection_timeout": timeout, "network_timeout": timeout})
+        self._client_kwargs = (
+            {"channel_args": grpc_channel_args()}
+            if protocol == "grpc"
+            else {"concurrency": concurrency, "connection_timeout": timeout, "network_timeout": timeout}
+        )
         self.client = tc.InferenceServerClient(url, **self._client_kwargs)
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="triton")
         self._wait_ready(ready_timeout)
@@ -144,7 +171,9 @@ class TritonClient:
         delay = self.backoff
         for attempt in range(self.retries + 1):
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"no answer from {self.url} within the call's deadline ({self.timeout:g} s)")
+                raise TimeoutError(
+                    f"no answer from {self.url} within the call's deadline ({self.timeout:g} s)"
+                )
             try:
                 return fn(*args, **kwargs)
             except Exception as exc:
@@ -164,11 +193,17 @@ class TritonClient:
         if remaining <= 0:
             raise TimeoutError(f"no answer from {self.url} within the call's deadline ({self.timeout:g} s)")
         if self.protocol == "grpc":
-            return self.client.infer(model, inputs, model_version=self.version if model == self.model else "",
-                                     outputs=outputs, client_timeout=remaining)
+            return self.client.infer(
+                model,
+                inputs,
+                model_version=self.version if model == self.model else "",
+                outputs=outputs,
+                client_timeout=remaining,
+            )
         # HTTP: the gevent-based client waits at most `remaining` for this answer
-        request = self.client.async_infer(model, inputs, model_version=self.version if model == self.model else "",
-                                          outputs=outputs)
+        request = self.client.async_infer(
+            model, inputs, model_version=self.version if model == self.model else "", outputs=outputs
+        )
         return request.get_result(timeout=remaining)
 
     def infer_with_retries(self, model: str, inputs, outputs, deadline: float | None = None):
@@ -181,8 +216,9 @@ class TritonClient:
         HTTP: the client's own connection pool sends them (its gevent-based client must stay
         on the calling thread); a request that failed retryably is sent again with retries."""
         if self.protocol == "grpc":
-            return list(self._pool.map(lambda io: self.infer_with_retries(model, io[0], io[1], deadline),
-                                       requests))
+            return list(
+                self._pool.map(lambda io: self.infer_with_retries(model, io[0], io[1], deadline), requests)
+            )
         version = self.version if model == self.model else ""
         pending = [self.client.async_infer(model, i, model_version=version, outputs=o) for i, o in requests]
         results = []
@@ -206,9 +242,10 @@ class TritonClient:
             except Exception as exc:
                 last = exc
             if time.monotonic() > deadline:
-                raise BackendError(f"Triton server at {self.url} ({self.protocol}) is not reachable or not "
-                                   f"ready after {ready_timeout:.0f} s" + (f": {last}" if last else "")
-                                   + self._port_hint())
+                raise BackendError(
+                    f"Triton server at {self.url} ({self.protocol}) is not reachable or not "
+                    f"ready after {ready_timeout:.0f} s" + (f": {last}" if last else "") + self._port_hint()
+                )
             time.sleep(0.2)
         try:
             ready = self.client.is_model_ready(self.model, self.version)
@@ -217,23 +254,32 @@ class TritonClient:
         if not ready:
             try:
                 index = self.client.get_model_repository_index()
-                names = sorted({(m.name if hasattr(m, "name") else m["name"]) for m in
-                                (index.models if hasattr(index, "models") else index)})
+                names = sorted(
+                    {
+                        (m.name if hasattr(m, "name") else m["name"])
+                        for m in (index.models if hasattr(index, "models") else index)
+                    }
+                )
             except Exception:
                 names = []
-            raise BackendError(f"model {self.model!r} is not ready on the Triton server at {self.url}"
-                               + (f" (models there: {', '.join(names)})" if names else ""))
+            raise BackendError(
+                f"model {self.model!r} is not ready on the Triton server at {self.url}"
+                + (f" (models there: {', '.join(names)})" if names else "")
+            )
 
     def _port_hint(self) -> str:
         """gRPC sent to Triton's HTTP port fails obscurely: say so when HTTP answers there."""
         if self.protocol != "grpc":
             return ""
         import urllib.request
+
         try:
             with urllib.request.urlopen(f"http://{self.url}/v2/health/live", timeout=1) as r:
                 if r.status == 200:
-                    return (f". {self.url} answers HTTP: it is Triton's HTTP port; pass protocol='http' "
-                            "(--protocol http) or use the gRPC port (8001 by default)")
+                    return (
+                        f". {self.url} answers HTTP: it is Triton's HTTP port; pass protocol='http' "
+                        "(--protocol http) or use the gRPC port (8001 by default)"
+                    )
         except Exception:
             pass
         return ""
@@ -241,6 +287,7 @@ class TritonClient:
     def _model_config(self) -> dict[str, Any]:
         if self.protocol == "grpc":
             from google.protobuf.json_format import MessageToDict
+
             cfg = self.client.get_model_config(self.model, self.version, client_timeout=self.timeout).config
             d = MessageToDict(cfg, preserving_proto_field_name=True)
             d["max_batch_size"] = cfg.max_batch_size
@@ -267,8 +314,10 @@ class TritonClient:
         """The model's manifest (its prune_manifest parameter)."""
         text = self.parameters().get("prune_manifest")
         if not text:
-            raise ModelLoadError(f"model {self.model!r} has no prune_manifest parameter: "
-                                 "generate its repository with `prune repository`")
+            raise ModelLoadError(
+                f"model {self.model!r} has no prune_manifest parameter: "
+                "generate its repository with `prune repository`"
+            )
         return json.loads(text)
 
     def health(self) -> bool:

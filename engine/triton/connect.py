@@ -1,6 +1,7 @@
 """The Triton half of loading: `Pruner.connect`'s work. A served text model gives a
 `TritonTextPruner` (text in, results out); a core model gives a `Pruner` whose core is
 the server (the client splits and tokenizes)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -15,10 +16,20 @@ from engine.settings import DEFAULTS
 from engine.pipeline.spec import Manifest
 
 
-def connect(url: str | Sequence[str], model: str, *, protocol: str = "grpc",
-            tokenizer: str | Path | None = None, batching: BatchingConfig | None = None,
-            timeout: float = DEFAULTS.timeout, retries: int = 3, backoff: float = 0.5, concurrency: int = 8,
-            ready_timeout: float = 10.0, replica_options: dict[str, Any] | None = None) -> PrunerProtocol:
+def connect(
+    url: str | Sequence[str],
+    model: str,
+    *,
+    protocol: str = "grpc",
+    tokenizer: str | Path | None = None,
+    batching: BatchingConfig | None = None,
+    timeout: float = DEFAULTS.timeout,
+    retries: int = 3,
+    backoff: float = 0.5,
+    concurrency: int = 8,
+    ready_timeout: float = 10.0,
+    replica_options: dict[str, Any] | None = None,
+) -> PrunerProtocol:
     """The Pruner API on a model of a Triton server (see `prune repository`).
 
     `url` is one server (`host:port`) or several replicas of it: a list of endpoints, a
@@ -42,15 +53,34 @@ def connect(url: str | Sequence[str], model: str, *, protocol: str = "grpc",
     from engine.pruner import Pruner
     from engine.triton.client import Transport, TritonClient
     from engine.triton.replicas import ReplicaSet, is_replicated
+
     transport: Transport
     if is_replicated(url):
-        transport = ReplicaSet(url, model, protocol=protocol, timeout=timeout, retries=retries, backoff=backoff,
-                               concurrency=concurrency, ready_timeout=ready_timeout, **(replica_options or {}))
-    else:   # a single host:port (is_replicated takes every list)
-        transport = TritonClient(str(url), model, protocol=protocol, timeout=timeout, retries=retries,
-                                 backoff=backoff, concurrency=concurrency, ready_timeout=ready_timeout)
+        transport = ReplicaSet(
+            url,
+            model,
+            protocol=protocol,
+            timeout=timeout,
+            retries=retries,
+            backoff=backoff,
+            concurrency=concurrency,
+            ready_timeout=ready_timeout,
+            **(replica_options or {}),
+        )
+    else:  # a single host:port (is_replicated takes every list)
+        transport = TritonClient(
+            str(url),
+            model,
+            protocol=protocol,
+            timeout=timeout,
+            retries=retries,
+            backoff=backoff,
+            concurrency=concurrency,
+            ready_timeout=ready_timeout,
+        )
     if transport.is_text_model:
         from engine.triton.text_pruner import TritonTextPruner
+
         return TritonTextPruner(transport)
     try:
         core = TritonBackend(transport)
@@ -64,9 +94,12 @@ def connect(url: str | Sequence[str], model: str, *, protocol: str = "grpc",
     else:
         text = core.tokenizer_json()
         if text is None:
-            raise ModelLoadError(f"model {model!r} has no text model to fetch its tokenizer from: pass "
-                                 "tokenizer= (the export folder)")
+            raise ModelLoadError(
+                f"model {model!r} has no text model to fetch its tokenizer from: pass "
+                "tokenizer= (the export folder)"
+            )
         from tokenizers import Tokenizer
+
         tok = Tokenizer.from_str(text)
         tok.no_padding()
         tok.no_truncation()

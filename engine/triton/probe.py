@@ -7,6 +7,7 @@ model whose python-backend stub died "ready" while it fails every request, so it
 `/v2/health/*` cannot see that; this can. deploy/kubernetes runs it as the tritonserver
 container's liveness probe (a dead stub: the container is restarted), beside the HTTP
 API's `/health` as the pod's readiness (the same inference, through the API)."""
+
 from __future__ import annotations
 
 import argparse
@@ -21,22 +22,26 @@ QUESTION, PASSAGES = "Is the engine up?", ["The engine is up."]
 def probe(url: str, model: str, timeout: float) -> str | None:
     """None when the model answered, else why not."""
     from engine.triton.connect import connect
+
     try:
         pruner = connect(url, model, timeout=timeout, retries=0, ready_timeout=timeout)
         try:
             pruner.prune(QUESTION, PASSAGES)
         finally:
             pruner.close()
-    except Exception as exc:    # every failure is an answer here: the probe says which
+    except Exception as exc:  # every failure is an answer here: the probe says which
         return f"{type(exc).__name__}: {exc}"[:500]
     return None
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m engine.triton.probe`: exit 0 when a real inference through the text model answers."""
-    p = argparse.ArgumentParser(prog="python -m engine.triton.probe",
-                                description=__doc__.split("\n\n")[0].rstrip(":") + ".")
-    p.add_argument("--url", default="127.0.0.1:8001", help="the server's gRPC address (default 127.0.0.1:8001)")
+    p = argparse.ArgumentParser(
+        prog="python -m engine.triton.probe", description=__doc__.split("\n\n")[0].rstrip(":") + "."
+    )
+    p.add_argument(
+        "--url", default="127.0.0.1:8001", help="the server's gRPC address (default 127.0.0.1:8001)"
+    )
     p.add_argument("--model", default=setting("text_model") or "default_text", help=help_text("text_model"))
     p.add_argument("--timeout", type=float, default=5.0, help="seconds the call may take (default 5)")
     args = p.parse_args(argv)

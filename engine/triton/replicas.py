@@ -20,6 +20,7 @@ A failed request is not retried on the same replica with backoff (a single serve
 `retries`/`backoff`): it goes to the next ready replica, and waits for one to come back
 when none is, until the call's deadline.
 """
+
 from __future__ import annotations
 
 import socket
@@ -40,7 +41,7 @@ def parse_endpoints(url: str | Sequence[str]) -> tuple[list[str], str | None]:
     """(endpoints, dns name or None) from a list, a comma-separated string or `dns:///host:port`."""
     if isinstance(url, str):
         if url.startswith(DNS_SCHEME):
-            return resolve(url[len(DNS_SCHEME):]), url[len(DNS_SCHEME):]
+            return resolve(url[len(DNS_SCHEME) :]), url[len(DNS_SCHEME) :]
         url = [u for u in url.split(",")]
     endpoints = [u.strip() for u in url]
     if not endpoints or any(not u or ":" not in u for u in endpoints):
@@ -64,22 +65,24 @@ def resolve(name: str) -> list[str]:
         infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise BackendError(f"cannot resolve {host!r}: {exc}") from exc
-    addrs = sorted({i[4][0] for i in infos if i[0] == socket.AF_INET}) or \
-        sorted({i[4][0] for i in infos if i[0] == socket.AF_INET6})   # one family: no double counting
+    addrs = sorted({i[4][0] for i in infos if i[0] == socket.AF_INET}) or sorted(
+        {i[4][0] for i in infos if i[0] == socket.AF_INET6}
+    )  # one family: no double counting
     return [f"[{a}]:{port}" if ":" in a else f"{a}:{port}" for a in addrs]
 
 
 @dataclass
 class Replica:
     """One server of a replica set: its client, readiness and load."""
+
     endpoint: str
     ready: bool = False
     client: TritonClient | None = None
     outstanding: int = 0
-    served: int = 0              # requests it answered
-    failed: int = 0              # requests that failed over from it
+    served: int = 0  # requests it answered
+    failed: int = 0  # requests that failed over from it
     removals: int = 0
-    readmissions: list[float] = field(default_factory=list)   # monotonic times it came back
+    readmissions: list[float] = field(default_factory=list)  # monotonic times it came back
     down_since: float | None = None
     reason: str = ""
 
@@ -87,17 +90,36 @@ class Replica:
 class ReplicaSet:
     """A client of one model on several Triton servers (see the module's docstring)."""
 
-    def __init__(self, url: str | Sequence[str], model: str, *, protocol: str = "grpc", version: str = "",
-                 timeout: float = 30.0, retries: int = 3, backoff: float = 0.5, concurrency: int = 8,
-                 ready_timeout: float = 10.0, try_timeout: float | None = None, health_interval: float = 0.5,
-                 resolve_interval: float = 10.0, log: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        url: str | Sequence[str],
+        model: str,
+        *,
+        protocol: str = "grpc",
+        version: str = "",
+        timeout: float = 30.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        concurrency: int = 8,
+        ready_timeout: float = 10.0,
+        try_timeout: float | None = None,
+        health_interval: float = 0.5,
+        resolve_interval: float = 10.0,
+        log: Callable[[str], None] | None = None,
+    ):
         endpoints, self.dns_name = parse_endpoints(url)
         self.model, self.protocol, self.version = model, protocol, version
         self.timeout, self.try_timeout, self.concurrency = timeout, try_timeout, concurrency
         self.health_interval, self.resolve_interval = health_interval, resolve_interval
         self.log = log or (lambda m: None)
-        self._client_kwargs = dict(protocol=protocol, version=version, timeout=timeout, retries=0,
-                                   backoff=backoff, concurrency=concurrency)
+        self._client_kwargs = dict(
+            protocol=protocol,
+            version=version,
+            timeout=timeout,
+            retries=0,
+            backoff=backoff,
+            concurrency=concurrency,
+        )
         self._lock = threading.Lock()
         self._ready_event = threading.Condition(self._lock)
         self._turn = 0
@@ -105,8 +127,10 @@ class ReplicaSet:
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="replicas")
         # the first replica that is ready defines the model every other must serve
         if protocol != "grpc":
-            raise ModelLoadError("several endpoints need protocol='grpc' (an HTTP client belongs to the "
-                                 "thread that made it); behind one HTTP load balancer, connect to its URL")
+            raise ModelLoadError(
+                "several endpoints need protocol='grpc' (an HTTP client belongs to the "
+                "thread that made it); behind one HTTP load balancer, connect to its URL"
+            )
         first, first_replica, errors = None, None, []
         deadline = time.monotonic() + ready_timeout
         while first is None:
@@ -117,8 +141,10 @@ class ReplicaSet:
                 except Exception as exc:
                     errors.append(f"{r.endpoint}: {exc}")
             if first is None and time.monotonic() > deadline:
-                raise BackendError(f"no replica of model {model!r} is ready after {ready_timeout:.0f} s: "
-                                   + "; ".join(errors[-len(self.replicas):]))
+                raise BackendError(
+                    f"no replica of model {model!r} is ready after {ready_timeout:.0f} s: "
+                    + "; ".join(errors[-len(self.replicas) :])
+                )
         self.reference = first
         self.tc, self.config = first.tc, first.config
         self.max_batch_size, self.metadata_inputs = first.max_batch_size, first.metadata_inputs
@@ -137,16 +163,20 @@ class ReplicaSet:
 
     def _same_model(self, client: TritonClient) -> bool:
         ref = self.reference
-        return (client.parameters().get("prune_manifest") == ref.parameters().get("prune_manifest")
-                and client.metadata_inputs == ref.metadata_inputs
-                and client.metadata_outputs == ref.metadata_outputs)
+        return (
+            client.parameters().get("prune_manifest") == ref.parameters().get("prune_manifest")
+            and client.metadata_inputs == ref.metadata_inputs
+            and client.metadata_outputs == ref.metadata_outputs
+        )
 
     def _admit(self, r: Replica, client: TritonClient) -> None:
         with self._lock:
             old, r.client = r.client, client
             if not r.ready and r.down_since is not None:
                 r.readmissions.append(time.monotonic())
-                self.log(f"replica {r.endpoint} is back ({time.monotonic() - r.down_since:.1f} s after it left)")
+                self.log(
+                    f"replica {r.endpoint} is back ({time.monotonic() - r.down_since:.1f} s after it left)"
+                )
             r.ready, r.down_since, r.reason = True, None, ""
             self._ready_event.notify_all()
         if old is not None and old is not client and old is not getattr(self, "reference", None):
@@ -160,8 +190,11 @@ class ReplicaSet:
             return False
         if not self._same_model(client):
             client.close()
-            self._remove(r, f"serves another model behind the name {self.model!r} (manifest differs): refused",
-                         count=False)
+            self._remove(
+                r,
+                f"serves another model behind the name {self.model!r} (manifest differs): refused",
+                count=False,
+            )
             return False
         self._admit(r, client)
         return True
@@ -235,20 +268,26 @@ class ReplicaSet:
         while True:
             now = time.monotonic()
             if now >= deadline:
-                raise TimeoutError(f"no replica answered within the call's deadline ({self.timeout:g} s)"
-                                   + (f"; last error: {last}" if last else ""))
+                raise TimeoutError(
+                    f"no replica answered within the call's deadline ({self.timeout:g} s)"
+                    + (f"; last error: {last}" if last else "")
+                )
             r = self._pick(tried)
             if r is None:
                 if tried and len(tried) >= len(self.replicas):
-                    tried.clear()          # every replica failed once: try again those that came back
-                with self._lock:          # wait for the health thread to take one back
+                    tried.clear()  # every replica failed once: try again those that came back
+                with self._lock:  # wait for the health thread to take one back
                     self._ready_event.wait(timeout=min(self.health_interval, max(0.0, deadline - now)))
                 continue
             client = r.client
             try:
                 if client is None:
                     raise BackendError("no connection")
-                limit = deadline if self.try_timeout is None else min(deadline, time.monotonic() + self.try_timeout)
+                limit = (
+                    deadline
+                    if self.try_timeout is None
+                    else min(deadline, time.monotonic() + self.try_timeout)
+                )
                 result = client.infer_once(model, inputs, outputs, limit)
             except Exception as exc:
                 if not retryable(exc):
@@ -266,7 +305,9 @@ class ReplicaSet:
 
     def infer_all(self, model: str, requests: Sequence[tuple[Any, Any]], deadline: float) -> list[Any]:
         """Every (inputs, outputs) request of one call, concurrently, each with failover."""
-        return list(self._pool.map(lambda io: self.infer_with_retries(model, io[0], io[1], deadline), requests))
+        return list(
+            self._pool.map(lambda io: self.infer_with_retries(model, io[0], io[1], deadline), requests)
+        )
 
     def parameters(self) -> dict[str, str]:
         """The model config's parameters (from a ready replica)."""
@@ -293,9 +334,18 @@ class ReplicaSet:
     def stats(self) -> dict[str, dict[str, Any]]:
         """Per replica: ready, served, failed over, removals, re-admission times, outstanding."""
         with self._lock:
-            return {e: {"ready": r.ready, "served": r.served, "failed": r.failed, "removals": r.removals,
-                        "readmissions": list(r.readmissions), "outstanding": r.outstanding, "reason": r.reason}
-                    for e, r in self.replicas.items()}
+            return {
+                e: {
+                    "ready": r.ready,
+                    "served": r.served,
+                    "failed": r.failed,
+                    "removals": r.removals,
+                    "readmissions": list(r.readmissions),
+                    "outstanding": r.outstanding,
+                    "reason": r.reason,
+                }
+                for e, r in self.replicas.items()
+            }
 
     def describe(self) -> str:
         """The replicas and how many are ready, in words."""

@@ -18,6 +18,7 @@ when the starter was killed outright (SIGKILL leaves no chance to clean up). `st
 drains (SIGINT: in-flight requests finish), waits for the stubs too, and kills what is
 left after its timeout.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,8 +44,10 @@ def _pytriton_dir() -> Path:
     try:
         import pytriton
     except ImportError as exc:
-        raise BackendError("no tritonserver binary: pip install 'prune-engine[serve]' "
-                           "(nvidia-pytriton carries one), or use NVIDIA's Triton container") from exc
+        raise BackendError(
+            "no tritonserver binary: pip install 'prune-engine[serve]' "
+            "(nvidia-pytriton carries one), or use NVIDIA's Triton container"
+        ) from exc
     return Path(pytriton.__file__).resolve().parent / "tritonserver"
 
 
@@ -79,10 +82,21 @@ def _group_alive(pgid: int) -> bool:
 class TritonServer:
     """A tritonserver process on a model repository; a context manager."""
 
-    def __init__(self, repository: str | Path, *, host: str = "127.0.0.1", http_port: int = 8000,
-                 grpc_port: int = 8001, metrics_port: int = 8002, log_file: str | Path | None = None,
-                 forward_logs: bool = False, extra_args: list[str] | None = None,
-                 admin_key: str | None = None, restrict_admin: bool = True, http: bool = True):
+    def __init__(
+        self,
+        repository: str | Path,
+        *,
+        host: str = "127.0.0.1",
+        http_port: int = 8000,
+        grpc_port: int = 8001,
+        metrics_port: int = 8002,
+        log_file: str | Path | None = None,
+        forward_logs: bool = False,
+        extra_args: list[str] | None = None,
+        admin_key: str | None = None,
+        restrict_admin: bool = True,
+        http: bool = True,
+    ):
         """`restrict_admin` (default): the shared-memory, trace and logging APIs answer only
         requests carrying the header `prune-admin-key: <admin_key>`; with no admin_key,
         a random one nobody knows, so they are refused to every client. `http=False`
@@ -90,7 +104,12 @@ class TritonServer:
         self.repository = Path(repository).resolve()
         if not self.repository.is_dir():
             raise BackendError(f"{repository}: no such model repository")
-        self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
+        self.host, self.http_port, self.grpc_port, self.metrics_port = (
+            host,
+            http_port,
+            grpc_port,
+            metrics_port,
+        )
         self.log_file = Path(log_file) if log_file else None
         self.forward_logs = forward_logs
         self.extra_args = extra_args or []
@@ -137,15 +156,27 @@ class TritonServer:
         shutil.copy2(stub, py_backend / stub.name)
         env = dict(os.environ)
         libs = [sysconfig.get_config_var("LIBDIR") or "", str(base.parent.parent / "nvidia_pytriton.libs")]
-        env["LD_LIBRARY_PATH"] = ":".join([p for p in libs if p] + [env.get("LD_LIBRARY_PATH", "")]).rstrip(":")
+        env["LD_LIBRARY_PATH"] = ":".join([p for p in libs if p] + [env.get("LD_LIBRARY_PATH", "")]).rstrip(
+            ":"
+        )
         env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-        cmd = [str(binary), f"--model-repository={self.repository}",
-               f"--backend-directory={work / 'backends'}", f"--cache-directory={work / 'caches'}",
-               f"--http-address={self.host}", f"--grpc-address={self.host}", f"--metrics-address={self.host}",
-               f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
-               f"--metrics-port={self.metrics_port}", "--strict-readiness=true", "--log-verbose=0",
-               "--model-control-mode=none",        # no load/unload through the API
-               *([] if self.http else ["--allow-http=false"]), *self.extra_args]
+        cmd = [
+            str(binary),
+            f"--model-repository={self.repository}",
+            f"--backend-directory={work / 'backends'}",
+            f"--cache-directory={work / 'caches'}",
+            f"--http-address={self.host}",
+            f"--grpc-address={self.host}",
+            f"--metrics-address={self.host}",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            "--strict-readiness=true",
+            "--log-verbose=0",
+            "--model-control-mode=none",  # no load/unload through the API
+            *([] if self.http else ["--allow-http=false"]),
+            *self.extra_args,
+        ]
         if self.restrict_admin:
             rule = f"{','.join(ADMIN_APIS)}:{ADMIN_HEADER}={self._secret}"
             cmd += [f"--http-restricted-api={rule}", f"--grpc-restricted-protocol={rule}"]
@@ -168,30 +199,46 @@ class TritonServer:
     def start(self, timeout: float = 120.0) -> "TritonServer":
         """Start tritonserver and wait until it is ready."""
         cmd, env = self._prepare()
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
         assert self._workdir is not None
         self._watchdog = subprocess.Popen(
-            [sys.executable, "-m", "engine.triton.watchdog", str(os.getpid()), str(self.proc.pid), self._workdir.name],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "engine.triton.watchdog",
+                str(os.getpid()),
+                str(self.proc.pid),
+                self._workdir.name,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         threading.Thread(target=self._pump, daemon=True).start()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise BackendError(f"tritonserver exited with status {self.proc.returncode}:\n"
-                                   + "\n".join(list(self.tail)[-25:]))
+                raise BackendError(
+                    f"tritonserver exited with status {self.proc.returncode}:\n"
+                    + "\n".join(list(self.tail)[-25:])
+                )
             if self.ready():
                 return self
             time.sleep(0.25)
         self.stop()
-        raise BackendError(f"tritonserver not ready after {timeout:.0f} s:\n" + "\n".join(list(self.tail)[-25:]))
+        raise BackendError(
+            f"tritonserver not ready after {timeout:.0f} s:\n" + "\n".join(list(self.tail)[-25:])
+        )
 
     def ready(self) -> bool:
         """Whether the server answers ready."""
         try:
             if not self.http:
-                import tritonclient.grpc as grpcclient   # nvidia-pytriton depends on it
+                import tritonclient.grpc as grpcclient  # nvidia-pytriton depends on it
+
                 with grpcclient.InferenceServerClient(self.grpc_url) as client:
                     return bool(client.is_server_ready(client_timeout=1))
             with urllib.request.urlopen(f"http://{self.http_url}{HEALTH_READY}", timeout=1) as r:
@@ -212,7 +259,7 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 clean = False
             while clean and _group_alive(self.proc.pid) and time.monotonic() < deadline:
-                time.sleep(0.05)     # the stubs finish after the server
+                time.sleep(0.05)  # the stubs finish after the server
             if _group_alive(self.proc.pid):
                 clean = False
                 self._kill_group()
@@ -251,7 +298,10 @@ class TritonServer:
             try:
                 stat = (entry / "stat").read_text()
                 ppid = int(stat.rsplit(")", 1)[1].split()[1])
-                if ppid == self.proc.pid and b"triton_python_backend_stub" in (entry / "cmdline").read_bytes():
+                if (
+                    ppid == self.proc.pid
+                    and b"triton_python_backend_stub" in (entry / "cmdline").read_bytes()
+                ):
                     out.append(int(entry.name))
             except (OSError, ValueError, IndexError):
                 continue
@@ -269,9 +319,16 @@ class TritonServer:
             return f"{stubs - alive} python-backend stub(s) died"
         return None
 
-    def supervise(self, *, ready_timeout: float = 120.0, restart: bool = True, max_restarts: int = 5,
-                  alive: Callable[[], bool] = lambda: True, log: Callable[[str], None] = print,
-                  interval: float = 0.5) -> str:
+    def supervise(
+        self,
+        *,
+        ready_timeout: float = 120.0,
+        restart: bool = True,
+        max_restarts: int = 5,
+        alive: Callable[[], bool] = lambda: True,
+        log: Callable[[str], None] = print,
+        interval: float = 0.5,
+    ) -> str:
         """Keep the started server serving until it cannot be: a server that died (one
         malformed request can abort tritonserver 2.51) or lost a stub (its model then fails
         every request while "ready") is restarted, at most `max_restarts` times in a minute
@@ -290,7 +347,9 @@ class TritonServer:
             now = time.monotonic()
             restarts = [t for t in restarts if now - t < 60] + [now]
             if not restart or len(restarts) > max_restarts:
-                return problem + ("" if not restart else f"; more than {max_restarts} restarts in a minute: giving up")
+                return problem + (
+                    "" if not restart else f"; more than {max_restarts} restarts in a minute: giving up"
+                )
             log(f"prune serve: {problem}: restarting tritonserver")
             self.stop(timeout=5)
             self.start(timeout=ready_timeout)

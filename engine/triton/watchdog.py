@@ -6,6 +6,7 @@ not (the starter died, even by SIGKILL), it kills the server's process group (th
 and its python-backend stubs) and removes the server's work folder. It ends by itself
 when the group is gone. Standard library only: it must start fast and never fail.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,7 +44,7 @@ def watch(starter: int, group: int, work: str, interval: float = 0.2) -> None:
 def main(argv: list[str] | None = None) -> None:
     """`python -m engine.triton.watchdog STARTER GROUP WORK`."""
     args = sys.argv[1:] if argv is None else argv
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # a Ctrl-C to the terminal is for the starter
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the terminal is for the starter
     watch(int(args[0]), int(args[1]), args[2])
 
 

@@ -30,6 +30,7 @@ A request with neither `question` nor `passages` is a *describe* request: it ret
 fetch the tokenizer from the server. Torch-free; no Triton import (the server side and
 the client side both use it).
 """
+
 from __future__ import annotations
 
 import json
@@ -83,18 +84,20 @@ INPUT_ERROR_PREFIX = "invalid input: "
 def input_error(message: str) -> InputError | None:
     """The InputError a server error message carries (see INPUT_ERROR_PREFIX), or None."""
     at = message.find(INPUT_ERROR_PREFIX)
-    return None if at < 0 else InputError(message[at + len(INPUT_ERROR_PREFIX):].strip())
+    return None if at < 0 else InputError(message[at + len(INPUT_ERROR_PREFIX) :].strip())
 
 
 @dataclass
 class TextRequest:
     """One text-model request: a question, its passages and the call's options."""
+
     question: str
     passages: list[str]
     options: CallOptions = field(default_factory=CallOptions)
 
 
 # ---------------------------------------------------------------------- offsets
+
 
 def byte_offsets(text: str, positions: Sequence[int]) -> list[int]:
     """UTF-8 byte offsets of ascending code point `positions` in `text` (one pass)."""
@@ -112,6 +115,7 @@ def char_offsets(text: str, positions: Sequence[int]) -> list[int]:
 
 
 # ---------------------------------------------------------------------- server side
+
 
 def _decode(value: Any, what: str) -> str:
     if isinstance(value, str):
@@ -144,12 +148,16 @@ def read_request(get: Callable[[str], np.ndarray | None], limits: Limits) -> Tex
     if q is None:
         raise InputError("question is required (BYTES [1], UTF-8)")
     if p is None:
-        raise InputError("passages is required (BYTES [P], UTF-8; one request = one question and its passages)")
+        raise InputError(
+            "passages is required (BYTES [P], UTF-8; one request = one question and its passages)"
+        )
     question = _decode(_one(q, "question"), "question")
     if p.ndim != 1:
         raise InputError(f"passages must be BYTES [P], got shape {list(p.shape)}")
-    limits.check_count(p.shape[0])     # before decoding any of them
-    question, passages = check_call(question, [_decode(raw, f"passage {i}") for i, raw in enumerate(p)], limits)
+    limits.check_count(p.shape[0])  # before decoding any of them
+    question, passages = check_call(
+        question, [_decode(raw, f"passage {i}") for i, raw in enumerate(p)], limits
+    )
     values = {}
     for name, arr in others.items():
         if arr is not None:
@@ -164,8 +172,11 @@ def options_to_tensors(options: CallOptions) -> dict[str, np.ndarray]:
     out = {}
     for name, value in options.given().items():
         kind = option_type(name)
-        out[name] = (np.array([value.encode("utf-8")], dtype=np.object_) if kind is str else
-                     np.array([value], dtype={float: np.float32, int: np.int32, bool: np.bool_}[kind]))
+        out[name] = (
+            np.array([value.encode("utf-8")], dtype=np.object_)
+            if kind is str
+            else np.array([value], dtype={float: np.float32, int: np.int32, bool: np.bool_}[kind])
+        )
     return out
 
 
@@ -186,8 +197,9 @@ def results_to_tensors(results: Sequence[PruneResult]) -> dict[str, np.ndarray]:
         kept[row, :k] = [s.kept for s in r.sentences]
     return {
         "passage_index": np.array([r.index for r in results], dtype=np.int32),
-        "reranking_score": np.array([math.nan if r.reranking_score is None else r.reranking_score
-                                     for r in results], dtype=np.float32),
+        "reranking_score": np.array(
+            [math.nan if r.reranking_score is None else r.reranking_score for r in results], dtype=np.float32
+        ),
         "sentence_count": np.array([len(r.sentences) for r in results], dtype=np.int32),
         "sentence_spans": spans,
         "sentence_probs": probs,
@@ -200,15 +212,23 @@ def results_to_tensors(results: Sequence[PruneResult]) -> dict[str, np.ndarray]:
 
 def describe_tensors(manifest: dict[str, Any], tokenizer_json: str) -> dict[str, np.ndarray]:
     """The text model's describe answer: its manifest and tokenizer as JSON tensors."""
-    return {"manifest": np.array([json.dumps(manifest).encode("utf-8")], dtype=np.object_),
-            "tokenizer": np.array([tokenizer_json.encode("utf-8")], dtype=np.object_)}
+    return {
+        "manifest": np.array([json.dumps(manifest).encode("utf-8")], dtype=np.object_),
+        "tokenizer": np.array([tokenizer_json.encode("utf-8")], dtype=np.object_),
+    }
 
 
 # ---------------------------------------------------------------------- client side
 
-def tensors_to_results(passages: Sequence[str], out: dict[str, np.ndarray], threshold: float,
-                       offset: int = 0, windows: str = "sentences",
-                       lexical_weight: float = 0.0) -> list[PruneResult]:
+
+def tensors_to_results(
+    passages: Sequence[str],
+    out: dict[str, np.ndarray],
+    threshold: float,
+    offset: int = 0,
+    windows: str = "sentences",
+    lexical_weight: float = 0.0,
+) -> list[PruneResult]:
     """PruneResults (code point offsets) from one response of the text model; `offset` is
     the index of `passages[0]` in the caller's whole call; `windows` the windowing it ran,
     `threshold` and `lexical_weight` the settings it ran with."""
@@ -218,15 +238,30 @@ def tensors_to_results(passages: Sequence[str], out: dict[str, np.ndarray], thre
         k = int(out["sentence_count"][row])
         flat = out["sentence_spans"][row, :k].reshape(-1).tolist()
         bounds = char_offsets(context, flat)
-        sentences = [Sentence(context[bounds[2 * j]:bounds[2 * j + 1]], bounds[2 * j], bounds[2 * j + 1],
-                              float(out["sentence_probs"][row, j]), bool(out["kept"][row, j]))
-                     for j in range(k)]
+        sentences = [
+            Sentence(
+                context[bounds[2 * j] : bounds[2 * j + 1]],
+                bounds[2 * j],
+                bounds[2 * j + 1],
+                float(out["sentence_probs"][row, j]),
+                bool(out["kept"][row, j]),
+            )
+            for j in range(k)
+        ]
         score = float(out["reranking_score"][row])
         pruned = out["pruned_context"][row]
-        results.append(PruneResult(
-            index=offset + int(idx), context=context,
-            pruned_context=pruned.decode("utf-8") if isinstance(pruned, bytes) else str(pruned),
-            reranking_score=None if math.isnan(score) else score, sentences=sentences,
-            compression_rate=float(out["compression_rate"][row]), threshold=threshold,
-            blocks=int(out["blocks"][row]), windows=windows, lexical_weight=float(lexical_weight)))
+        results.append(
+            PruneResult(
+                index=offset + int(idx),
+                context=context,
+                pruned_context=pruned.decode("utf-8") if isinstance(pruned, bytes) else str(pruned),
+                reranking_score=None if math.isnan(score) else score,
+                sentences=sentences,
+                compression_rate=float(out["compression_rate"][row]),
+                threshold=threshold,
+                blocks=int(out["blocks"][row]),
+                windows=windows,
+                lexical_weight=float(lexical_weight),
+            )
+        )
     return results

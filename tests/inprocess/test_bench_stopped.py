@@ -2,6 +2,7 @@
 at its budget by `timeout`, wrote nothing): SIGTERM in the middle of its rounds, or its
 --budget-s spent, and bench.json and bench.md still hold every repeat that ended, say that
 it stopped, and which paths were not measured and why."""
+
 import json
 import signal
 import subprocess
@@ -23,9 +24,28 @@ def bench(tmp_path: Path, model: Path, *extra: str) -> tuple[subprocess.Popen, P
     data = write_tiny_data(tmp_path / "data") / "rag.jsonl"
     log = tmp_path / "bench.log"
     with open(log, "w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "engine", "bench", "--data", str(data), "--model", str(model),
-                                 "--queries", "2", "--threads", "1", "--out", str(tmp_path / "out"), *extra],
-                                cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "engine",
+                "bench",
+                "--data",
+                str(data),
+                "--model",
+                str(model),
+                "--queries",
+                "2",
+                "--threads",
+                "1",
+                "--out",
+                str(tmp_path / "out"),
+                *extra,
+            ],
+            cwd=ROOT,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
     return proc, log
 
 
@@ -53,8 +73,18 @@ def test_sigterm_in_the_rounds_keeps_the_repeats_that_ended(exported, tmp_path):
 
 
 def test_a_spent_budget_lists_what_was_not_measured(exported, tmp_path):
-    proc, log = bench(tmp_path, exported["provence"], "--repeats", "100000", "--budget-s", "4",
-                      "--checkpoint", "missing-checkpoint", "--paths", "^onnxruntime-fp32$|^torch-batched$")
+    proc, log = bench(
+        tmp_path,
+        exported["provence"],
+        "--repeats",
+        "100000",
+        "--budget-s",
+        "4",
+        "--checkpoint",
+        "missing-checkpoint",
+        "--paths",
+        "^onnxruntime-fp32$|^torch-batched$",
+    )
     assert proc.wait(120) == 0, log.read_text()[-3000:]
     rep, md = report(tmp_path)
     assert rep["stopped"] == "its budget of 4 s was spent"

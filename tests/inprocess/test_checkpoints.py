@@ -1,4 +1,5 @@
 """Checkpoints laid out like the real ones load strictly, without remote code."""
+
 import json
 import shutil
 
@@ -16,23 +17,47 @@ from tests.utils import FAMILY_NAMES
 
 pytestmark = pytest.mark.inprocess
 
-EXPECTED_ARCH = {"provence": "Provence", "xprovence": "XProvence", "embedding": "BertModel",
-                 "open_provence": "OpenProvenceModel", "opensearch": "BertTaggerForSentenceExtractionWithBackoff"}
+EXPECTED_ARCH = {
+    "provence": "Provence",
+    "xprovence": "XProvence",
+    "embedding": "BertModel",
+    "open_provence": "OpenProvenceModel",
+    "opensearch": "BertTaggerForSentenceExtractionWithBackoff",
+}
 HEAD_TENSORS = {
-    "provence": ["deberta.embeddings.word_embeddings.weight", "deberta.encoder.rel_embeddings.weight",
-                 "pooler.dense.weight", "classifier.weight", "token_classifier.weight"],
-    "xprovence": ["roberta.embeddings.word_embeddings.weight", "roberta.pooler.dense.weight",
-                  "classifier.weight", "token_classifier.weight"],
-    "open_provence": ["ranking_model.roberta.embeddings.word_embeddings.weight",
-                      "ranking_model.classifier.dense.weight", "ranking_model.classifier.out_proj.weight",
-                      "pruning_head.classifier.weight"],
-    "opensearch": ["bert.embeddings.word_embeddings.weight", "bert.encoder.layer.0.attention.self.query.weight",
-                   "classifier.weight"],
+    "provence": [
+        "deberta.embeddings.word_embeddings.weight",
+        "deberta.encoder.rel_embeddings.weight",
+        "pooler.dense.weight",
+        "classifier.weight",
+        "token_classifier.weight",
+    ],
+    "xprovence": [
+        "roberta.embeddings.word_embeddings.weight",
+        "roberta.pooler.dense.weight",
+        "classifier.weight",
+        "token_classifier.weight",
+    ],
+    "open_provence": [
+        "ranking_model.roberta.embeddings.word_embeddings.weight",
+        "ranking_model.classifier.dense.weight",
+        "ranking_model.classifier.out_proj.weight",
+        "pruning_head.classifier.weight",
+    ],
+    "opensearch": [
+        "bert.embeddings.word_embeddings.weight",
+        "bert.encoder.layer.0.attention.self.query.weight",
+        "classifier.weight",
+    ],
     "embedding": ["embeddings.word_embeddings.weight", "encoder.layer.0.attention.self.query.weight"],
 }
-TOKENIZER_CLASS = {"provence": "DebertaV2Tokenizer", "xprovence": "XLMRobertaTokenizer",
-                   "open_provence": "XLMRobertaTokenizer", "opensearch": "BertTokenizer",
-                   "embedding": "BertTokenizer"}
+TOKENIZER_CLASS = {
+    "provence": "DebertaV2Tokenizer",
+    "xprovence": "XLMRobertaTokenizer",
+    "open_provence": "XLMRobertaTokenizer",
+    "opensearch": "BertTokenizer",
+    "embedding": "BertTokenizer",
+}
 
 
 @pytest.mark.parametrize("name", FAMILY_NAMES)
@@ -70,7 +95,10 @@ def test_tokenizer_type_and_vocabulary(checkpoints, name):
 
 
 def test_family_detection_by_tensor_names_and_errors():
-    assert detect_family({"model_type": "deberta-v2"}, ["deberta.x", "token_classifier.weight"]).name == "provence"
+    assert (
+        detect_family({"model_type": "deberta-v2"}, ["deberta.x", "token_classifier.weight"]).name
+        == "provence"
+    )
     assert detect_family({}, ["roberta.x", "token_classifier.weight"]).name == "xprovence"
     assert detect_family({}, ["roberta.x", "pruning_head.classifier.weight"]).name == "open_provence"
     assert detect_family({}, ["bert.x", "classifier.weight"]).name == "opensearch"
@@ -92,7 +120,9 @@ def test_missing_and_unexpected_tensors_are_named(checkpoints, tmp_path):
     state.pop("token_classifier.weight")
     state["extra_head.weight"] = torch.zeros(2)
     save_file(state, str(folder / "model.safetensors"))
-    with pytest.raises(ModelLoadError, match=r"missing \['token_classifier.weight'\].*unexpected \['extra_head.weight'\]"):
+    with pytest.raises(
+        ModelLoadError, match=r"missing \['token_classifier.weight'\].*unexpected \['extra_head.weight'\]"
+    ):
         load_checkpoint(folder)
 
 
@@ -172,13 +202,15 @@ def test_detection_from_pickle_names_and_published_class_names(checkpoints, tmp_
     bare = {k: v for k, v in config.items() if k not in ("architectures",)}
     bare["model_type"] = "bert"
     (folder / "config.json").write_text(json.dumps(bare))
-    names = weight_names(folder)                     # read from the pickle, weights_only
+    names = weight_names(folder)  # read from the pickle, weights_only
     assert "classifier.weight" in names and any(n.startswith("bert.") for n in names)
     assert detect_family(bare, names, folder).name == "opensearch"
     assert load_checkpoint(folder).family.name == "opensearch"
-    for arch, family in [("XProvenceForSequenceClassification", "xprovence"),
-                         ("BertTaggerForSentenceExtractionWithBackoff", "opensearch"),
-                         ("DebertaV2ForCompressionAndRanking", "provence")]:
+    for arch, family in [
+        ("XProvenceForSequenceClassification", "xprovence"),
+        ("BertTaggerForSentenceExtractionWithBackoff", "opensearch"),
+        ("DebertaV2ForCompressionAndRanking", "provence"),
+    ]:
         assert detect_family({"architectures": [arch], "model_type": "x"}).name == family
 
 
@@ -191,22 +223,29 @@ def test_a_window_longer_than_512_where_the_positions_allow(tmp_path):
     from engine.pytorch.torch_model import load_torch_model
     from export.checkpoints import make_test_checkpoint
     from export.onnx import export_model
+
     ck = make_test_checkpoint("xprovence", tmp_path / "ck", sizes={"max_position_embeddings": 1026})
     with pytest.raises(ModelLoadError, match=r"outside 16\.\.1024"):
         export_model(ck, tmp_path / "too-long", max_length=2048, log=lambda m: None)
-    export_model(ck, tmp_path / "long", max_length=1024, log=lambda m: None)     # parity checked inside
+    export_model(ck, tmp_path / "long", max_length=1024, log=lambda m: None)  # parity checked inside
     export_model(ck, tmp_path / "default", log=lambda m: None)
     long, default = Pruner.load(tmp_path / "long"), Pruner.load(tmp_path / "default")
     assert long.spec.max_length == 1024 and default.spec.max_length == 512
     manifest = json.loads((tmp_path / "long" / "manifest.json").read_text())
     assert manifest["buckets"][-2:] == [512, 1024]
     passage = " ".join(f"Sentence {i} says the harbour held {i} ships." for i in range(25))
-    r_long, r_default = long.prune("Where are the ships?", [passage])[0], default.prune("Where are the ships?", [passage])[0]
+    r_long, r_default = (
+        long.prune("Where are the ships?", [passage])[0],
+        default.prune("Where are the ships?", [passage])[0],
+    )
     assert r_long.blocks == 1 and r_default.blocks > 1
     tm = load_torch_model(ck, max_length=1024)
-    reference = Pruner(TorchBackend(tm.module), tm.tokenizer, tm.spec).prune("Where are the ships?", [passage])[0]
-    np.testing.assert_allclose([s.probability for s in r_long.sentences],
-                               [s.probability for s in reference.sentences], atol=1e-5)
+    reference = Pruner(TorchBackend(tm.module), tm.tokenizer, tm.spec).prune(
+        "Where are the ships?", [passage]
+    )[0]
+    np.testing.assert_allclose(
+        [s.probability for s in r_long.sentences], [s.probability for s in reference.sentences], atol=1e-5
+    )
     cfg = BatchingConfig()
     assert cfg.buckets_for(8192)[-3:] == (7168, 7680, 8192) and cfg.row_budget(8192) == 1024
     assert [len(idx) for _, idx in plan([8000, 8000, 8000], cfg, 8192)] == [1, 1, 1]
@@ -220,6 +259,7 @@ def test_open_provence_weighted_pooling_tensors_load_and_change_nothing(checkpoi
     never applies it. They load (with or without the config flag) and the outputs are those
     of the same checkpoint without them."""
     import json
+
     folder = _copy(checkpoints["open_provence"], tmp_path / "weighted")
     state = dict(load_file(str(folder / "model.safetensors")))
     hidden = state["pruning_head.classifier.weight"].shape[1]
@@ -250,6 +290,7 @@ def test_open_provence_on_modernbert_exports_and_matches_pytorch(tmp_path):
     from export.checkpoints import make_test_checkpoint
     from export.onnx import export_model
     from tests.utils import with_window
+
     ck_dir = make_test_checkpoint("open_provence", tmp_path / "ck", backbone="modernbert")
     ck = load_checkpoint(ck_dir)
     assert ck.family.backbone == "modernbert" and ck.family.seps_between == 1 and ck.max_positions == 8192
@@ -263,7 +304,9 @@ def test_open_provence_on_modernbert_exports_and_matches_pytorch(tmp_path):
         model(ids, mask, sent)
         pre = model._pre_norm[-1] if model._pre_norm else None
         captured = []
-        hook = model.ranking_model.model.final_norm.register_forward_pre_hook(lambda m, a: captured.append(a[0]))
+        hook = model.ranking_model.model.final_norm.register_forward_pre_hook(
+            lambda m, a: captured.append(a[0])
+        )
         last = model.ranking_model.model(input_ids=ids, attention_mask=mask).last_hidden_state
         hook.remove()
         torch.testing.assert_close(model.ranking_model.model.final_norm(captured[0]), last)
@@ -271,7 +314,9 @@ def test_open_provence_on_modernbert_exports_and_matches_pytorch(tmp_path):
         head = torch.softmax(model.pruning_head.classifier(captured[0]), -1)[..., 1]
         torch.testing.assert_close(probs[0, 0], head[0, 10:20].mean())
         assert pre is None
-    passage = " ".join(f"Sentence {i} says the stadium held {i} thousand people in {1900 + i}." for i in range(60))
+    passage = " ".join(
+        f"Sentence {i} says the stadium held {i} thousand people in {1900 + i}." for i in range(60)
+    )
     blocks = {}
     for window in (None, 1024):
         out = tmp_path / f"onnx-{window}"
@@ -281,12 +326,16 @@ def test_open_provence_on_modernbert_exports_and_matches_pytorch(tmp_path):
         if window:
             torch_p = with_window(torch_p, window)
         block = call_blocks(ort_p, "Who?", [passage], [[(0, 10)]])[0]
-        assert list(block.input_ids[:1]) == [ort_p.spec.cls_id] and int((block.input_ids == ort_p.spec.sep_id).sum()) == 2
+        assert (
+            list(block.input_ids[:1]) == [ort_p.spec.cls_id]
+            and int((block.input_ids == ort_p.spec.sep_id).sum()) == 2
+        )
         a = ort_p.prune("How many people did the stadium hold in 1930?", [passage, "Short one. Two."])
         b = torch_p.prune("How many people did the stadium hold in 1930?", [passage, "Short one. Two."])
         for x, y in zip(a, b):
-            np.testing.assert_allclose([s.probability for s in x.sentences], [s.probability for s in y.sentences],
-                                       atol=1e-5)
+            np.testing.assert_allclose(
+                [s.probability for s in x.sentences], [s.probability for s in y.sentences], atol=1e-5
+            )
             assert x.reranking_score == pytest.approx(y.reranking_score, abs=1e-5)
         blocks[window] = a[0].blocks
     assert blocks[None] > blocks[1024] >= 1 and blocks[None] > 1

@@ -2,6 +2,7 @@
 (PRUNE_ORT_DENORMALS=flush, the default), IEEE with keep; the caller's own floating-point
 state is the same before and after. Cases that watch a thread's state run in a fresh
 process: ORT sets the flags of the thread that makes the process's first session."""
+
 import json
 import platform
 import subprocess
@@ -14,9 +15,13 @@ import engine.backends.onnxruntime as ort_backend
 from engine.models.loading import LoadOptions
 from engine.pruner import Pruner
 
-pytestmark = [pytest.mark.inprocess,
-              pytest.mark.skipif(sys.platform != "linux" or platform.machine() != "x86_64",
-                                 reason="the thread's flags are set through glibc on x86-64 Linux only")]
+pytestmark = [
+    pytest.mark.inprocess,
+    pytest.mark.skipif(
+        sys.platform != "linux" or platform.machine() != "x86_64",
+        reason="the thread's flags are set through glibc on x86-64 Linux only",
+    ),
+]
 
 #: a session of `x * 1e-30` over values of 1e-10 (1e-40: a denormal) on one intra-op thread
 #: (so the calling thread computes all of it), made with the engine's session options and
@@ -56,7 +61,7 @@ def test_a_run_flushes_denormals_in_the_calling_thread_and_leaves_its_state_as_i
     if mode == "flush":
         assert ran == [0.0]
     else:
-        assert len(ran) == 1 and 0 < ran[0] < 1.2e-38, ran              # an IEEE denormal
+        assert len(ran) == 1 and 0 < ran[0] < 1.2e-38, ran  # an IEEE denormal
     assert 0 < worker_after < 1.2e-38 and 0 < main_after < 1.2e-38, "the caller's state changed"
 
 
@@ -71,6 +76,7 @@ def test_a_pruner_runs_as_its_load_option_says(exported, mode, monkeypatch):
     def recording(flush):
         seen.append(flush)
         return real(flush)
+
     monkeypatch.setattr(ort_backend, "thread_denormals", recording)
     pruner.prune("Who built it?", ["It was built in 1923. It holds 80,000 people."])
     assert seen and set(seen) == {mode == "flush"}

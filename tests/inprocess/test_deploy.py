@@ -4,6 +4,7 @@ ports with `prune serve`'s and `prune api`'s, probes with engine.triton.server's
 engine.triton.probe's, model names with what
 `prune repository` writes, the restricted admin APIs with `prune serve`'s, the Triton image
 with the tritonclient pin."""
+
 import re
 from pathlib import Path
 
@@ -40,10 +41,14 @@ def _serve_default(option):
     return next(a.default for a in sub._actions if option in a.option_strings)
 
 
-@pytest.mark.parametrize("name,doc", [p for p in _docs() if p[1]["apiVersion"] in CORE_APIS],
-                         ids=lambda v: v if isinstance(v, str) else v.get("kind"))
+@pytest.mark.parametrize(
+    "name,doc",
+    [p for p in _docs() if p[1]["apiVersion"] in CORE_APIS],
+    ids=lambda v: v if isinstance(v, str) else v.get("kind"),
+)
 def test_core_manifests_are_valid(name, doc):
     import kubernetes_validate
+
     kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
@@ -79,7 +84,8 @@ def test_manifests_match_the_code():
     assert live[:3] == ["python3", "-m", "engine.triton.probe"]
     assert live[live.index("--url") + 1] == f"127.0.0.1:{ports['grpc']}"
     from engine.triton.probe import main as probe_main
-    with pytest.raises(SystemExit) as parsed:        # the probe takes exactly these flags
+
+    with pytest.raises(SystemExit) as parsed:  # the probe takes exactly these flags
         probe_main([*live[3:], "--help"])
     assert parsed.value.code == 0
     # the API container: the same image, prune api in front of the text model over loopback gRPC
@@ -106,7 +112,9 @@ def test_manifests_match_the_code():
     # the volume the repository comes from
     claim = {v["name"]: v for v in pod["spec"]["volumes"]}["models"]["persistentVolumeClaim"]["claimName"]
     assert _one("PersistentVolumeClaim")["metadata"]["name"] == claim
-    assert env["MODEL_REPOSITORY"]["value"] == {m["name"]: m for m in c["volumeMounts"]}["models"]["mountPath"]
+    assert (
+        env["MODEL_REPOSITORY"]["value"] == {m["name"]: m for m in c["volumeMounts"]}["models"]["mountPath"]
+    )
     ports["api"] = api_port
 
     services = {d["metadata"]["name"]: d for _, d in _docs() if d["kind"] == "Service"}
@@ -125,7 +133,7 @@ def test_manifests_match_the_code():
 def test_autoscaling_targets_the_models_prune_repository_writes():
     scaled = _one("ScaledObject")
     assert scaled["spec"]["scaleTargetRef"]["name"] == "prune-triton"
-    assert scaled["spec"]["minReplicaCount"] >= 2      # the PDB lets one go: one stays serving
+    assert scaled["spec"]["minReplicaCount"] >= 2  # the PDB lets one go: one stays serving
     models = set()
     for t in scaled["spec"]["triggers"]:
         assert t["type"] == "prometheus"
@@ -141,12 +149,15 @@ def test_dockerfile_matches_the_client_pin():
     image = re.search(r"^FROM nvcr\.io/nvidia/tritonserver:(\d+)\.(\d+)-py3$", text, re.M)
     assert image, "the Dockerfile must start from NVIDIA's Triton image"
     from engine.bench.runs import TRITON_RELEASE
+
     # Triton releases: container YY.MM carries server 2.N with N = 51 for 24.10, one per month
     year, month = int(image.group(1)), int(image.group(2))
     assert f"2.{51 + (year - 24) * 12 + (month - 10)}.0" == TRITON_RELEASE
     # the perf_analyzer install docs/installing.md gives is that release's client
     assert f"tritonclient=={TRITON_RELEASE}" in (ROOT / "docs" / "installing.md").read_text()
-    assert "ENTRYPOINT [\"tritonserver\"]" in text
+    assert 'ENTRYPOINT ["tritonserver"]' in text
     dep = _one("Deployment", "prune-triton")
-    assert "command" not in dep["spec"]["template"]["spec"]["containers"][0]   # the image's entrypoint
-    assert "[api,triton]" in text and "engine.triton.probe" in text   # what the API container and the probe need
+    assert "command" not in dep["spec"]["template"]["spec"]["containers"][0]  # the image's entrypoint
+    assert (
+        "[api,triton]" in text and "engine.triton.probe" in text
+    )  # what the API container and the probe need

@@ -1,6 +1,7 @@
 """The outputs the README pastes are what the commands print now: the same commands on the
 same inputs with the default model, compared line by line (results exactly; timings,
 paths and counts of work by their shape), so the docs and the code cannot drift apart."""
+
 from __future__ import annotations
 
 import re
@@ -36,14 +37,14 @@ def _blocks(text: str) -> list[list[str]]:
 
 def _blocks_after(marker: str, count: int = 1, page: str = README) -> list[list[str]]:
     """The `count` code blocks of `page` that follow the line starting with `marker`."""
-    blocks = _blocks(page[page.index(marker):])[:count]
+    blocks = _blocks(page[page.index(marker) :])[:count]
     assert len(blocks) == count, marker
     return blocks
 
 
 def _command_before(marker: str, page: str = README) -> list[list[str]]:
     """The commands of `page`'s code block just before the line starting with `marker`."""
-    block = _blocks(page[:page.index(marker)])[-1]
+    block = _blocks(page[: page.index(marker)])[-1]
     return [shlex.split(line)[1:] for line in block if line.startswith("prune ")]
 
 
@@ -69,8 +70,10 @@ def _same(documented: list[str], printed: list[str], exact: re.Pattern) -> None:
                 pos = k + 1
                 break
         else:
-            pytest.fail(f"the README shows {want!r}, which no line printed after line {pos} matches:\n"
-                        + "\n".join(printed))
+            pytest.fail(
+                f"the README shows {want!r}, which no line printed after line {pos} matches:\n"
+                + "\n".join(printed)
+            )
 
 
 def _in_order(pieces: list[str], line: str) -> bool:
@@ -97,7 +100,7 @@ def test_the_main_jobs_pasted_output(default_cache, capsys, monkeypatch):
     (args,) = _command_before("Real output (first run")
     printed = _run(args, capsys, ROOT, monkeypatch)
     (block,) = _blocks_after("Real output (first run")
-    documented = block[block.index(next(line for line in block if line.startswith("# model"))):]
+    documented = block[block.index(next(line for line in block if line.startswith("# model"))) :]
     # the README's machine picked fp32 by auto, the reference the suite runs on every machine
     # (default_cache), so the results it pastes are fp32's: compared exactly
     assert "fp32 export (auto's pick)" in documented[0]
@@ -113,8 +116,11 @@ def test_the_retrieval_examples_pasted_output(default_cache, capsys, monkeypatch
     index = [str(ROOT / a) if a.startswith("examples/") else a for a in index]
     indexed, asked = _blocks_after("Real output (models already in the cache", 2, RETRIEVAL)
     _same(indexed, _run(index, capsys, tmp_path, monkeypatch), re.compile(r"^$^"))
-    _same(asked, _run(ask, capsys, tmp_path, monkeypatch),
-          re.compile(r"^(## \[|\[\d\] \(source|# pruned context|[A-Z])"))
+    _same(
+        asked,
+        _run(ask, capsys, tmp_path, monkeypatch),
+        re.compile(r"^(## \[|\[\d\] \(source|# pruned context|[A-Z])"),
+    )
 
 
 def test_the_http_apis_pasted_output(default_cache, monkeypatch):
@@ -125,6 +131,7 @@ def test_the_http_apis_pasted_output(default_cache, monkeypatch):
     from fastapi.testclient import TestClient
     from engine.http.app import ApiConfig, create_app
     from engine.pruner import Pruner
+
     for k, v in default_cache["env"].items():
         monkeypatch.setenv(k, v)
     pruner = Pruner.load("default")
@@ -167,10 +174,14 @@ def test_the_text_models_pasted_output(default_cache, monkeypatch):
     import json
     from engine.pruner import Pruner
     from engine.triton.wire import results_to_tensors
+
     for k, v in default_cache["env"].items():
         monkeypatch.setenv(k, v)
     page = (ROOT / "docs" / "triton.md").read_text(encoding="utf-8")
-    (call,), (pasted,) = _blocks_after("One request is one question", page=page), _blocks_after("Real output", page=page)
+    (call,), (pasted,) = (
+        _blocks_after("One request is one question", page=page),
+        _blocks_after("Real output", page=page),
+    )
     body = " ".join(call).split(" -d ", 1)[1]
     request = json.loads(shlex.split(body)[0])
     inputs = {i["name"]: i["data"] for i in request["inputs"]}
@@ -191,14 +202,18 @@ def test_the_readmes_python_runs_as_written(default_cache, monkeypatch, capsys):
     for k, v in default_cache["env"].items():
         monkeypatch.setenv(k, v)
     start = README.index("## From Python")
-    (block,) = _blocks(README[start:README.index("\n## ", start + 1)])
+    (block,) = _blocks(README[start : README.index("\n## ", start + 1)])
     monkeypatch.chdir(ROOT)
     exec(compile("\n".join(block), "README.md", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
     (shown,) = _blocks_after("Real output (first run")
-    scores = [line.split("reranking_score ")[1].split(",")[0] for line in shown if line.startswith("## passage")]
+    scores = [
+        line.split("reranking_score ")[1].split(",")[0] for line in shown if line.startswith("## passage")
+    ]
     assert [int(line.split()[0]) for line in printed] == list(range(len(scores))), printed
     assert all(abs(float(line.split()[1]) - float(s)) < 6e-4 for line, s in zip(printed, scores)), printed
     kept = [line for line in shown if line.startswith("  [x]")]
     texts = [line.split(maxsplit=2)[2] for line in printed if not line.endswith("(emptied)")]
-    assert len(texts) == len(kept) and all(t.startswith(k.split(maxsplit=2)[2]) for t, k in zip(texts, kept)), printed
+    assert len(texts) == len(kept) and all(
+        t.startswith(k.split(maxsplit=2)[2]) for t, k in zip(texts, kept)
+    ), printed

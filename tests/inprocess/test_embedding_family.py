@@ -3,6 +3,7 @@ transformers directly (not the engine's module): the "full" and "isolated" modes
 pooling, "mean" reranking, a RoBERTa backbone (positions offset by padding_idx + 1),
 and the CLI options that choose them. The "passage" mode (a custom mask transformers
 cannot express) is checked ONNX against PyTorch."""
+
 import json
 import shutil
 
@@ -24,7 +25,9 @@ DOC = "The stadium was built in 1923. It holds about 80,000 people. Football is 
 def _hidden(folder, ids):
     model = AutoModel.from_pretrained(str(folder)).eval()
     with torch.no_grad():
-        return model(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long))[0][0]
+        return model(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long))[
+            0
+        ][0]
 
 
 def _prob(cos, scale=8.0, shift=0.5):
@@ -62,8 +65,15 @@ def test_full_mode_and_mean_rerank_equal_one_plain_forward(checkpoints, tmp_path
 def test_cls_pooling_equals_each_segments_own_cls(checkpoints, tmp_path):
     ck = tmp_path / "ck-cls"
     shutil.copytree(checkpoints["embedding"], ck)
-    (ck / "1_Pooling" / "config.json").write_text(json.dumps(
-        {"word_embedding_dimension": 32, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}))
+    (ck / "1_Pooling" / "config.json").write_text(
+        json.dumps(
+            {
+                "word_embedding_dimension": 32,
+                "pooling_mode_cls_token": True,
+                "pooling_mode_mean_tokens": False,
+            }
+        )
+    )
     p = _export(ck, tmp_path / "cls", "--similarity-scale", "5", "--similarity-shift", "0.2")
     assert json.loads((tmp_path / "cls" / "manifest.json").read_text())["options"]["pooling"] == "cls"
     r = p.prune(Q, [DOC], lexical_weight=0)[0]
@@ -88,8 +98,11 @@ def test_roberta_backbone_positions_start_after_padding(checkpoints, tmp_path):
         config.pop(k, None)
     config["architectures"] = ["XLMRobertaModel"]
     (ck / "config.json").write_text(json.dumps(config))
-    state = {k.removeprefix("roberta."): v for k, v in load_file(str(src / "model.safetensors")).items()
-             if k.startswith("roberta.")}
+    state = {
+        k.removeprefix("roberta."): v
+        for k, v in load_file(str(src / "model.safetensors")).items()
+        if k.startswith("roberta.")
+    }
     save_file(state, str(ck / "model.safetensors"))
     p = _export(ck, tmp_path / "xlmr")
     assert p.family.name == "embedding"
@@ -108,9 +121,15 @@ def test_passage_mode_onnx_equals_pytorch(checkpoints, tmp_path):
     onnx_p = _export(ck, tmp_path / "passage", "--embedding-mode", "passage")
     torch_p = Pruner.load(ck, backend="torch", module_options={"mode": "passage"})
     a, b = onnx_p.prune(Q, [DOC]), torch_p.prune(Q, [DOC])
-    np.testing.assert_allclose([s.probability for s in a[0].sentences], [s.probability for s in b[0].sentences],
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        [s.probability for s in a[0].sentences], [s.probability for s in b[0].sentences], atol=1e-5
+    )
     # the mode matters: isolated gives other probabilities on the same input
     iso = Pruner.load(ck, backend="torch").prune(Q, [DOC])
-    assert np.abs(np.array([s.probability for s in iso[0].sentences])
-                  - np.array([s.probability for s in b[0].sentences])).max() > 1e-4
+    assert (
+        np.abs(
+            np.array([s.probability for s in iso[0].sentences])
+            - np.array([s.probability for s in b[0].sentences])
+        ).max()
+        > 1e-4
+    )

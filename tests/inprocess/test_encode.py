@@ -1,6 +1,7 @@
 """How text becomes model input, checked against independent references: each
 checkpoint tokenizer's own pair encoding (the template the family was trained with),
 and which block's reranking score a multi-block passage reports."""
+
 import asyncio
 
 import numpy as np
@@ -26,6 +27,7 @@ def test_block_template_matches_the_checkpoint_tokenizer(pruners, checkpoints, n
     scripts), where XLM-R's pair template puts two; the embedding family wraps each
     segment in its own specials."""
     from engine.pytorch.torch_model import load_hf_tokenizer
+
     ort_p = pruners[name][0]
     hf = load_hf_tokenizer(checkpoints[name])
     block = call_blocks(ort_p, Q, [SENTENCE], [[(0, len(SENTENCE))]])[0]
@@ -53,28 +55,38 @@ def test_reranking_score_of_a_multi_block_passage(pruners, name):
     (Threshold 0: every sentence kept, so OpenProvence's 0.0-when-nothing-is-kept stays out.)"""
     ort_p, _ = pruners[name]
     small = with_window(ort_p, 96)
-    passage = " ".join(f"Sentence {i} says the stadium held {i} thousand people in {1900 + i}." for i in range(12))
-    r = small.prune(Q, [passage], threshold=0.0, windows="sentences")[0]   # (OpenSearch: not its token windows)
+    passage = " ".join(
+        f"Sentence {i} says the stadium held {i} thousand people in {1900 + i}." for i in range(12)
+    )
+    r = small.prune(Q, [passage], threshold=0.0, windows="sentences")[
+        0
+    ]  # (OpenSearch: not its token windows)
     assert r.blocks > 2
     spans = [(s.start, s.end) for s in r.sentences]
     blocks = call_blocks(small, Q, [passage], [spans], "sentences")
     scores = []
     for b in blocks:
         first, last = b.units[0][0], b.units[-1][0]
-        part = passage[spans[first][0]:spans[last][1]]
-        alone = small.prune(Q, [part], sentences=[[passage[s:e] for s, e in spans[first:last + 1]]],
-                            threshold=0.0, windows="sentences")[0]
+        part = passage[spans[first][0] : spans[last][1]]
+        alone = small.prune(
+            Q,
+            [part],
+            sentences=[[passage[s:e] for s, e in spans[first : last + 1]]],
+            threshold=0.0,
+            windows="sentences",
+        )[0]
         assert alone.blocks == 1
         scores.append(alone.reranking_score)
     expected = max(scores) if name in ("embedding", "open_provence") else scores[0]
     assert r.reranking_score == pytest.approx(expected, abs=1e-5)
-    if name != "opensearch":   # (no rerank head: always 0)
-        assert len(set(np.round(scores, 6))) > 1   # the blocks differ: the choice matters
+    if name != "opensearch":  # (no rerank head: always 0)
+        assert len(set(np.round(scores, 6))) > 1  # the blocks differ: the choice matters
 
 
 def test_passage_limits_are_enforced(pruners, monkeypatch):
     """The call limits, here set through their PRUNE_* variables (engine.settings)."""
     from engine.pipeline.inputs import Limits
+
     monkeypatch.setenv("PRUNE_MAX_PASSAGES", "3")
     monkeypatch.setenv("PRUNE_MAX_CALL_CHARS", str(len(Q) + 54))
     base = pruners["opensearch"][0]
@@ -84,7 +96,7 @@ def test_passage_limits_are_enforced(pruners, monkeypatch):
         ort_p.prune(Q, ["a.", "b", "c", "d"])
     with pytest.raises(InputError, match=f"more than {len(Q) + 54} characters .* passed at passage 2"):
         ort_p.prune(Q, ["a.", "b" * 50, "c.."])
-    assert len(ort_p.prune(Q, ["a.", "b" * 50, "c."])) == 3     # exactly at the limit
+    assert len(ort_p.prune(Q, ["a.", "b" * 50, "c."])) == 3  # exactly at the limit
 
 
 def test_aprune_equals_prune(pruners):
@@ -97,4 +109,6 @@ def test_aprune_equals_prune(pruners):
     a, b = asyncio.run(main())
     expected = ort_p.prune(Q, docs)
     assert [r.pruned_context for r in a] == [r.pruned_context for r in expected]
-    assert [r.reranking_score for r in b[::-1]] == pytest.approx([r.reranking_score for r in expected], abs=1e-6)
+    assert [r.reranking_score for r in b[::-1]] == pytest.approx(
+        [r.reranking_score for r in expected], abs=1e-6
+    )

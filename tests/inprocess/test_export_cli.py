@@ -1,4 +1,5 @@
 """Export options and failures, and the `prune` command line end to end."""
+
 import json
 import subprocess
 import sys
@@ -44,8 +45,9 @@ def test_external_data_export_matches(checkpoints, exported, tmp_path):
     assert (out / "model.onnx").stat().st_size < 100_000
     a = Pruner.load(out).prune("q?", ["One sentence. Two sentences."])
     b = Pruner.load(exported["xprovence"]).prune("q?", ["One sentence. Two sentences."])
-    np.testing.assert_allclose([s.probability for s in a[0].sentences],
-                               [s.probability for s in b[0].sentences], atol=1e-6)
+    np.testing.assert_allclose(
+        [s.probability for s in a[0].sentences], [s.probability for s in b[0].sentences], atol=1e-6
+    )
 
 
 def test_export_fails_loudly_on_mismatch_and_leaves_nothing(checkpoints, tmp_path):
@@ -60,8 +62,9 @@ def test_export_fails_loudly_on_mismatch_and_leaves_nothing(checkpoints, tmp_pat
 
 
 def test_family_override_and_max_length(checkpoints, tmp_path):
-    m = export_model(checkpoints["opensearch"], tmp_path / "o", family="opensearch", max_length=128,
-                     log=lambda s: None)
+    m = export_model(
+        checkpoints["opensearch"], tmp_path / "o", family="opensearch", max_length=128, log=lambda s: None
+    )
     assert m["max_length"] == 128 and m["buckets"] == [32, 64, 96, 128]
     with pytest.raises(Exception, match="max_length 4096 is outside"):
         export_model(checkpoints["opensearch"], tmp_path / "o2", max_length=4096, log=lambda s: None)
@@ -72,6 +75,7 @@ def test_the_export_steps_run_alone(checkpoints, exported, tmp_path):
     graph, its parity with PyTorch, and the defaults the manifest records."""
     from export.onnx import DEFAULT_OPSET, ExportOptions, load, manifest_defaults, save_fp32, trace
     from export.parity import PARITY_TOLERANCE, Parity
+
     with pytest.raises(ExportError, match="precision must be one of"):
         ExportOptions(precision="fp8").check(tmp_path / "new")
     with pytest.raises(ExportError, match="external_data must be"):
@@ -84,14 +88,21 @@ def test_the_export_steps_run_alone(checkpoints, exported, tmp_path):
     trace(source, raw, DEFAULT_OPSET, log=lambda m: None)
     save_fp32(raw, fp32, source)
     graph = onnx.load(str(fp32))
-    assert [i.name for i in graph.graph.input] == ["input_ids", "attention_mask", "token_type_ids", "sentence_ids"]
+    assert [i.name for i in graph.graph.input] == [
+        "input_ids",
+        "attention_mask",
+        "token_type_ids",
+        "sentence_ids",
+    ]
     assert {p.key: p.value for p in graph.metadata_props}["family"] == "opensearch"
     parity = Parity.against(source.model, source.encoder, True, lambda m: None)
     parity.check(fp32, "fp32", PARITY_TOLERANCE)
     with pytest.raises(ExportError, match="the fp32 graph disagrees with PyTorch"):
         parity.check(fp32, "fp32", -1.0)
     assert [r["step"] for r in parity.reports] == ["fp32", "fp32"]
-    Parity.against(source.model, source.encoder, False, lambda m: None).check(fp32, "fp32", -1.0)   # not verifying
+    Parity.against(source.model, source.encoder, False, lambda m: None).check(
+        fp32, "fp32", -1.0
+    )  # not verifying
     recorded = json.loads((exported["opensearch"] / "manifest.json").read_text())["defaults"]
     assert manifest_defaults(source.family) == recorded
 
@@ -103,16 +114,71 @@ def test_cli_end_to_end(tmp_path, capsys):
     doc = tmp_path / "doc.txt"
     doc.write_text("The stadium was built in 1923. It holds 80,000 people.\n\nParis is in France.")
     capsys.readouterr()
-    assert main(["run", "--model", str(tmp_path / "onnx"), "--question", "When was it built?",
-                 "--context-file", str(doc), "--json", "--threshold", "0.3"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--model",
+                str(tmp_path / "onnx"),
+                "--question",
+                "When was it built?",
+                "--context-file",
+                str(doc),
+                "--json",
+                "--threshold",
+                "0.3",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert len(out) == 1 and len(out[0]["sentences"]) == 3 and out[0]["threshold"] == 0.3
-    assert main(["run", "--model", str(tmp_path / "onnx"), "--question", "q", "--context", "Alpha one. Beta two.",
-                 "--highlight", "--pre", "<<", "--post", ">>", "--threshold", "0"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--model",
+                str(tmp_path / "onnx"),
+                "--question",
+                "q",
+                "--context",
+                "Alpha one. Beta two.",
+                "--highlight",
+                "--pre",
+                "<<",
+                "--post",
+                ">>",
+                "--threshold",
+                "0",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "passage 0" in out and "<<Alpha one.>> <<Beta two.>>" in out
-    assert main(["run", "--model", str(tmp_path / "onnx"), "--question", "q", "--context", "Alpha one. Beta two.",
-                 "--highlight", "--pre", "<<", "--post", ">>", "--threshold", "1", "--alpha", "-1"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--model",
+                str(tmp_path / "onnx"),
+                "--question",
+                "q",
+                "--context",
+                "Alpha one. Beta two.",
+                "--highlight",
+                "--pre",
+                "<<",
+                "--post",
+                ">>",
+                "--threshold",
+                "1",
+                "--alpha",
+                "-1",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "Alpha one. Beta two." in out and "<<" not in out
     # errors are one clear line and exit status 2, not a traceback
@@ -125,7 +191,8 @@ def test_cli_end_to_end(tmp_path, capsys):
 
 def test_console_script_is_installed():
     from pathlib import Path
-    prune = Path(sys.executable).parent / "prune"       # what `pip install` put on PATH
+
+    prune = Path(sys.executable).parent / "prune"  # what `pip install` put on PATH
     proc = subprocess.run([str(prune), "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "export" in proc.stdout and "run" in proc.stdout
 

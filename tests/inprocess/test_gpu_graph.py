@@ -5,6 +5,7 @@ output of every node is a type a CUDA kernel of its op takes at its version
 (export/ort_cuda_kernels.json, ONNX Runtime's kernel table); attention is one
 MultiHeadAttention per layer, fed float16, and the encoder's weights and compute are
 float16 in every family. The backend that runs it: test_gpu_backend.py."""
+
 from __future__ import annotations
 
 import onnx
@@ -16,13 +17,18 @@ from tests.utils import GPU_FAMILIES
 
 pytestmark = pytest.mark.inprocess
 
-LAYERS = {"open_provence-modernbert": 3}          # the tiny ModernBERT's layers; the others have 2
+LAYERS = {"open_provence-modernbert": 3}  # the tiny ModernBERT's layers; the others have 2
 
 
 @pytest.mark.parametrize("name", GPU_FAMILIES)
 @pytest.mark.parametrize("batch,length", [(4, 64), (1, 512)])
 def test_gpu_graph_runs_every_node_on_cuda_at_a_fixed_shape(gpu_exports, name, batch, length, tmp_path):
-    assert gpu_graph_problems(str(gpu_exports[name] / "model.onnx"), batch, length, str(tmp_path / "folded.onnx")) == []
+    assert (
+        gpu_graph_problems(
+            str(gpu_exports[name] / "model.onnx"), batch, length, str(tmp_path / "folded.onnx")
+        )
+        == []
+    )
     folded = onnx.load(str(tmp_path / "folded.onnx"))
     ops = [n.op_type for n in folded.graph.node]
     assert ops.count("MultiHeadAttention") == LAYERS.get(name, 2), ops
@@ -31,24 +37,34 @@ def test_gpu_graph_runs_every_node_on_cuda_at_a_fixed_shape(gpu_exports, name, b
 
 def test_the_check_finds_what_the_cpu_graph_leaves_on_the_cpu(exported, tmp_path):
     # the fp32 CPU export pools to max(sentence_ids) + 1 columns: a length computed at run time
-    problems = folded_problems(fold(str(exported["provence"] / "model.onnx"), 4, 64, str(tmp_path / "folded.onnx")))
+    problems = folded_problems(
+        fold(str(exported["provence"] / "model.onnx"), 4, 64, str(tmp_path / "folded.onnx"))
+    )
     assert any("Range" in p and "computed at run time" in p for p in problems), problems
 
 
 def _model(nodes, inputs, outputs, opset=17):
     from onnx import helper
-    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs),
-                              opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)])
+
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", inputs, outputs),
+        opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)],
+    )
     model.ir_version = 8
     return model
 
 
 def test_the_check_finds_shape_nodes_and_unknown_ops():
     from onnx import TensorProto, helper
+
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 3])
     y = helper.make_tensor_value_info("y", TensorProto.INT64, [2])
-    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Range", ["s", "s", "s"], ["r"]),
-             helper.make_node("Det", ["x"], ["d"]), helper.make_node("Identity", ["s"], ["y"])]
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Range", ["s", "s", "s"], ["r"]),
+        helper.make_node("Det", ["x"], ["d"]),
+        helper.make_node("Identity", ["s"], ["y"]),
+    ]
     model = _model(nodes, [x], [y])
     folded = folded_problems(model)
     assert any(p.startswith("Shape") and "shape or control-flow" in p for p in folded)
@@ -62,13 +78,22 @@ def test_the_type_check_sees_the_ops_the_cpu_would_run_in_float32(tmp_path):
     # EyeLike has no float16 kernel on CUDA: fed fp16, it feeds MultiHeadAttention fp16. Folded on
     # the CPU provider (the check before #60), the fp16 EyeLike is wrapped in float32 casts and looks fine
     from onnx import TensorProto, helper
+
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["batch", "sequence"])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)
     axes = helper.make_tensor("axes", TensorProto.INT64, [1], [0])
-    nodes = [helper.make_node("EyeLike", ["x"], ["e"], name="eye"),
-             helper.make_node("Unsqueeze", ["e", "axes"], ["q"]),
-             helper.make_node("MultiHeadAttention", ["q", "q", "q"], ["y"], domain="com.microsoft", num_heads=2,
-                              name="attention")]
+    nodes = [
+        helper.make_node("EyeLike", ["x"], ["e"], name="eye"),
+        helper.make_node("Unsqueeze", ["e", "axes"], ["q"]),
+        helper.make_node(
+            "MultiHeadAttention",
+            ["q", "q", "q"],
+            ["y"],
+            domain="com.microsoft",
+            num_heads=2,
+            name="attention",
+        ),
+    ]
     model = _model(nodes, [x], [y])
     model.graph.initializer.append(axes)
     onnx.save(model, str(tmp_path / "m.onnx"))
@@ -78,13 +103,14 @@ def test_the_type_check_sees_the_ops_the_cpu_would_run_in_float32(tmp_path):
     folded = onnx.load(str(tmp_path / "folded.onnx"))
     eye = next(n for n in folded.graph.node if n.op_type == "EyeLike")
     casts = {o for n in folded.graph.node if n.op_type == "Cast" for o in n.output}
-    assert eye.input[0] in casts                        # the CPU ran it in float32
+    assert eye.input[0] in casts  # the CPU ran it in float32
 
 
 @pytest.mark.parametrize("opset,expected", [(13, "version 11"), (14, None)])
 def test_the_type_check_reads_the_kernel_of_the_node_version(opset, expected):
     # CUDA's CumSum takes float16 from version 14 only
     from onnx import TensorProto, helper
+
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["batch", "sequence"])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["batch", "sequence"])
     axis = helper.make_tensor("axis", TensorProto.INT64, [], [1])
@@ -107,12 +133,16 @@ WIDE = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "i
 def test_fp16_export_runs_the_encoder_in_float16(name, tmp_path):
     from export.checkpoints import make_test_checkpoint
     from export.onnx import export_model
+
     family, _, backbone = name.partition("-")
     sizes = {**WIDE, **({"position_buckets": 64} if family == "provence" else {})}
     ck = make_test_checkpoint(family, tmp_path / "ck", sizes=sizes, backbone=backbone or None)
-    export_model(ck, tmp_path / "fp16", precision="fp16", log=lambda m: None)    # parity with fp32 PyTorch checked
+    export_model(
+        ck, tmp_path / "fp16", precision="fp16", log=lambda m: None
+    )  # parity with fp32 PyTorch checked
     model = typed(str(tmp_path / "fp16" / "model.onnx"), 2, 64)
     from onnx import numpy_helper
+
     sizes = {}
     for t in model.graph.initializer:
         sizes[t.data_type] = sizes.get(t.data_type, 0) + numpy_helper.to_array(t).nbytes
@@ -123,22 +153,25 @@ def test_fp16_export_runs_the_encoder_in_float16(name, tmp_path):
     attention = [n for n in model.graph.node if n.op_type == "MultiHeadAttention"]
     assert len(attention) == WIDE["num_hidden_layers"]
     for n in attention:
-        assert [types[i] for i in n.input if i] == [TensorProto.FLOAT16] * 4, n.name     # q, k, v and the bias
+        assert [types[i] for i in n.input if i] == [TensorProto.FLOAT16] * 4, n.name  # q, k, v and the bias
+
     def half(n):
         return types.get(n.input[0]) == TensorProto.FLOAT16
+
     layers = WIDE["num_hidden_layers"]
-    for op in ("BiasGelu", "SkipLayerNormalization"):           # only the layers have these
+    for op in ("BiasGelu", "SkipLayerNormalization"):  # only the layers have these
         if op == "SkipLayerNormalization" and family == "provence":
-            continue                                   # DeBERTa keeps its LayerNorm in float32 (it overflows)
+            continue  # DeBERTa keeps its LayerNorm in float32 (it overflows)
         nodes = [n for n in model.graph.node if n.op_type == op]
         assert [n.name for n in nodes if not half(n)] == [], op
     matmuls = [n for n in model.graph.node if n.op_type == "MatMul"]
-    assert sum(map(half, matmuls)) >= 4 * layers           # each layer's projections (4 in ModernBERT, 6+ elsewhere)
-    assert len(matmuls) - sum(map(half, matmuls)) <= 3     # the heads' and the pooling's, in float32
+    assert sum(map(half, matmuls)) >= 4 * layers  # each layer's projections (4 in ModernBERT, 6+ elsewhere)
+    assert len(matmuls) - sum(map(half, matmuls)) <= 3  # the heads' and the pooling's, in float32
 
 
 def test_gpu_graph_is_recorded_in_the_manifest(gpu_exports):
     import json
+
     manifest = json.loads((gpu_exports["provence"] / "manifest.json").read_text())
     assert manifest["precision"] == "fp16"
     assert manifest["gpu_graph"] == {"fused_attention_implementations": 1, "sentence_columns": "sequence"}
@@ -153,9 +186,17 @@ def test_fused_deberta_attention_equals_transformers(monkeypatch):
     from transformers import DebertaV2Config
     from transformers.models.deberta_v2 import modeling_deberta_v2 as deb
     from export.gpu import deberta_fused_forward
+
     torch.manual_seed(0)
-    cfg = DebertaV2Config(hidden_size=32, num_attention_heads=4, relative_attention=True, pos_att_type=["p2c", "c2p"],
-                          position_buckets=8, max_relative_positions=64, share_att_key=False)
+    cfg = DebertaV2Config(
+        hidden_size=32,
+        num_attention_heads=4,
+        relative_attention=True,
+        pos_att_type=["p2c", "c2p"],
+        position_buckets=8,
+        max_relative_positions=64,
+        share_att_key=False,
+    )
     attn = deb.DisentangledSelfAttention(cfg).eval()
     with torch.no_grad():
         for p in attn.parameters():
@@ -178,6 +219,7 @@ def test_fused_eager_attention_equals_transformers():
     import torch
     from transformers.models.bert.modeling_bert import eager_attention_forward
     from export.gpu import fused_eager_attention
+
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 12, 8) * 3 for _ in range(3))
     allowed = torch.rand(2, 1, 12, 12) > 0.4

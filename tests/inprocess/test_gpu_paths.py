@@ -6,6 +6,7 @@ to offer CUDA and TensorRT, and the session records what the backend asked for.
 - a TensorRT request that ONNX Runtime quietly ran on CUDA says so, and gpu.py measures it
   once (as CUDA), not twice;
 - benchmarks/gpu.py runs again into the same --keep folder."""
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,11 @@ def gpu_offered(monkeypatch):
         def __getattr__(self, name):
             return getattr(self._s, name)
 
-    monkeypatch.setattr(onnxruntime, "get_available_providers",
-                        lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(
+        onnxruntime,
+        "get_available_providers",
+        lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+    )
     monkeypatch.setattr(onnxruntime, "InferenceSession", Session)
     return asked, state
 
@@ -66,18 +70,26 @@ def test_device_cuda_turns_tf32_off(gpu_offered, exported):
 
 def test_a_tensorrt_request_run_on_cuda_says_so(gpu_offered, exported):
     asked, state = gpu_offered
-    state["runs"] = "CUDAExecutionProvider"        # TensorRT's libraries did not load
+    state["runs"] = "CUDAExecutionProvider"  # TensorRT's libraries did not load
     said: list[str] = []
-    b = OnnxRuntimeBackend(exported["xprovence"] / "model.onnx", device="cuda", io_binding=False,
-                           tensorrt=backend_module.tensorrt_options(["input_ids"], [128], 8, Path("trt")),
-                           log=said.append)
+    b = OnnxRuntimeBackend(
+        exported["xprovence"] / "model.onnx",
+        device="cuda",
+        io_binding=False,
+        tensorrt=backend_module.tensorrt_options(["input_ids"], [128], 8, Path("trt")),
+        log=said.append,
+    )
     assert asked[-1][0][0] == "TensorrtExecutionProvider"
     assert b.tensorrt_fallback and said == [TENSORRT_FALLBACK]
-    state["runs"] = None                           # TensorRT ran: no note
+    state["runs"] = None  # TensorRT ran: no note
     said.clear()
-    b = OnnxRuntimeBackend(exported["xprovence"] / "model.onnx", device="cuda", io_binding=False,
-                           tensorrt=backend_module.tensorrt_options(["input_ids"], [128], 8, Path("trt")),
-                           log=said.append)
+    b = OnnxRuntimeBackend(
+        exported["xprovence"] / "model.onnx",
+        device="cuda",
+        io_binding=False,
+        tensorrt=backend_module.tensorrt_options(["input_ids"], [128], 8, Path("trt")),
+        log=said.append,
+    )
     assert not b.tensorrt_fallback and said == []
 
 
@@ -85,11 +97,39 @@ def test_gpu_script_reruns_into_the_same_keep_folder(tmp_path):
     keep = tmp_path / "models"
     for run in range(2):
         out = tmp_path / f"gpu{run}.json"
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu", "--tiny", "--device", "cpu", "--out", str(out),
-                               "--keep", str(keep), "--lengths", "16", "--batches", "1", "--dtypes", "float32",
-                               "--attn", "eager", "--iters", "1", "--fp32", "--cut-layers", "0", "--peers", "eager"],
-                              cwd=ROOT, capture_output=True, text=True,
-                              timeout=300)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.gpu",
+                "--tiny",
+                "--device",
+                "cpu",
+                "--out",
+                str(out),
+                "--keep",
+                str(keep),
+                "--lengths",
+                "16",
+                "--batches",
+                "1",
+                "--dtypes",
+                "float32",
+                "--attn",
+                "eager",
+                "--iters",
+                "1",
+                "--fp32",
+                "--cut-layers",
+                "0",
+                "--peers",
+                "eager",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         rows = json.loads(out.read_text())["rows"]
         assert not [r for r in rows if "error" in r], [r for r in rows if "error" in r]
@@ -99,10 +139,17 @@ def test_gpu_script_reruns_into_the_same_keep_folder(tmp_path):
 def _system_library() -> Path:
     """A real shared library of this machine, to stand in for a CUDA one."""
     import ctypes.util
+
     for name in ("z", "bz2", "lzma", "ffi"):
         found = ctypes.util.find_library(name)
         if found:
-            for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/lib64", "/usr/lib"):
+            for d in (
+                "/lib/x86_64-linux-gnu",
+                "/usr/lib/x86_64-linux-gnu",
+                "/usr/lib64",
+                "/lib64",
+                "/usr/lib",
+            ):
                 if (Path(d) / found).is_file():
                     return Path(d) / found
     pytest.skip("no system shared library to stand in for a CUDA one")
@@ -113,22 +160,26 @@ def test_cuda_libraries_are_found_on_sys_path_beside_a_target_install(tmp_path, 
     sys.path entry: ONNX Runtime's preload_dlls looks beside onnxruntime only; the backend
     searches every nvidia/*/lib on sys.path (#28 item 6)."""
     import shutil
+
     site = tmp_path / "site"
     lib = site / "nvidia" / "cu13" / "lib"
     lib.mkdir(parents=True)
-    shutil.copy(_system_library(), lib / "libcurand.so.10")        # a loadable library under CUDA's name
+    shutil.copy(_system_library(), lib / "libcurand.so.10")  # a loadable library under CUDA's name
     assert "libcurand.so.10" not in backend_module.loaded_libraries()
     before = backend_module.preload_cuda_libraries(onnxruntime)
-    assert "libcurand.so" in before                                 # not on sys.path yet
+    assert "libcurand.so" in before  # not on sys.path yet
     monkeypatch.syspath_prepend(str(site))
     after = backend_module.preload_cuda_libraries(onnxruntime)
     assert "libcurand.so" not in after and "libcurand.so.10" in backend_module.loaded_libraries()
 
 
-def test_a_cuda_session_that_fell_back_to_the_cpu_names_the_missing_libraries(gpu_offered, exported, monkeypatch):
+def test_a_cuda_session_that_fell_back_to_the_cpu_names_the_missing_libraries(
+    gpu_offered, exported, monkeypatch
+):
     from engine.errors import ModelLoadError
+
     _, state = gpu_offered
-    state["runs"] = "CPUExecutionProvider"          # the CUDA provider did not load
+    state["runs"] = "CPUExecutionProvider"  # the CUDA provider did not load
     monkeypatch.setattr(backend_module, "preload_cuda_libraries", lambda ort: ["libcudnn.so", "libcublas.so"])
     with pytest.raises(ModelLoadError, match=r"did not load.*libcudnn\.so, libcublas\.so.*cuda,cudnn"):
         OnnxRuntimeBackend(exported["xprovence"] / "model.onnx", device="cuda", io_binding=False)
@@ -140,16 +191,54 @@ def test_gpu_py_stopped_by_timeout_keeps_what_it_measured(tmp_path):
     the engine's first timed row is in (how long that takes depends on the machine's load)."""
     import signal
     import time
+
     out, md = tmp_path / "gpu.json", tmp_path / "gpu.md"
-    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.gpu", "--tiny", "--device", "cpu", "--out", str(out),
-                             "--markdown", str(md), "--keep", str(tmp_path / "m"),
-                             "--lengths", "16", "32", "64", "128", "256", "--batches", "1", "4", "16", "64",
-                             "--dtypes", "float32", "bfloat16", "--attn", "eager", "sdpa", "--iters", "30",
-                             "--budget-s", "600", "--cut-layers", "0"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True,
-                            # a session of its own, as under gpu.sh's `timeout`: in the full suite the
-                            # pytest-xdist worker running this test died twice when it shared the group
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.gpu",
+            "--tiny",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+            "--markdown",
+            str(md),
+            "--keep",
+            str(tmp_path / "m"),
+            "--lengths",
+            "16",
+            "32",
+            "64",
+            "128",
+            "256",
+            "--batches",
+            "1",
+            "4",
+            "16",
+            "64",
+            "--dtypes",
+            "float32",
+            "bfloat16",
+            "--attn",
+            "eager",
+            "sdpa",
+            "--iters",
+            "30",
+            "--budget-s",
+            "600",
+            "--cut-layers",
+            "0",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        # a session of its own, as under gpu.sh's `timeout`: in the full suite the
+        # pytest-xdist worker running this test died twice when it shared the group
+        start_new_session=True,
+    )
 
     def engine_timed() -> bool:
         try:
@@ -157,6 +246,7 @@ def test_gpu_py_stopped_by_timeout_keeps_what_it_measured(tmp_path):
         except (OSError, ValueError):
             return False
         return any(r.get("path") == "onnxruntime-cpu fp16" and "ms_per_batch" in r for r in rows)
+
     deadline = time.monotonic() + 150
     while not engine_timed() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -5,6 +5,7 @@ within 1e-4 (a raw logit), and identical keep decisions at thresholds 0.1, 0.3 a
 The model's own scores (`lexical_weight=0`): the lexical fusion the embedding family runs
 by default is the same client-side code on both paths (tests/server/test_lexical.py).
 """
+
 import numpy as np
 import pytest
 
@@ -20,9 +21,11 @@ def _splitting_threshold(pruner, passages) -> float:
     """Random weights put most probabilities on one side of a fixed threshold. This one
     splits them near the median, in the widest gap between neighbours, so identical
     decisions there are a real check and not a tie decided by float noise."""
-    probs = np.sort([s.probability for r in pruner.prune(QUESTION, passages, lexical_weight=0) for s in r.sentences])
+    probs = np.sort(
+        [s.probability for r in pruner.prune(QUESTION, passages, lexical_weight=0) for s in r.sentences]
+    )
     lo, hi = len(probs) // 4, 3 * len(probs) // 4
-    k = lo + int(np.argmax(np.diff(probs[lo:hi + 1])))
+    k = lo + int(np.argmax(np.diff(probs[lo : hi + 1])))
     assert probs[k + 1] - probs[k] > 10 * PROB_TOL
     return float((probs[k] + probs[k + 1]) / 2)
 

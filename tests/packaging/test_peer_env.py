@@ -2,6 +2,7 @@
 its own INT8 export, in the environment docs/installing.md makes for them (their optimum
 pins transformers<4.58, so not beside the engine), answer a call on the same checkpoint
 as sentence-transformers' torch backend does here, within INT8's error."""
+
 import numpy as np
 import pytest
 
@@ -20,13 +21,13 @@ def test_sentence_transformers_own_int8_backends_run_from_their_environment(chec
     try:
         assert set(peers) == set(REMOTE_PEERS.values())
         models = {worker.model for _, worker in peers.values()}
-        assert any(m.startswith("onnx onnx/model_") for m in models), models       # its dynamic int8 file
+        assert any(m.startswith("onnx onnx/model_") for m in models), models  # its dynamic int8 file
         assert any(m.startswith("openvino openvino/") and "quantized" in m for m in models), models
         for name, (peer, _) in peers.items():
             got = peer.prune(QUESTION, PASSAGES)
             assert [len(g) for g in got] == [len(w) for w in want], name
             worst = max(float(np.abs(g - w).max()) for g, w in zip(got, want))
-            assert worst < 0.1, (name, worst)          # int8 against fp32 cosines
+            assert worst < 0.1, (name, worst)  # int8 against fp32 cosines
     finally:
         for _, worker in peers.values():
             worker.close()

@@ -2,6 +2,7 @@
 line, in order, with the input's id; a bad line gets an error record and every other line
 is processed; results equal `Pruner.prune` of the same query. On 10,000 lines made from
 the RAG sample in tests/data."""
+
 import json
 
 import numpy as np
@@ -21,8 +22,11 @@ def test_ten_thousand_lines_with_bad_ones(pruners, tmp_path, capsys):
     lines, bad = [], {}
     for k in range(10_000):
         r = rows[k % len(rows)]
-        lines.append(json.dumps({"id": f"q{k}", "question": r["question"],
-                                 "passages": [r["passages"][r["gold"]][:300]]}))
+        lines.append(
+            json.dumps(
+                {"id": f"q{k}", "question": r["question"], "passages": [r["passages"][r["gold"]][:300]]}
+            )
+        )
     # bad lines, each answered by an error record for that line only
     bad[17] = "{not json"
     bad[2500] = json.dumps({"id": "no-question", "passages": ["A passage."]})
@@ -35,34 +39,52 @@ def test_ten_thousand_lines_with_bad_ones(pruners, tmp_path, capsys):
     src.write_text("\n".join(lines) + "\n")
     out = tmp_path / "r.jsonl"
     pruner = pruners["opensearch"][0]
-    code = main(["run", "--model", str(pruner.backend.graph.parent), "--input", str(src), "--output", str(out),
-                 "--quiet"])
-    assert code == 3                                   # some lines failed: not 0
+    code = main(
+        [
+            "run",
+            "--model",
+            str(pruner.backend.graph.parent),
+            "--input",
+            str(src),
+            "--output",
+            str(out),
+            "--quiet",
+        ]
+    )
+    assert code == 3  # some lines failed: not 0
     got = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(got) == 10_000
     for k, rec in enumerate(got):
         if k in bad:
             assert "error" in rec and rec["line"] == k + 1
-            assert rec["id"] == (k + 1 if k == 17 else json.loads(lines[k])["id"])   # the line's own id
+            assert rec["id"] == (k + 1 if k == 17 else json.loads(lines[k])["id"])  # the line's own id
         else:
             assert rec["id"] == f"q{k}" and len(rec["results"]) == 1
     assert "not valid JSON" in got[17]["error"] and "no question" in got[2500]["error"]
     assert "question is empty" in got[5000]["error"] and "lone surrogate" in got[7500]["error"]
     assert "threshold" in got[9999]["error"]
-    for k in (0, 1, 499, 5001, 9998):                  # same as one query at a time
+    for k in (0, 1, 499, 5001, 9998):  # same as one query at a time
         q = json.loads(lines[k])
         exp = pruner.prune(q["question"], q["passages"])[0]
         res = got[k]["results"][0]
         assert res["pruned_context"] == exp.pruned_context
-        np.testing.assert_allclose([s["probability"] for s in res["sentences"]],
-                                   [s.probability for s in exp.sentences], atol=1e-5)
+        np.testing.assert_allclose(
+            [s["probability"] for s in res["sentences"]], [s.probability for s in exp.sentences], atol=1e-5
+        )
 
 
 def test_batch_file_through_a_text_model(server, pruners, tmp_path):
     import io
     from engine.pruner import Pruner
-    queries = [{"id": i, "question": f"When was stadium {i} built?",
-                "context": f"The stadium {i} was built in {1900 + i}. It holds {i} people."} for i in range(30)]
+
+    queries = [
+        {
+            "id": i,
+            "question": f"When was stadium {i} built?",
+            "context": f"The stadium {i} was built in {1900 + i}. It holds {i} people.",
+        }
+        for i in range(30)
+    ]
     src = io.StringIO("\n".join(json.dumps(q) for q in queries) + "\n\n")
     sink = io.StringIO()
     stats = run_file(Pruner.connect(server.grpc_url, "opensearch_text"), src, sink, group=8, progress=False)
@@ -77,9 +99,18 @@ BROKEN = [
     ({"id": "broken", "question": 5, "passages": "x"}, "passages must be a list of strings"),
     ({"id": "no-question", "passages": ["A passage."]}, "the line has no question"),
     ({"id": 7, "question": 5, "passages": ["A passage."]}, "question must be a str, got int"),
-    ({"id": "bad-option", "question": "q?", "passages": ["x."], "top_k": 0}, "top_k must be a positive integer"),
-    ({"question": "q?", "passages": ["x."], "title": "always"}, "title must be one of"),   # no id: the line number
-    ({"id": "typo", "question": "q?", "passages": ["x."], "treshold": 0.2}, "unknown option 'treshold'"),  # as in Python
+    (
+        {"id": "bad-option", "question": "q?", "passages": ["x."], "top_k": 0},
+        "top_k must be a positive integer",
+    ),
+    (
+        {"question": "q?", "passages": ["x."], "title": "always"},
+        "title must be one of",
+    ),  # no id: the line number
+    (
+        {"id": "typo", "question": "q?", "passages": ["x."], "treshold": 0.2},
+        "unknown option 'treshold'",
+    ),  # as in Python
 ]
 
 
@@ -88,8 +119,12 @@ def test_an_error_record_keeps_the_lines_id(where, pruners, request, tmp_path):
     """Whatever is wrong with a JSON line that has an id, its error record carries that id."""
     import io
     from engine.pruner import Pruner
-    pruner = (pruners["opensearch"][0] if where == "in-process"
-              else Pruner.connect(request.getfixturevalue("server").grpc_url, "opensearch_text"))
+
+    pruner = (
+        pruners["opensearch"][0]
+        if where == "in-process"
+        else Pruner.connect(request.getfixturevalue("server").grpc_url, "opensearch_text")
+    )
     good = {"id": "good", "question": "When was it built?", "passages": ["It was built in 1923."]}
     lines = [json.dumps(good)] + [json.dumps(row) for row, _ in BROKEN] + ["[1, 2]"]
     sink = io.StringIO()
@@ -109,27 +144,49 @@ def test_a_line_sets_the_lexical_weight(pruners, tmp_path):
     q = "When was the stadium built?"
     docs = ["The stadium was built in 1923. It holds 80,000 people. Its roof came later."]
     src = tmp_path / "q.jsonl"
-    src.write_text(json.dumps({"id": "default", "question": q, "passages": docs}) + "\n"
-                   + json.dumps({"id": "alone", "question": q, "passages": docs, "lexical_weight": 0}) + "\n")
+    src.write_text(
+        json.dumps({"id": "default", "question": q, "passages": docs})
+        + "\n"
+        + json.dumps({"id": "alone", "question": q, "passages": docs, "lexical_weight": 0})
+        + "\n"
+    )
     out = tmp_path / "r.jsonl"
-    assert main(["run", "--model", str(pruner.backend.graph.parent), "--input", str(src), "--output", str(out),
-                 "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--model",
+                str(pruner.backend.graph.parent),
+                "--input",
+                str(src),
+                "--output",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     got = [json.loads(line)["results"][0] for line in out.read_text().splitlines()]
     for rec, weight in zip(got, (0.5, 0.0)):
         exp = pruner.prune(q, docs, lexical_weight=weight)[0]
         assert rec["lexical_weight"] == weight and rec["threshold"] == exp.threshold
-        assert [s["probability"] for s in rec["sentences"]] == pytest.approx([s.probability for s in exp.sentences])
+        assert [s["probability"] for s in rec["sentences"]] == pytest.approx(
+            [s.probability for s in exp.sentences]
+        )
 
 
 BUDGET_Q = "What goes on the bottom of the pie?"
-BUDGET_DOCS = ["Shepherd's pie. In early cookery books, the dish was a means of using leftover roasted meat. "
-               "The pie dish was lined on the sides and bottom with mashed potato.",
-               "Paris is the capital of France. It has many museums. The Louvre is the largest of them.",
-               "The river flows through the valley. Scientists measured the water every hour."]
+BUDGET_DOCS = [
+    "Shepherd's pie. In early cookery books, the dish was a means of using leftover roasted meat. "
+    "The pie dish was lined on the sides and bottom with mashed potato.",
+    "Paris is the capital of France. It has many museums. The Louvre is the largest of them.",
+    "The river flows through the valley. Scientists measured the water every hour.",
+]
 
 
 def test_a_budget_works_alike_in_process_over_http_from_a_batch_file_and_through_the_text_model(
-        pruners, server, tmp_path):
+    pruners, server, tmp_path
+):
     """budget_tokens (#57) on every surface: the same kept sentences in-process, over /v1/prune and
     TEI's /rerank, from a batch file; through Triton's text model with a named tokenizer (the
     model's own stays on the server, which the client says). Counted here by the tokenizer
@@ -140,10 +197,11 @@ def test_a_budget_works_alike_in_process_over_http_from_a_batch_file_and_through
     from engine.errors import InputError
     from engine.pruner import Pruner
     from tests.utils import serve_api
+
     pruner = pruners["xprovence"][0]
     folder = pruner.backend.graph.parent
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tokens = lambda t: len(tok.encode(t, add_special_tokens=False).ids) if t else 0   # noqa: E731
+    tokens = lambda t: len(tok.encode(t, add_special_tokens=False).ids) if t else 0  # noqa: E731
     whole = pruner.prune(BUDGET_Q, BUDGET_DOCS, threshold=0.0)
     budget = sum(tokens(r.pruned_context) for r in whole) // 2
     local = pruner.prune(BUDGET_Q, BUDGET_DOCS, threshold=0.0, budget_tokens=budget)
@@ -156,15 +214,28 @@ def test_a_budget_works_alike_in_process_over_http_from_a_batch_file_and_through
         got = httpx.post(f"{url}/v1/prune", json=body, timeout=60).json()["results"]
         assert [r["pruned_context"] for r in got] == kept
         assert [r["budget"] for r in got] == [r.budget.to_dict() for r in local]
-        tei = httpx.post(f"{url}/rerank", json={"query": BUDGET_Q, "texts": BUDGET_DOCS, "budget_tokens": budget},
-                         timeout=60).json()
+        tei = httpx.post(
+            f"{url}/rerank",
+            json={"query": BUDGET_Q, "texts": BUDGET_DOCS, "budget_tokens": budget},
+            timeout=60,
+        ).json()
         at_defaults = pruner.prune(BUDGET_Q, BUDGET_DOCS, budget_tokens=budget)
         assert {r["index"]: r["pruned_text"] for r in tei} == {r.index: r.pruned_context for r in at_defaults}
         bad = httpx.post(f"{url}/v1/prune", json={**body, "budget_tokens": 0}, timeout=60)
         assert bad.status_code == 422 and "budget_tokens must be a positive integer" in bad.text
     src, out = tmp_path / "q.jsonl", tmp_path / "r.jsonl"
-    src.write_text(json.dumps({"id": 1, "question": BUDGET_Q, "passages": BUDGET_DOCS, "threshold": 0.0,
-                               "budget_tokens": budget}) + "\n")
+    src.write_text(
+        json.dumps(
+            {
+                "id": 1,
+                "question": BUDGET_Q,
+                "passages": BUDGET_DOCS,
+                "threshold": 0.0,
+                "budget_tokens": budget,
+            }
+        )
+        + "\n"
+    )
     assert main(["run", "--model", str(folder), "--input", str(src), "--output", str(out), "--quiet"]) == 0
     line = json.loads(out.read_text())["results"]
     assert [r["budget"] for r in line] == [r.budget.to_dict() for r in local]
@@ -175,4 +246,4 @@ def test_a_budget_works_alike_in_process_over_http_from_a_batch_file_and_through
     through = remote.prune(BUDGET_Q, BUDGET_DOCS, threshold=0.0, budget_tokens=budget, budget_tokenizer=named)
     here = pruner.prune(BUDGET_Q, BUDGET_DOCS, threshold=0.0, budget_tokens=budget, budget_tokenizer=named)
     assert [r.pruned_context for r in through] == [r.pruned_context for r in here]
-    assert [r.pruned_context for r in here] == kept          # the same tokenizer, named: the same cut
+    assert [r.pruned_context for r in here] == kept  # the same tokenizer, named: the same cut

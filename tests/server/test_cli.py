@@ -1,6 +1,7 @@
 """The `prune` subcommands that users run, end to end on tiny data made here: eval,
 fidelity, bench, run --server (text and core model), --context-file -, and their
 figures checked against what they must be."""
+
 import json
 import subprocess
 import sys
@@ -16,6 +17,8 @@ from tests.utils import write_tiny_data
 pytestmark = pytest.mark.server
 
 PRUNE = Path(sys.executable).parent / "prune"
+
+
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory):
     return write_tiny_data(tmp_path_factory.mktemp("tiny-data"))
@@ -23,8 +26,23 @@ def tiny_data(tmp_path_factory):
 
 def test_eval_reports_baselines_and_the_model(exported, tiny_data, tmp_path, capsys):
     out = tmp_path / "eval"
-    assert main(["eval", "--model", str(exported["opensearch"]), "--data", str(tiny_data / "prune.jsonl"),
-                 "--rag-data", str(tiny_data / "rag.jsonl"), "--out", str(out), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(exported["opensearch"]),
+                "--data",
+                str(tiny_data / "prune.jsonl"),
+                "--rag-data",
+                str(tiny_data / "rag.jsonl"),
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     report = json.loads((out / "eval.json").read_text())
     rows = {r["name"]: r for r in report["pruning"]["rows"]}
     # keep-all by hand: 3 positives among 8 sentences -> P 3/8, R 1, F1 = 2PR/(P+R)
@@ -41,8 +59,21 @@ def test_eval_reports_baselines_and_the_model(exported, tiny_data, tmp_path, cap
 
 def test_fidelity_of_fp32_is_exact(exported, tiny_data, tmp_path, capsys):
     out = tmp_path / "fid.json"
-    assert main(["fidelity", "--model", str(exported["xprovence"]), "--data", str(tiny_data / "prune.jsonl"),
-                 "--out", str(out), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "fidelity",
+                "--model",
+                str(exported["xprovence"]),
+                "--data",
+                str(tiny_data / "prune.jsonl"),
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     rep = json.loads(out.read_text())
     assert set(rep["decision_agreement"].values()) == {1.0}
     assert rep["max_abs_delta_prob"] < 1e-5 and rep["rerank_max_abs_error"] < 1e-4
@@ -50,8 +81,24 @@ def test_fidelity_of_fp32_is_exact(exported, tiny_data, tmp_path, capsys):
 
 
 def test_bench_without_server(exported, tiny_data, tmp_path, capsys, monkeypatch):
-    assert main(["bench", "--data", str(tiny_data / "rag.jsonl"), "--model", str(exported["opensearch"]),
-                 "--queries", "2", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--data",
+                str(tiny_data / "rag.jsonl"),
+                "--model",
+                str(exported["opensearch"]),
+                "--queries",
+                "2",
+                "--repeats",
+                "1",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     report = json.loads(next(tmp_path.glob("bench-*/bench.json")).read_text())
     names = [r["path"] for r in report["paths"]]
     assert names[0] == "onnxruntime-fp32" and len(names) == 2
@@ -63,16 +110,54 @@ def test_bench_without_server(exported, tiny_data, tmp_path, capsys, monkeypatch
     ort = next(r for r in report["paths"] if r["path"] == "onnxruntime-fp32")
     assert 0 < ort["limit_share"] < 1.5 and ort["limit"].startswith("fp32 GEMM")
     assert "share of the limit" in next(tmp_path.glob("bench-*/bench.md")).read_text()
-    assert main(["bench", "--data", str(tiny_data / "rag.jsonl"), "--model", str(exported["opensearch"]),
-                 "--queries", "1", "--repeats", "1", "--out", str(tmp_path), "--paths", "nothing-matches"]) == 2
+    assert (
+        main(
+            [
+                "bench",
+                "--data",
+                str(tiny_data / "rag.jsonl"),
+                "--model",
+                str(exported["opensearch"]),
+                "--queries",
+                "1",
+                "--repeats",
+                "1",
+                "--out",
+                str(tmp_path),
+                "--paths",
+                "nothing-matches",
+            ]
+        )
+        == 2
+    )
     assert "--list" in capsys.readouterr().err
     # --list: the registry's paths for these flags, nothing started or measured
     runs = len(list(tmp_path.glob("bench-*")))
-    assert main(["bench", "--list", "--data", str(tiny_data / "rag.jsonl"), "--model", str(exported["opensearch"]),
-                 "--triton", "--paths", "c16", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--list",
+                "--data",
+                str(tiny_data / "rag.jsonl"),
+                "--model",
+                str(exported["opensearch"]),
+                "--triton",
+                "--paths",
+                "c16",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     listed = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in listed] == ["triton-grpc-c16-fp32", "triton-http-c16-fp32",
-                                                    "triton-text-grpc-c16-fp32", "api-text-grpc-c16-fp32"]
+    assert [line.split()[0] for line in listed] == [
+        "triton-grpc-c16-fp32",
+        "triton-http-c16-fp32",
+        "triton-text-grpc-c16-fp32",
+        "api-text-grpc-c16-fp32",
+    ]
     assert len(list(tmp_path.glob("bench-*"))) == runs
     # ... nor exported: the default model's paths are listed from an empty cache, which stays empty
     cache = tmp_path / "empty-cache"
@@ -80,34 +165,74 @@ def test_bench_without_server(exported, tiny_data, tmp_path, capsys, monkeypatch
     monkeypatch.setenv("PRUNE_CACHE", str(cache))
     assert main(["bench", "--list", "--data", str(tiny_data / "rag.jsonl"), "--openvino"]) == 0
     ids = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
-    assert {"onnxruntime-fp32", "onnxruntime-int8", "openvino-int8-nncf-static"} <= set(ids) and not any(cache.iterdir())
+    assert {"onnxruntime-fp32", "onnxruntime-int8", "openvino-int8-nncf-static"} <= set(ids) and not any(
+        cache.iterdir()
+    )
     # on the GPU path, a missing CUDA provider is reported before any export or measurement
     import onnxruntime
+
     if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
-        assert main(["bench", "--device", "cuda", "--data", str(tiny_data / "rag.jsonl"), "--out", str(tmp_path)]) == 2
+        assert (
+            main(
+                ["bench", "--device", "cuda", "--data", str(tiny_data / "rag.jsonl"), "--out", str(tmp_path)]
+            )
+            == 2
+        )
         assert "onnxruntime-gpu" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("model", ["opensearch_text", "opensearch"])
 def test_run_against_the_server(server, pruners, model, capsys):
     doc = "The stadium was built in 1923. It holds 80,000 people.\n\n北京是中国的首都。"
-    assert main(["run", "--server", server.grpc_url, "--text-model", model, "--question", "When?",
-                 "--context", doc, "--json", "--threshold", "0.4"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--server",
+                server.grpc_url,
+                "--text-model",
+                model,
+                "--question",
+                "When?",
+                "--context",
+                doc,
+                "--json",
+                "--threshold",
+                "0.4",
+            ]
+        )
+        == 0
+    )
     got = json.loads(capsys.readouterr().out)[0]
     exp = pruners["opensearch"][0].prune("When?", [doc], threshold=0.4)[0]
     assert got["pruned_context"] == exp.pruned_context
     assert [(s["start"], s["end"]) for s in got["sentences"]] == [(s.start, s.end) for s in exp.sentences]
-    np.testing.assert_allclose([s["probability"] for s in got["sentences"]],
-                               [s.probability for s in exp.sentences], atol=1e-5)
+    np.testing.assert_allclose(
+        [s["probability"] for s in got["sentences"]], [s.probability for s in exp.sentences], atol=1e-5
+    )
 
 
 def test_context_from_stdin_and_negative_alpha(exported):
     doc = "Alpha one. Beta two. Gamma three."
-    args = [str(PRUNE), "run", "--model", str(exported["opensearch"]), "--question", "q",
-            "--context-file", "-", "--json", "--threshold", "1"]
-    with_backoff = json.loads(subprocess.run(args, input=doc, capture_output=True, text=True, check=True).stdout)
-    without = json.loads(subprocess.run(args + ["--alpha", "-1"], input=doc, capture_output=True, text=True,
-                                        check=True).stdout)
+    args = [
+        str(PRUNE),
+        "run",
+        "--model",
+        str(exported["opensearch"]),
+        "--question",
+        "q",
+        "--context-file",
+        "-",
+        "--json",
+        "--threshold",
+        "1",
+    ]
+    with_backoff = json.loads(
+        subprocess.run(args, input=doc, capture_output=True, text=True, check=True).stdout
+    )
+    without = json.loads(
+        subprocess.run(args + ["--alpha", "-1"], input=doc, capture_output=True, text=True, check=True).stdout
+    )
     assert with_backoff[0]["context"] == doc
     # the family's backoff (alpha 0.05) keeps the best sentence; a negative alpha disables it
     assert sum(s["kept"] for s in with_backoff[0]["sentences"]) == 1
@@ -121,11 +246,16 @@ def test_core_client_with_a_given_tokenizer_and_no_text_model(checkpoints, tmp_p
     from export.onnx import export_model
     from export.triton_repository import RepositoryOptions, build_repository
     from tests.utils import free_ports
+
     ext = tmp_path / "ext"
     export_model(checkpoints["xprovence"], ext, external_data="always", log=lambda m: None)
     repo = tmp_path / "repo"
-    build_repository(ext, repo, RepositoryOptions(target="cpu", name="x", text_model=False, instances=2),
-                     log=lambda m: None)
+    build_repository(
+        ext,
+        repo,
+        RepositoryOptions(target="cpu", name="x", text_model=False, instances=2),
+        log=lambda m: None,
+    )
     assert (repo / "x" / "1" / "model.onnx.data").is_file() and not (repo / "x_text").exists()
     h, g, m = free_ports(3)
     with TritonServer(repo, http_port=h, grpc_port=g, metrics_port=m) as s:
@@ -135,9 +265,13 @@ def test_core_client_with_a_given_tokenizer_and_no_text_model(checkpoints, tmp_p
         docs = ["The stadium was built in 1923. It holds 80,000 people.", "Paris is in France."]
         exp = Pruner.load(ext).prune("When?", docs)
         got = remote.prune("When?", docs)
-        np.testing.assert_allclose([x.probability for r in got for x in r.sentences],
-                                   [x.probability for r in exp for x in r.sentences], atol=1e-5)
+        np.testing.assert_allclose(
+            [x.probability for r in got for x in r.sentences],
+            [x.probability for r in exp for x in r.sentences],
+            atol=1e-5,
+        )
         import tritonclient.grpc as gc
+
         cfg = gc.InferenceServerClient(s.grpc_url).get_model_config("x").config
         assert cfg.instance_group[0].count == 2
 
@@ -145,16 +279,46 @@ def test_core_client_with_a_given_tokenizer_and_no_text_model(checkpoints, tmp_p
 def test_repository_command_writes_core_and_text_models(exported, tmp_path, capsys):
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
+
     out = tmp_path / "repo"
-    assert main(["repository", "--model", str(exported["opensearch"]), "--out", str(out), "--name", "hl",
-                 "--max-batch-size", "8", "--text-instances", "3", "--text-max-passages", "7"]) == 0
+    assert (
+        main(
+            [
+                "repository",
+                "--model",
+                str(exported["opensearch"]),
+                "--out",
+                str(out),
+                "--name",
+                "hl",
+                "--max-batch-size",
+                "8",
+                "--text-instances",
+                "3",
+                "--text-max-passages",
+                "7",
+            ]
+        )
+        == 0
+    )
     core = text_format.Parse((out / "hl" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     text = text_format.Parse((out / "hl_text" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     assert core.max_batch_size == 8 and core.parameters["prune_text_model"].string_value == "hl_text"
     assert text.instance_group[0].count == 3 and text.parameters["max_passages"].string_value == "7"
     assert text.parameters["core_max_batch_size"].string_value == "8"
-    assert main(["repository", "--model", str(exported["opensearch"]), "--out", str(tmp_path / "r2"),
-                 "--no-text-model"]) == 0
+    assert (
+        main(
+            [
+                "repository",
+                "--model",
+                str(exported["opensearch"]),
+                "--out",
+                str(tmp_path / "r2"),
+                "--no-text-model",
+            ]
+        )
+        == 0
+    )
     assert sorted(p.name for p in (tmp_path / "r2").iterdir()) == ["opensearch"]
 
 
@@ -164,44 +328,86 @@ def test_first_use_polish(exported, server, tmp_path):
     import engine
     from engine.errors import BackendError, ExportError
     from export.triton_repository import RepositoryOptions, build_repository
+
     out = subprocess.run([str(PRUNE), "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == f"prune-engine {engine.__version__}"
     out = subprocess.run([sys.executable, "-m", "engine", "run", "--help"], capture_output=True, text=True)
-    assert out.returncode == 0 and "PRUNE_DEVICE; default cpu)" in " ".join(out.stdout.split()) \
+    assert (
+        out.returncode == 0
+        and "PRUNE_DEVICE; default cpu)" in " ".join(out.stdout.split())
         and "(default: float32)" in out.stdout
+    )
     # a missing context file is reported at once, before any model is looked at
-    out = subprocess.run([str(PRUNE), "run", "--model", str(tmp_path / "no-such-model"), "--question", "q",
-                          "--context-file", str(tmp_path / "missing.txt")], capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            str(PRUNE),
+            "run",
+            "--model",
+            str(tmp_path / "no-such-model"),
+            "--question",
+            "q",
+            "--context-file",
+            str(tmp_path / "missing.txt"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 2 and "missing.txt: no such file" in out.stderr
     # `| head`: the reader closes the pipe; no traceback
     big = "A sentence about pies. " * 400
-    proc = subprocess.run(f"'{PRUNE}' run --model '{exported['opensearch']}' --question q --json "
-                          f"--context '{big}' | head -c 10", shell=True, capture_output=True, text=True)
+    proc = subprocess.run(
+        f"'{PRUNE}' run --model '{exported['opensearch']}' --question q --json "
+        f"--context '{big}' | head -c 10",
+        shell=True,
+        capture_output=True,
+        text=True,
+    )
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
     repo = tmp_path / "repo"
     build_repository(exported["opensearch"], repo, RepositoryOptions(name="m"), log=lambda m: None)
     with pytest.raises(ExportError, match="exists: --overwrite replaces it"):
         build_repository(exported["opensearch"], repo, RepositoryOptions(name="m"), log=lambda m: None)
-    assert main(["repository", "--model", str(exported["opensearch"]), "--out", str(repo), "--name", "m",
-                 "--overwrite"]) == 0
-    with pytest.raises(ExportError):   # a failure half-way leaves nothing behind
-        build_repository(exported["opensearch"], tmp_path / "r3", RepositoryOptions(name="z", text_instances=0),
-                         log=lambda m: None)
+    assert (
+        main(
+            [
+                "repository",
+                "--model",
+                str(exported["opensearch"]),
+                "--out",
+                str(repo),
+                "--name",
+                "m",
+                "--overwrite",
+            ]
+        )
+        == 0
+    )
+    with pytest.raises(ExportError):  # a failure half-way leaves nothing behind
+        build_repository(
+            exported["opensearch"],
+            tmp_path / "r3",
+            RepositoryOptions(name="z", text_instances=0),
+            log=lambda m: None,
+        )
     assert not (tmp_path / "r3" / "z").exists()
     with pytest.raises(BackendError, match="it is Triton's HTTP port"):
         Pruner.connect(server.http_url, "opensearch_text", protocol="grpc", ready_timeout=1)
 
 
-def test_bench_runs_the_api_beside_the_text_model_and_shares_one_pruner(exported, exported_int8, tiny_data, tmp_path,
-                                                                         capsys, monkeypatch):
+def test_bench_runs_the_api_beside_the_text_model_and_shares_one_pruner(
+    exported, exported_int8, tiny_data, tmp_path, capsys, monkeypatch
+):
     """--triton adds the HTTP API (its own process) in front of the served text model and
     in-process, at each concurrency; the in-process concurrency paths share one Pruner
     (no Pruner.load while they run)."""
     from engine.pruner import Pruner
     from engine.bench import registry as bench_module
+
     loads = []
     real_load = Pruner.load.__func__
-    monkeypatch.setattr(Pruner, "load", classmethod(lambda cls, *a, **k: loads.append(a) or real_load(cls, *a, **k)))
+    monkeypatch.setattr(
+        Pruner, "load", classmethod(lambda cls, *a, **k: loads.append(a) or real_load(cls, *a, **k))
+    )
     real_run = bench_module.run_concurrent
     during = []
 
@@ -210,17 +416,45 @@ def test_bench_runs_the_api_beside_the_text_model_and_shares_one_pruner(exported
         el = real_run(make_client, *args)
         during.append(len(loads) - before)
         return el
+
     monkeypatch.setattr(bench_module, "run_concurrent", counting)
-    assert main(["bench", "--data", str(tiny_data / "rag.jsonl"), "--model", str(exported["xprovence"]),
-                 "--int8", str(exported_int8), "--triton", "--no-perf-analyzer", "--text-instances", "1",
-                 "--queries", "2", "--repeats", "1", "--out", str(tmp_path), "--paths", "text-grpc|in-process"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--data",
+                str(tiny_data / "rag.jsonl"),
+                "--model",
+                str(exported["xprovence"]),
+                "--int8",
+                str(exported_int8),
+                "--triton",
+                "--no-perf-analyzer",
+                "--text-instances",
+                "1",
+                "--queries",
+                "2",
+                "--repeats",
+                "1",
+                "--out",
+                str(tmp_path),
+                "--paths",
+                "text-grpc|in-process",
+            ]
+        )
+        == 0
+    )
     report = json.loads(next(tmp_path.glob("bench-*/bench.json")).read_text())
     names = {r["path"] for r in report["paths"]}
     for c in (1, 4, 16):
-        assert {f"api-text-grpc c{c} (int8)", f"triton-text-grpc c{c} (int8)", f"onnxruntime-int8 in-process c{c}",
-                f"api-in-process c{c} (int8)"} <= names
+        assert {
+            f"api-text-grpc c{c} (int8)",
+            f"triton-text-grpc c{c} (int8)",
+            f"onnxruntime-int8 in-process c{c}",
+            f"api-in-process c{c} (int8)",
+        } <= names
     assert all(r["passages_per_s"] > 0 for r in report["paths"])
-    assert during and set(during) == {0}, during          # no pruner loaded per client thread
+    assert during and set(during) == {0}, during  # no pruner loaded per client thread
     text = next(tmp_path.glob("bench-*/bench.md")).read_text()
     assert "The HTTP API in front of the text model, against the text model over gRPC: c1:" in text
     capsys.readouterr()
@@ -228,9 +462,25 @@ def test_bench_runs_the_api_beside_the_text_model_and_shares_one_pruner(exported
 
 def test_eval_reports_the_lexical_hybrid_beside_its_parts(exported, tiny_data, tmp_path, capsys):
     from engine.evaluate.quality import HYBRID
+
     out = tmp_path / "eval"
-    assert main(["eval", "--model", str(exported["xprovence"]), "--data", str(tiny_data / "prune.jsonl"),
-                 "--rag-data", str(tiny_data / "rag.jsonl"), "--out", str(out), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(exported["xprovence"]),
+                "--data",
+                str(tiny_data / "prune.jsonl"),
+                "--rag-data",
+                str(tiny_data / "rag.jsonl"),
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     report = json.loads((out / "eval.json").read_text())
     names = [r["name"] for r in report["pruning"]["rows"]]
     w = HYBRID["lexical_weight"]
@@ -250,15 +500,38 @@ def test_bench_measures_the_peers(exported, checkpoints, tiny_data, tmp_path, ca
     pytest.importorskip("sentence_transformers")
     pytest.importorskip("fastembed", reason="fastembed comes with the [bench] extra")
     import tempfile
+
     before = set(Path(tempfile.gettempdir()).glob("prune-bench-peers-*"))
-    assert main(["bench", "--data", str(tiny_data / "rag.jsonl"), "--model", str(exported["embedding"]),
-                 "--checkpoint", str(checkpoints["embedding"]), "--queries", "2", "--repeats", "1",
-                 "--out", str(tmp_path), "--paths", "peer|^onnxruntime-fp32$"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--data",
+                str(tiny_data / "rag.jsonl"),
+                "--model",
+                str(exported["embedding"]),
+                "--checkpoint",
+                str(checkpoints["embedding"]),
+                "--queries",
+                "2",
+                "--repeats",
+                "1",
+                "--out",
+                str(tmp_path),
+                "--paths",
+                "peer|^onnxruntime-fp32$",
+            ]
+        )
+        == 0
+    )
     report = json.loads(next(tmp_path.glob("bench-*/bench.json")).read_text())
     rows = {r["path"]: r for r in report["paths"]}
     peers = {n: r for n, r in rows.items() if n.startswith("peer: ")}
-    assert sorted(n.split(" (")[0] for n in peers) == ["peer: fastembed", "peer: fastembed",
-                                                       "peer: sentence-transformers"]
+    assert sorted(n.split(" (")[0] for n in peers) == [
+        "peer: fastembed",
+        "peer: fastembed",
+        "peer: sentence-transformers",
+    ]
     for row in [*peers.values(), rows["onnxruntime-fp32"]]:
         assert row["passages_per_s"] > 0 and 0 < row["limit_share"] < 2, row
     assert next(r for n, r in peers.items() if "int8" in n)["limit"].startswith("int8 GEMM")
@@ -277,10 +550,16 @@ def test_run_reads_a_passages_file_and_names_what_is_wrong_with_one(exported, tm
     f.write_text(json.dumps({"id": "a", "text": docs[0]}) + "\n\n" + json.dumps(docs[1]) + "\n")
     assert main(["run", "--model", model, "--question", q, "--passages-file", str(f), "--json"]) == 0
     from_file = json.loads(capsys.readouterr().out)
-    assert main(["run", "--model", model, "--question", q, "--context", docs[0], "--context", docs[1], "--json"]) == 0
+    assert (
+        main(["run", "--model", model, "--question", q, "--context", docs[0], "--context", docs[1], "--json"])
+        == 0
+    )
     assert from_file == json.loads(capsys.readouterr().out) and len(from_file) == 2
-    for content, message in (('{"title": "no text"}\n', "record 1: expected a JSON string"), ("not json\n", "line 1: not valid JSON: expecting value at column 1"),
-                             ("\n", "no passages")):
+    for content, message in (
+        ('{"title": "no text"}\n', "record 1: expected a JSON string"),
+        ("not json\n", "line 1: not valid JSON: expecting value at column 1"),
+        ("\n", "no passages"),
+    ):
         f.write_text(content)
         assert main(["run", "--model", model, "--question", q, "--passages-file", str(f)]) != 0
         assert message in capsys.readouterr().err
@@ -291,13 +570,37 @@ def test_bench_measures_an_existing_deployment(exported, server, tiny_data, tmp_
     running, and alone they run only the deployment's paths."""
     from engine.pruner import Pruner
     from tests.utils import serve_api
+
     with serve_api(Pruner.load(exported["xprovence"], threads=1)) as url:
-        assert main(["bench", "--data", str(tiny_data / "rag.jsonl"), "--model", str(exported["xprovence"]),
-                     "--server", server.grpc_url, "--text-model", "xprovence_text", "--api", url,
-                     "--queries", "2", "--repeats", "1", "--out", str(tmp_path)]) == 0
+        assert (
+            main(
+                [
+                    "bench",
+                    "--data",
+                    str(tiny_data / "rag.jsonl"),
+                    "--model",
+                    str(exported["xprovence"]),
+                    "--server",
+                    server.grpc_url,
+                    "--text-model",
+                    "xprovence_text",
+                    "--api",
+                    url,
+                    "--queries",
+                    "2",
+                    "--repeats",
+                    "1",
+                    "--out",
+                    str(tmp_path),
+                ]
+            )
+            == 0
+        )
     report = json.loads(next(tmp_path.glob("bench-*/bench.json")).read_text())
     names = [r["path"] for r in report["paths"]]
-    assert names == [f"deployment-text-grpc c{c}" for c in (1, 4, 16)] + [f"deployment-api c{c}" for c in (1, 4, 16)]
+    assert names == [f"deployment-text-grpc c{c}" for c in (1, 4, 16)] + [
+        f"deployment-api c{c}" for c in (1, 4, 16)
+    ]
     assert all(r["passages_per_s"] > 0 and r["p50_ms"] > 0 for r in report["paths"])
     assert report["settings"]["server"] == server.grpc_url and report["settings"]["api"] == url
     capsys.readouterr()
@@ -309,10 +612,29 @@ def test_bench_takes_either_workload_shape(exported, data, tmp_path):
     (squad-dev-rag, 20 paragraphs) and few long ones (coqa-dev-rag, 3.5 a call)."""
     from tests.utils import DATA
     from engine.datafiles import load_rag_data
+
     calls = load_rag_data(DATA / data)
     per_call = sum(len(c.passages) for c in calls) / len(calls)
     assert (per_call == 20) if data.startswith("squad") else (3 <= per_call <= 5)
-    assert main(["bench", "--data", str(DATA / data), "--model", str(exported["opensearch"]), "--queries", "3",
-                 "--repeats", "1", "--paths", "^onnxruntime-fp32$", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--data",
+                str(DATA / data),
+                "--model",
+                str(exported["opensearch"]),
+                "--queries",
+                "3",
+                "--repeats",
+                "1",
+                "--paths",
+                "^onnxruntime-fp32$",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     report = json.loads(next(tmp_path.glob("bench-*/bench.json")).read_text())
     assert report["settings"]["passages"] == sum(len(c.passages) for c in calls[:3])

@@ -4,6 +4,7 @@ a call past its deadline: each `prune()` returns, with a clear error, within `ti
 And a call past the API's deadline stops using the server's workers: its work stops at the
 next batch (engine.cancel), so `prune api` is idle again soon after the 504 or the
 DEADLINE_EXCEEDED, and the next call is answered."""
+
 import socket
 import threading
 import time
@@ -16,7 +17,7 @@ from tests.utils import PASSAGES, QUESTION, ApiProcess, free_ports, idle_within,
 
 pytestmark = pytest.mark.server
 
-SLACK = 0.75   # seconds of scheduling noise allowed past the deadline
+SLACK = 0.75  # seconds of scheduling noise allowed past the deadline
 
 
 class StallingProxy:
@@ -68,16 +69,19 @@ class StallingProxy:
                 pass
 
 
-@pytest.mark.parametrize("model, protocol, reps", [("opensearch_text", "grpc", 8), ("opensearch_text", "http", 6),
-                                                   ("opensearch", "grpc", 6)])
+@pytest.mark.parametrize(
+    "model, protocol, reps",
+    [("opensearch_text", "grpc", 8), ("opensearch_text", "http", 6), ("opensearch", "grpc", 6)],
+)
 def test_stalled_server_calls_end_within_their_deadline(server, model, protocol, reps):
     port = int((server.grpc_url if protocol == "grpc" else server.http_url).rsplit(":", 1)[1])
     proxy = StallingProxy(port)
     try:
         timeout = 1.5
-        p = Pruner.connect(f"127.0.0.1:{proxy.port}", model, protocol=protocol, timeout=timeout, retries=3,
-                           backoff=0.3)
-        many = PASSAGES + [f"Passage {i}. About item {i}." for i in range(40)]   # several requests per call
+        p = Pruner.connect(
+            f"127.0.0.1:{proxy.port}", model, protocol=protocol, timeout=timeout, retries=3, backoff=0.3
+        )
+        many = PASSAGES + [f"Passage {i}. About item {i}." for i in range(40)]  # several requests per call
         assert len(p.prune(QUESTION, many)) == len(many)
         proxy.stall.set()
         worst = 0.0
@@ -104,24 +108,38 @@ def test_a_call_past_its_deadline_stops_using_the_workers(default_cache):
     model service (DEADLINE_EXCEEDED, then the next call OK within its own 3 s)."""
     pytest.importorskip("grpc_tools", reason="the model service needs grpcio-tools ([model-service])")
     import httpx
+
     (grpc_port,) = free_ports(1)
-    api = ApiProcess("default", "--request-timeout", "3", "--max-batch-tokens", "2048",
-                     "--model-service-port", str(grpc_port), env=default_cache["env"])
+    api = ApiProcess(
+        "default",
+        "--request-timeout",
+        "3",
+        "--max-batch-tokens",
+        "2048",
+        "--model-service-port",
+        str(grpc_port),
+        env=default_cache["env"],
+    )
     try:
         t0 = time.monotonic()
-        late = httpx.post(f"{api.url}/v1/prune", json={"question": "What does the fox do?", "passages": [LONG]},
-                          timeout=60)
+        late = httpx.post(
+            f"{api.url}/v1/prune", json={"question": "What does the fox do?", "passages": [LONG]}, timeout=60
+        )
         took = time.monotonic() - t0
         assert late.status_code == 504 and 3 <= took < 3 + 2, (late.status_code, took, late.text[:300])
         idle = idle_within(api.proc.pid, 5)
         assert idle is not None, "the abandoned call kept the server busy for 5 s past its 504"
-        good = httpx.post(f"{api.url}/v1/prune", json={"question": QUESTION, "passages": PASSAGES[:2]}, timeout=60)
+        good = httpx.post(
+            f"{api.url}/v1/prune", json={"question": QUESTION, "passages": PASSAGES[:2]}, timeout=60
+        )
         assert good.status_code == 200, good.text
         print(f"\nHTTP: 504 at {took:.1f} s, idle {idle:.1f} s later")
         highlight = {"rpc": "Highlight", "query": "What does the fox do?", "params": {}}
         t0 = time.monotonic()
-        late, ok = milvus_calls(f"127.0.0.1:{grpc_port}", [{**highlight, "documents": [LONG]},
-                                                           {**highlight, "documents": PASSAGES[:2]}])
+        late, ok = milvus_calls(
+            f"127.0.0.1:{grpc_port}",
+            [{**highlight, "documents": [LONG]}, {**highlight, "documents": PASSAGES[:2]}],
+        )
         assert late["code"] == "DEADLINE_EXCEEDED" and ok["code"] == "OK", (late, ok)
         assert idle_within(api.proc.pid, 5) is not None
         print(f"gRPC: DEADLINE_EXCEEDED, then OK, in {time.monotonic() - t0:.1f} s")

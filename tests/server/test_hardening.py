@@ -1,6 +1,7 @@
 """Requests that must not break the server or reach past their own error: out-of-bounds
 inputs to the core model, a bad request in a dynamic batch beside good ones, the admin
 APIs (shared memory, logging, tracing) locked by default; and clear in-process errors."""
+
 import json
 import threading
 from pathlib import Path
@@ -21,7 +22,9 @@ pytestmark = pytest.mark.server
 
 def _status_mb(field: str, pid: int | str = "self") -> float:
     """A field of a process's /proc status (VmRSS, VmHWM) in MB."""
-    line = next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith(field + ":"))
+    line = next(
+        ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith(field + ":")
+    )
     return int(line.split()[1]) / 1024
 
 
@@ -60,14 +63,31 @@ def _stub_rss_mb(server, model: str) -> float:
 STUB_RSS_BOUND_MB = 600
 
 HOSTILE = {
-    "longer than the window": (lambda a: {k: np.zeros((1, 600), dtype=np.int64) for k in a}, "exceeds the model's window"),
-    "an 8,192-token row": (lambda a: {k: np.zeros((1, 8192), dtype=np.int64) for k in a}, "exceeds the model's window"),
-    "sentence id 10**7": (lambda a: _with(a, sentence_ids=np.where(a["sentence_ids"] >= 0, 10 ** 7, -1)),
-                          "sentence_ids must be within"),
-    "sentence id below -1": (lambda a: _with(a, sentence_ids=a["sentence_ids"] - 5), "sentence_ids must be within"),
+    "longer than the window": (
+        lambda a: {k: np.zeros((1, 600), dtype=np.int64) for k in a},
+        "exceeds the model's window",
+    ),
+    "an 8,192-token row": (
+        lambda a: {k: np.zeros((1, 8192), dtype=np.int64) for k in a},
+        "exceeds the model's window",
+    ),
+    "sentence id 10**7": (
+        lambda a: _with(a, sentence_ids=np.where(a["sentence_ids"] >= 0, 10**7, -1)),
+        "sentence_ids must be within",
+    ),
+    "sentence id below -1": (
+        lambda a: _with(a, sentence_ids=a["sentence_ids"] - 5),
+        "sentence_ids must be within",
+    ),
     "negative input id": (lambda a: _with(a, input_ids=-a["input_ids"] - 1), "input_ids must be within"),
-    "input id past the vocabulary": (lambda a: _with(a, input_ids=a["input_ids"] + 10 ** 6), "input_ids must be within"),
-    "attention mask of 7": (lambda a: _with(a, attention_mask=a["attention_mask"] * 7), "attention_mask must be 0 or 1"),
+    "input id past the vocabulary": (
+        lambda a: _with(a, input_ids=a["input_ids"] + 10**6),
+        "input_ids must be within",
+    ),
+    "attention mask of 7": (
+        lambda a: _with(a, attention_mask=a["attention_mask"] * 7),
+        "attention_mask must be 0 or 1",
+    ),
 }
 
 
@@ -130,7 +150,7 @@ def test_admin_apis_are_refused_by_default(server):
         grpc.update_log_settings({"log_verbose_level": 5})
     with pytest.raises(Exception, match="is restricted"):
         http.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]})
-    with pytest.raises(Exception, match="not allowed"):    # --model-control-mode=none
+    with pytest.raises(Exception, match="not allowed"):  # --model-control-mode=none
         http.load_model("opensearch")
     with pytest.raises(Exception, match="not allowed"):
         grpc.unload_model("opensearch")
@@ -151,6 +171,7 @@ def test_admin_key_opens_the_admin_apis(repository, tmp_path):
 
 # --------------------------------------------------------------- in process
 
+
 def test_clear_errors_in_process(pruners, checkpoints, tmp_path):
     p = pruners["opensearch"][0]
     with pytest.raises(InputError, match="passage 1 is not valid Unicode: a lone surrogate"):
@@ -167,6 +188,7 @@ def test_clear_errors_in_process(pruners, checkpoints, tmp_path):
     assert [s.kept for r in a for s in r.sentences] == [s.kept for r in b for s in r.sentences]
     from engine.pytorch.modeling import load_checkpoint
     import shutil
+
     folder = tmp_path / "listcfg"
     shutil.copytree(checkpoints["opensearch"], folder)
     (folder / "config.json").write_text(json.dumps([1, 2, 3]))
@@ -187,28 +209,33 @@ def test_huge_config_is_refused_before_any_allocation(checkpoints, tmp_path):
     an allocation below it."""
     import shutil
     from engine.pytorch.modeling import load_checkpoint
+
     folder = tmp_path / "huge-config"
     shutil.copytree(checkpoints["opensearch"], folder)
     config = json.loads((folder / "config.json").read_text())
     config.update(hidden_size=4096, intermediate_size=16384, num_attention_heads=32, vocab_size=250_000)
     (folder / "config.json").write_text(json.dumps(config))
-    Path("/proc/self/clear_refs").write_text("5")      # VmHWM := VmRSS
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
     before = _status_mb("VmHWM")
     with pytest.raises(ModelLoadError, match="has shape .* the config implies"):
         load_checkpoint(folder)
     grew_mb = _status_mb("VmHWM") - before
-    assert grew_mb < 200, f"peak memory grew {grew_mb:.0f} MB"     # the real model would need ~5 GB
+    assert grew_mb < 200, f"peak memory grew {grew_mb:.0f} MB"  # the real model would need ~5 GB
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"max_length": 20_000_000}, "max_length 20000000 is outside"),
-    ({"max_length": "x"}, "manifest is incomplete"),
-    ({"buckets": [64, 32]}, "not increasing"),
-    ({"buckets": [32, 10 ** 9]}, "within the window"),
-    ({"tokenizer": {"cls_id": -5, "sep_id": 2, "pad_id": 0}}, "must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"max_length": 20_000_000}, "max_length 20000000 is outside"),
+        ({"max_length": "x"}, "manifest is incomplete"),
+        ({"buckets": [64, 32]}, "not increasing"),
+        ({"buckets": [32, 10**9]}, "within the window"),
+        ({"tokenizer": {"cls_id": -5, "sep_id": 2, "pad_id": 0}}, "must be >= 0"),
+    ],
+)
 def test_a_served_manifest_is_bounded_before_use(exported, change, message):
     from engine.pipeline.spec import Manifest
+
     manifest = {**Manifest.read(exported["opensearch"]).to_dict(), **change}
     with pytest.raises(ModelLoadError, match=message):
         Manifest.from_dict(manifest)
@@ -220,12 +247,13 @@ def test_the_graph_bounds_sentences_by_the_length(exported, pruners, family):
     onnxruntime or TensorRT in NVIDIA's container) cannot be made to allocate by an id:
     sentence ids of 10**7 give at most L columns; valid ids give the usual result."""
     import onnxruntime as ort
+
     good, (_, p_exp) = _good_arrays(pruners, family)
     session = ort.InferenceSession(str(exported[family] / "model.onnx"), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     _, probs = session.run(None, {n: good[n] for n in names})
     np.testing.assert_allclose(probs, p_exp, atol=1e-5)
-    hostile = _with(good, sentence_ids=np.where(good["sentence_ids"] >= 0, 10 ** 7, -1))
+    hostile = _with(good, sentence_ids=np.where(good["sentence_ids"] >= 0, 10**7, -1))
     _, probs = session.run(None, {n: hostile[n] for n in names})
     assert probs.shape[1] <= good["input_ids"].shape[1]
 
@@ -233,7 +261,7 @@ def test_the_graph_bounds_sentences_by_the_length(exported, pruners, family):
 def _shrinks(run_options) -> bool:
     try:
         return run_options.get_run_config_entry("memory.enable_memory_arena_shrinkage") == "cpu:0"
-    except Exception:                  # no such entry: the arena keeps its peak
+    except Exception:  # no such entry: the arena keeps its peak
         return False
 
 
@@ -244,6 +272,7 @@ def test_onnxruntime_gives_memory_back_by_default(exported, monkeypatch, tmp_pat
     what it buys, measured (docs/decisions.md, memory): 1,354 -> 158 MB after a 32 x 512 batch."""
     from engine.backends.onnxruntime import SHRINK_ABOVE_TOKENS, OnnxRuntimeBackend
     from export.triton_repository import RepositoryOptions, build_repository
+
     graph = exported["opensearch"] / "model.onnx"
     monkeypatch.delenv("PRUNE_ORT_ARENA", raising=False)
     default = OnnxRuntimeBackend(graph)
@@ -251,18 +280,30 @@ def test_onnxruntime_gives_memory_back_by_default(exported, monkeypatch, tmp_pat
     assert _shrinks(default.runs(SHRINK_ABOVE_TOKENS + 1)) and not _shrinks(default.runs(SHRINK_ABOVE_TOKENS))
     seen = []
     real_run = default.session.run
-    default.session = type("Recording", (), {"run": lambda self, out, feed, opts: seen.append(_shrinks(opts))
-                                             or real_run(out, feed, opts)})()
+    default.session = type(
+        "Recording",
+        (),
+        {"run": lambda self, out, feed, opts: seen.append(_shrinks(opts)) or real_run(out, feed, opts)},
+    )()
     from engine.pipeline.batching import ModelBatch
+
     for rows, length in [(2, 16), (SHRINK_ABOVE_TOKENS // 64 + 1, 64)]:
         ones = np.ones((rows, length), dtype=np.int64)
-        default.infer(ModelBatch(input_ids=ones * 5, attention_mask=ones, sentence_ids=ones * 0,
-                                 token_type_ids=ones * 0, blocks=list(range(rows))))
-    assert seen == [False, True]       # the small batch keeps the arena, the large one shrinks it
-    from engine.models.loading import LoadOptions      # the variable is read where a process starts
+        default.infer(
+            ModelBatch(
+                input_ids=ones * 5,
+                attention_mask=ones,
+                sentence_ids=ones * 0,
+                token_type_ids=ones * 0,
+                blocks=list(range(rows)),
+            )
+        )
+    assert seen == [False, True]  # the small batch keeps the arena, the large one shrinks it
+    from engine.models.loading import LoadOptions  # the variable is read where a process starts
+
     monkeypatch.setenv("PRUNE_ORT_ARENA", "keep")
     kept = OnnxRuntimeBackend(graph, arena=LoadOptions.from_env().arena)
-    assert not _shrinks(kept.runs(10 ** 6))
+    assert not _shrinks(kept.runs(10**6))
     assert Pruner.load(exported["opensearch"]).backend.arena == "keep"
     monkeypatch.setenv("PRUNE_ORT_ARENA", "bogus")
     with pytest.raises(SettingError, match="PRUNE_ORT_ARENA must be one of"):
@@ -283,6 +324,7 @@ def test_a_call_at_the_character_limit_stays_under_its_memory_bound(exported):
     peak is this call's: VmHWM, not ru_maxrss, which a child inherits from pytest's own peak."""
     import subprocess
     import sys
+
     code = (
         "import sys\n"
         "from engine.pruner import MAX_CALL_CHARS, Pruner\n"
@@ -293,9 +335,11 @@ def test_a_call_at_the_character_limit_stays_under_its_memory_bound(exported):
         "r = p.prune(q, [passage])[0]\n"
         "assert len(r.sentences) > 20000, len(r.sentences)\n"
         "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]\n"
-        "print(int(hwm.split()[1]) // 1024)\n")
-    proc = subprocess.run([sys.executable, "-c", code, str(exported["opensearch"])], capture_output=True,
-                          text=True, timeout=600)
+        "print(int(hwm.split()[1]) // 1024)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(exported["opensearch"])], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     peak = int(proc.stdout.split()[-1])
     print(f"\none call of 2,000,000 characters in one passage: peak RSS {peak} MB")

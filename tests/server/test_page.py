@@ -11,6 +11,7 @@ and a key-protected server's page must work once the key is given, without the k
 reaching the URL. The screenshot of the first test goes to $PRUNE_PAGE_SCREENSHOT (docs/
 page.png is one).
 """
+
 import os
 import shutil
 import urllib.error
@@ -25,7 +26,9 @@ pytestmark = pytest.mark.server
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:
-    pytest.skip("no Chromium here (Debian: apt-get install chromium; .ci/run installs it)", allow_module_level=True)
+    pytest.skip(
+        "no Chromium here (Debian: apt-get install chromium; .ci/run installs it)", allow_module_level=True
+    )
 sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright comes with [dev]")
 
 QUESTION = "Why does sourdough bread taste sour?"
@@ -38,14 +41,19 @@ PASSAGES = [
     "Rye flour ferments quickly and is common in sourdough across northern Europe. A slow, cool fermentation "
     "develops more of the sour flavour. Yeast alone makes a milder loaf.",
 ]
-HOSTILE = ("<script>window.__pwned = 1</script> The crust is brown. "
-           "<img src=x onerror=\"window.__pwned = 2\"> It is baked at a high heat.")
+HOSTILE = (
+    "<script>window.__pwned = 1</script> The crust is brown. "
+    '<img src=x onerror="window.__pwned = 2"> It is baked at a high heat.'
+)
 
 
 @pytest.fixture(scope="module")
 def apis(default_cache, exported):
-    started = {"default": ApiProcess(default_cache["model"]), "provence": ApiProcess(exported["provence"]),
-               "locked": ApiProcess(exported["provence"], key="s3cret-key")}
+    started = {
+        "default": ApiProcess(default_cache["model"]),
+        "provence": ApiProcess(exported["provence"]),
+        "locked": ApiProcess(exported["provence"], key="s3cret-key"),
+    }
     yield started
     for a in started.values():
         a.close()
@@ -78,25 +86,38 @@ def _link(api, question, passages, **options):
 def _shown(page):
     """Per passage shown: index, kept flags, rank, score and compression as displayed."""
     page.wait_for_selector("#results:not([hidden]) #passages-out > li")
-    return page.eval_on_selector_all("#passages-out > li", """items => items.map(li => ({
+    return page.eval_on_selector_all(
+        "#passages-out > li",
+        """items => items.map(li => ({
         index: Number(li.dataset.index),
         kept: Array.from(li.querySelectorAll('.sentence')).map(s => s.tagName === 'MARK'),
         probs: Array.from(li.querySelectorAll('.sentence')).map(s => Number(s.dataset.p)),
         score: li.querySelector('.score').textContent,
         compression: li.querySelector('.compression').textContent,
-        emptied: li.classList.contains('emptied')}))""")
+        emptied: li.classList.contains('emptied')}))""",
+    )
 
 
 def _expected(results):
-    return [{"index": r["index"], "kept": [s["kept"] for s in r["sentences"]],
-             "probs": [s["probability"] for s in r["sentences"]],
-             "score": "none (empty passage)" if r["reranking_score"] is None else f"{r['reranking_score']:.4f}",
-             "compression": f"{round(100 * r['compression_rate'])}%",
-             "emptied": bool(r["sentences"]) and not any(s["kept"] for s in r["sentences"])} for r in results]
+    return [
+        {
+            "index": r["index"],
+            "kept": [s["kept"] for s in r["sentences"]],
+            "probs": [s["probability"] for s in r["sentences"]],
+            "score": "none (empty passage)"
+            if r["reranking_score"] is None
+            else f"{r['reranking_score']:.4f}",
+            "compression": f"{round(100 * r['compression_rate'])}%",
+            "emptied": bool(r["sentences"]) and not any(s["kept"] for s in r["sentences"]),
+        }
+        for r in results
+    ]
 
 
 def _slide(page, value):
-    page.eval_on_selector("#slider", "(s, v) => { s.value = v; s.dispatchEvent(new Event('input')); }", str(value))
+    page.eval_on_selector(
+        "#slider", "(s, v) => { s.value = v; s.dispatchEvent(new Event('input')); }", str(value)
+    )
 
 
 @pytest.mark.parametrize("model", ["default", "provence"])
@@ -127,9 +148,9 @@ def test_keyboard_use_and_the_url_holds_the_state(apis, page):
     page.keyboard.type(QUESTION)
     page.keyboard.press("Tab")
     page.keyboard.type(PASSAGES[0] + "\n\n" + PASSAGES[1])
-    page.keyboard.press("Tab")                  # threshold
+    page.keyboard.press("Tab")  # threshold
     page.keyboard.type("0.5")
-    for _ in range(3):                          # lexical weight, top-k, the button
+    for _ in range(3):  # lexical weight, top-k, the button
         page.keyboard.press("Tab")
     assert page.evaluate("document.activeElement.id") == "submit"
     page.keyboard.press("Enter")
@@ -137,7 +158,7 @@ def test_keyboard_use_and_the_url_holds_the_state(apis, page):
     assert shown == _expected(api.prune(question=QUESTION, passages=PASSAGES[:2], threshold=0.5))
     state = urllib.parse.parse_qs(urllib.parse.urlparse(page.url).query)
     assert state == {"q": [QUESTION], "p": PASSAGES[:2], "threshold": ["0.5"]}
-    page.focus("#slider")                       # the slider moves with the arrow keys
+    page.focus("#slider")  # the slider moves with the arrow keys
     page.keyboard.press("ArrowRight")
     assert page.text_content("#slider-value") == "0.51"
 
@@ -149,7 +170,9 @@ def test_pasted_html_is_shown_as_text(apis, page):
     assert page.evaluate("window.__pwned") is None
     assert page.locator("#passages-out img, #passages-out script").count() == 0
     text = page.text_content("#passages-out > li:first-child .text")
-    assert "<script>window.__pwned = 1</script>" in text and '<img src=x onerror="window.__pwned = 2">' in text
+    assert (
+        "<script>window.__pwned = 1</script>" in text and '<img src=x onerror="window.__pwned = 2">' in text
+    )
 
 
 def test_a_view_too_long_for_a_link_says_so(apis, page):
@@ -161,7 +184,7 @@ def test_a_view_too_long_for_a_link_says_so(apis, page):
     page.click("#submit")
     _shown(page)
     assert "too long for a link" in page.text_content("#status")
-    assert "?" not in page.url                  # the address was left alone, not truncated
+    assert "?" not in page.url  # the address was left alone, not truncated
 
 
 def test_a_key_protected_server_asks_for_the_key_once_and_keeps_it_out_of_the_url(apis, page):
@@ -169,7 +192,7 @@ def test_a_key_protected_server_asks_for_the_key_once_and_keeps_it_out_of_the_ur
     with pytest.raises(urllib.error.HTTPError) as no_key:
         urllib.request.urlopen(api.url + "/info", timeout=10)
     assert no_key.value.code == 401
-    with urllib.request.urlopen(api.url + "/", timeout=10) as r:        # the page itself is open
+    with urllib.request.urlopen(api.url + "/", timeout=10) as r:  # the page itself is open
         assert r.status == 200 and b"prune-engine" in r.read()
     link = _link(api, QUESTION, PASSAGES)
     page.goto(link)
@@ -179,7 +202,7 @@ def test_a_key_protected_server_asks_for_the_key_once_and_keeps_it_out_of_the_ur
     page.keyboard.press("Enter")
     assert _shown(page) == _expected(api.prune(question=QUESTION, passages=PASSAGES))
     assert api.key not in page.url and page.evaluate("localStorage.length") == 0
-    page.goto(link)                              # the same tab: asked once
+    page.goto(link)  # the same tab: asked once
     assert _shown(page) == _expected(api.prune(question=QUESTION, passages=PASSAGES))
     assert page.is_hidden("#key-form")
 
@@ -188,6 +211,7 @@ def test_the_pages_headers_let_only_its_own_script_run(apis, page):
     """The page's files need no key and carry the CSP; an inline handler that reached the
     page anyway (inserted here, as an injection would) does not run under it."""
     from engine.http.app import PAGE_FILES, PAGE_HEADERS
+
     api = apis["locked"]
     for path, (_, media) in PAGE_FILES.items():
         with urllib.request.urlopen(api.url + path, timeout=10) as r:

@@ -2,6 +2,7 @@
 from several clients (each checks every result against in-process), one server killed
 mid-run and started again. Nothing lost, duplicated or mixed; no caller sees an error;
 the restarted replica is taken back and receives traffic again."""
+
 import threading
 import time
 
@@ -21,18 +22,25 @@ NAME = "hl"
 @pytest.fixture(scope="module")
 def replica_repository(exported, tmp_path_factory):
     from export.triton_repository import RepositoryOptions, build_repository
+
     repo = tmp_path_factory.mktemp("replica_repo")
-    build_repository(exported["provence"], repo,
-                     RepositoryOptions(target="cpu", name=NAME, max_batch_size=8, text_instances=1,
-                                       intra_op_threads=1), log=lambda m: None)
+    build_repository(
+        exported["provence"],
+        repo,
+        RepositoryOptions(target="cpu", name=NAME, max_batch_size=8, text_instances=1, intra_op_threads=1),
+        log=lambda m: None,
+    )
     return repo
 
 
 @pytest.fixture(scope="module")
 def servers(replica_repository):
     from engine.triton.server import TritonServer
-    servers = [TritonServer(replica_repository, http_port=h, grpc_port=g, metrics_port=m)
-               for h, g, m in (free_ports(3) for _ in range(3))]
+
+    servers = [
+        TritonServer(replica_repository, http_port=h, grpc_port=g, metrics_port=m)
+        for h, g, m in (free_ports(3) for _ in range(3))
+    ]
     threads = [threading.Thread(target=s.start, kwargs={"timeout": 180}) for s in servers]
     for t in threads:
         t.start()
@@ -46,6 +54,7 @@ def servers(replica_repository):
 
 def _accepts(port: int) -> bool:
     import socket
+
     with socket.socket() as s:
         s.settimeout(0.2)
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -56,8 +65,10 @@ def _queries(n):
     words = "lamb potato oven pie bottom layer cheese beef onion carrot gravy crust".split()
     out = []
     for q in range(n):
-        passages = [" ".join(f"{' '.join(rng.choice(words, 6))} number {q}-{p}-{k}." for k in range(1 + p % 4))
-                    for p in range(1 + q % 5)]
+        passages = [
+            " ".join(f"{' '.join(rng.choice(words, 6))} number {q}-{p}-{k}." for k in range(1 + p % 4))
+            for p in range(1 + q % 5)
+        ]
         out.append((f"what is in pie {q}?", passages))
     return out
 
@@ -68,7 +79,9 @@ def _same(got, want):
         assert g.index == w.index
         assert [s.text for s in g.sentences] == [s.text for s in w.sentences]
         assert [s.kept for s in g.sentences] == [s.kept for s in w.sentences]
-        assert np.allclose([s.probability for s in g.sentences], [s.probability for s in w.sentences], atol=1e-5)
+        assert np.allclose(
+            [s.probability for s in g.sentences], [s.probability for s in w.sentences], atol=1e-5
+        )
         assert g.pruned_context == w.pruned_context
 
 
@@ -77,7 +90,7 @@ def test_endpoints_are_parsed_and_resolved():
     assert parse_endpoints(["a:1", "b:2"])[0] == ["a:1", "b:2"]
     assert is_replicated(["a:1"]) and is_replicated("a:1,b:2") and is_replicated("dns:///a:1")
     assert not is_replicated("a:1")
-    assert resolve("localhost:8001") == ["127.0.0.1:8001"]    # one address family: no double counting
+    assert resolve("localhost:8001") == ["127.0.0.1:8001"]  # one address family: no double counting
     with pytest.raises(ModelLoadError):
         parse_endpoints("a:1,a:1")
     with pytest.raises(ModelLoadError):
@@ -116,56 +129,77 @@ def test_failover_under_load(servers, exported, capsys):
                 _same(got, expected[k % len(queries)])
             except AssertionError as exc:
                 mismatches.append(f"{q}: {exc}")
-            except Exception as exc:   # what a caller would see
+            except Exception as exc:  # what a caller would see
                 errors.append(repr(exc))
             with lock:
                 calls[0] += 1
             k += 1
 
-    threads = [threading.Thread(target=client, args=(pr, i * 5)) for i, pr in enumerate([text, text, core, core])]
+    threads = [
+        threading.Thread(target=client, args=(pr, i * 5)) for i, pr in enumerate([text, text, core, core])
+    ]
     for t in threads:
         t.start()
     try:
         time.sleep(3)
         victim = servers[1]
-        before = text.transport.stats()[victim.grpc_url]["served"] + core.backend.transport.stats()[victim.grpc_url]["served"]
+        before = (
+            text.transport.stats()[victim.grpc_url]["served"]
+            + core.backend.transport.stats()[victim.grpc_url]["served"]
+        )
         assert before > 0, "the load did not reach every replica"
-        victim.kill()                   # a crash: no drain, in-flight requests cut
+        victim.kill()  # a crash: no drain, in-flight requests cut
         calls_at_kill = calls[0]
         time.sleep(3)
         assert not text.transport.stats()[victim.grpc_url]["ready"]
         victim.start(timeout=180)
-        back_up = time.monotonic()      # its HTTP endpoint is ready
+        back_up = time.monotonic()  # its HTTP endpoint is ready
         while not _accepts(victim.grpc_port) and time.monotonic() < back_up + 30:
             time.sleep(0.02)
-        grpc_up = time.monotonic()      # its gRPC port accepts connections (here 1-3 s later)
+        grpc_up = time.monotonic()  # its gRPC port accepts connections (here 1-3 s later)
         deadline = back_up + 30
-        while time.monotonic() < deadline and not (text.transport.stats()[victim.grpc_url]["ready"]
-                                                   and core.backend.transport.stats()[victim.grpc_url]["ready"]):
+        while time.monotonic() < deadline and not (
+            text.transport.stats()[victim.grpc_url]["ready"]
+            and core.backend.transport.stats()[victim.grpc_url]["ready"]
+        ):
             time.sleep(0.02)
         readmit, grpc_delay = time.monotonic() - grpc_up, grpc_up - back_up
-        readmitted_served = [text.transport.stats()[victim.grpc_url]["served"], core.backend.transport.stats()[victim.grpc_url]["served"]]
+        readmitted_served = [
+            text.transport.stats()[victim.grpc_url]["served"],
+            core.backend.transport.stats()[victim.grpc_url]["served"],
+        ]
         time.sleep(3)
     finally:
         stop.set()
         for t in threads:
             t.join(timeout=120)
     stats = {"text": text.transport.stats(), "core": core.backend.transport.stats()}
-    after = [text.transport.stats()[victim.grpc_url]["served"], core.backend.transport.stats()[victim.grpc_url]["served"]]
+    after = [
+        text.transport.stats()[victim.grpc_url]["served"],
+        core.backend.transport.stats()[victim.grpc_url]["served"],
+    ]
     text.close()
     core.close()
     with capsys.disabled():
-        print(f"\nfailover: {calls[0]} calls ({calls[0] - calls_at_kill} after the kill), {len(errors)} errors, "
-              f"{len(mismatches)} wrong results; re-admitted {readmit:.2f} s after the restarted server's gRPC port "
-              f"accepted connections ({grpc_delay:.2f} s after its HTTP readiness); "
-              f"restarted replica served {after[0] - readmitted_served[0]} text and "
-              f"{after[1] - readmitted_served[1]} core requests after it")
+        print(
+            f"\nfailover: {calls[0]} calls ({calls[0] - calls_at_kill} after the kill), {len(errors)} errors, "
+            f"{len(mismatches)} wrong results; re-admitted {readmit:.2f} s after the restarted server's gRPC port "
+            f"accepted connections ({grpc_delay:.2f} s after its HTTP readiness); "
+            f"restarted replica served {after[0] - readmitted_served[0]} text and "
+            f"{after[1] - readmitted_served[1]} core requests after it"
+        )
         for kind, st in stats.items():
-            print(f"  {kind}: " + "; ".join(f"{e} served {v['served']} failed-over {v['failed']} "
-                                             f"removals {v['removals']}" for e, v in st.items()))
+            print(
+                f"  {kind}: "
+                + "; ".join(
+                    f"{e} served {v['served']} failed-over {v['failed']} removals {v['removals']}"
+                    for e, v in st.items()
+                )
+            )
     assert not errors, errors[:5]
     assert not mismatches, mismatches[:5]
     assert readmit < 5, f"the restarted replica was taken back only {readmit:.1f} s after its port opened"
-    assert after[0] > readmitted_served[0] and after[1] > readmitted_served[1], \
+    assert after[0] > readmitted_served[0] and after[1] > readmitted_served[1], (
         "the restarted replica received no traffic"
+    )
     assert stats["text"][victim.grpc_url]["removals"] >= 1

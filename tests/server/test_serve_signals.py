@@ -3,6 +3,7 @@ SIGTERM and SIGHUP exactly as on Ctrl-C (drain, stop, temporary folder removed, 
 and when killed outright (SIGKILL) through its watchdog. Within a few seconds no server
 process is left and the ports bind again.
 """
+
 import os
 import re
 import signal
@@ -21,14 +22,18 @@ from tests.utils import free_ports, milvus_calls, processes_under
 
 pytestmark = pytest.mark.server
 
-PRUNE = Path(sys.executable).parent / "prune"   # the installed console script
+PRUNE = Path(sys.executable).parent / "prune"  # the installed console script
 
 
 @pytest.fixture(scope="module")
 def small_repository(exported, tmp_path_factory):
     repo = tmp_path_factory.mktemp("signal_repository")
-    build_repository(exported["opensearch"], repo, RepositoryOptions(target="cpu", name="m", text_instances=1),
-                     log=lambda m: None)
+    build_repository(
+        exported["opensearch"],
+        repo,
+        RepositoryOptions(target="cpu", name="m", text_instances=1),
+        log=lambda m: None,
+    )
     return repo
 
 
@@ -48,9 +53,26 @@ def _ports_free(ports):
 def _start_serve(repo, ports, api_port=0, *extra):
     """`prune serve` on free ports; with `api_port`, its HTTP API too (ready when it is)."""
     h, g, m = ports
-    proc = subprocess.Popen([str(PRUNE), "serve", "--model-repository", str(repo), "--http-port", str(h),
-                             "--grpc-port", str(g), "--metrics-port", str(m), "--api-port", str(api_port), *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            str(PRUNE),
+            "serve",
+            "--model-repository",
+            str(repo),
+            "--http-port",
+            str(h),
+            "--grpc-port",
+            str(g),
+            "--metrics-port",
+            str(m),
+            "--api-port",
+            str(api_port),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines, ready = [], threading.Event()
     needle = "HTTP API ready" if api_port else "tritonserver ready"
 
@@ -59,6 +81,7 @@ def _start_serve(repo, ports, api_port=0, *extra):
             lines.append(line)
             if needle in line:
                 ready.set()
+
     threading.Thread(target=pump, daemon=True).start()
     assert ready.wait(120), "".join(lines[-30:])
     return proc, lines
@@ -69,9 +92,11 @@ def test_signal_to_prune_serve_leaves_nothing_behind(small_repository, sig):
     ports = free_ports(3)
     proc, lines = _start_serve(small_repository, ports)
     procs = processes_under(small_repository)
-    server_cmd = next(cmd for pid, cmd in procs.items() if "tritonserver" in cmd and "--model-repository" in cmd)
+    server_cmd = next(
+        cmd for pid, cmd in procs.items() if "tritonserver" in cmd and "--model-repository" in cmd
+    )
     stubs = [pid for pid, cmd in procs.items() if "triton_python_backend_stub" in cmd]
-    assert len(stubs) == 2                                   # the core and the text model
+    assert len(stubs) == 2  # the core and the text model
     workdir = Path(re.search(r"--backend-directory=(\S+)/backends", server_cmd).group(1))
     assert workdir.is_dir()
     t0 = time.monotonic()
@@ -91,7 +116,7 @@ def test_signal_to_prune_serve_leaves_nothing_behind(small_repository, sig):
     deadline = time.monotonic() + 5
     while workdir.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not workdir.exists()                              # the temporary folder is removed
+    assert not workdir.exists()  # the temporary folder is removed
     # a new server binds the same ports
     with TritonServer(small_repository, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]) as s:
         assert s.ready()
@@ -100,9 +125,11 @@ def test_signal_to_prune_serve_leaves_nothing_behind(small_repository, sig):
 def test_server_class_stop_waits_for_the_stubs(small_repository):
     h, g, m = free_ports(3)
     server = TritonServer(small_repository, http_port=h, grpc_port=g, metrics_port=m).start()
-    assert len([c for c in processes_under(small_repository).values() if "triton_python_backend_stub" in c]) == 2
+    assert (
+        len([c for c in processes_under(small_repository).values() if "triton_python_backend_stub" in c]) == 2
+    )
     assert server.stop() is True
-    assert not processes_under(small_repository)             # stubs included, the moment stop returns
+    assert not processes_under(small_repository)  # stubs included, the moment stop returns
 
 
 def test_killed_starter_takes_the_server_down(small_repository, tmp_path):
@@ -112,21 +139,26 @@ def test_killed_starter_takes_the_server_down(small_repository, tmp_path):
     script.write_text(
         "import sys, time\nfrom engine.triton.server import TritonServer\n"
         f"s = TritonServer({str(small_repository)!r}, http_port={h}, grpc_port={g}, metrics_port={m}).start()\n"
-        "print('up', flush=True)\ntime.sleep(600)\n")
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).resolve().parents[2])
+        "print('up', flush=True)\ntime.sleep(600)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert proc.stdout.readline().strip() == "up"
     assert processes_under(small_repository)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
     deadline = time.monotonic() + 10
     while (processes_under(small_repository) or not _ports_free([h, g, m])) and time.monotonic() < deadline:
-        time.sleep(0.1)      # the ports too, as after a signal: they are released a moment after the processes
+        time.sleep(0.1)  # the ports too, as after a signal: they are released a moment after the processes
     assert not processes_under(small_repository)
     assert _ports_free([h, g, m])
 
 
-HANGING_MODEL = '''
+HANGING_MODEL = """
 import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -139,7 +171,7 @@ class TritonPythonModel:
 
     def finalize(self):
         time.sleep(120)    # a stub that will not end in time
-'''
+"""
 
 
 def test_stop_kills_what_does_not_end_in_time(tmp_path):
@@ -149,12 +181,13 @@ def test_stop_kills_what_does_not_end_in_time(tmp_path):
     (repo / "hang" / "config.pbtxt").write_text(
         'name: "hang"\nbackend: "python"\nmax_batch_size: 0\n'
         'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+    )
     h, g, m = free_ports(3)
     server = TritonServer(repo, http_port=h, grpc_port=g, metrics_port=m).start()
     assert processes_under(repo)
     t0 = time.monotonic()
-    assert server.stop(timeout=3) is False            # did not end by itself: killed
+    assert server.stop(timeout=3) is False  # did not end by itself: killed
     assert time.monotonic() - t0 < 15
     assert not processes_under(repo)
 
@@ -176,6 +209,7 @@ def test_prune_serve_restarts_a_dead_server_or_stub(small_repository, pruners):
     import urllib.request
     from engine.errors import BackendError
     from engine.pruner import Pruner
+
     ports = free_ports(3)
     proc, lines = _start_serve(small_repository, ports)
     try:
@@ -184,8 +218,11 @@ def test_prune_serve_restarts_a_dead_server_or_stub(small_repository, pruners):
         expected = pruners["opensearch"][0].prune("When?", doc)[0].pruned_context
         assert client.prune("When?", doc)[0].pruned_context == expected
         # 1. a stub killed outright
-        stub = next(pid for pid, cmd in processes_under(small_repository).items()
-                    if "triton_python_backend_stub" in cmd and "/m/1/model.py" in cmd)
+        stub = next(
+            pid
+            for pid, cmd in processes_under(small_repository).items()
+            if "triton_python_backend_stub" in cmd and "/m/1/model.py" in cmd
+        )
         mark = len(lines)
         t0 = time.monotonic()
         os.kill(stub, signal.SIGKILL)
@@ -194,11 +231,18 @@ def test_prune_serve_restarts_a_dead_server_or_stub(small_repository, pruners):
         back = time.monotonic() - t0
         assert client.prune("When?", doc)[0].pruned_context == expected
         # 2. the request that aborts tritonserver
-        body = {"inputs": [{"name": n, "shape": [1, 10 ** 12], "datatype": "INT64", "data": [1]}
-                           for n in ("input_ids", "attention_mask", "token_type_ids", "sentence_ids")]}
+        body = {
+            "inputs": [
+                {"name": n, "shape": [1, 10**12], "datatype": "INT64", "data": [1]}
+                for n in ("input_ids", "attention_mask", "token_type_ids", "sentence_ids")
+            ]
+        }
         mark = len(lines)
-        req = urllib.request.Request(f"http://127.0.0.1:{ports[0]}/v2/models/m/infer", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{ports[0]}/v2/models/m/infer",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         try:
             urllib.request.urlopen(req, timeout=10).read()
         except Exception:
@@ -210,9 +254,10 @@ def test_prune_serve_restarts_a_dead_server_or_stub(small_repository, pruners):
         # wraps to 0, so Triton 2.51 passes an empty tensor of that shape on): the stub dies
         import tritonclient.grpc as grpcclient
         from tritonclient.grpc import service_pb2
+
         request = service_pb2.ModelInferRequest(model_name="m")
         for n in ("input_ids", "attention_mask", "token_type_ids", "sentence_ids"):
-            request.inputs.add(name=n, datatype="INT64", shape=[1, 2 ** 61])
+            request.inputs.add(name=n, datatype="INT64", shape=[1, 2**61])
             request.raw_input_contents.append(b"")
         mark = len(lines)
         raw = grpcclient.InferenceServerClient(f"127.0.0.1:{ports[1]}")
@@ -223,9 +268,11 @@ def test_prune_serve_restarts_a_dead_server_or_stub(small_repository, pruners):
         assert client.prune("When?", doc)[0].pruned_context == expected
         through = time.monotonic() - t0
         assert _wait_for(lines, "stub(s) died: restarting", mark)
-        print(f"\nstub killed: serving again after {back:.1f} s; a call made right after the gRPC "
-              f"overflow request returned the right result in {through:.1f} s")
-        with pytest.raises(BackendError):   # a client alone, with no server at all: a clear error
+        print(
+            f"\nstub killed: serving again after {back:.1f} s; a call made right after the gRPC "
+            f"overflow request returned the right result in {through:.1f} s"
+        )
+        with pytest.raises(BackendError):  # a client alone, with no server at all: a clear error
             Pruner.connect("127.0.0.1:9", "m_text", ready_timeout=1)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -239,29 +286,54 @@ def test_a_dead_stub_turns_the_apis_health_503_and_back(small_repository, pruner
     server."""
     pytest.importorskip("fastapi")
     import httpx
+
     ports = free_ports(5)
-    proc, lines = _start_serve(small_repository, ports[:3], ports[3], "--triton-http", "off", "--host", "0.0.0.0",
-                               "--model-service-port", str(ports[4]))
+    proc, lines = _start_serve(
+        small_repository,
+        ports[:3],
+        ports[3],
+        "--triton-http",
+        "off",
+        "--host",
+        "0.0.0.0",
+        "--model-service-port",
+        str(ports[4]),
+    )
     url = f"http://127.0.0.1:{ports[3]}"
     try:
         assert any("HTTP off" in line for line in lines), "".join(lines)
-        server_cmd = next(cmd for cmd in processes_under(small_repository).values() if "--grpc-address" in cmd)
-        for api in ("http", "grpc", "metrics"):    # the API faces clients (--host), Triton only loopback
+        server_cmd = next(
+            cmd for cmd in processes_under(small_repository).values() if "--grpc-address" in cmd
+        )
+        for api in ("http", "grpc", "metrics"):  # the API faces clients (--host), Triton only loopback
             assert f"--{api}-address=127.0.0.1" in server_cmd, server_cmd
-        with pytest.raises(httpx.ConnectError):          # Triton's own HTTP endpoint is off
+        with pytest.raises(httpx.ConnectError):  # Triton's own HTTP endpoint is off
             httpx.get(f"http://127.0.0.1:{ports[0]}/v2/health/ready", timeout=5)
         assert httpx.get(f"{url}/health", timeout=30).status_code == 200
-        probe = [sys.executable, "-m", "engine.triton.probe", "--url", f"127.0.0.1:{ports[1]}", "--model", "m_text",
-                 "--timeout", "3"]
+        probe = [
+            sys.executable,
+            "-m",
+            "engine.triton.probe",
+            "--url",
+            f"127.0.0.1:{ports[1]}",
+            "--model",
+            "m_text",
+            "--timeout",
+            "3",
+        ]
         assert subprocess.run(probe, capture_output=True, timeout=60).returncode == 0
-        stub = next(pid for pid, cmd in processes_under(small_repository).items()
-                    if "triton_python_backend_stub" in cmd and "/m_text/1/model.py" in cmd)
+        stub = next(
+            pid
+            for pid, cmd in processes_under(small_repository).items()
+            if "triton_python_backend_stub" in cmd and "/m_text/1/model.py" in cmd
+        )
         mark = len(lines)
         t0 = time.monotonic()
         os.kill(stub, signal.SIGKILL)
         # the liveness probe sees it too (in a thread beside the /health polls, since the restart
         # comes within seconds; the probe as a process is run above)
         from engine.triton.probe import main as probe_main
+
         dead: list[int] = []
         prober = threading.Thread(target=lambda: dead.append(probe_main(probe[3:])))
         prober.start()
@@ -281,16 +353,28 @@ def test_a_dead_stub_turns_the_apis_health_503_and_back(small_repository, pruner
         assert httpx.get(f"{url}/health", timeout=30).status_code == 200
         doc = ["The stadium was built in 1923. It holds 80,000 people."]
         got = httpx.post(f"{url}/v1/prune", json={"question": "When?", "passages": doc}, timeout=30).json()
-        assert got["results"][0]["pruned_context"] == pruners["opensearch"][0].prune("When?", doc)[0].pruned_context
+        assert (
+            got["results"][0]["pruned_context"]
+            == pruners["opensearch"][0].prune("When?", doc)[0].pruned_context
+        )
         # Milvus's model service beside the API, on the same text model
-        (answer,) = milvus_calls(f"127.0.0.1:{ports[4]}", [{"rpc": "Highlight", "query": "When?", "documents": doc,
-                                                             "params": {"threshold": "0.0"}}])
-        want = httpx.post(f"{url}/v1/prune", json={"question": "When?", "passages": doc, "threshold": 0.0}).json()
+        (answer,) = milvus_calls(
+            f"127.0.0.1:{ports[4]}",
+            [{"rpc": "Highlight", "query": "When?", "documents": doc, "params": {"threshold": "0.0"}}],
+        )
+        want = httpx.post(
+            f"{url}/v1/prune", json={"question": "When?", "passages": doc, "threshold": 0.0}
+        ).json()
         assert answer["code"] == "OK", answer
-        assert answer["results"][0]["sentences"] == [f"<em>{s['text']}</em>" for s in want["results"][0]["sentences"]
-                                                     if s["kept"]] != []
+        assert (
+            answer["results"][0]["sentences"]
+            == [f"<em>{s['text']}</em>" for s in want["results"][0]["sentences"] if s["kept"]]
+            != []
+        )
         print(f"\n/health: 503 {down:.1f} s after the stub was killed, 200 again after {up:.1f} s")
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
-    assert any("the HTTP API and tritonserver drained and stopped" in line for line in lines), "".join(lines[-5:])
+    assert any("the HTTP API and tritonserver drained and stopped" in line for line in lines), "".join(
+        lines[-5:]
+    )

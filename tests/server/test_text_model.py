@@ -5,6 +5,7 @@ Pruner: the same sentences, spans, kept flags and pruned text, probabilities wit
 (the same graph; only the rows the core batches together differ), reranking scores
 within 1e-4.
 """
+
 import json
 import threading
 import urllib.error
@@ -22,24 +23,36 @@ from engine.errors import InputError
 from engine.pruner import Pruner
 from engine.triton.text_pruner import TritonTextPruner
 from export.triton_repository import RepositoryOptions, build_repository
-from tests.utils import CORE_MAX_BATCH, FAMILY_NAMES, TEXT_MAX_CHARS, TEXT_MAX_PASSAGES, load_test, run_in_threads
+from tests.utils import (
+    CORE_MAX_BATCH,
+    FAMILY_NAMES,
+    TEXT_MAX_CHARS,
+    TEXT_MAX_PASSAGES,
+    load_test,
+    run_in_threads,
+)
 from tests.utils import PASSAGES, QUESTION
 
 pytestmark = pytest.mark.server
 
 TOL = 1e-5
 # Non-ASCII of every width: 2-byte (é), 3-byte (CJK), 4-byte (emoji, 2 UTF-16 units).
-UNICODE = ["Crème brûlée is café food. 😀 Emoji count as one code point but four bytes! Done.",
-           "北京是中国的首都。上海是一个大城市！The museum opened a new exhibition about ancient Egypt."]
+UNICODE = [
+    "Crème brûlée is café food. 😀 Emoji count as one code point but four bytes! Done.",
+    "北京是中国的首都。上海是一个大城市！The museum opened a new exhibition about ancient Egypt.",
+]
 
 
 def same(got, exp, tol=TOL):
     assert len(got) == len(exp)
     for a, b in zip(got, exp):
         assert a.index == b.index
-        assert [(s.start, s.end, s.text) for s in a.sentences] == [(s.start, s.end, s.text) for s in b.sentences]
-        np.testing.assert_allclose([s.probability for s in a.sentences], [s.probability for s in b.sentences],
-                                   atol=tol, rtol=0)
+        assert [(s.start, s.end, s.text) for s in a.sentences] == [
+            (s.start, s.end, s.text) for s in b.sentences
+        ]
+        np.testing.assert_allclose(
+            [s.probability for s in a.sentences], [s.probability for s in b.sentences], atol=tol, rtol=0
+        )
         assert [s.kept for s in a.sentences] == [s.kept for s in b.sentences]
         assert a.pruned_context == b.pruned_context
         assert a.compression_rate == pytest.approx(b.compression_rate, abs=1e-6)
@@ -54,7 +67,7 @@ def _splitting_threshold(results):
     """A threshold between two neighbouring probabilities (random weights leave fixed
     thresholds one-sided), so identical kept flags are a real check."""
     probs = np.sort([s.probability for r in results for s in r.sentences])
-    k = int(np.argmax(np.diff(probs[len(probs) // 4: 3 * len(probs) // 4 + 1]))) + len(probs) // 4
+    k = int(np.argmax(np.diff(probs[len(probs) // 4 : 3 * len(probs) // 4 + 1]))) + len(probs) // 4
     return float((probs[k] + probs[k + 1]) / 2)
 
 
@@ -67,14 +80,16 @@ def test_text_model_equals_in_process(server, pruners, name, protocol):
     local = pruners[name][0]
     passages = PASSAGES + UNICODE
     expected = local.prune(QUESTION, passages)
-    assert max(r.blocks for r in expected) > 1          # a multi-block passage is in the set
+    assert max(r.blocks for r in expected) > 1  # a multi-block passage is in the set
     same(remote.prune(QUESTION, passages), expected)
     t = _splitting_threshold(expected)
     kept = local.prune(QUESTION, passages, threshold=t)
     assert 0 < sum(s.kept for r in kept for s in r.sentences) < sum(len(r.sentences) for r in kept)
     same(remote.prune(QUESTION, passages, threshold=t), kept)
-    same(remote.prune(QUESTION, passages, threshold=t, title="first_sentence", alpha=-1, top_k=3),
-         local.prune(QUESTION, passages, threshold=t, title="first_sentence", alpha=-1, top_k=3))
+    same(
+        remote.prune(QUESTION, passages, threshold=t, title="first_sentence", alpha=-1, top_k=3),
+        local.prune(QUESTION, passages, threshold=t, title="first_sentence", alpha=-1, top_k=3),
+    )
 
 
 def test_text_call_larger_than_limits_and_core_batch(server, pruners):
@@ -84,7 +99,7 @@ def test_text_call_larger_than_limits_and_core_batch(server, pruners):
     many = [f"Passage {i}. It talks about item {i} and the pie." for i in range(120)]
     assert len(many) > TEXT_MAX_PASSAGES and len(many) > 2 * CORE_MAX_BATCH
     same(remote.prune(QUESTION, many), pruners["xprovence"][0].prune(QUESTION, many))
-    big = ["A sentence about pies and their crust. " * 40] * 60     # 60 x 1,560 chars > 60,000 per request
+    big = ["A sentence about pies and their crust. " * 40] * 60  # 60 x 1,560 chars > 60,000 per request
     assert sum(map(len, big)) > TEXT_MAX_CHARS
     same(remote.prune(QUESTION, big), pruners["xprovence"][0].prune(QUESTION, big))
     with pytest.raises(InputError, match="at most"):
@@ -108,27 +123,31 @@ def _bytes(*values):
 
 def test_offsets_are_utf8_bytes(server, pruners):
     """sentence_spans count UTF-8 bytes of the passage as sent, for any client language."""
-    res = _raw_infer(server, "provence_text", {"question": (_bytes(QUESTION), "BYTES"),
-                                                "passages": (_bytes(*UNICODE), "BYTES")})
+    res = _raw_infer(
+        server,
+        "provence_text",
+        {"question": (_bytes(QUESTION), "BYTES"), "passages": (_bytes(*UNICODE), "BYTES")},
+    )
     spans, counts = res.as_numpy("sentence_spans"), res.as_numpy("sentence_count")
     expected = pruners["provence"][0].prune(QUESTION, UNICODE)
     for row, (passage, exp) in enumerate(zip(UNICODE, expected)):
         data = passage.encode("utf-8")
-        got = [data[s:e].decode("utf-8") for s, e in spans[row, :counts[row]]]
+        got = [data[s:e].decode("utf-8") for s, e in spans[row, : counts[row]]]
         assert got == [s.text for s in exp.sentences]
         # the units differ on this text: code point offsets would not slice the bytes
-        assert [list(x) for x in spans[row, :counts[row]]] != [[s.start, s.end] for s in exp.sentences]
-        assert (spans[row, counts[row]:] == -1).all()
+        assert [list(x) for x in spans[row, : counts[row]]] != [[s.start, s.end] for s in exp.sentences]
+        assert (spans[row, counts[row] :] == -1).all()
     assert res.as_numpy("pruned_context")[0].decode("utf-8") == expected[0].pruned_context
 
 
 def _readme_curl_body():
     """The JSON body of the curl command in docs/triton.md, exactly as written there."""
     from pathlib import Path
+
     readme = (Path(__file__).resolve().parents[2] / "docs" / "triton.md").read_text()
     start = readme.index("curl -s localhost:8000/v2/models/default_text/infer")
-    body = readme[start:readme.index("```", start)]
-    body = body[body.index("-d '") + 4:body.rindex("'")]
+    body = readme[start : readme.index("```", start)]
+    body = body[body.index("-d '") + 4 : body.rindex("'")]
     return json.loads(body.replace("'\"'\"'", "'"))
 
 
@@ -139,8 +158,11 @@ def test_curl_json_body(server, pruners):
     question = body["inputs"][0]["data"][0]
     passages = body["inputs"][1]["data"]
     assert question.startswith("What goes on the bottom of Shepherd's pie") and len(passages) == 2
-    req = urllib.request.Request(f"http://{server.http_url}/v2/models/embedding_text/infer",
-                                 data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/embedding_text/infer",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         out = {o["name"]: o for o in json.loads(r.read())["outputs"]}
     expected = pruners["embedding"][0].prune(question, passages)
@@ -151,9 +173,14 @@ def test_curl_json_body(server, pruners):
     spans = np.array(out["sentence_spans"]["data"]).reshape(2, width, 2)
     for row, (p, r) in enumerate(zip(passages, expected)):
         data = p.encode("utf-8")
-        assert [data[s:e].decode() for s, e in spans[row, :len(r.sentences)]] == [s.text for s in r.sentences]
-    np.testing.assert_allclose(np.array(out["sentence_probs"]["data"]).reshape(2, width)[0, :3],
-                               [s.probability for s in expected[0].sentences], atol=1e-5)
+        assert [data[s:e].decode() for s, e in spans[row, : len(r.sentences)]] == [
+            s.text for s in r.sentences
+        ]
+    np.testing.assert_allclose(
+        np.array(out["sentence_probs"]["data"]).reshape(2, width)[0, :3],
+        [s.probability for s in expected[0].sentences],
+        atol=1e-5,
+    )
 
 
 def _stats(server, model):
@@ -182,10 +209,10 @@ def test_concurrent_text_requests_meet_in_the_core_batcher(server, pruners):
         run_in_threads(work, len(questions), join_s=60)
         req1, exe1 = _stats(server, name)
         print(f"\n16 concurrent text requests: {req1 - req0} core requests in {exe1 - exe0} core executions")
-        assert req1 - req0 >= len(questions)          # at least one core request per text request
+        assert req1 - req0 >= len(questions)  # at least one core request per text request
         for got, exp in zip(results, expected):
             same(got, exp)
-        joined.append(exe1 - exe0 < req1 - req0)      # ... joined into fewer executions
+        joined.append(exe1 - exe0 < req1 - req0)  # ... joined into fewer executions
         if joined[-1]:
             break
     assert any(joined), "no round joined core requests into fewer executions"
@@ -196,53 +223,106 @@ def test_text_load_test_no_lost_or_mixed_results(server, pruners):
     results against the in-process engine."""
     name = "opensearch"
     local = pruners[name][0]
-    docs = [f"The stadium {i} was built in {1900 + i}. It holds {i * 1000} people. Football is played."
-            for i in range(12)]
-    expected = {i: local.prune(f"When was stadium {i} built?", [docs[i], docs[(i + 1) % 12]]) for i in range(12)}
+    docs = [
+        f"The stadium {i} was built in {1900 + i}. It holds {i * 1000} people. Football is played."
+        for i in range(12)
+    ]
+    expected = {
+        i: local.prune(f"When was stadium {i} built?", [docs[i], docs[(i + 1) % 12]]) for i in range(12)
+    }
 
     def connect(k):
         proto = "grpc" if k % 2 == 0 else "http"
-        return Pruner.connect(server.grpc_url if proto == "grpc" else server.http_url, f"{name}_text", protocol=proto)
+        return Pruner.connect(
+            server.grpc_url if proto == "grpc" else server.http_url, f"{name}_text", protocol=proto
+        )
 
     def call(p, k, n):
         i = (k * 5 + n) % 12
         same(p.prune(f"When was stadium {i} built?", [docs[i], docs[(i + 1) % 12]]), expected[i])
         return i
+
     done, errors = load_test(connect, call, clients=6)
     assert not errors, errors[:3]
     assert len(done) >= 12
 
 
 BAD = {
-    "invalid UTF-8 in a passage": ({"question": (_bytes(QUESTION), "BYTES"),
-                                    "passages": (_bytes("fine.", b"\xff\xfe broken"), "BYTES")}, "not valid UTF-8"),
-    "invalid UTF-8 in the question": ({"question": (_bytes(b"\xc3("), "BYTES"),
-                                       "passages": (_bytes("fine."), "BYTES")}, "question is not valid UTF-8"),
-    "empty question": ({"question": (_bytes("  "), "BYTES"), "passages": (_bytes("fine."), "BYTES")},
-                       "question is empty"),
-    "too many passages": ({"question": (_bytes(QUESTION), "BYTES"),
-                           "passages": (_bytes(*["p."] * (TEXT_MAX_PASSAGES + 1)), "BYTES")},
-                          f"the limit is {TEXT_MAX_PASSAGES}"),
-    "too many characters": ({"question": (_bytes(QUESTION), "BYTES"),
-                             "passages": (_bytes("a. " * (TEXT_MAX_CHARS // 3 + 10)), "BYTES")},
-                            f"more than {TEXT_MAX_CHARS} characters"),
-    "question over the token limit": ({"question": (_bytes("why " * 2000), "BYTES"),
-                                       "passages": (_bytes("fine."), "BYTES")}, "Shorten the question"),
+    "invalid UTF-8 in a passage": (
+        {"question": (_bytes(QUESTION), "BYTES"), "passages": (_bytes("fine.", b"\xff\xfe broken"), "BYTES")},
+        "not valid UTF-8",
+    ),
+    "invalid UTF-8 in the question": (
+        {"question": (_bytes(b"\xc3("), "BYTES"), "passages": (_bytes("fine."), "BYTES")},
+        "question is not valid UTF-8",
+    ),
+    "empty question": (
+        {"question": (_bytes("  "), "BYTES"), "passages": (_bytes("fine."), "BYTES")},
+        "question is empty",
+    ),
+    "too many passages": (
+        {
+            "question": (_bytes(QUESTION), "BYTES"),
+            "passages": (_bytes(*["p."] * (TEXT_MAX_PASSAGES + 1)), "BYTES"),
+        },
+        f"the limit is {TEXT_MAX_PASSAGES}",
+    ),
+    "too many characters": (
+        {
+            "question": (_bytes(QUESTION), "BYTES"),
+            "passages": (_bytes("a. " * (TEXT_MAX_CHARS // 3 + 10)), "BYTES"),
+        },
+        f"more than {TEXT_MAX_CHARS} characters",
+    ),
+    "question over the token limit": (
+        {"question": (_bytes("why " * 2000), "BYTES"), "passages": (_bytes("fine."), "BYTES")},
+        "Shorten the question",
+    ),
     "question without passages": ({"question": (_bytes(QUESTION), "BYTES")}, "passages is required"),
-    "two questions": ({"question": (_bytes(QUESTION, QUESTION), "BYTES"),
-                       "passages": (_bytes("fine."), "BYTES")}, "question"),
-    "question as INT32": ({"question": (np.array([1], dtype=np.int32), "INT32"),
-                           "passages": (_bytes("fine."), "BYTES")}, "data-type|datatype|dtype"),
-    "passages as a matrix": ({"question": (_bytes(QUESTION), "BYTES"),
-                              "passages": (_bytes("a.", "b.").reshape(1, 2), "BYTES")}, "shape|dims"),
-    "threshold out of range": ({"question": (_bytes(QUESTION), "BYTES"), "passages": (_bytes("fine."), "BYTES"),
-                                "threshold": (np.array([1.5], dtype=np.float32), "FP32")}, "threshold must be in"),
-    "threshold NaN": ({"question": (_bytes(QUESTION), "BYTES"), "passages": (_bytes("fine."), "BYTES"),
-                       "threshold": (np.array([np.nan], dtype=np.float32), "FP32")}, "finite"),
-    "top_k zero": ({"question": (_bytes(QUESTION), "BYTES"), "passages": (_bytes("fine."), "BYTES"),
-                    "top_k": (np.array([0], dtype=np.int32), "INT32")}, "top_k must be a positive"),
-    "unknown title rule": ({"question": (_bytes(QUESTION), "BYTES"), "passages": (_bytes("fine."), "BYTES"),
-                            "title": (_bytes("always"), "BYTES")}, "title must be one of"),
+    "two questions": (
+        {"question": (_bytes(QUESTION, QUESTION), "BYTES"), "passages": (_bytes("fine."), "BYTES")},
+        "question",
+    ),
+    "question as INT32": (
+        {"question": (np.array([1], dtype=np.int32), "INT32"), "passages": (_bytes("fine."), "BYTES")},
+        "data-type|datatype|dtype",
+    ),
+    "passages as a matrix": (
+        {"question": (_bytes(QUESTION), "BYTES"), "passages": (_bytes("a.", "b.").reshape(1, 2), "BYTES")},
+        "shape|dims",
+    ),
+    "threshold out of range": (
+        {
+            "question": (_bytes(QUESTION), "BYTES"),
+            "passages": (_bytes("fine."), "BYTES"),
+            "threshold": (np.array([1.5], dtype=np.float32), "FP32"),
+        },
+        "threshold must be in",
+    ),
+    "threshold NaN": (
+        {
+            "question": (_bytes(QUESTION), "BYTES"),
+            "passages": (_bytes("fine."), "BYTES"),
+            "threshold": (np.array([np.nan], dtype=np.float32), "FP32"),
+        },
+        "finite",
+    ),
+    "top_k zero": (
+        {
+            "question": (_bytes(QUESTION), "BYTES"),
+            "passages": (_bytes("fine."), "BYTES"),
+            "top_k": (np.array([0], dtype=np.int32), "INT32"),
+        },
+        "top_k must be a positive",
+    ),
+    "unknown title rule": (
+        {
+            "question": (_bytes(QUESTION), "BYTES"),
+            "passages": (_bytes("fine."), "BYTES"),
+            "title": (_bytes("always"), "BYTES"),
+        },
+        "title must be one of",
+    ),
 }
 
 
@@ -260,8 +340,11 @@ def test_bad_input_gets_its_own_error(server, pruners, case):
 def test_bad_request_beside_good_ones(server, pruners):
     """Bad and good requests at the same time: each good one gets its own right result."""
     expected = pruners["xprovence"][0].prune(QUESTION, PASSAGES[:3])
-    bad_cases = [BAD["invalid UTF-8 in a passage"][0], BAD["question over the token limit"][0],
-                 BAD["empty question"][0]]
+    bad_cases = [
+        BAD["invalid UTF-8 in a passage"][0],
+        BAD["question over the token limit"][0],
+        BAD["empty question"][0],
+    ]
     good, bad = [], []
     barrier = threading.Barrier(12)
 
@@ -278,8 +361,9 @@ def test_bad_request_beside_good_ones(server, pruners):
         except Exception as exc:
             bad.append(str(exc))
 
-    threads = [threading.Thread(target=run_good) for _ in range(9)] + \
-              [threading.Thread(target=run_bad, args=(k,)) for k in range(3)]
+    threads = [threading.Thread(target=run_good) for _ in range(9)] + [
+        threading.Thread(target=run_bad, args=(k,)) for k in range(3)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -314,9 +398,15 @@ def test_core_client_gets_its_tokenizer_from_the_text_model(server, pruners, rep
 
 @pytest.mark.parametrize("target", ["cpu", "gpu-onnx", "gpu-tensorrt"])
 def test_text_model_config_is_a_valid_triton_config(exported, tmp_path, target):
-    build_repository(exported["xprovence"], tmp_path, RepositoryOptions(target=target, name="m", max_batch_size=32,
-                                                                        text_instances=3), log=lambda m: None)
-    cfg = text_format.Parse((tmp_path / "m_text" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    build_repository(
+        exported["xprovence"],
+        tmp_path,
+        RepositoryOptions(target=target, name="m", max_batch_size=32, text_instances=3),
+        log=lambda m: None,
+    )
+    cfg = text_format.Parse(
+        (tmp_path / "m_text" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+    )
     assert cfg.name == "m_text" and cfg.backend == "python" and cfg.max_batch_size == 0
     assert cfg.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
     assert cfg.instance_group[0].count == 3
@@ -348,8 +438,14 @@ def _answers(results):
     """Everything a caller sees of a call, exactly: spans, probabilities and the reranking
     score (as the float32 the wire carries), kept flags, texts."""
     f32 = lambda x: float(np.float32(x))  # noqa: E731
-    return [([(s.start, s.end, f32(s.probability), s.kept) for s in r.sentences], f32(r.reranking_score),
-             r.pruned_context) for r in results]
+    return [
+        (
+            [(s.start, s.end, f32(s.probability), s.kept) for s in r.sentences],
+            f32(r.reranking_score),
+            r.pruned_context,
+        )
+        for r in results
+    ]
 
 
 def test_served_int8_model_equals_in_process_int8(server, exported_int8):
@@ -372,9 +468,13 @@ def test_int8_answers_do_not_depend_on_their_batch_company(server, exported_int8
     equal the same call sent alone, bit for bit, in a round where the core batcher really
     grouped requests (fewer executions than requests)."""
     import random
+
     local = Pruner.load(exported_int8, threads=1, batching=BatchingConfig(max_batch_size=CORE_MAX_BATCH))
     docs = PASSAGES + UNICODE
-    calls = [(f"{QUESTION} (variant {i})", [docs[(i + k) % len(docs)] for k in range(1 + i % 4)]) for i in range(12)]
+    calls = [
+        (f"{QUESTION} (variant {i})", [docs[(i + k) % len(docs)] for k in range(1 + i % 4)])
+        for i in range(12)
+    ]
     expected = [_answers(local.prune(q, ps)) for q, ps in calls]
     clients = [Pruner.connect(server.grpc_url, "xprovence_int8_text") for _ in range(4)]
     grouped = []
@@ -396,8 +496,10 @@ def test_int8_answers_do_not_depend_on_their_batch_company(server, exported_int8
 
         run_in_threads(client, len(clients), join_s=120)
         req1, exe1 = _stats(server, "xprovence_int8")
-        print(f"\nINT8 company round {attempt}: {req1 - req0} core requests in {exe1 - exe0} executions, "
-              f"{len(wrong)} answers differing from the call sent alone")
+        print(
+            f"\nINT8 company round {attempt}: {req1 - req0} core requests in {exe1 - exe0} executions, "
+            f"{len(wrong)} answers differing from the call sent alone"
+        )
         assert not errors, errors[:3]
         assert not wrong, f"calls {sorted(set(wrong))} answered differently beside other requests"
         grouped.append(exe1 - exe0 < req1 - req0)
@@ -418,12 +520,20 @@ def test_int8_core_runs_requests_alone_by_default(repository, exported, exported
     assert joins(repository / "xprovence_int8") == "false"
     assert joins(repository / "xprovence") == "true"
     for folder, join, want in [(exported_int8, "always", "true"), (exported["xprovence"], "never", "false")]:
-        out = build_repository(folder, tmp_path / join, RepositoryOptions(join_requests=join, text_model=False),
-                               log=lambda m: None)
+        out = build_repository(
+            folder,
+            tmp_path / join,
+            RepositoryOptions(join_requests=join, text_model=False),
+            log=lambda m: None,
+        )
         assert joins(out) == want
     with pytest.raises(ExportError, match="join_requests never needs the cpu target"):
-        build_repository(exported_int8, tmp_path / "gpu", RepositoryOptions(target="gpu-onnx", join_requests="never"),
-                         log=lambda m: None)
+        build_repository(
+            exported_int8,
+            tmp_path / "gpu",
+            RepositoryOptions(target="gpu-onnx", join_requests="never"),
+            log=lambda m: None,
+        )
     notes = []
     build_repository(exported_int8, tmp_path / "gpu", RepositoryOptions(target="gpu-onnx"), log=notes.append)
     assert any("batch company" in n for n in notes)
@@ -437,20 +547,27 @@ def test_text_model_runs_the_windows_asked_for(server, pruners, name):
     results; a bad value is refused on the client and, sent raw, by the server."""
     ort_p, _ = pruners[name]
     remote = Pruner.connect(server.grpc_url, f"{name}_text")
-    passage = " ".join(f"Sentence {i} says the stadium held {i} thousand people in {1900 + i}, "
-                       f"{'and more words ' * (i % 7)}" for i in range(60))
+    passage = " ".join(
+        f"Sentence {i} says the stadium held {i} thousand people in {1900 + i}, {'and more words ' * (i % 7)}"
+        for i in range(60)
+    )
     got = {}
     for windows in (None, "reference", "sentences"):
         got[windows] = remote.prune(QUESTION, [passage], **({"windows": windows} if windows else {}))[0]
         want = ort_p.prune(QUESTION, [passage], **({"windows": windows} if windows else {}))[0]
         assert got[windows].windows == want.windows == (windows or "reference")
-        np.testing.assert_allclose([s.probability for s in got[windows].sentences],
-                                   [s.probability for s in want.sentences], atol=1e-5)
+        np.testing.assert_allclose(
+            [s.probability for s in got[windows].sentences],
+            [s.probability for s in want.sentences],
+            atol=1e-5,
+        )
         assert [s.kept for s in got[windows].sentences] == [s.kept for s in want.sentences]
         assert got[windows].blocks == want.blocks
-    differ = sum(a.probability != pytest.approx(b.probability, abs=1e-5)
-                 for a, b in zip(got["sentences"].sentences, got["reference"].sentences))
-    assert differ > 0          # the server really ran the other windowing
+    differ = sum(
+        a.probability != pytest.approx(b.probability, abs=1e-5)
+        for a, b in zip(got["sentences"].sentences, got["reference"].sentences)
+    )
+    assert differ > 0  # the server really ran the other windowing
     with pytest.raises(InputError, match="windows must be one of"):
         remote.prune(QUESTION, [passage], windows="tokens")
     client = grpcclient.InferenceServerClient(server.grpc_url)
@@ -469,10 +586,15 @@ def test_openvino_core_serves_what_openvino_gives_in_process(server, exported, e
     the text model's answers equal the in-process OpenVINO pruner of the same folder (the
     same graph and runtime: probabilities within 1e-5, the same kept flags and texts)."""
     folder = exported["opensearch"] if model == "opensearch_ov" else exported_ov_int8
-    cfg = text_format.Parse((server.repository / model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    cfg = text_format.Parse(
+        (server.repository / model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+    )
     graph = "model.onnx" if model == "opensearch_ov" else "model.xml"
-    assert (cfg.backend, cfg.parameters["runtime"].string_value, cfg.parameters["graph"].string_value) == \
-        ("python", "openvino", graph)
+    assert (cfg.backend, cfg.parameters["runtime"].string_value, cfg.parameters["graph"].string_value) == (
+        "python",
+        "openvino",
+        graph,
+    )
     assert (server.repository / model / "1" / graph).is_file()
     local = Pruner.load(folder, backend="openvino", threads=1)
     remote = Pruner.connect(server.grpc_url, f"{model}_text")
@@ -485,5 +607,11 @@ def test_openvino_core_serves_what_openvino_gives_in_process(server, exported, e
     # equality above could not hold for a core that ran anything else
     if model == "embedding_ovint8":
         ort = Pruner.load(exported["embedding"], threads=1).prune(QUESTION, passages)
-        assert max(abs(a.probability - b.probability) for ra, rb in zip(ort, expected)
-                   for a, b in zip(ra.sentences, rb.sentences)) > TOL
+        assert (
+            max(
+                abs(a.probability - b.probability)
+                for ra, rb in zip(ort, expected)
+                for a, b in zip(ra.sentences, rb.sentences)
+            )
+            > TOL
+        )

@@ -4,11 +4,13 @@ ONNX Runtime), started by the tests on loopback ports.
 Tolerance: results through Triton equal the in-process ONNX Runtime results within 1e-5
 (the same graph runs on both sides; only the rows batched together differ).
 """
+
 import threading
 import time
 
 import numpy as np
 import pytest
+
 # Under the README's dev install these are present: a missing one is a broken install
 # and fails here, it does not skip.
 from google.protobuf import text_format
@@ -31,8 +33,9 @@ def _same(a, b, tol=TOL):
     assert len(a) == len(b)
     for ra, rb in zip(a, b):
         assert [s.text for s in ra.sentences] == [s.text for s in rb.sentences]
-        np.testing.assert_allclose([s.probability for s in ra.sentences], [s.probability for s in rb.sentences],
-                                   atol=tol)
+        np.testing.assert_allclose(
+            [s.probability for s in ra.sentences], [s.probability for s in rb.sentences], atol=tol
+        )
         assert ra.reranking_score == pytest.approx(rb.reranking_score, abs=1e-4)
         assert [s.kept for s in ra.sentences] == [s.kept for s in rb.sentences]
 
@@ -52,13 +55,16 @@ def test_triton_equals_in_process(server, pruners, name, protocol):
     big = Pruner.connect(url, name, protocol=protocol)
     assert big.backend.max_batch_size == CORE_MAX_BATCH
     big.batching = BatchingConfig(max_batch_size=64)
-    assert max(b.shape[0] for b in call_batches(big, QUESTION, many, [[(0, len(p))] for p in many])) \
+    assert (
+        max(b.shape[0] for b in call_batches(big, QUESTION, many, [[(0, len(p))] for p in many]))
         > CORE_MAX_BATCH
+    )
     _same(big.prune(QUESTION, many), pruners[name][0].prune(QUESTION, many))
 
 
 def _stats(server, model):
     import tritonclient.grpc as g
+
     st = g.InferenceServerClient(server.grpc_url).get_inference_statistics(model).model_stats[0]
     return st.inference_count, st.execution_count
 
@@ -91,8 +97,8 @@ def test_dynamic_batching_happens_and_changes_nothing(server, pruners):
         if inf1 - inf0 >= len(questions) or time.monotonic() > deadline:
             break
         time.sleep(0.1)
-    assert inf1 - inf0 == len(questions)                 # one row per request
-    assert exe1 - exe0 < inf1 - inf0                      # ... run in fewer executions
+    assert inf1 - inf0 == len(questions)  # one row per request
+    assert exe1 - exe0 < inf1 - inf0  # ... run in fewer executions
     for got, exp in zip(results, expected):
         _same(got, exp)
 
@@ -102,13 +108,17 @@ def test_load_test_no_lost_or_mixed_results(server, pruners):
     in-process result of its own request."""
     name = "opensearch"
     local = pruners[name][0]
-    docs = [f"The stadium {i} was built in {1900 + i}. It holds {i * 1000} people. Football is played." for i in range(16)]
+    docs = [
+        f"The stadium {i} was built in {1900 + i}. It holds {i * 1000} people. Football is played."
+        for i in range(16)
+    ]
     expected = {i: local.prune(f"When was stadium {i} built?", [docs[i]]) for i in range(16)}
 
     def call(p, k, n):
         i = (k * 7 + n) % 16
         _same(p.prune(f"When was stadium {i} built?", [docs[i]]), expected[i])
         return i
+
     done, errors = load_test(lambda k: Pruner.connect(server.grpc_url, name), call, clients=8)
     assert not errors, errors[:3]
     assert len(done) >= 8
@@ -116,8 +126,12 @@ def test_load_test_no_lost_or_mixed_results(server, pruners):
 
 def test_faults_not_started_killed_restarted(exported, pruners, tmp_path):
     # a repository of the one model it calls: its server starts twice
-    build_repository(exported["opensearch"], tmp_path, RepositoryOptions(name="opensearch", text_instances=1),
-                     log=lambda m: None)
+    build_repository(
+        exported["opensearch"],
+        tmp_path,
+        RepositoryOptions(name="opensearch", text_instances=1),
+        log=lambda m: None,
+    )
     repository = tmp_path
     h, g, m = free_ports(3)
     t0 = time.monotonic()
@@ -127,8 +141,9 @@ def test_faults_not_started_killed_restarted(exported, pruners, tmp_path):
     server = TritonServer(repository, http_port=h, grpc_port=g, metrics_port=m).start()
     try:
         client = Pruner.connect(server.grpc_url, "opensearch", timeout=5, retries=4, backoff=0.5)
-        http = Pruner.connect(server.http_url, "opensearch_text", protocol="http", timeout=5, retries=2,
-                              backoff=0.2)
+        http = Pruner.connect(
+            server.http_url, "opensearch_text", protocol="http", timeout=5, retries=2, backoff=0.2
+        )
         expected = pruners["opensearch"][0].prune(QUESTION, PASSAGES[:2])
         _same(client.prune(QUESTION, PASSAGES[:2]), expected)
         _same(http.prune(QUESTION, PASSAGES[:2]), expected)
@@ -139,9 +154,9 @@ def test_faults_not_started_killed_restarted(exported, pruners, tmp_path):
                 client.prune(QUESTION, PASSAGES)
         with pytest.raises(BackendError, match="failed"):
             http.prune(QUESTION, PASSAGES)
-        assert time.monotonic() - t0 < 30                  # nothing hangs
-        server.start()                                      # same ports
-        _same(client.prune(QUESTION, PASSAGES[:2]), expected)   # the same clients work again, rightly
+        assert time.monotonic() - t0 < 30  # nothing hangs
+        server.start()  # same ports
+        _same(client.prune(QUESTION, PASSAGES[:2]), expected)  # the same clients work again, rightly
         _same(http.prune(QUESTION, PASSAGES[:2]), expected)
     finally:
         server.stop()
@@ -152,14 +167,20 @@ def test_unknown_model_is_a_clear_error(server):
         Pruner.connect(server.grpc_url, "no-such-model")
 
 
-@pytest.mark.parametrize("target, accel", [("cpu", False), ("gpu-onnx", False), ("gpu-onnx", True),
-                                           ("gpu-tensorrt", False)])
+@pytest.mark.parametrize(
+    "target, accel", [("cpu", False), ("gpu-onnx", False), ("gpu-onnx", True), ("gpu-tensorrt", False)]
+)
 def test_generated_configs_are_valid_triton_configs(exported, tmp_path, target, accel):
     import json
     import onnx
+
     folder = exported["opensearch"]
-    model_dir = build_repository(folder, tmp_path, RepositoryOptions(target=target, name="m", max_batch_size=32,
-                                                                     trt_accelerator=accel), log=lambda m: None)
+    model_dir = build_repository(
+        folder,
+        tmp_path,
+        RepositoryOptions(target=target, name="m", max_batch_size=32, trt_accelerator=accel),
+        log=lambda m: None,
+    )
     cfg = text_format.Parse((model_dir / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     graph = onnx.load(str(folder / "model.onnx")).graph
     assert [i.name for i in cfg.input] == [i.name for i in graph.input]
@@ -191,12 +212,13 @@ def test_python_backend_joins_lengths_and_isolates_a_bad_request(server, pruners
     backend, run once and split back: each equals its own in-process result. A malformed
     request in the same batch gets its own error; the others still run."""
     import tritonclient.grpc as g
+
     name = "opensearch"
     local = pruners[name][0]
     names = local.spec.input_names
     batches = []
     for i, length in enumerate([32, 96, 64, 160]):
-        blocks = call_blocks(local, QUESTION, [PASSAGES[3][:length * 3]], [[(0, length * 3)]])
+        blocks = call_blocks(local, QUESTION, [PASSAGES[3][: length * 3]], [[(0, length * 3)]])
         b = local._batches(blocks[:1])[0]
         batches.append(b)
     assert len({b.shape[1] for b in batches}) == 4
@@ -219,7 +241,7 @@ def test_python_backend_joins_lengths_and_isolates_a_bad_request(server, pruners
             errors.append((k, str(exc)))
 
     bad = {n: batches[0].inputs(names)[n] for n in names}
-    bad["sentence_ids"] = bad["sentence_ids"][:, :10]            # shapes disagree
+    bad["sentence_ids"] = bad["sentence_ids"][:, :10]  # shapes disagree
     threads = [threading.Thread(target=send, args=(b.inputs(names), k)) for k, b in enumerate(batches)]
     threads.append(threading.Thread(target=send, args=(bad, None)))
     for t in threads:
@@ -241,8 +263,9 @@ def test_retry_succeeds_after_a_connection_error(server):
         if len(calls) == 1:
             raise ConnectionError("failed to connect to all addresses; connection refused")
         return "ok"
+
     assert client._call(flaky) == "ok" and len(calls) == 2
-    with pytest.raises(ValueError):     # not a connection error: no retry
+    with pytest.raises(ValueError):  # not a connection error: no retry
         client._call(lambda: (_ for _ in ()).throw(ValueError("bad shape")))
 
 
@@ -256,12 +279,13 @@ def test_infer_many_splits_and_repads_the_sentence_axis(server, pruners):
     passages = [" ".join(f"Sentence {k} of passage {i}." for k in range(n)) for i, n in enumerate(counts)]
     from engine.pipeline.batching import collate
     from engine.pipeline.text import split_sentences
+
     spans = [split_sentences(p) for p in passages]
     assert [len(sp) for sp in spans] == counts
     blocks = call_blocks(local, QUESTION, passages, spans)
     batch = collate(blocks, list(range(len(blocks))), 128, local.spec.pad_id)
     assert batch.shape[0] == 40 > CORE_MAX_BATCH
-    (r_got, p_got), = remote.backend.infer_many([batch])
+    ((r_got, p_got),) = remote.backend.infer_many([batch])
     r_exp, p_exp = local.backend.infer(batch)
     assert p_got.shape == p_exp.shape == (40, 3)
     np.testing.assert_allclose(r_got, r_exp, atol=1e-5)

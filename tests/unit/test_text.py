@@ -45,7 +45,9 @@ def sents(text):
 def test_abbreviations_and_decimals_do_not_split():
     assert sents(TRICKY[0]) == ["Dr. Smith paid $3.50 for it.", "He left at 5 p.m. on Jan. 3rd."]
     assert sents("The U.S. economy grew 2.5% in 2020. It slowed later.") == [
-        "The U.S. economy grew 2.5% in 2020.", "It slowed later."]
+        "The U.S. economy grew 2.5% in 2020.",
+        "It slowed later.",
+    ]
 
 
 def test_cjk_sentence_punctuation():
@@ -56,8 +58,14 @@ def test_cjk_sentence_punctuation():
 
 def test_blank_lines_and_bullets_are_boundaries():
     assert sents(TRICKY[6]) == ["First paragraph ends here", "Second paragraph has no final stop"]
-    assert sents(TRICKY[7]) == ["Intro line:", "- first bullet", "- second bullet\n  wrapped onto two lines",
-                                "* third", "1. numbered", "2) also numbered"]
+    assert sents(TRICKY[7]) == [
+        "Intro line:",
+        "- first bullet",
+        "- second bullet\n  wrapped onto two lines",
+        "* third",
+        "1. numbered",
+        "2) also numbered",
+    ]
 
 
 def test_no_punctuation_is_one_sentence():

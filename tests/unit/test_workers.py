@@ -1,6 +1,7 @@
 """The suite under pytest-xdist's workers (the README's `-n auto`): a session's test models
 are built once for all workers (tests.utils.built_once), and once per call in one process;
 a module's tests run on one worker (pyproject's `--dist`), so its fixtures are built once."""
+
 from __future__ import annotations
 
 import os
@@ -40,27 +41,34 @@ def test_workers_build_a_session_folder_once_and_all_get_it(tmp_path, monkeypatc
 
     def build(folder: Path) -> None:
         builds.append(folder)
-        time.sleep(0.3)                      # the other worker asks meanwhile
+        time.sleep(0.3)  # the other worker asks meanwhile
         (folder / "model.onnx").write_text("weights")
 
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
     got: dict[str, Path] = {}
-    workers = [threading.Thread(target=lambda w=w: got.__setitem__(w, built_once(_Factory(tmp_path / w), "onnx", build)))
-               for w in ("popen-gw0", "popen-gw1")]
+    workers = [
+        threading.Thread(
+            target=lambda w=w: got.__setitem__(w, built_once(_Factory(tmp_path / w), "onnx", build))
+        )
+        for w in ("popen-gw0", "popen-gw1")
+    ]
     for w in workers:
         w.start()
     for w in workers:
         w.join()
     assert len(builds) == 1 and got["popen-gw0"] == got["popen-gw1"] == tmp_path / "onnx"
     assert (tmp_path / "onnx" / "model.onnx").read_text() == "weights"
-    assert built_once(_Factory(tmp_path / "popen-gw2"), "onnx", build) == tmp_path / "onnx" and len(builds) == 1
+    assert (
+        built_once(_Factory(tmp_path / "popen-gw2"), "onnx", build) == tmp_path / "onnx" and len(builds) == 1
+    )
 
     def broken(folder: Path) -> None:
         (folder / "half").write_text("")
         raise RuntimeError("export failed")
+
     with pytest.raises(RuntimeError):
         built_once(_Factory(tmp_path / "popen-gw0"), "ov", broken)
-    assert built_once(_Factory(tmp_path / "popen-gw1"), "ov", build) == tmp_path / "ov"     # built again, whole
+    assert built_once(_Factory(tmp_path / "popen-gw1"), "ov", build) == tmp_path / "ov"  # built again, whole
     assert not (tmp_path / "ov" / "half").exists() and len(builds) == 2
 
 
@@ -93,10 +101,27 @@ def test_a_modules_tests_run_on_one_worker(tmp_path):
     (tmp_path / "ran").mkdir()
     for name in ("test_a", "test_b"):
         (tmp_path / f"{name}.py").write_text(MODULE)
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider",
-                          *addopts.split(), "-o", "addopts=", str(tmp_path)], cwd=tmp_path,
-                         env={k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-n",
+            "2",
+            "-p",
+            "no:cacheprovider",
+            *addopts.split(),
+            "-o",
+            "addopts=",
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout[-3000:]
     workers = {}
     for f in (tmp_path / "ran").iterdir():
@@ -104,7 +129,7 @@ def test_a_modules_tests_run_on_one_worker(tmp_path):
     assert set(workers) == {"test_a", "test_b"} and all(len(w) == 1 for w in workers.values()), workers
 
 
-CRASHING = '''
+CRASHING = """
 import os
 import re
 import signal
@@ -117,7 +142,7 @@ def test_dies():
 
 def test_waits():
     time.sleep(1)
-'''
+"""
 
 
 def test_a_crashed_worker_ends_the_run_and_says_how_it_died(tmp_path):
@@ -130,9 +155,27 @@ def test_a_crashed_worker_ends_the_run_and_says_how_it_died(tmp_path):
     (tmp_path / "conftest.py").write_text("from tests.xdist_crash import pytest_testnodedown  # noqa: F401\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider",
-                          *addopts.split(), "-o", "addopts=", str(tmp_path)], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-n",
+            "2",
+            "-p",
+            "no:cacheprovider",
+            *addopts.split(),
+            "-o",
+            "addopts=",
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out = run.stdout + run.stderr
     assert run.returncode != 0, out[-3000:]
     assert re.search(r"\[gw\d\] worker pid \d+ killed by SIGKILL", out), out[-3000:]

@@ -19,6 +19,7 @@ request is run alone, so only the one that fails gets the error.
 This file runs inside Triton without the engine installed: the runtimes' settings are
 read from the config's parameters (written by export/triton_repository.py).
 """
+
 import json
 import os
 
@@ -32,16 +33,20 @@ def _written(params, name):
     """A parameter `prune repository` writes (its defaults are the engine's settings, not
     repeated here); a clear error when a hand-written config lacks it."""
     if name not in params:
-        raise ValueError(f"config.pbtxt lacks the parameter {name!r}: write the repository with prune repository")
+        raise ValueError(
+            f"config.pbtxt lacks the parameter {name!r}: write the repository with prune repository"
+        )
     return params[name]
 
 
 class _OnnxRuntime:
     """The graph on ONNX Runtime's CPU provider, its arena as the parameters say."""
+
     name = "onnxruntime"
 
     def __init__(self, path, params):
         import onnxruntime as ort
+
         opts = ort.SessionOptions()
         threads = int(params.get("intra_op_threads", "0") or 0)
         if threads:
@@ -69,7 +74,9 @@ class _OnnxRuntime:
         self.input_names = [i.name for i in self.session.get_inputs()]
 
     def run(self, batch, tokens):
-        run = self.shrink_run if self.shrink_run is not None and tokens > self.shrink_above else self.plain_run
+        run = (
+            self.shrink_run if self.shrink_run is not None and tokens > self.shrink_above else self.plain_run
+        )
         return self.session.run(["rerank_score", "sentence_probs"], batch, run)
 
 
@@ -77,15 +84,19 @@ class _OpenVino:
     """The graph (ONNX or IR) on OpenVINO's CPU plugin: one stream, the latency hint, the
     inference precision (f32, or bf16 where the CPU computes it natively) and threads as
     the parameters say (engine/backends/openvino.py is the in-process counterpart)."""
+
     name = "openvino"
 
     def __init__(self, path, params):
         import openvino as ov
+
         core = ov.Core()
         precision = params.get("inference_precision", "f32")
         if precision == "bf16" and "BF16" not in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
-            raise RuntimeError("inference_precision bf16: this CPU does not compute in bf16 natively "
-                               "(AVX512_BF16 or AMX-BF16); write the repository with fp32")
+            raise RuntimeError(
+                "inference_precision bf16: this CPU does not compute in bf16 natively "
+                "(AVX512_BF16 or AMX-BF16); write the repository with fp32"
+            )
         config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
         threads = int(params.get("intra_op_threads", "0") or 0)
         if threads:
@@ -105,6 +116,7 @@ RUNTIMES = {"onnxruntime": _OnnxRuntime, "openvino": _OpenVino}
 
 class TritonPythonModel:
     """The core model on CPU: token ids in, scores out, in Triton's python backend."""
+
     def initialize(self, args):
         """Open the runtime from the model's folder and config."""
         self.config = json.loads(args["model_config"])
@@ -123,10 +135,12 @@ class TritonPythonModel:
         manifest = json.loads(params.get("prune_manifest", "{}"))
         # Bounds a request must respect (graph-independent: checked before allocation).
         self.max_length = int(manifest.get("max_length", 512))
-        self.vocab_size = int(manifest.get("embedding_rows") or manifest.get("tokenizer", {}).get("vocab_size", 0)) \
-            or None
-        self.out_dtypes = {o["name"]: pb_utils.triton_string_to_numpy(o["data_type"])
-                           for o in self.config["output"]}
+        self.vocab_size = (
+            int(manifest.get("embedding_rows") or manifest.get("tokenizer", {}).get("vocab_size", 0)) or None
+        )
+        self.out_dtypes = {
+            o["name"]: pb_utils.triton_string_to_numpy(o["data_type"]) for o in self.config["output"]
+        }
 
     def _read(self, request):
         arrays = {}
@@ -145,10 +159,14 @@ class TritonPythonModel:
         if rows < 1 or length < 1:
             raise ValueError(f"empty input of shape {[rows, length]}")
         if length > self.max_length:
-            raise ValueError(f"sequence length {length} exceeds the model's window of {self.max_length} tokens")
+            raise ValueError(
+                f"sequence length {length} exceeds the model's window of {self.max_length} tokens"
+            )
         ids = arrays["input_ids"]
         if ids.min() < 0 or (self.vocab_size and ids.max() >= self.vocab_size):
-            raise ValueError(f"input_ids must be within [0, {self.vocab_size}), got [{ids.min()}, {ids.max()}]")
+            raise ValueError(
+                f"input_ids must be within [0, {self.vocab_size}), got [{ids.min()}, {ids.max()}]"
+            )
         for name in ("attention_mask", "token_type_ids"):
             if name in arrays and (arrays[name].min() < 0 or arrays[name].max() > 1):
                 raise ValueError(f"{name} must be 0 or 1")
@@ -171,7 +189,7 @@ class TritonPythonModel:
             if self.join:
                 try:
                     done = self._run(parsed)
-                except Exception:   # isolate: each request alone, so only a failing one errs
+                except Exception:  # isolate: each request alone, so only a failing one errs
                     done = None
             if done is None:
                 done = []
@@ -179,8 +197,14 @@ class TritonPythonModel:
                     try:
                         done += self._run([item])
                     except Exception as exc:
-                        done.append((item[0], pb_utils.InferenceResponse(
-                            error=pb_utils.TritonError(f"{self.runtime.name}: {exc}"))))
+                        done.append(
+                            (
+                                item[0],
+                                pb_utils.InferenceResponse(
+                                    error=pb_utils.TritonError(f"{self.runtime.name}: {exc}")
+                                ),
+                            )
+                        )
             for i, response in done:
                 responses[i] = response
         return responses
@@ -195,16 +219,23 @@ class TritonPythonModel:
         for i, arrays in parsed:
             b, width = arrays["input_ids"].shape
             for n in self.input_names:
-                batch[n][pos:pos + b, :width] = arrays[n]
+                batch[n][pos : pos + b, :width] = arrays[n]
             spans.append((i, pos, b, int(arrays["sentence_ids"].max(initial=-1)) + 1))
             pos += b
         rerank, probs = self.runtime.run(batch, rows * length)
         out = []
         for i, start, b, n_sent in spans:
-            tensors = [pb_utils.Tensor("rerank_score",
-                                       rerank[start:start + b].astype(self.out_dtypes["rerank_score"])),
-                       pb_utils.Tensor("sentence_probs", np.ascontiguousarray(
-                           probs[start:start + b, :n_sent]).astype(self.out_dtypes["sentence_probs"]))]
+            tensors = [
+                pb_utils.Tensor(
+                    "rerank_score", rerank[start : start + b].astype(self.out_dtypes["rerank_score"])
+                ),
+                pb_utils.Tensor(
+                    "sentence_probs",
+                    np.ascontiguousarray(probs[start : start + b, :n_sent]).astype(
+                        self.out_dtypes["sentence_probs"]
+                    ),
+                ),
+            ]
             out.append((i, pb_utils.InferenceResponse(output_tensors=tensors)))
         return out
 

@@ -11,6 +11,7 @@ the core's dynamic batcher. Batches never exceed the core's max_batch_size. Each
 request is answered on its own: a bad request gets its error, its neighbours their
 results.
 """
+
 import asyncio
 import json
 import os
@@ -31,6 +32,7 @@ from engine.triton.wire import INPUT_ERROR_PREFIX, describe_tensors, read_reques
 
 class _BLSCore(Backend):
     """The core model as the Pruner sees it; batches go through `infer_async`."""
+
     name = "bls"
 
     def __init__(self, model, input_names, max_batch_size, timeout_us):
@@ -42,9 +44,12 @@ class _BLSCore(Backend):
 
     async def infer_async(self, batch):
         inputs = [pb_utils.Tensor(n, np.ascontiguousarray(getattr(batch, n))) for n in self.input_names]
-        request = pb_utils.InferenceRequest(model_name=self.model, inputs=inputs,
-                                            requested_output_names=["rerank_score", "sentence_probs"],
-                                            timeout=self.timeout_us)
+        request = pb_utils.InferenceRequest(
+            model_name=self.model,
+            inputs=inputs,
+            requested_output_names=["rerank_score", "sentence_probs"],
+            timeout=self.timeout_us,
+        )
         response = await request.async_exec()
         if response.has_error():
             raise BackendError(f"core model {self.model!r}: {response.error().message()}")
@@ -57,6 +62,7 @@ class _BLSCore(Backend):
 
 class TritonPythonModel:
     """The text model: text in, the engine's results out, its core model called over BLS."""
+
     def initialize(self, args):
         """Load the tokenizer and manifest, and the engine's pruner over the core model."""
         self.config = json.loads(args["model_config"])
@@ -67,10 +73,16 @@ class TritonPythonModel:
         tok_file = os.path.join(folder, self.manifest.tokenizer.file)
         with open(tok_file, encoding="utf-8") as fh:
             self.tokenizer_json = fh.read()
-        core = _BLSCore(params["core_model"], spec.input_names, int(params["core_max_batch_size"]),
-                        int(params.get("core_timeout_ms", "60000")) * 1000)
-        batching = BatchingConfig(max_batch_tokens=int(params.get("max_batch_tokens", DEFAULTS.max_batch_tokens)),
-                                  max_batch_size=core.max_batch_size)
+        core = _BLSCore(
+            params["core_model"],
+            spec.input_names,
+            int(params["core_max_batch_size"]),
+            int(params.get("core_timeout_ms", "60000")) * 1000,
+        )
+        batching = BatchingConfig(
+            max_batch_tokens=int(params.get("max_batch_tokens", DEFAULTS.max_batch_tokens)),
+            max_batch_size=core.max_batch_size,
+        )
         self.pruner = Pruner(core, manifest_tokenizer(folder, self.manifest, spec.family), spec, batching)
         self.limits = Limits(max_passages=int(params["max_passages"]), max_chars=int(params["max_chars"]))
         self.core = core
@@ -86,28 +98,32 @@ class TritonPythonModel:
     async def execute(self, requests):
         """Answer each request: prune it, or describe the model."""
         responses = [None] * len(requests)
-        calls = []   # (request index, prepared call)
+        calls = []  # (request index, prepared call)
         for i, request in enumerate(requests):
             try:
+
                 def get(name, request=request):
                     tensor = pb_utils.get_input_tensor_by_name(request, name)
                     return None if tensor is None else tensor.as_numpy()
+
                 args = read_request(get, self.limits)
                 if args is None:
-                    responses[i] = self._response(describe_tensors(self.manifest.to_dict(), self.tokenizer_json))
+                    responses[i] = self._response(
+                        describe_tensors(self.manifest.to_dict(), self.tokenizer_json)
+                    )
                     continue
                 calls.append((i, self.pruner.prepare(args.question, args.passages, args.options)))
-            except InputError as exc:       # bad input: this request only; the client raises InputError
+            except InputError as exc:  # bad input: this request only; the client raises InputError
                 responses[i] = self._error(INPUT_ERROR_PREFIX + str(exc))
             except PruneError as exc:
                 responses[i] = self._error(str(exc))
-            except Exception as exc:        # never fail the neighbours
+            except Exception as exc:  # never fail the neighbours
                 responses[i] = self._error(f"text model: {type(exc).__name__}: {exc}")
         jobs = [self.core.infer_async(b) for _, call in calls for b in call.batches]
         outputs = await asyncio.gather(*jobs, return_exceptions=True)
         pos = 0
         for i, call in calls:
-            mine = outputs[pos:pos + len(call.batches)]
+            mine = outputs[pos : pos + len(call.batches)]
             pos += len(call.batches)
             failed = next((o for o in mine if isinstance(o, BaseException)), None)
             if failed is not None:
