@@ -94,8 +94,11 @@ class _Parser(argparse.ArgumentParser):
     def suggestions(self) -> str:
         """ "; did you mean --x?" for each word given that looks like a misspelt option of this
         parser (a subcommand's: the top parser's words hold every subcommand's options)."""
-        if self._subparsers is not None:
-            return ""
+        if self._subparsers is not None:  # the top parser: a misspelt subcommand
+            commands = list(getattr(self, "commands", {}))
+            words = [w for w in getattr(self, "given", []) if not w.startswith("-")][:1]
+            near = difflib.get_close_matches(words[0], commands, n=1, cutoff=0.5) if words else []
+            return f"; did you mean {near[0]} (not {words[0]})?" if near and words[0] not in commands else ""
         known = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
         hints = []
         for word in getattr(self, "given", []):

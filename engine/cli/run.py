@@ -171,10 +171,22 @@ def run(args) -> int:
             + f", blocks {r.blocks}"
             + (f" ({r.windows} windows)" if r.windows != "sentences" else "")
         )
+        if r.budget is not None and r.budget.cut:
+            b = r.budget
+            counted = "the model's tokenizer" if b.tokenizer == "model" else b.tokenizer
+            print(
+                f"  budget: {b.tokens} tokens ({counted}) for the call's pruned texts ({b.used} used, {b.kept} "
+                f"by this passage): it cut {b.cut} sentence(s) the other rules kept here"
+            )
         if args.highlight:
             print(r.highlight(args.pre, args.post))
         elif r.sentences and not kept and not args.verbose:
-            print("  (nothing kept; -v lists its sentences)")
+            why = (
+                "the budget cut what the rules kept"
+                if r.budget is not None and r.budget.cut
+                else "nothing kept"
+            )
+            print(f"  ({why}; -v lists its sentences)")
         else:
             for s in r.sentences:
                 print(f"  [{'x' if s.kept else ' '}] {s.probability:.3f}  {s.text[:100]}")

@@ -175,7 +175,7 @@ def _start_api(args, server, text_model: str):
     ).start()
     print(
         f"HTTP API ready: {api.url} ({text_model}; TEI /rerank, Cohere /v1/rerank /v2/rerank, "
-        "/v1/prune, /health, /docs)" + service_note(args) + ("" if args.api_key else "; no API key"),
+        "/v1/prune, /health, /openapi.json)" + service_note(args) + ("" if args.api_key else "; no API key"),
         flush=True,
     )
     return pruner, api

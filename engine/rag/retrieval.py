@@ -32,6 +32,8 @@ from engine.errors import InputError, ModelLoadError, PruneError
 from engine.rag.documents import CHUNK_TOKENS, MAX_ID_CHARS, MAX_TEXT_BYTES, check_document, chunk_spans
 
 COLLECTION = "passages"
+#: seconds a local Milvus Lite database is given to start its server (pymilvus retried meanwhile)
+LITE_START_S = 60
 CANDIDATES = 20  # retrieved per question before reranking
 K = 5  # returned after reranking
 MODES = ("hybrid", "dense", "bm25")
@@ -185,18 +187,34 @@ class Pipeline:
                     f"{self.db} is a folder; a Milvus Lite database is a file (for example rag.db)"
                 )
             path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            kwargs = {"uri": str(Path(self.db).resolve()) if is_local(self.db) else self.db}
-            if self.token:
-                kwargs["token"] = self.token
-            with warnings.catch_warnings():  # milvus-lite 2.5 imports the deprecated pkg_resources
-                warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
-                return pymilvus.MilvusClient(**kwargs)
-        except Exception as exc:
-            what = "a Milvus Lite database" if is_local(self.db) else "a Milvus server"
-            raise PipelineError(
-                f"{self.db}: cannot open it as {what} ({type(exc).__name__}: {getattr(exc, 'message', exc)})"
-            ) from exc
+        kwargs = {"uri": str(Path(self.db).resolve()) if is_local(self.db) else self.db}
+        if self.token:
+            kwargs["token"] = self.token
+        # Milvus Lite starts a server process of its own and pymilvus connects to its socket: on a
+        # busy machine the socket can come later than pymilvus waits, so a local database is
+        # retried until LITE_START_S have passed (a server's URI is not: it is up or it is not)
+        deadline = time.monotonic() + (LITE_START_S if is_local(self.db) else 0)
+        said = False
+        while True:
+            try:
+                with warnings.catch_warnings():  # milvus-lite 2.5 imports the deprecated pkg_resources
+                    warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
+                    return pymilvus.MilvusClient(**kwargs)
+            except Exception as exc:
+                if time.monotonic() < deadline:
+                    if not said:
+                        self.log(
+                            f"{self.db}: Milvus Lite is starting; waiting up to {LITE_START_S} s for it ..."
+                        )
+                        said = True
+                    time.sleep(0.5)
+                    continue
+                what = "a Milvus Lite database" if is_local(self.db) else "a Milvus server"
+                waited = f" (Milvus Lite did not answer within {LITE_START_S} s)" if is_local(self.db) else ""
+                raise PipelineError(
+                    f"{self.db}: cannot open it as {what}{waited} ({type(exc).__name__}: "
+                    f"{getattr(exc, 'message', exc)})"
+                ) from exc
 
     @property
     def pruner(self):

