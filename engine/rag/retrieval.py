@@ -55,6 +55,12 @@ def _milvus():
     return pymilvus
 
 
+def _not_answering(exc: Exception) -> bool:
+    """Whether pymilvus could not reach a server's socket (which a starting Milvus Lite opens
+    late), as opposed to a server that refused to start (a file that is not a database)."""
+    return "Fail connecting to server" in str(getattr(exc, "message", exc))
+
+
 def is_local(db: str) -> bool:
     """Whether `db` is a Milvus Lite file (not a server URI)."""
     return "://" not in str(db)
@@ -118,7 +124,8 @@ class Pipeline:
             kwargs["token"] = self.token
         # Milvus Lite starts a server process of its own and pymilvus connects to its socket: on a
         # busy machine the socket can come later than pymilvus waits, so a local database is
-        # retried until LITE_START_S have passed (a server's URI is not: it is up or it is not)
+        # retried until LITE_START_S have passed (a server's URI is not: it is up or it is not; nor is a
+        # Milvus Lite that failed to start, which pymilvus says at once)
         deadline = time.monotonic() + (LITE_START_S if is_local(self.db) else 0)
         said = False
         while True:
@@ -127,7 +134,7 @@ class Pipeline:
                     warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
                     return pymilvus.MilvusClient(**kwargs)
             except Exception as exc:
-                if time.monotonic() < deadline:
+                if _not_answering(exc) and time.monotonic() < deadline:
                     if not said:
                         self.log(
                             f"{self.db}: Milvus Lite is starting; waiting up to {LITE_START_S} s for it ..."
@@ -136,7 +143,11 @@ class Pipeline:
                     time.sleep(0.5)
                     continue
                 what = "a Milvus Lite database" if is_local(self.db) else "a Milvus server"
-                waited = f" (Milvus Lite did not answer within {LITE_START_S} s)" if is_local(self.db) else ""
+                waited = (
+                    f" (Milvus Lite did not answer within {LITE_START_S} s)"
+                    if is_local(self.db) and _not_answering(exc)
+                    else ""
+                )
                 raise PipelineError(
                     f"{self.db}: cannot open it as {what}{waited} ({type(exc).__name__}: "
                     f"{getattr(exc, 'message', exc)})"

@@ -45,6 +45,22 @@ def test_a_milvus_lite_that_never_starts_is_one_clear_error(tmp_path, monkeypatc
     assert 5 <= len(calls) <= 8
 
 
+def test_a_milvus_lite_that_failed_to_start_is_not_waited_for(tmp_path, monkeypatch):
+    """A file that is not a database: Milvus Lite's server exits and pymilvus says so at once
+    (a ConnectionConfigException); waiting would only delay the error."""
+
+    class MilvusClient:
+        def __init__(self, **kwargs):
+            calls.append(kwargs)
+            raise RuntimeError("Open local milvus failed")
+
+    calls = []
+    monkeypatch.setattr(retrieval, "_milvus", lambda: types.SimpleNamespace(MilvusClient=MilvusClient))
+    with pytest.raises(PipelineError, match="cannot open it as a Milvus Lite database \\(RuntimeError"):
+        Pipeline(tmp_path / "rag.db")._connect(create=True)
+    assert len(calls) == 1
+
+
 def test_a_milvus_server_is_tried_once(monkeypatch):
     calls = []
     monkeypatch.setattr(retrieval, "_milvus", lambda: fake_pymilvus(1, calls))
