@@ -93,49 +93,6 @@ def test_a_tensorrt_request_run_on_cuda_says_so(gpu_offered, exported):
     assert not b.tensorrt_fallback and said == []
 
 
-def test_gpu_script_reruns_into_the_same_keep_folder(tmp_path):
-    keep = tmp_path / "models"
-    for run in range(2):
-        out = tmp_path / f"gpu{run}.json"
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.gpu",
-                "--tiny",
-                "--device",
-                "cpu",
-                "--out",
-                str(out),
-                "--keep",
-                str(keep),
-                "--lengths",
-                "16",
-                "--batches",
-                "1",
-                "--dtypes",
-                "float32",
-                "--attn",
-                "eager",
-                "--iters",
-                "1",
-                "--fp32",
-                "--cut-layers",
-                "0",
-                "--peers",
-                "eager",
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        rows = json.loads(out.read_text())["rows"]
-        assert not [r for r in rows if "error" in r], [r for r in rows if "error" in r]
-        assert {"onnxruntime-cpu fp32", "onnxruntime-cpu fp16"} <= {r.get("path") for r in rows}
-
-
 def _system_library() -> Path:
     """A real shared library of this machine, to stand in for a CUDA one."""
     import ctypes.util
@@ -187,7 +144,8 @@ def test_a_cuda_session_that_fell_back_to_the_cpu_names_the_missing_libraries(
 
 def test_gpu_py_stopped_by_timeout_keeps_what_it_measured(tmp_path):
     """gpu.sh runs benchmarks.gpu under `timeout` (#28 item 4): on SIGTERM the report and
-    the markdown are still written, with every case measured so far. The signal comes once
+    the markdown are still written, with every case measured so far; a rerun into the same
+    keep folder reuses what the stopped run exported. The signal comes once
     the engine's first timed row is in (how long that takes depends on the machine's load)."""
     import signal
     import time
@@ -259,3 +217,20 @@ def test_gpu_py_stopped_by_timeout_keeps_what_it_measured(tmp_path):
     assert any("sequences_per_s" in r for r in report["rows"])
     text = md.read_text()
     assert "| onnxruntime-cpu fp16 |" in text and "not reached or not finished: stopped by SIGTERM" in text
+    # a rerun into the same keep folder (gpu.sh's GPU_WORK) reuses the stopped run's export
+    rerun = tmp_path / "rerun.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu", "--tiny", "--device", "cpu", "--out", str(rerun)]
+        + ["--keep", str(tmp_path / "m"), "--lengths", "16", "--batches", "1", "--dtypes", "float32"]
+        + ["--attn", "eager", "--iters", "1", "--cut-layers", "0", "--peers", "eager"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(rerun.read_text())["rows"]
+    assert not [r for r in rows if "error" in r], [r for r in rows if "error" in r]
+    assert "onnxruntime-cpu fp16" in {r.get("path") for r in rows}
+    exports = [r for r in rows if r.get("kind") == "export"]
+    assert exports and all(r["reused"] for r in exports), exports
