@@ -27,14 +27,14 @@ AGREEMENT = {"fp32": 1.0, "int8": 0.95, "fp16": 0.99}
 
 
 @pytest.fixture(scope="module")
-def variants(checkpoints, tmp_path_factory):
+def variants(checkpoints, exported, gpu_exports, tmp_path_factory):
+    """Every family at every precision: the session's fp32 and fp16 exports, INT8 made here."""
     root = tmp_path_factory.mktemp("precisions")
     out = {}
     for name in FAMILY_NAMES:
-        for precision in ("fp32", "int8", "fp16"):
-            folder = root / f"{name}-{precision}"
-            export_model(checkpoints[name], folder, precision=precision, log=lambda m: None)
-            out[name, precision] = folder
+        out[name, "fp32"], out[name, "fp16"] = exported[name], gpu_exports[name]
+        out[name, "int8"] = root / f"{name}-int8"
+        export_model(checkpoints[name], out[name, "int8"], precision="int8", log=lambda m: None)
     return out
 
 
