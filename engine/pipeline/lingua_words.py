@@ -153,7 +153,7 @@ class Chunk:
     """One chunk of a context: its string, its first tokens' offsets, and the model's input."""
 
     text: str
-    source_tokens: list[str]  # the slice of the context's tokens it was made from
+    source_ids: list[int]  # the slice of the context's tokens it was made from
     source_offsets: list[tuple[int, int]]  # their offsets in the replaced text
     tokens: list[str] = field(default_factory=list)  # the model's input tokens, as ids read back
     ids: list[int] = field(default_factory=list)
@@ -162,7 +162,8 @@ class Chunk:
 
 def chunk_context(tok: LinguaTokenizer, text: str, end_tokens: set[str]) -> list[Chunk]:
     """prompt_compressor.__chunk_context, then utils.TokenClfDataset's input for each chunk."""
-    tokens, offsets = tok.tokenize(text)
+    enc = tok.tok.encode(text, add_special_tokens=False)
+    tokens, offsets = enc.tokens, enc.offsets
     n, st, max_len, chunks = len(tokens), 0, MAX_SEQ_LEN - 2, []
     while st < n:
         if st + max_len > n - 1:
@@ -176,7 +177,7 @@ def chunk_context(tok: LinguaTokenizer, text: str, end_tokens: set[str]) -> list
                     ed = ed - j
                     break
         part = tokens[st : ed + 1]
-        chunks.append(Chunk(tok.to_string(part), part, offsets[st : ed + 1]))
+        chunks.append(Chunk(tok.to_string(part), enc.ids[st : ed + 1], offsets[st : ed + 1]))
         st = ed + 1
     for c in chunks:
         # TokenClfDataset is built without model_name, so its specials are mBERT's strings
@@ -266,8 +267,8 @@ def word_spans(
 ) -> list[tuple[int, int] | None]:
     """Each word's character span in the original text: by the context's own token offsets when
     the chunk's tokens are them again (the usual case), else None."""
-    model_tokens = [t for t, m in zip(chunk.tokens, chunk.mask) if m][1:]  # [CLS]/<unk> first
-    if model_tokens[: len(chunk.source_tokens)] != chunk.source_tokens[: len(model_tokens)]:
+    model_ids = [t for t, m in zip(chunk.ids, chunk.mask) if m][1:]  # [CLS]/<unk> first
+    if model_ids[: len(chunk.source_ids)] != chunk.source_ids[: len(model_ids)]:
         return [None] * len(words.words)
     out: list[tuple[int, int] | None] = []
     for a, b in zip(words.first - 1, words.last - 1):
