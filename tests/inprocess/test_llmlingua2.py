@@ -6,6 +6,7 @@ language (texts written for these tests)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -156,3 +157,33 @@ def test_bad_input_is_refused_clearly(pairs, lingua_checkpoints, tmp_path):
     (pickled / "model.safetensors").unlink()
     with pytest.raises(ModelLoadError, match="no .safetensors weights"):
         Compressor.load(pickled)
+
+
+def test_prune_compress_prints_what_the_reference_keeps(pairs, lingua_checkpoints, tmp_path, capsys):
+    from engine.cli import main
+
+    reference, _ = pairs["xlm-roberta"]
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text(EN, encoding="utf-8")
+    model = str(lingua_checkpoints["xlm-roberta"])
+    args = ["compress", "--model", model, "--rate", "0.33", "--force-tokens", "\\n", "?", "--threads", "1"]
+    assert main([*args, "--file", str(prompt)]) == 0
+    out, err = capsys.readouterr()
+    expected = reference.compress_prompt(EN, rate=0.33, force_tokens=["\n", "?"])
+    assert out == expected["compressed_prompt"] + "\n"
+    assert f"{expected['origin_tokens']} tokens -> {expected['compressed_tokens']}" in err
+    assert main([*args, "--text", EN, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert {k: got[k] for k in expected} == expected and got["kept_spans"]
+    assert main(["compress", "--model", model, "--rate", "1.5", "--text", EN]) == 2
+    assert "rate must be a number in (0, 1]" in capsys.readouterr().err
+    assert main(["compress", "--model", str(tmp_path / "absent"), "--text", EN]) == 2
+    assert "no such model folder" in capsys.readouterr().err
+
+
+def test_the_compressor_is_a_public_name():
+    import engine
+    from engine.compressor import Compressor
+    from engine.pipeline.lingua_decide import CompressResult
+
+    assert engine.Compressor is Compressor and engine.CompressResult is CompressResult
