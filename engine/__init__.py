@@ -4,7 +4,8 @@
     pruner = Pruner.load("default")                  # or an exported folder; Pruner.connect(...) for Triton
     results = pruner.prune("Why does sourdough bread taste sour?", passages)
 
-The public names, imported from here: `Pruner`, `CallOptions` (a call's options),
+The public names, imported from here: `Pruner`, `Compressor` (LLMLingua-2, and its
+`CompressResult`), `CallOptions` (a call's options),
 `LoadOptions` (how a model is opened), `PruneResult` and `Sentence` (what a call
 returns), `PrunerProtocol` (what every pruner offers), and the errors (`PruneError` and its
 kinds). Each is loaded on first use, so `import engine` costs nothing until then.
@@ -19,6 +20,8 @@ __version__ = "0.1.0"
 #: the public names and the modules that define them
 _PUBLIC = {
     "Pruner": "engine.pruner",
+    "Compressor": "engine.compressor",
+    "CompressResult": "engine.pipeline.lingua_decide",
     "CallOptions": "engine.pipeline.inputs",
     "LoadOptions": "engine.models.loading",
     "PruneResult": "engine.pipeline.decide",

@@ -53,27 +53,34 @@ import sentencepiece as spm
 with open(sys.argv[2], "wb") as out:
     spm.SentencePieceTrainer.train(
         input=sys.argv[1], model_writer=out, vocab_size=800, model_type="unigram", character_coverage=1.0,
-        byte_fallback=True, hard_vocab_limit=False, minloglevel=2, seed_sentencepiece_size=100000, num_threads=1,
+        hard_vocab_limit=False, minloglevel=2, seed_sentencepiece_size=100000, num_threads=1,
         **json.loads(sys.argv[3]))
 """
 
 
-def _train_sentencepiece(**ids) -> bytes:
-    """The tiny SentencePiece model (unigram, 800 pieces) trained on _CORPUS, with these special
-    ids. The trainer runs in a process of its own, tried twice: in pytest's workers it was seen to
+def _train_sentencepiece(corpus: str = _CORPUS, byte_fallback: bool = True, **ids) -> bytes:
+    """The tiny SentencePiece model (unigram, 800 pieces) trained on `corpus` (_CORPUS), with these
+    special ids (and byte fallback unless told not). The trainer runs in a process of its own, tried twice: in pytest's workers it was seen to
     abort the whole process (SIGABRT inside SentencePieceTrainer, twice in a hundred or so runs,
     from a file as from an iterator; never alone), which took the worker and the run with it."""
     import json
     import subprocess
     import sys
 
-    lines = [line for line in _CORPUS.splitlines() if line.strip()] * 20
+    lines = [line for line in corpus.splitlines() if line.strip()] * 20
     with tempfile.TemporaryDirectory() as tmp:
-        corpus, model = Path(tmp, "corpus.txt"), Path(tmp, "spm.model")
-        corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        text, model = Path(tmp, "corpus.txt"), Path(tmp, "spm.model")
+        text.write_text("\n".join(lines) + "\n", encoding="utf-8")
         for attempt in range(2):
             proc = subprocess.run(
-                [sys.executable, "-c", _TRAIN, str(corpus), str(model), json.dumps(ids)],
+                [
+                    sys.executable,
+                    "-c",
+                    _TRAIN,
+                    str(text),
+                    str(model),
+                    json.dumps({"byte_fallback": byte_fallback, **ids}),
+                ],
                 capture_output=True,
                 text=True,
                 timeout=300,

@@ -81,6 +81,20 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def lingua_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """Tiny LLMLingua-2 checkpoints of both published layouts (xlm-roberta, bert), named after
+    the published models (llmlingua reads its word rules from the name)."""
+    from export.lingua_checkpoints import LAYOUTS, make_lingua_checkpoint
+
+    root = built_once(
+        tmp_path_factory,
+        "lingua-checkpoints",
+        lambda out: [make_lingua_checkpoint(layout, out / name) for layout, name in LAYOUTS.items()],
+    )
+    return {layout: root / name for layout, name in LAYOUTS.items()}
+
+
+@pytest.fixture(scope="session")
 def exported(checkpoints, tmp_path_factory) -> dict[str, Path]:
     from export.onnx import export_model
 

@@ -67,3 +67,35 @@ class TorchBackend(Backend):
 
         tm = load_torch_model(path, family=family, options=options, attn=attn)
         return cls(tm.module, threads=threads, device=device, dtype=dtype), tm.tokenizer, tm.spec
+
+
+class TorchTokenProbs:
+    """A token classifier in PyTorch (LLMLingua-2): the probability of label 1 per token."""
+
+    name = "torch"
+
+    def __init__(self, folder, vocabulary: int, threads: int | None = None):
+        import torch
+
+        from engine.pytorch.llmlingua2 import load_classifier
+
+        if threads:
+            torch.set_num_threads(int(threads))
+        self.torch = torch
+        self.model = load_classifier(folder, vocabulary)
+
+    def token_probs(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """softmax(logits)[..., 1] in float32, [B, L], of one padded batch."""
+        torch = self.torch
+        try:
+            with torch.inference_mode():
+                logits = self.model(
+                    input_ids=torch.from_numpy(input_ids), attention_mask=torch.from_numpy(attention_mask)
+                ).logits
+                return torch.softmax(logits, dim=-1)[..., 1].float().numpy()
+        except Exception as exc:
+            raise BackendError(f"PyTorch failed on a batch of shape {input_ids.shape}: {exc}") from exc
+
+    def describe(self) -> str:
+        """The runtime, in words."""
+        return f"torch {self.torch.__version__} cpu float32"

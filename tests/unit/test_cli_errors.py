@@ -25,6 +25,8 @@ BATCH = json.dumps({"question": "Who built it?", "passages": ["It was built in 1
 CASES = [
     # run
     ("run --input missing.jsonl", "--input missing.jsonl: no such file"),
+    ("compress --model m --file missing.txt", "--file missing.txt: no such file"),
+    ("compress --model m --text hi --rate 1.5", "rate must be a number in (0, 1], got 1.5"),
     ("run --input folder", "--input folder: is a folder, not a file"),
     ("run --input q.jsonl --output nodir/r.jsonl", "--output nodir/r.jsonl: no folder nodir"),
     ("run --input q.jsonl --output folder", "--output folder: is a folder"),

@@ -206,7 +206,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
     (
         "the pruner and its loading",
-        ("engine.pruner", "engine.cancel", "engine.batchfile", "engine.fidelity_check", "engine.models.*"),
+        (
+            "engine.pruner",
+            "engine.compressor",
+            "engine.cancel",
+            "engine.batchfile",
+            "engine.fidelity_check",
+            "engine.models.*",
+        ),
     ),
     (
         "remote pruners",

