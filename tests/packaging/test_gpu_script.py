@@ -168,7 +168,7 @@ def test_gpu_script_dry_run(tmp_path, python):
         **os.environ,
         "GPU_DRY_RUN": "1",
         "WHEELS": str(wheels),
-        "BUDGET_S": "300",
+        "BUDGET_S": "600",  # ample: a dry run on a busy 2-core machine took 300 s and its prune bench was cut
         "GPU_WORK": str(work),
         "RAG_DATA": str(rag),
         "RAG_QUERIES": "3",
@@ -180,7 +180,7 @@ def test_gpu_script_dry_run(tmp_path, python):
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "joined 3 pieces" in proc.stdout
@@ -189,9 +189,9 @@ def test_gpu_script_dry_run(tmp_path, python):
     providers = (work / "logs" / "providers.txt").read_text()
     assert "provider CPUExecutionProvider: runs" in providers, providers
     assert "onnxruntime 1.31.1" in providers and "transformers 5.17.0" in providers, providers
-    assert "budget: 300 s in all, install included" in proc.stdout
+    assert "budget: 600 s in all, install included" in proc.stdout
     seconds = int(proc.stdout.split("gpu.sh: ")[1].split(" s in all")[0])
-    assert seconds <= 300 + 10, seconds  # within its budget
+    assert seconds <= 600 + 10, seconds  # within its budget
     # fp16 only: the full model (in the background) and its cut; fp32 only when asked
     assert (work / "models" / "fp16" / "manifest.json").is_file() and (work / "models" / "cut-fp16").is_dir()
     assert not (work / "models" / "fp32").exists()
