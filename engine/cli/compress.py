@@ -23,7 +23,9 @@ def add(new) -> None:
         "llmlingua 0.2.2's PromptCompressor(use_llmlingua2=True).compress_prompt keeps.",
     )
     c.add_argument(
-        "--model", required=True, help="an LLMLingua-2 checkpoint folder (config.json, safetensors)"
+        "--model",
+        required=True,
+        help="an LLMLingua-2 checkpoint folder (config.json, safetensors) or its export (prune export)",
     )
     text = c.add_mutually_exclusive_group(required=True)
     text.add_argument("--text", help="the prompt")
