@@ -146,3 +146,41 @@ def test_prune_api_knows_a_compressor_from_a_pruner(lingua_checkpoints, lingua_e
     assert is_compressor(lingua_checkpoints["bert"]) and is_compressor(lingua_exports["bert", "int8"])
     (tmp_path / "manifest.json").write_text('{"format": "prune-engine/1", "family": "xprovence"}')
     assert not is_compressor(tmp_path) and not is_compressor(tmp_path / "absent")
+
+
+def test_prune_compress_input_jsonl_is_the_http_bodies_line_by_line(
+    compressor, lingua_exports, tmp_path, capsys
+):
+    from engine.cli import main
+
+    lines = [
+        json.dumps({"id": "a", **BODIES[0]}),
+        json.dumps(BODIES[2]),
+        json.dumps({"id": 7, "context": EN, "ratee": 0.5}),
+        "{not json",
+        json.dumps({"id": "x", "context": EN, "rate": 1.5}),
+        json.dumps({"id": "d", "context": PT}),
+    ]
+    source = tmp_path / "calls.jsonl"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    model = str(lingua_exports["xlm-roberta", "fp32"])
+    args = ["compress", "--model", model, "--input", str(source), "--output", str(out), "--threads", "1"]
+    assert main([*args, "--rate", "0.4"]) == 3  # some lines failed, as prune run --input says it
+    got = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    want = lambda body, **defaults: json.loads(  # noqa: E731
+        json.dumps(
+            compressor.compress(
+                body["context"], **{**defaults, **{k: v for k, v in body.items() if k != "context"}}
+            ).to_dict()
+        )
+    )
+    assert got[0] == {"id": "a", **want(BODIES[0])}
+    assert got[1] == {"id": 2, **want(BODIES[2], rate=0.4)}
+    assert got[2] == {"id": 7, "line": 3, "error": "unknown field 'ratee'; did you mean 'rate'?"}
+    assert got[3]["id"] == 4 and got[3]["line"] == 4 and got[3]["error"].startswith("not valid JSON")
+    assert got[4] == {"id": "x", "line": 5, "error": "rate must be a number in (0, 1], got 1.5"}
+    assert got[5] == {"id": "d", **want({"context": PT}, rate=0.4)}
+    assert "6 lines, 3 errors" in capsys.readouterr().err
+    assert main(["compress", "--model", model, "--text", EN, "--output", str(out)]) == 2
+    assert "--output is for --input" in capsys.readouterr().err
