@@ -1,4 +1,5 @@
-"""Batch files: `prune run --input queries.jsonl --output results.jsonl`.
+"""Batch files: `prune run --input queries.jsonl --output results.jsonl` (and `prune compress
+--input`'s, LLMLingua-2's: `compress_file`).
 
 One JSON object per input line: `question`, `passages` (a list of strings; or `context`,
 one string), and optionally `id` and any option of `engine.pipeline.inputs.CallOptions` (`threshold`,
@@ -169,6 +170,57 @@ def run_file(
             f"\r{_n(counts['lines'], 'line')}, {_n(counts['errors'], 'error')}, "
             f"{_n(counts['passages'], 'passage')} in "
             f"{elapsed:.1f} s ({counts['lines'] / max(elapsed, 1e-9):.0f} lines/s)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return {**counts, "seconds": elapsed}
+
+
+def compress_file(
+    compressor: Any,
+    source: IO[str],
+    sink: IO[str],
+    *,
+    defaults: dict[str, Any] | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """`prune compress --input`: each line a JSON object with `POST /v1/compress`'s fields (`context`
+    and any of compress's options; `id`), over `defaults` (the command line's options); each
+    output line `{"id", ...the result's fields}`, or `{"id", "line", "error"}` for a line that
+    cannot be compressed (an unknown field among them), the other lines compressed all the same.
+    Returns the counts and the time."""
+    from engine.pipeline.inputs import unknown_name
+    from engine.pipeline.lingua_decide import CompressOptions
+
+    names = list(CompressOptions.__dataclass_fields__)
+    t0 = time.perf_counter()
+    counts = {"lines": 0, "errors": 0}
+    for number, text in _lines(source):
+        counts["lines"] += 1
+        ident: Any = number
+        try:
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"not valid JSON: {json_error(exc, text)}") from None
+            if not isinstance(row, dict):
+                raise InputError(f"expected a JSON object, got a JSON {type(row).__name__}")
+            ident = row.get("id", number)
+            unknown = [k for k in row if k not in ("id", "context", *names)]
+            if unknown:
+                raise InputError(unknown_name(unknown[0], ["id", "context", *names]))
+            if "context" not in row:
+                raise InputError("the line has no context")
+            options = {**(defaults or {}), **{k: v for k, v in row.items() if k not in ("id", "context")}}
+            record = {"id": ident, **compressor.compress(row["context"], **options).to_dict()}
+        except InputError as exc:
+            counts["errors"] += 1
+            record = {"id": ident, "line": number, "error": str(exc)}
+        sink.write(json.dumps(record, ensure_ascii=False) + "\n")
+    elapsed = time.perf_counter() - t0
+    if progress:
+        print(
+            f"{_n(counts['lines'], 'line')}, {_n(counts['errors'], 'error')} in {elapsed:.1f} s",
             file=sys.stderr,
             flush=True,
         )

@@ -5,7 +5,9 @@
     result = compressor.compress(prompt, rate=0.33, force_tokens=["\\n", "?"])
     result.compressed_prompt, result.origin_tokens, result.compressed_tokens, result.kept_spans
 
-`compress` takes `PromptCompressor.compress_prompt(use_llmlingua2=True)`'s argument names and
+`Compressor.load` opens a checkpoint (PyTorch) or its export (`prune export`: ONNX Runtime, the
+CPU provider, fp32 or the gated INT8). `compress` takes
+`PromptCompressor.compress_prompt(use_llmlingua2=True)`'s argument names and
 returns its fields (`CompressResult.to_dict()` is its dict). The text side and the decisions are
 engine.pipeline's (lingua_words.py, lingua_decide.py); the model runs once per chunk, chunks
 sorted by length and padded to the longest of their batch (the reference pads each to 512).
@@ -18,32 +20,87 @@ from typing import Any
 
 import numpy as np
 
-from engine.errors import InputError
+from engine import cancel
+from engine.errors import InputError, ModelLoadError
 from engine.pipeline.budget import tiktoken_encoding
+from engine.pipeline.inputs import Limits, check_unicode, default_limits
 from engine.pipeline.lingua_decide import CompressOptions, CompressResult, WordCounter, decide, plan
-from engine.pipeline.lingua_words import Chunk, LinguaTokenizer, check_folder, merge_words, word_spans
+from engine.pipeline.lingua_words import (
+    Chunk,
+    LinguaTokenizer,
+    check_folder,
+    is_lingua_checkpoint,
+    merge_words,
+    word_spans,
+)
+from engine.pipeline.spec import MANIFEST, CompressorManifest
+from engine.settings import setting
 
 #: chunks per model batch
 BATCH_CHUNKS = 16
 
 
+def is_compressor(model: str | Path) -> bool:
+    """Whether `model` is what Compressor.load opens: an LLMLingua-2 checkpoint (its config.json
+    says so) or its export (a manifest of kind compressor). No error: False for anything else."""
+    folder = Path(model)
+    if (folder / MANIFEST).is_file():
+        try:
+            CompressorManifest.read(folder)
+        except ModelLoadError:
+            return False
+        return True
+    return is_lingua_checkpoint(folder)
+
+
 class Compressor:
     """An LLMLingua-2 token classifier with llmlingua's decisions around it."""
 
-    def __init__(self, tokenizer: LinguaTokenizer, core: Any, encoding: Any):
+    #: what the HTTP API and the CLI tell a compressor from a pruner by
+    kind = "compressor"
+    family_name = "llmlingua2"
+
+    def __init__(self, tokenizer: LinguaTokenizer, core: Any, encoding: Any, limits: Limits | None = None):
         self.tokenizer, self.core = tokenizer, core
         self.count = WordCounter(encoding)
+        #: a call's limits (contexts, characters): the pruner's, PRUNE_MAX_PASSAGES and PRUNE_MAX_CALL_CHARS
+        self.limits = limits or default_limits()
         tok = tokenizer.tok
         self.pad_id = next((i for t in ("[PAD]", "<pad>") if (i := tok.token_to_id(t)) is not None), 0)
 
     @classmethod
     def load(cls, model: str | Path, *, threads: int | None = None) -> "Compressor":
-        """An LLMLingua-2 checkpoint folder (config.json, safetensors, tokenizer.json), run in PyTorch."""
+        """An LLMLingua-2 checkpoint folder (config.json, safetensors, tokenizer.json), run in
+        PyTorch, or its export (manifest.json, model.onnx, tokenizer.json: `prune export`), run in
+        ONNX Runtime on the CPU with the engine's session settings (PRUNE_ORT_ARENA,
+        PRUNE_ORT_DENORMALS; threads: PRUNE_INTRA_OP_THREADS when not given)."""
+        folder = Path(model)
+        if (folder / MANIFEST).is_file():
+            return cls._load_export(folder, threads)
         from engine.backends.torch import TorchTokenProbs
 
         check_folder(model)
         tokenizer = LinguaTokenizer.from_folder(model)
-        core = TorchTokenProbs(model, tokenizer.size, threads=threads)
+        core = TorchTokenProbs.load(model, tokenizer.size, threads=threads)
+        return cls(tokenizer, core, tiktoken_encoding("gpt-3.5-turbo"))
+
+    @classmethod
+    def _load_export(cls, folder: Path, threads: int | None) -> "Compressor":
+        from engine.backends.onnxruntime import OrtTokenProbs
+
+        manifest = CompressorManifest.read(folder)
+        tokenizer = LinguaTokenizer.from_folder(folder)
+        if tokenizer.size != manifest.embedding_rows:
+            raise ModelLoadError(
+                f"{folder}: the graph has {manifest.embedding_rows} embedding rows, the tokenizer with "
+                f"llmlingua's added tokens {tokenizer.size}: the export and its tokenizer do not belong together"
+            )
+        core = OrtTokenProbs(
+            folder / manifest.graph,
+            intra_op_threads=threads if threads is not None else setting("threads"),
+            arena=setting("ort_arena"),
+            denormals=setting("ort_denormals"),
+        )
         return cls(tokenizer, core, tiktoken_encoding("gpt-3.5-turbo"))
 
     def compress(self, context: str | list[str], **options: Any) -> CompressResult:
@@ -53,6 +110,7 @@ class Compressor:
         contexts = [context] if isinstance(context, str) else context
         if not isinstance(contexts, list) or not contexts or not all(isinstance(c, str) for c in contexts):
             raise InputError("context must be a string or a non-empty list of strings")
+        self._check_size(contexts)
         try:
             opts = CompressOptions(**options)
         except TypeError as exc:
@@ -79,12 +137,26 @@ class Compressor:
                 k += 1
         return decide(tok, p, words, spans, opts, self.count)
 
+    def _check_size(self, contexts: list[str]) -> None:
+        """InputError past the call limits (contexts, characters: the pruner's) or on a lone surrogate."""
+        self.limits.check_count(len(contexts), "contexts in one call")
+        total = 0
+        for i, c in enumerate(contexts):
+            check_unicode(c, f"context {i}")
+            total += len(c)
+            if total > self.limits.max_chars:
+                raise InputError(
+                    f"the call holds more than {self.limits.max_chars} characters (passed at context {i}); "
+                    "split it into several calls"
+                )
+
     def _token_probs(self, chunks: list[Chunk]) -> list[np.ndarray]:
         """Each chunk's active tokens' probability of label 1: chunks sorted by length, batched,
         padded to the longest of their batch."""
         order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].ids))
         out: list[np.ndarray] = [np.zeros(0)] * len(chunks)
         for at in range(0, len(order), BATCH_CHUNKS):
+            cancel.check()  # a caller that gave up (the API past its deadline) stops the call here
             batch = order[at : at + BATCH_CHUNKS]
             length = max(len(chunks[i].ids) for i in batch)
             ids = np.full((len(batch), length), self.pad_id, dtype=np.int64)
@@ -96,6 +168,9 @@ class Compressor:
             for row, i in enumerate(batch):
                 out[i] = probs[row][mask[row].astype(bool)]
         return out
+
+    def close(self) -> None:
+        """Nothing to release (the session goes with the object); as Pruner.close."""
 
     def describe(self) -> str:
         """The model's runtime and tokenizer, in words."""

@@ -186,6 +186,48 @@ def gate(report: dict[str, Any], threshold: float) -> dict[str, Any]:
     return {"passed": bool(ok_agree and ok_rho), "agreement": agreement, "spearman": rho, "reason": reason}
 
 
+def lingua_gate(
+    reference: Any, candidate: Any, texts: Sequence[str], rates: Sequence[float]
+) -> dict[str, Any]:
+    """LLMLingua-2's gate: two compressors (engine.compressor.Compressor, the same tokenizer) on
+    `texts` at each of `rates` (force token "\\n"); passed when at least GATE["agreement"] of the
+    word labels (kept or not) are equal. The Spearman correlation of their token probabilities
+    (every chunk's) is reported beside it, not gated: a word's label is what a caller sees."""
+    from engine.pipeline.lingua_decide import CompressOptions, plan
+
+    equal = total = 0
+    ref_probs, got_probs = [], []
+    for text in texts:
+        for rate in rates:
+            labels = []
+            for model in (reference, candidate):
+                r = model.compress(text, rate=rate, force_tokens=["\n"], return_word_label=True,
+                                   word_sep="\x1e", label_sep="\x1f")  # fmt: skip
+                labels.append([w.rsplit("\x1f", 1)[-1] for w in r.fn_labeled_original_prompt.split("\x1e")])
+            if len(labels[0]) != len(labels[1]):
+                raise ValueError(
+                    "the two compressors split a text into different words: not the same tokenizer"
+                )
+            equal += sum(a == b for a, b in zip(*labels))
+            total += len(labels[0])
+        chunks = [
+            c
+            for cs in plan(reference.tokenizer, [text], CompressOptions(), reference.count).chunks
+            for c in cs
+        ]
+        ref_probs += reference._token_probs(chunks)
+        got_probs += candidate._token_probs(chunks)
+    agreement = equal / total if total else 1.0
+    rho = spearman(np.concatenate(ref_probs), np.concatenate(got_probs))
+    ok = agreement >= GATE["agreement"]
+    reason = (
+        f"word agreement {100 * agreement:.2f}% over {total} word labels at rates "
+        f"{', '.join(map(str, rates))} (>= {100 * GATE['agreement']:.0f}%: {'yes' if ok else 'no'}); "
+        f"token probabilities' Spearman {rho:.4f} (reported)"
+    )
+    return {"passed": bool(ok), "agreement": agreement, "words": total, "spearman": rho, "reason": reason}
+
+
 def format_report(name: str, rep: dict[str, Any]) -> str:
     """The report as text."""
     agree = " | ".join(f"{100 * v:.2f}%" for v in rep["decision_agreement"].values())

@@ -36,16 +36,18 @@ from engine.pipeline.batching import BatchingConfig
 from engine.pipeline.encode import Encoder
 from engine.errors import ExportError
 from engine.pipeline.families import Family
+from engine.pipeline.lingua_words import is_lingua_checkpoint
 from engine.pytorch.torch_model import TorchModel, embedding_rows, load_torch_model
 from engine.pipeline.spec import GRAPH_OUTPUTS, MANIFEST_FORMAT, Manifest
 from export import deberta
+from export.folders import EXTERNAL_DATA_BYTES, move_into
+from export.folders import step_path as _step_path
 from export import gpu as gpu_graph
 from export.optimize import convert_fp16, encoder_dims, fix_graph, optimize_graph, quantize_int8
 from export.parity import FP16_TOLERANCE, INT8_TOLERANCE, PARITY_TOLERANCE, Parity
 from export.samples import sample_batches
 
 DEFAULT_OPSET = 17
-EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's hard limit is 2 GiB for the whole file
 PRECISIONS = ("fp32", "int8", "fp16")
 
 
@@ -102,12 +104,6 @@ class _ContractModule(torch.nn.Module):
         else:
             (sentence_ids,), token_type_ids = rest, None
         return self.model(input_ids, attention_mask, sentence_ids, token_type_ids)
-
-
-def _step_path(tmp_dir: Path, step: str) -> Path:
-    folder = tmp_dir / step
-    folder.mkdir()
-    return folder / "model.onnx"
 
 
 def family_options(model: torch.nn.Module) -> dict[str, Any]:
@@ -193,7 +189,13 @@ def export(
     checkpoint: str | Path, out: Path, opts: ExportOptions, log: Callable[[str], None]
 ) -> dict[str, Any]:
     """export_model's steps, in order: load, trace the fp32 graph, check it and convert it
-    (each step checked), the TensorRT graph, the manifest, the folder moved into `out`."""
+    (each step checked), the TensorRT graph, the manifest, the folder moved into `out`. An
+    LLMLingua-2 checkpoint (detected from its config.json, or `family="llmlingua2"`) is
+    export/lingua_onnx.py's."""
+    if opts.family == "llmlingua2" or (opts.family is None and is_lingua_checkpoint(checkpoint)):
+        from export.lingua_onnx import export_lingua
+
+        return export_lingua(checkpoint, out, opts, log)
     opts.check(out)
     t0 = time.perf_counter()
     source = load(checkpoint, opts, log)
@@ -452,13 +454,3 @@ def manifest_of(
         manifest["verification"] = checks[-1]
         manifest["verification_steps"] = checks
     return manifest
-
-
-def move_into(stage: Path, out: Path) -> None:
-    """Every file of `stage` into `out` (made if needed), in place of any of the same name."""
-    out.mkdir(parents=True, exist_ok=True)
-    for item in stage.iterdir():
-        target = out / item.name
-        if target.exists():
-            target.unlink() if target.is_file() else shutil.rmtree(target)
-        shutil.move(str(item), str(target))

@@ -95,6 +95,21 @@ def lingua_checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def lingua_exports(lingua_checkpoints, tmp_path_factory) -> dict[tuple[str, str], Path]:
+    """The LLMLingua-2 checkpoints exported (prune export's export_model), each layout once per
+    precision: {(layout, "fp32" or "int8"): folder}."""
+    from export.onnx import export_model
+
+    def build(root: Path) -> None:
+        for layout, folder in lingua_checkpoints.items():
+            for precision in ("fp32", "int8"):
+                export_model(folder, root / f"{layout}-{precision}", precision=precision, log=lambda m: None)
+
+    root = built_once(tmp_path_factory, "lingua-onnx", build)
+    return {(layout, p): root / f"{layout}-{p}" for layout in lingua_checkpoints for p in ("fp32", "int8")}
+
+
+@pytest.fixture(scope="session")
 def exported(checkpoints, tmp_path_factory) -> dict[str, Path]:
     from export.onnx import export_model
 

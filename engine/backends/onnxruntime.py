@@ -372,3 +372,58 @@ class OnnxRuntimeBackend(Backend):
             + ("" if self.device == "cuda" else f"; {denormal_state(self.flush)}")
             + ")"
         )
+
+
+class OrtTokenProbs:
+    """An LLMLingua-2 export in ONNX Runtime (CPU): the probability of label 1 per token, the
+    graph's `token_probs`; the session made as OnnxRuntimeBackend makes its own (options,
+    threads, arena, denormals)."""
+
+    name = "onnxruntime"
+
+    def __init__(
+        self,
+        graph: str | Path,
+        *,
+        intra_op_threads: int | None = None,
+        arena: str = DEFAULTS.ort_arena,
+        denormals: str = DEFAULTS.ort_denormals,
+    ):
+        try:
+            import onnxruntime as ort
+        except ImportError as exc:
+            raise ModelLoadError("onnxruntime is not installed: pip install 'prune-engine[cpu]'") from exc
+        self.graph = Path(graph)
+        if not self.graph.is_file():
+            raise ModelLoadError(f"{self.graph}: no ONNX graph")
+        self.flush = denormals == "flush"
+        opts, self.runs = session_options(ort, intra_op_threads, None, arena_mode(arena), denormals)
+        try:
+            with thread_denormals(False):
+                self.session = ort.InferenceSession(
+                    str(self.graph), sess_options=opts, providers=["CPUExecutionProvider"]
+                )
+        except Exception as exc:
+            raise ModelLoadError(
+                f"{self.graph}: ONNX Runtime cannot load the graph ({type(exc).__name__}: {exc})"
+            ) from exc
+        inputs = [i.name for i in self.session.get_inputs()]
+        outputs = [o.name for o in self.session.get_outputs()]
+        if inputs != ["input_ids", "attention_mask"] or outputs != ["token_probs"]:
+            raise ModelLoadError(
+                f"{self.graph}: inputs {inputs} and outputs {outputs} are not an LLMLingua-2 export's "
+                "(input_ids, attention_mask -> token_probs)"
+            )
+
+    def token_probs(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """The graph's token_probs (float32, [B, L]) of one padded batch."""
+        feed = {"input_ids": input_ids, "attention_mask": attention_mask}
+        try:
+            with thread_denormals(self.flush):
+                return self.session.run(["token_probs"], feed, self.runs(int(input_ids.size)))[0]
+        except Exception as exc:
+            raise BackendError(f"ONNX Runtime failed on a batch of shape {input_ids.shape}: {exc}") from exc
+
+    def describe(self) -> str:
+        """The provider and graph, in words."""
+        return f"onnxruntime CPUExecutionProvider ({self.graph.name}; {denormal_state(self.flush)})"

@@ -74,15 +74,20 @@ class TorchTokenProbs:
 
     name = "torch"
 
-    def __init__(self, folder, vocabulary: int, threads: int | None = None):
+    def __init__(self, model: Any, threads: int | None = None):
         import torch
-
-        from engine.pytorch.llmlingua2 import load_classifier
 
         if threads:
             torch.set_num_threads(int(threads))
         self.torch = torch
-        self.model = load_classifier(folder, vocabulary)
+        self.model = model
+
+    @classmethod
+    def load(cls, folder, vocabulary: int, threads: int | None = None, attn: str | None = None):
+        """A checkpoint folder's classifier, its embeddings resized to `vocabulary` as llmlingua's."""
+        from engine.pytorch.llmlingua2 import load_classifier
+
+        return cls(load_classifier(folder, vocabulary, attn=attn), threads=threads)
 
     def token_probs(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """softmax(logits)[..., 1] in float32, [B, L], of one padded batch."""

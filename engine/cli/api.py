@@ -24,7 +24,8 @@ def add(new) -> None:
     h = new("api", help="the HTTP API: TEI and Cohere rerank, /v1/prune (in-process or a Triton text model)")
     h.add_argument(
         "--model",
-        help="exported folder, or 'default' (all-MiniLM-L6-v2, exported on first use); default: 'default'",
+        help="exported folder, or 'default' (all-MiniLM-L6-v2, exported on first use); default: 'default'; "
+        "an LLMLingua-2 checkpoint or its export serves POST /v1/compress instead of the pruning routes",
     )
     h.add_argument(
         "--server",
@@ -54,6 +55,7 @@ def add(new) -> None:
 def run(args) -> int:
     """Run `prune api`; the exit status."""
     uvicorn, _, _ = api_imports()
+    from engine.compressor import Compressor, is_compressor
     from engine.pruner import Pruner
 
     check_ports(args)
@@ -62,6 +64,13 @@ def run(args) -> int:
         args.log(f"connecting to the text model {name!r} on {args.server} (gRPC) ...")
         pruner = Pruner.connect(args.server, name, timeout=args.request_timeout)
         label = f"{name}@{args.server}"
+    elif args.model and is_compressor(args.model):
+        if getattr(args, "model_service_port", None) is not None:
+            raise PruneError(
+                "--model-service-port serves a pruning model; an LLMLingua-2 compressor serves HTTP only"
+            )
+        pruner = Compressor.load(args.model, threads=args.threads)
+        label = Path(args.model).name
     else:
         model = model_path(args)
         pruner = Pruner.load(
@@ -81,8 +90,9 @@ def run(args) -> int:
         remote=bool(args.server),
         default_encoder=not args.server and model_is_default(args),
     )
+    kind = "llmlingua2, POST /v1/compress" if isinstance(pruner, Compressor) else pruner.family.name
     args.log(
-        f"prune api: {label} ({pruner.family.name}, {pruner.describe()}) on http://{args.host}:{args.port}"
+        f"prune api: {label} ({kind}, {pruner.describe()}) on http://{args.host}:{args.port}"
         + service_note(args)
         + ("" if args.api_key else "; no API key")
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from engine.cli.flags import add_setting, input_file, positive_float
+from engine.cli.flags import add_setting, input_file, output_file, positive_float
 from engine.errors import PruneError
 
 
@@ -23,11 +23,19 @@ def add(new) -> None:
         "llmlingua 0.2.2's PromptCompressor(use_llmlingua2=True).compress_prompt keeps.",
     )
     c.add_argument(
-        "--model", required=True, help="an LLMLingua-2 checkpoint folder (config.json, safetensors)"
+        "--model",
+        required=True,
+        help="an LLMLingua-2 checkpoint folder (config.json, safetensors) or its export (prune export)",
     )
     text = c.add_mutually_exclusive_group(required=True)
     text.add_argument("--text", help="the prompt")
     text.add_argument("--file", help="a file holding the prompt ('-': stdin)")
+    text.add_argument(
+        "--input",
+        help="a JSONL file ('-': stdin), one call a line with POST /v1/compress's fields (context, rate, "
+        "force_tokens, ..., and id); one result line per input line, an error line for a line that fails",
+    )
+    c.add_argument("--output", help="where the JSONL results go with --input (default: stdout)")
     c.add_argument("--rate", type=positive_float, default=0.5, help="the share of tokens to keep, in (0, 1]")
     c.add_argument(
         "--target-token", type=int, default=-1, help="tokens to keep (tiktoken's count); overrides --rate"
@@ -53,6 +61,10 @@ def run(args) -> int:
     from engine.pipeline.lingua_decide import CompressOptions
 
     input_file(args.file, "--file")
+    if args.output and not args.input:
+        raise PruneError("--output is for --input (a JSONL file of calls)")
+    if args.input:
+        return _batch(args)
     if args.file is None:
         prompt = args.text
     elif args.file == "-":
@@ -62,14 +74,7 @@ def run(args) -> int:
             prompt = f.read()
     if not prompt.strip():
         raise PruneError("the prompt is empty")
-    options = dict(
-        rate=args.rate,
-        target_token=args.target_token,
-        force_tokens=args.force_tokens,
-        force_reserve_digit=args.force_reserve_digit,
-        drop_consecutive=args.drop_consecutive,
-        token_to_word=args.token_to_word,
-    )
+    options = _options(args)
     CompressOptions(**options)  # checked before the model loads
     compressor = Compressor.load(args.model, threads=args.threads)
     result = compressor.compress(prompt, **options)
@@ -82,3 +87,38 @@ def run(args) -> int:
         "tiktoken gpt-3.5-turbo)"
     )
     return 0
+
+
+def _options(args) -> dict:
+    """compress's options from the flags."""
+    return dict(
+        rate=args.rate,
+        target_token=args.target_token,
+        force_tokens=args.force_tokens,
+        force_reserve_digit=args.force_reserve_digit,
+        drop_consecutive=args.drop_consecutive,
+        token_to_word=args.token_to_word,
+    )
+
+
+def _batch(args) -> int:
+    """`prune compress --input FILE.jsonl [--output OUT.jsonl]`: the flags are each line's defaults."""
+    from engine.batchfile import compress_file
+    from engine.compressor import Compressor
+    from engine.pipeline.lingua_decide import CompressOptions
+
+    input_file(args.input, "--input")
+    output_file(args.output, "--output")
+    defaults = _options(args)
+    CompressOptions(**defaults)  # checked before the model loads
+    compressor = Compressor.load(args.model, threads=args.threads)
+    source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
+    sink = sys.stdout if args.output in (None, "-") else open(args.output, "w", encoding="utf-8")
+    try:
+        counts = compress_file(compressor, source, sink, defaults=defaults, progress=not args.quiet)
+    finally:
+        if source is not sys.stdin:
+            source.close()
+        if sink is not sys.stdout:
+            sink.close()
+    return 3 if counts["errors"] else 0  # as prune run --input: some lines failed

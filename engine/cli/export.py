@@ -7,6 +7,7 @@ from pathlib import Path
 from engine.cli.flags import add_embedding_options, embedding_options, input_file, output_folder
 from engine.errors import PruneError
 from engine.pipeline.families import FAMILIES
+from engine.pipeline.lingua_words import is_lingua_checkpoint
 from engine.settings import positive_int
 
 
@@ -18,7 +19,9 @@ def add(new) -> None:
     )
     e.add_argument("--out", required=True, help="output folder")
     e.add_argument(
-        "--family", help=f"override the detected family: {', '.join(FAMILIES)} (zilliz: open_provence)"
+        "--family",
+        help=f"override the detected family: {', '.join(FAMILIES)} (zilliz: open_provence); an LLMLingua-2 "
+        "checkpoint (a two-label XLM-R or BERT token classifier) is detected as llmlingua2",
     )
     e.add_argument("--tokenizer", help="tokenizer folder or hub id, if the checkpoint has none")
     e.add_argument(
@@ -106,6 +109,8 @@ def run(args) -> int:
     input_file(args.calibration, "--calibration")
     input_file(args.gate_data, "--gate-data")
     output_folder(args.out, "--out")
+    if args.family == "llmlingua2" or (args.family is None and is_lingua_checkpoint(args.model)):
+        return _lingua(args)
     try:
         from export.backbone import export_encoder
         from export.onnx import export_model
@@ -139,6 +144,51 @@ def run(args) -> int:
             max_batch_size=args.max_batch_size,
             log=args.log,
         )
+    return 0
+
+
+def _lingua(args) -> int:
+    """An LLMLingua-2 checkpoint: its token classifier exported for `Compressor.load` (fp32, or
+    INT8 behind the word-decision gate; export/lingua_onnx.py)."""
+    if args.precision == "auto":
+        args.log(
+            "LLMLingua-2: --precision auto is not offered yet; exporting fp32 (--precision int8: the gated INT8)"
+        )
+        args.precision = "fp32"
+    unsupported = [
+        flag
+        for flag, given in (
+            (f"--precision {args.precision}", args.precision not in ("fp32", "int8")),
+            ("--tensorrt", args.tensorrt),
+            ("--encoder", args.encoder),
+            ("--calibration", args.calibration),
+            ("--gate-data", args.gate_data),
+            ("--tokenizer", args.tokenizer),
+            ("--max-length", args.max_length),
+        )
+        if given
+    ]
+    if unsupported:
+        raise PruneError(
+            f"{args.model} is an LLMLingua-2 checkpoint: its export is fp32 or int8, and takes none of "
+            f"{', '.join(unsupported)}"
+        )
+    from export.onnx import export_model
+
+    export_model(
+        args.model,
+        args.out,
+        family="llmlingua2",
+        overwrite=args.overwrite,
+        precision=args.precision,
+        opset=args.opset,
+        external_data=args.external_data,
+        verify=not args.no_verify,
+        optimize=not args.no_optimize,
+        int8_weight_type=args.int8_weight_type,
+        int8_per_channel=args.int8_per_channel,
+        log=args.log,
+    )
     return 0
 
 

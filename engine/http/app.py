@@ -42,6 +42,7 @@ try:
     from fastapi.responses import JSONResponse, PlainTextResponse, Response
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
+    from engine.http import compress_api
     from engine.http import opensearch_api as opensearch
     from engine.http.models import (
         POST_ERRORS,
@@ -283,9 +284,15 @@ async def health_endpoint(api: Api):
     return HealthResponse(status="ok", checked=checked)
 
 
-@router.get("/info", response_model=InfoResponse, summary="model, family, defaults, limits, version")
+@router.get(
+    "/info",
+    response_model=InfoResponse | compress_api.CompressorInfo,
+    summary="model, family, defaults, limits, version",
+)
 async def info(api: Api):
     """The model, its family and defaults, the engine, the limits and the version."""
+    if api.compressor is not None:
+        return compress_api.info(api, _version())
     config, pruner = api.config, api.pruner
     rules, defaults = info_rules(api.family)
     return InfoResponse(
@@ -398,6 +405,10 @@ async def guard(request: Request, call_next):
     if path not in OPEN_PATHS and not api.config.authorizes(request.headers.get("authorization")):
         api.metrics.requests.labels(route, "401").inc()
         return _error(ApiError.UNAUTHORIZED, "a valid API key is required: Authorization: Bearer KEY")
+    refused = compress_api.not_offered(api, path)
+    if refused is not None:  # a compressor's app and a pruner's serve each other's routes with a 404
+        api.metrics.requests.labels(route, "404").inc()
+        return _error(ApiError.NOT_OFFERED, refused)
     t0 = time.perf_counter()
     response = await call_next(request)
     api.metrics.latency.labels(route).observe(time.perf_counter() - t0)
@@ -444,6 +455,7 @@ def create_app(
     )
     app.middleware("http")(guard)
     app.include_router(router)
+    app.include_router(compress_api.router)
     for path in PAGE_FILES:
         app.get(path, include_in_schema=False)(page_handler(path))
     app.state.api = ApiState.of(pruner, config, routes=route_paths(app), embedder=embedder, log=log)
@@ -454,7 +466,8 @@ def route_paths(app: FastAPI) -> frozenset[str]:
     """Every path `app` serves (the metrics' route labels): the router's and the app's own
     (the schema, its pages, the highlighting page). An included router is one entry of
     `app.routes` without a path in some FastAPI versions, so its routes are read from it."""
-    return frozenset({r.path for r in router.routes} | {r.path for r in app.routes if hasattr(r, "path")})
+    routers = (*router.routes, *compress_api.router.routes)
+    return frozenset({r.path for r in routers} | {r.path for r in app.routes if hasattr(r, "path")})
 
 
 def _page_file(name: str) -> bytes:

@@ -41,6 +41,11 @@ class ApiError(Enum):
     UNAUTHORIZED = (401, "a missing or wrong API key", "Unauthorized")
     NOT_FOUND = (404, "no such route")
     NOT_ALLOWED = (405, "the route does not take this method")
+    NOT_OFFERED = (
+        404,
+        "the route is not offered for the loaded model (a compressor serves /v1/compress only)",
+        "NotOffered",
+    )
     BODY_TIMEOUT = (408, "the body arrived too slowly")
     TOO_LARGE = (413, "the body is over --max-body-bytes")
     INVALID = (422, "invalid input, naming the field")
@@ -72,6 +77,7 @@ POST_ERRORS: dict[int | str, dict[str, Any]] = {
     for kind in (
         ApiError.UNREADABLE,
         ApiError.UNAUTHORIZED,
+        ApiError.NOT_OFFERED,
         ApiError.BODY_TIMEOUT,
         ApiError.TOO_LARGE,
         ApiError.INVALID,

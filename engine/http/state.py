@@ -66,8 +66,10 @@ class Health:
     one at a time (concurrent checks share it), within the request timeout. So readiness
     does not flap when the server is busy, and still turns 503 when the engine fails."""
 
-    def __init__(self, pruner: PrunerProtocol, timeout: float):
+    def __init__(self, pruner: PrunerProtocol, timeout: float, probe: Callable[[], Any] | None = None):
         self.pruner, self.timeout = pruner, timeout
+        #: the health inference (a compressor's is a compress call)
+        self.probe = probe or (lambda: pruner.prune("Is the engine up?", ["The engine is up."]))
         self.ok_at: float | None = None
         self.failed_at: float | None = None
         self._probe: asyncio.Future | None = None
@@ -92,9 +94,7 @@ class Health:
             return "requests"
         if self._probe is None or self._probe.done():
             loop = asyncio.get_running_loop()
-            self._probe = loop.run_in_executor(
-                self._pool, lambda: self.pruner.prune("Is the engine up?", ["The engine is up."])
-            )
+            self._probe = loop.run_in_executor(self._pool, self.probe)
         await asyncio.wait_for(asyncio.shield(self._probe), self.timeout)
         self.failed_at = None  # the engine answers again; only user requests vouch for it
         return "probe"
@@ -173,7 +173,7 @@ class ApiState:
     metrics' label values)."""
 
     pruner: PrunerProtocol
-    family: Family
+    family: Family | None  # None: a compressor
     config: ApiConfig
     pool: ThreadPoolExecutor
     health: Health
@@ -182,6 +182,9 @@ class ApiState:
     routes: frozenset[str] = frozenset()
     embedder: Any = None  # the retrieval encoder Milvus's Embedding calls use, if any
     log: Callable[[str], None] | None = None  # where the server's own notes go (the CLI's stderr)
+    #: an LLMLingua-2 compressor (engine.compressor.Compressor) when that is what is served: then
+    #: `pruner` is it too, `family` None, and only /v1/compress among the POST routes is offered
+    compressor: Any = None
 
     @classmethod
     def of(
@@ -192,17 +195,23 @@ class ApiState:
         embedder: Any = None,
         log: Callable[[str], None] | None = None,
     ) -> ApiState:
-        """The state of an app serving `pruner` (and `embedder`) as `config` says."""
+        """The state of an app serving `pruner` (and `embedder`) as `config` says; `pruner` may be an
+        LLMLingua-2 compressor (its `kind` says so)."""
         metrics = Metrics()
+        compressor = pruner if getattr(pruner, "kind", None) == "compressor" else None
+        probe = None
+        if compressor is not None:
+            probe = lambda: compressor.compress("The engine is up and answers.", rate=0.5)  # noqa: E731
         return cls(
             pruner=pruner,
-            family=pruner.family,
+            compressor=compressor,
+            family=None if compressor is not None else pruner.family,  # type: ignore[arg-type]
             config=config,
             routes=routes,
             embedder=embedder,
             log=log,
             pool=ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="prune-api"),
-            health=Health(pruner, timeout=config.request_timeout),
+            health=Health(pruner, timeout=config.request_timeout, probe=probe),
             metrics=metrics,
             in_flight=InFlight(config.max_concurrent, metrics.in_flight),
         )
@@ -258,6 +267,21 @@ class ApiState:
         self.health.succeeded()
         self.metrics.passages.inc(sum(len(q["passages"]) for q in queries))
         return out  # type: ignore[return-value]
+
+    async def compress(self, context: str | list[str], options: dict[str, Any]) -> Any:
+        """One call of the compressor in the worker pool (`in_pool`): its CompressResult."""
+        return await self.in_pool(self._compress_now, context, options)
+
+    def _compress_now(self, context: str | list[str], options: dict[str, Any]) -> Any:
+        try:
+            result = self.compressor.compress(context, **options)
+        except PruneError as exc:
+            if not isinstance(exc, (InputError, Cancelled)):
+                self.health.failed(exc)
+            raise
+        self.health.succeeded()
+        self.metrics.passages.inc(1 if isinstance(context, str) else len(context))
+        return result
 
     def score(self, r: PruneResult, raw: bool) -> float:
         """A result's score as the rerank endpoints give it (in [0, 1] unless `raw`)."""

@@ -38,6 +38,27 @@ ADDED_TOKENS = [f"[NEW{i}]" for i in range(MAX_FORCE_TOKENS)]
 _DIGIT = re.compile(r"\d")
 
 
+#: the published layouts' architectures (config.json), and the layout each is
+LAYOUT_OF = {"XLMRobertaForTokenClassification": "xlm-roberta", "BertForTokenClassification": "bert"}
+
+
+def lingua_layout(config: dict) -> str | None:
+    """The LLMLingua-2 layout ("xlm-roberta" or "bert") of a checkpoint's config.json: a
+    two-label token classifier of a published architecture; None for any other model. Read
+    from the config alone, no remote code."""
+    archs = config.get("architectures") or []
+    layout = next((LAYOUT_OF[a] for a in archs if a in LAYOUT_OF), None)
+    return layout if len(config.get("id2label") or {"0": 0, "1": 1}) == 2 else None
+
+
+def is_lingua_checkpoint(folder: str | Path) -> bool:
+    """Whether `folder` is an LLMLingua-2 checkpoint (its config.json says so; no error)."""
+    try:
+        return lingua_layout(json.loads((Path(folder) / "config.json").read_text())) is not None
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def check_folder(folder: str | Path) -> dict:
     """The folder's config.json when it is a two-label token classifier with safetensors weights;
     ModelLoadError naming what is missing otherwise."""
@@ -49,12 +70,12 @@ def check_folder(folder: str | Path) -> dict:
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{folder}: no readable config.json ({exc})") from None
     archs = config.get("architectures") or []
-    if not any(a in ("XLMRobertaForTokenClassification", "BertForTokenClassification") for a in archs):
+    if not any(a in LAYOUT_OF for a in archs):
         raise ModelLoadError(
             f"{folder}: not an LLMLingua-2 token classifier (architectures {archs}; expected "
             "XLMRobertaForTokenClassification or BertForTokenClassification)"
         )
-    if len(config.get("id2label") or {"0": 0, "1": 1}) != 2:
+    if lingua_layout(config) is None:
         raise ModelLoadError(
             f"{folder}: an LLMLingua-2 classifier has two labels, this one {config['id2label']}"
         )

@@ -19,6 +19,11 @@ MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "prune-engine/1"
 GRAPH_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "sentence_ids")
 GRAPH_OUTPUTS = ("rerank_score", "sentence_probs")
+#: an export's `kind`: absent (or "pruner") for the pruning families, "compressor" for LLMLingua-2's
+#: token classifier, whose graph is another contract (COMPRESSOR_INPUTS -> COMPRESSOR_OUTPUT)
+COMPRESSOR = "compressor"
+COMPRESSOR_INPUTS = ("input_ids", "attention_mask")
+COMPRESSOR_OUTPUT = "token_probs"  # float32 [B, L]: softmax over the two labels, label 1 (keep)
 
 
 @dataclass(frozen=True)
@@ -159,6 +164,11 @@ class Manifest:
         """A manifest from its JSON (a file's, or what a Triton core model sends), checked."""
         if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
             raise ModelLoadError(f"{where}: not a {MANIFEST_FORMAT} manifest")
+        if data.get("kind") == COMPRESSOR:
+            raise ModelLoadError(
+                f"{where}: an LLMLingua-2 export (a token compressor, family {data.get('family')}), not a "
+                "pruning model: open it with Compressor.load (prune compress --model, prune api --model)"
+            )
         for key in ("family", "max_length", "tokenizer", "graph"):
             if key not in data:
                 raise ModelLoadError(f"{where}: manifest lacks {key!r}")
@@ -296,3 +306,64 @@ def _runtime(value: Any, where: str) -> Runtime | None:
             f"not {runtime.precision!r}"
         )
     return runtime
+
+
+@dataclass(frozen=True)
+class CompressorManifest:
+    """An LLMLingua-2 export's `manifest.json` (kind "compressor"), typed: the graph (input_ids,
+    attention_mask -> token_probs), its precision, and the embedding rows it carries (the
+    tokenizer with llmlingua's 100 added tokens). The rest is kept in `data`, written as it was."""
+
+    family: str
+    layout: str  # xlm-roberta or bert
+    graph: str
+    precision: str
+    embedding_rows: int
+    tokenizer_file: str = "tokenizer.json"
+    data: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def read(cls, folder: str | Path) -> CompressorManifest:
+        """The manifest of an exported LLMLingua-2 folder; ModelLoadError saying what the folder
+        is when it is another export."""
+        path = Path(folder) / MANIFEST
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"{path}: no readable manifest ({exc})") from None
+        return cls.from_dict(data, where=str(folder))
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "manifest") -> CompressorManifest:
+        """The manifest from its JSON, checked."""
+        if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
+            raise ModelLoadError(f"{where}: not a {MANIFEST_FORMAT} manifest")
+        if data.get("kind") != COMPRESSOR:
+            raise ModelLoadError(
+                f"{where} is a pruning export (family {data.get('family')!r}), not an LLMLingua-2 compressor: "
+                "open it with Pruner.load (prune run, prune api --model), or give Compressor.load an "
+                "LLMLingua-2 checkpoint or its export (prune export --model CHECKPOINT)"
+            )
+        try:
+            manifest = cls(
+                family=str(data["family"]),
+                layout=str(data["layout"]),
+                graph=str(data["graph"]),
+                precision=str(data["precision"]),
+                embedding_rows=int(data["embedding_rows"]),
+                tokenizer_file=str((data.get("tokenizer") or {}).get("file") or "tokenizer.json"),
+                data=dict(data),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ModelLoadError(f"{where}: the compressor's manifest is incomplete: {exc}") from None
+        if manifest.layout not in ("xlm-roberta", "bert") or manifest.embedding_rows < 1:
+            raise ModelLoadError(f"{where}: layout {manifest.layout!r}, rows {manifest.embedding_rows}")
+        return manifest
+
+    def write(self, folder: str | Path) -> None:
+        """`manifest.json` in `folder`: `data` with the typed fields written over it."""
+        out = {**self.data, "format": MANIFEST_FORMAT, "kind": COMPRESSOR, "family": self.family}
+        out.update(layout=self.layout, graph=self.graph, precision=self.precision)
+        out.update(embedding_rows=self.embedding_rows)
+        out["tokenizer"] = {**(out.get("tokenizer") or {}), "file": self.tokenizer_file}
+        (Path(folder) / MANIFEST).write_text(json.dumps(out, indent=2) + "\n")

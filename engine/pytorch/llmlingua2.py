@@ -22,15 +22,21 @@ from engine.pipeline.lingua_words import check_folder
 SEED = 42
 
 
-def load_classifier(folder: str | Path, vocabulary: int) -> torch.nn.Module:
+def load_classifier(folder: str | Path, vocabulary: int, attn: str | None = None) -> torch.nn.Module:
     """The checkpoint's token classifier in float32, its embeddings resized to `vocabulary` (the
-    tokenizer with llmlingua's added tokens) as llmlingua resizes them."""
+    tokenizer with llmlingua's added tokens) as llmlingua resizes them. `attn`: transformers'
+    attention implementation (the export traces "eager", the one ONNX Runtime's optimizer fuses;
+    None: transformers' default, as llmlingua loads it)."""
     from transformers import AutoModelForTokenClassification
 
     check_folder(folder)
     try:
         model = AutoModelForTokenClassification.from_pretrained(
-            str(folder), dtype=torch.float32, use_safetensors=True, trust_remote_code=False
+            str(folder),
+            dtype=torch.float32,
+            use_safetensors=True,
+            trust_remote_code=False,
+            **({"attn_implementation": attn} if attn else {}),
         )
     except Exception as exc:
         raise ModelLoadError(f"{folder}: the token classifier does not load ({exc})") from exc

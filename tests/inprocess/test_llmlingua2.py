@@ -187,3 +187,124 @@ def test_the_compressor_is_a_public_name():
     from engine.pipeline.lingua_decide import CompressResult
 
     assert engine.Compressor is Compressor and engine.CompressResult is CompressResult
+
+
+# ---------------------------------------------------------------------- the ONNX export (prune export)
+
+#: the reference's cases the exports are checked on: force tokens that are and are not one token
+#: (the [NEWi] rows), several chunks, several contexts, drop_consecutive
+ONNX_CASES = [
+    "en-rate-force",
+    "multi-token-force",
+    "long-chunks",
+    "drop-consecutive",
+    "contexts-target-token",
+]
+
+
+@pytest.fixture(scope="module")
+def onnx_compressors(lingua_exports):
+    """The exports, opened by Compressor.load: {(layout, precision): Compressor}."""
+    from engine.compressor import Compressor
+
+    return {key: Compressor.load(folder, threads=1) for key, folder in lingua_exports.items()}
+
+
+@pytest.mark.parametrize("case", ONNX_CASES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_onnx_export_keeps_what_llmlingua_keeps(pairs, onnx_compressors, layout, case):
+    reference, _ = pairs[layout]
+    compressor = onnx_compressors[layout, "fp32"]
+    assert compressor.core.name == "onnxruntime"
+    text, options = CASES[case]
+    expected = reference.compress_prompt(text, return_word_label=True, **options)
+    got = compressor.compress(text, return_word_label=True, **options).to_dict()
+    got.pop("kept_spans")
+    assert got == expected
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_export_is_a_compressor_with_llmlingua_rows(pairs, lingua_exports, onnx_compressors, layout):
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from engine.pipeline.lingua_decide import CompressOptions, plan
+
+    folder = lingua_exports[layout, "fp32"]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert (manifest["kind"], manifest["family"], manifest["layout"]) == ("compressor", "llmlingua2", layout)
+    rows = onnx_compressors[layout, "fp32"].tokenizer.size  # the vocabulary with [NEW0]..[NEW99]
+    assert manifest["embedding_rows"] == rows and manifest["verification"]["max_abs_diff_token_probs"] < 1e-4
+    graph = onnx.load(str(folder / "model.onnx"))
+    embeddings = [i for i in graph.graph.initializer if "word_embeddings" in i.name]
+    assert [tuple(i.dims)[0] for i in embeddings] == [rows]
+    torch_model = pairs[layout][1].core.model  # the engine's PyTorch module: llmlingua's resize, seed 42
+    added = torch_model.get_input_embeddings().weight[-100:].detach().numpy()
+    assert np.array_equal(
+        numpy_helper.to_array(embeddings[0])[-100:], added
+    )  # [NEW0]..[NEW99] as llmlingua's
+    text, options = CASES["multi-token-force"]  # [NEWi] in the model's input
+    p = plan(pairs[layout][1].tokenizer, [text], CompressOptions(**options), pairs[layout][1].count)
+    chunks = p.chunks[0]
+    assert any(i >= rows - 100 for c in chunks for i in c.ids)
+    expected = np.concatenate(pairs[layout][1]._token_probs(chunks))
+    assert (
+        np.abs(np.concatenate(onnx_compressors[layout, "fp32"]._token_probs(chunks)) - expected).max() < 1e-4
+    )
+    shape = lambda v: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]  # noqa: E731
+    assert [(i.name, shape(i)) for i in graph.graph.input] == [
+        ("input_ids", ["batch", "sequence"]),
+        ("attention_mask", ["batch", "sequence"]),
+    ]
+    assert [(o.name, shape(o)) for o in graph.graph.output] == [("token_probs", ["batch", "sequence"])]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_int8_agrees_with_fp32_past_the_gate(lingua_exports, onnx_compressors, layout):
+    from engine.fidelity_check import GATE, lingua_gate
+
+    manifest = json.loads((lingua_exports[layout, "int8"] / "manifest.json").read_text())
+    assert manifest["precision"] == "int8" and manifest["quantization"]["quantized_nodes"] > 0
+    assert manifest["gate"]["passed"] and manifest["gate"]["agreement"] >= GATE["agreement"]
+    texts = [EN, ZH, JA, PT, LONG]  # the tests' texts, not the export's built-in ones
+    report = lingua_gate(
+        onnx_compressors[layout, "fp32"], onnx_compressors[layout, "int8"], texts, (0.33, 0.5)
+    )
+    assert report["agreement"] >= GATE["agreement"], report["reason"]
+    assert report["spearman"] > 0.99 and report["words"] > 500
+
+
+def test_int8_failing_the_gate_is_refused(lingua_checkpoints, tmp_path, monkeypatch):
+    from engine import fidelity_check
+    from engine.errors import ExportError
+    from export.onnx import export_model
+
+    monkeypatch.setitem(fidelity_check.GATE, "agreement", 1.01)  # a gate nothing passes
+    notes = []
+    with pytest.raises(
+        ExportError, match="the int8 graph fails the fidelity gate: word agreement .*\\(>= 101%: no"
+    ):
+        export_model(lingua_checkpoints["bert"], tmp_path / "int8", precision="int8", log=notes.append)
+    assert not (tmp_path / "int8").exists()
+    assert any(n.startswith("int8: fails the gate (word agreement") for n in notes)
+
+
+def test_each_door_refuses_the_other_kind(lingua_exports, lingua_checkpoints, tmp_path, capsys):
+    from engine.cli import main
+    from engine.compressor import Compressor
+    from engine.pipeline.spec import MANIFEST_FORMAT
+    from engine.pruner import Pruner
+
+    with pytest.raises(ModelLoadError, match="an LLMLingua-2 export .*open it with Compressor.load"):
+        Pruner.load(lingua_exports["bert", "fp32"], threads=1)
+    pruning = tmp_path / "pruning"
+    pruning.mkdir()
+    (pruning / "manifest.json").write_text(json.dumps({"format": MANIFEST_FORMAT, "family": "xprovence"}))
+    with pytest.raises(
+        ModelLoadError, match="is a pruning export \\(family 'xprovence'\\).*open it with Pruner.load"
+    ):
+        Compressor.load(pruning)
+    model = str(lingua_checkpoints["bert"])
+    assert main(["export", "--model", model, "--out", str(tmp_path / "fp16"), "--precision", "fp16"]) == 2
+    assert "is an LLMLingua-2 checkpoint: its export is fp32 or int8" in capsys.readouterr().err

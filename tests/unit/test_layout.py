@@ -230,6 +230,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "engine.http.models",
             "engine.http.state",
             "engine.http.opensearch_api",
+            "engine.http.compress_api",
             "engine.http.milvus",
             "engine.http.app",
             "engine.http.api_thread",
