@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -83,6 +84,7 @@ def test_one_process_builds_each_time_in_a_new_folder(tmp_path, monkeypatch):
 MODULE = """
 import os
 import re
+import shlex
 from pathlib import Path
 import pytest
 
@@ -111,7 +113,7 @@ def test_a_modules_tests_run_on_one_worker(tmp_path):
             "2",
             "-p",
             "no:cacheprovider",
-            *addopts.split(),
+            *shlex.split(addopts),
             "-o",
             "addopts=",
             str(tmp_path),
@@ -132,6 +134,7 @@ def test_a_modules_tests_run_on_one_worker(tmp_path):
 CRASHING = """
 import os
 import re
+import shlex
 import signal
 import time
 
@@ -165,7 +168,7 @@ def test_a_crashed_worker_ends_the_run_and_says_how_it_died(tmp_path):
             "2",
             "-p",
             "no:cacheprovider",
-            *addopts.split(),
+            *shlex.split(addopts),
             "-o",
             "addopts=",
             str(tmp_path),
