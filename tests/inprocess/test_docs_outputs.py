@@ -123,12 +123,15 @@ def test_the_retrieval_examples_pasted_output(default_cache, capsys, monkeypatch
     )
 
 
-def test_the_http_apis_pasted_output(default_cache, monkeypatch):
+def test_the_http_apis_pasted_output(default_cache, lingua_exports, monkeypatch):
     """The README's and docs/http-api.md's curl calls, sent to the app with the default
-    model: the same JSON back (ids and scores as printed, a fresh Cohere id aside)."""
+    model (the LLMLingua-2 section's to one with the tiny LLMLingua-2 checkpoint's INT8 export,
+    as the page made it: `prune test-checkpoint --family llmlingua2`, the tests' XLM-R one): the
+    same JSON back (ids and scores as printed, a fresh Cohere id aside)."""
     pytest.importorskip("fastapi")
     import json
     from fastapi.testclient import TestClient
+    from engine.compressor import Compressor
     from engine.http.app import ApiConfig, create_app
     from engine.pruner import Pruner
 
@@ -136,9 +139,14 @@ def test_the_http_apis_pasted_output(default_cache, monkeypatch):
         monkeypatch.setenv(k, v)
     pruner = Pruner.load("default")
     client = TestClient(create_app(pruner, ApiConfig(model_name="default")))
-    pages = [README, (ROOT / "docs" / "http-api.md").read_text(encoding="utf-8")]
+    compressor = Compressor.load(lingua_exports["xlm-roberta", "int8"])
+    lingua = TestClient(create_app(compressor, ApiConfig(model_name="lingua-int8")))
+    api = (ROOT / "docs" / "http-api.md").read_text(encoding="utf-8")
+    at = api.index("## LLMLingua-2")
+    end = api.index("\n## ", at + 1)
+    pages = [(README, client), (api[:at] + api[end:], client), (api[at:end], lingua)]
     calls = 0
-    for page in pages:
+    for page, client in pages:
         for block in _blocks(page):
             for k, line in enumerate(block[:-1]):
                 if not line.startswith("$ curl -s localhost:8080/"):
