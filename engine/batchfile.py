@@ -3,7 +3,7 @@
 
 One JSON object per input line: `question`, `passages` (a list of strings; or `context`,
 one string), and optionally `id` and any option of `engine.pipeline.inputs.CallOptions` (`threshold`,
-`title`, `alpha`, `top_k`, `reorder`, `windows`, `lexical_weight`, `passage_margin`).
+`title`, `alpha`, `top_k`, `reorder`, `windows`, `splitter`, `lexical_weight`, `passage_margin`).
 One output line per input line, in the same order: `{"id", "results": [...]}` (each
 result as `PruneResult.to_dict()`, without the passage text the input already holds),
 or `{"id", "line", "error"}` for a line that could not be processed: the other lines

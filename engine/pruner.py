@@ -18,6 +18,7 @@ import numpy as np
 
 from engine.backends.base import Backend
 from engine.pipeline import text as textmod
+from engine.pipeline.splitters import split_passage
 from engine.pipeline.batching import BatchingConfig, ModelBatch, collate, plan
 from engine.pipeline.decide import PruneResult, Scored, decide_passages, merge_blocks, window_decisions
 from engine.pipeline.encode import Block, Encoder
@@ -50,6 +51,7 @@ class Call:
     question: str = ""
     token_windows: bool = False  # decided per token window (the family's reference windows)
     fragment: int | None = None  # OpenProvence's fragment tokens under its reference windows
+    splitter: str = "engine"  # who cut the passages: the rules' splitter, or "caller" (sentences=)
 
 
 class Pruner(FromSpec):
@@ -152,7 +154,7 @@ class Pruner(FromSpec):
         (or by reranking score with `reorder` / `top_k`).
 
         The call's options are `options` and the keywords of `engine.pipeline.inputs.CallOptions`
-        (threshold, title, alpha, top_k, reorder, windows, lexical_weight, passage_margin;
+        (threshold, title, alpha, top_k, reorder, windows, splitter, lexical_weight, passage_margin;
         None is the model's default, a negative alpha or passage_margin turns that rule off).
         sentences: per passage, the caller's own sentences (strings found in order in the
         passage, or (start, end) spans) instead of the built-in splitter.
@@ -194,12 +196,19 @@ class Pruner(FromSpec):
                 "lexical_weight applies to sentence windows; windows='reference' decides per "
                 "token window as the family's own code does (pass windows='sentences')"
             )
+        if sentences is not None and options.splitter is not None:
+            raise InputError(
+                "sentences= gives the passages' sentences, splitter chooses who cuts them when they are "
+                "not given: pass one of the two"
+            )
+        fam = self.spec.family
         spans = [
             textmod.spans_from_sentences(p, sentences[i])
             if sentences is not None
-            else textmod.split_sentences(p)
+            else split_passage(p, rules.splitter, fam.reference_splitter, fam.name)
             for i, p in enumerate(passages)
         ]
+
         call = Call(
             passages=passages,
             spans=spans,
@@ -209,6 +218,7 @@ class Pruner(FromSpec):
             question=question,
             token_windows=token_windows,
             fragment=self._fragment_tokens(rules.windows),
+            splitter="caller" if sentences is not None else rules.splitter,
         )
         if passages:
             call.blocks = self._blocks(call)
@@ -232,6 +242,7 @@ class Pruner(FromSpec):
             call.spans,
             self._scores(call, per_block),
             self.encoder.tokenizer,
+            splitter=call.splitter,
         )
 
     def _scores(self, call: "Call", per_block: Sequence[tuple[float, np.ndarray]]) -> list[Scored]:

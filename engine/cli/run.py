@@ -78,7 +78,7 @@ def add(new) -> None:
     r.add_argument(
         "--input",
         help="a JSONL file of queries (question, passages or context, optional id, "
-        "threshold, title, alpha, top_k, windows, lexical_weight, passage_margin), - for stdin; "
+        "threshold, title, alpha, top_k, windows, splitter, lexical_weight, passage_margin), - for stdin; "
         "one result line per input line",
     )
     r.add_argument("--output", help="where the JSONL results go with --input (default: stdout)")
@@ -170,6 +170,7 @@ def run(args) -> int:
             + (f", lexical_weight {r.lexical_weight}" if r.lexical_weight else "")
             + f", blocks {r.blocks}"
             + (f" ({r.windows} windows)" if r.windows != "sentences" else "")
+            + (f", {r.splitter} sentences" if r.splitter != "engine" else "")
         )
         if r.budget is not None and r.budget.cut:
             b = r.budget

@@ -299,6 +299,9 @@ class PrunedPassage(BaseModel):
     threshold: float = Field(description="the keep threshold the call ran with")
     blocks: int = Field(description="model windows the passage needed")
     windows: str = Field(description="how a long passage was cut: 'sentences' or 'reference'")
+    splitter: str = Field(
+        description="who cut the passage into sentences: 'engine' or 'reference' (the family's own code's)"
+    )
     lexical_weight: float = Field(description="the lexical score's share in the probabilities")
     highlighted: str | None = Field(
         None, description="with pre and post: the passage with its kept sentences tagged"
@@ -318,6 +321,7 @@ class PrunedPassage(BaseModel):
             threshold=r.threshold,
             blocks=r.blocks,
             windows=r.windows,
+            splitter=r.splitter,
             lexical_weight=r.lexical_weight,
         )
         if highlighted is not None:

@@ -40,6 +40,7 @@ def result_from_dict(d: dict[str, Any]) -> PruneResult:
         threshold=d["threshold"],
         blocks=d.get("blocks", 1),
         windows=d.get("windows", "sentences"),
+        splitter=d.get("splitter", "engine"),
         lexical_weight=d.get("lexical_weight", 0.0),
         budget=Budget(**d["budget"]) if d.get("budget") else None,
     )

@@ -64,6 +64,8 @@ class PruneResult:
     threshold: float
     blocks: int = 1  # model windows the passage needed
     windows: str = "sentences"  # how the passage was cut: "sentences" or "reference"
+    # who cut it into sentences: "engine", "reference" (the family's own splitter), "caller" (sentences=)
+    splitter: str = "engine"
     lexical_weight: float = 0.0  # the lexical score's share in the probabilities (engine.pipeline.lexical)
     budget: Any = None  # engine.pipeline.budget.Budget when the call set budget_tokens
 
@@ -146,6 +148,7 @@ def build_result(
     blocks: int,
     windows: str = "sentences",
     lexical_weight: float = 0.0,
+    splitter: str = "engine",
 ) -> PruneResult:
     """A PruneResult from a passage's sentence spans, probabilities and kept flags."""
     sentences = [Sentence(context[s:e], s, e, float(p), bool(k)) for (s, e), p, k in zip(spans, probs, kept)]
@@ -174,6 +177,7 @@ def build_result(
         blocks=blocks,
         windows=windows,
         lexical_weight=float(lexical_weight),
+        splitter=splitter,
     )
 
 
@@ -208,6 +212,7 @@ def with_kept(result: PruneResult, kept: Sequence[bool]) -> PruneResult:
         result.blocks,
         result.windows,
         result.lexical_weight,
+        result.splitter,
     )
     return replace(rebuilt, budget=result.budget)
 
@@ -337,10 +342,12 @@ def decide_passages(
     spans: Sequence[Sequence[tuple[int, int]]],
     scored: list[Scored],
     tokenizer: Any = None,
+    splitter: str | None = None,
 ) -> list[PruneResult]:
     """A call's results from its passages' scores: the lexical fusion, then per passage
     the sentence rules (or the token windows' own decisions) and the family's zero-rerank
-    rule, then the passage gate over the call, then the order."""
+    rule, then the passage gate over the call, then the order. `splitter` is what each result
+    records as having cut it (None: the rules' splitter; "caller" for the caller's sentences)."""
     scored = fuse_lexical(scored, question, passages, spans, rules.lexical_weight)
     results = []
     for i, (p, sp, sc) in enumerate(zip(passages, spans, scored)):
@@ -365,6 +372,7 @@ def decide_passages(
                 sc.blocks,
                 windows=rules.windows,
                 lexical_weight=rules.lexical_weight,
+                splitter=splitter or rules.splitter,
             )
         )
     return call_rules(results, rules, tokenizer)

@@ -54,6 +54,11 @@ class Family:
     # `relevance_score` mean (rank_score): "logit", the rerank head's logit; "probability",
     # already its sigmoid; "cosine", a cosine in [-1, 1]; "none", no rerank head (0.0).
     score_kind: str = "logit"
+    # What `splitter="reference"` runs (engine.pipeline.splitters): "punkt", NLTK's English punkt
+    # as nltk.sent_tokenize; "open_provence", OpenProvence's process() splitter (fast-bunkai for
+    # text with kana, else its English punkt blocks); "spacy_xx", spaCy's xx_sent_ud_sm (not run
+    # by the engine: refused); "none", no code of the family's own that splits (refused).
+    reference_splitter: str = "punkt"
 
     def rank_score(self, reranking_score: float | None, raw: bool = False) -> float:
         """The passage's ranking score as the HTTP API reports it: in [0, 1] (`raw=False`:
@@ -106,6 +111,7 @@ FAMILIES: dict[str, Family] = {
         backbone="xlm-roberta",
         description="naver/xprovence-reranker-bgem3: XLM-RoBERTa + rerank and token heads",
         usual_tokenizer="BAAI/bge-reranker-v2-m3 (XLM-RoBERTa's)",
+        reference_splitter="spacy_xx",
     ),
     "open_provence": Family(
         name="open_provence",
@@ -125,6 +131,7 @@ FAMILIES: dict[str, Family] = {
         score_kind="probability",
         fragment_divisor=2,
         usual_tokenizer="the base model's (BAAI/bge-m3 for zilliz/semantic-highlight-bilingual-v1)",
+        reference_splitter="open_provence",
     ),
     "opensearch": Family(
         name="opensearch",
@@ -168,6 +175,7 @@ FAMILIES: dict[str, Family] = {
         rerank_merge="max",
         score_kind="cosine",
         usual_tokenizer="the encoder's own (e.g. sentence-transformers/all-MiniLM-L6-v2)",
+        reference_splitter="none",
     ),
 }
 

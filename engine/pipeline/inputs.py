@@ -13,8 +13,8 @@ The rules:
   (None) and an empty pruned text: a retriever's empty chunk does not fail the call;
 - at most `Limits.max_passages` passages and `Limits.max_chars` characters (code points
   of the question and every passage together) in one call;
-- options: threshold, alpha and lexical_weight in [0, 1], title and windows from their
-  lists, top_k a positive integer, passage_margin a finite number (negative: no gate).
+- options: threshold, alpha and lexical_weight in [0, 1], title, windows and splitter from
+  their lists, top_k a positive integer, passage_margin a finite number (negative: no gate).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from engine.settings import DEFAULTS, setting
 
 TITLE_RULES = ("first_sentence", "none")
 WINDOWS = ("reference", "sentences")
+SPLITTERS = ("engine", "reference")
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,15 @@ def check_windows(windows: Any) -> str | None:
     return windows
 
 
+def check_splitter(splitter: Any) -> str | None:
+    """who cuts a passage into sentences: engine, the engine's multilingual splitter; reference, the
+    family's own code's (NLTK's English punkt; OpenProvence: fast-bunkai for Japanese text)"""
+    # checked: None or one of SPLITTERS (engine.pipeline.splitters runs them).
+    if splitter is not None and splitter not in SPLITTERS:
+        raise InputError(f"splitter must be one of {SPLITTERS}, got {splitter!r}")
+    return splitter
+
+
 def check_alpha(alpha: Any) -> float | None:
     """backoff: when no sentence passes, keep the best one if its probability is at least alpha, in
     [0, 1]; negative: no backoff"""
@@ -240,6 +250,7 @@ class CallOptions:
     top_k: int | None = _option(None, check_top_k)
     reorder: bool = _option(False, check_reorder)
     windows: str | None = _option(None, check_windows)
+    splitter: str | None = _option(None, check_splitter)
     lexical_weight: float | None = _option(None, check_lexical_weight)
     passage_margin: float | None = _option(None, check_passage_margin)
     budget_tokens: int | None = _option(None, check_budget_tokens)
@@ -297,14 +308,15 @@ def option_type(name: str) -> type:
         "top_k": int,
         "title": str,
         "windows": str,
+        "splitter": str,
         "budget_tokens": int,
         "budget_tokenizer": str,
     }.get(f.name, float)
 
 
 def option_choices(name: str) -> tuple[str, ...] | None:
-    """The values a text option takes (title, windows), None for the others."""
-    return {"title": TITLE_RULES, "windows": WINDOWS}.get(name)
+    """The values a text option takes (title, windows, splitter), None for the others."""
+    return {"title": TITLE_RULES, "windows": WINDOWS, "splitter": SPLITTERS}.get(name)
 
 
 def option_fields(rename: dict[str, str] | None = None) -> dict[str, tuple[Any, Any]]:

@@ -27,6 +27,7 @@ from engine.pipeline.inputs import (
     check_threshold,
     check_title,
     check_top_k,
+    check_splitter,
     check_windows,
 )
 
@@ -54,6 +55,7 @@ class Rules:
     title: str = "none"  # "first_sentence": the first sentence is a title
     alpha: float | None = None  # backoff: keep the best sentence when it reaches this; None: off
     windows: str = "sentences"  # how a long passage is cut (engine.pipeline.inputs.WINDOWS)
+    splitter: str = "engine"  # who cuts passages into sentences (engine.pipeline.splitters)
     lexical_weight: float = 0.0  # the lexical score's share in the fused scores (0: the model alone)
     lexical_threshold: float | None = None  # the threshold when lexical_weight > 0; None: `threshold`
     passage_margin: float | None = None  # the passage gate's margin below the call's best; None: no gate
@@ -71,6 +73,7 @@ class Rules:
         if self.keep_rule not in KEEP_RULES:
             raise ValueError(f"keep_rule must be one of {KEEP_RULES}, got {self.keep_rule!r}")
         check_windows(self.windows)
+        check_splitter(self.splitter)
         check_title(self.title)
         check_top_k(self.top_k)
 

@@ -156,6 +156,7 @@ class TritonTextPruner(FromSpec):
                 offset=s,
                 windows=rules.windows,
                 lexical_weight=rules.lexical_weight,
+                splitter=rules.splitter,
             )
         if len(results) != len(passages):
             raise BackendError(f"the text model returned {len(results)} results for {len(passages)} passages")

@@ -6,7 +6,7 @@ One request is one question and its passages, as UTF-8 BYTES tensors:
              passages  BYTES [P]          required (P may be 0)
              and one optional tensor [1] per option of engine.pipeline.inputs.CallOptions, of its
              type (FP32 threshold, alpha, lexical_weight, passage_margin; INT32 top_k;
-             BOOL reorder; BYTES title, windows): absent is the model's default, a
+             BOOL reorder; BYTES title, windows, splitter): absent is the model's default, a
              negative alpha or passage_margin turns that rule off, as everywhere
     outputs  passage_index    INT32 [R]        which input passage each row is (input order,
                                                or best first with top_k)
@@ -228,10 +228,11 @@ def tensors_to_results(
     offset: int = 0,
     windows: str = "sentences",
     lexical_weight: float = 0.0,
+    splitter: str = "engine",
 ) -> list[PruneResult]:
     """PruneResults (code point offsets) from one response of the text model; `offset` is
     the index of `passages[0]` in the caller's whole call; `windows` the windowing it ran,
-    `threshold` and `lexical_weight` the settings it ran with."""
+    `splitter` the splitter, `threshold` and `lexical_weight` the settings it ran with."""
     results = []
     for row, idx in enumerate(np.asarray(out["passage_index"]).reshape(-1)):
         context = passages[int(idx)]
@@ -262,6 +263,7 @@ def tensors_to_results(
                 blocks=int(out["blocks"][row]),
                 windows=windows,
                 lexical_weight=float(lexical_weight),
+                splitter=splitter,
             )
         )
     return results

@@ -94,7 +94,8 @@ def test_open_provence_decides_as_its_process_does(tmp_path):
     gave to neither is missing from its pruned text, and it puts its own whitespace between
     kept sentences that are not adjacent, or none ("gravitational.In the 20th century");
     the engine keeps the passage's own whitespace: the pruned texts hold the same characters
-    apart from whitespace. With `windows="sentences"` (the engine's token-weighted pieces)
+    apart from whitespace. The same with `splitter="reference"` and no sentences given: the
+    engine cuts the passages as process() does. With `windows="sentences"` (the engine's token-weighted pieces)
     the documents whose probabilities move are exactly those with such a long sentence."""
     import dataclasses
 
@@ -115,14 +116,21 @@ def test_open_provence_decides_as_its_process_does(tmp_path):
         ("t05", pruner, "peer_sentences", {"threshold": 0.5}),
         ("noempty0", keep_zero, "peer_sentences", {}),
         ("strip", keep_zero, "peer_sentences_strip", {}),
+        # its own sentences without being given them: its splitter (engine.pipeline.splitters)
+        ("default", pruner, None, {"splitter": "reference"}),
+        ("t05", pruner, None, {"splitter": "reference", "threshold": 0.5}),
     )
     for doc in docs:
         assert pruner.family.rules.threshold == doc["threshold_default"]
         if max(len(t) for t in pruner.encoder.tokenize(doc["peer_sentences"])) > half:
             long_docs.add(doc["id"])
         for run, engine, key, options in runs:
-            peer, sentences = doc["runs"][run], doc[key]
-            r = engine.prune(doc["question"], [doc["context"]], sentences=[sentences], **options)[0]
+            peer, sentences = doc["runs"][run], doc[key or "peer_sentences"]
+            given = [sentences] if key else None
+            r = engine.prune(doc["question"], [doc["context"]], sentences=given, **options)[0]
+            assert r.splitter == ("caller" if key else "reference")
+            if not key:
+                assert [s.text for s in r.sentences] == [s.strip() for s in sentences], doc["id"]
             np.testing.assert_allclose(
                 [s.probability for s in r.sentences],
                 peer["probs"],
@@ -156,8 +164,8 @@ def test_opensearch_windows_decide_as_its_pipeline_does(tmp_path):
     default `windows="reference"` the engine cuts the same windows (same sentences covered,
     same token counts), scores each within 1e-5, keeps what each window keeps, and keeps
     their union, on whole documents (`full`, 2-11 windows) and on their first three
-    sentences (`short`). With `windows="sentences"` the count of sentences whose decision
-    changes is measured, and must be non-zero (the two really differ)."""
+    sentences (`short`); the same with `splitter="reference"` and no sentences given. With
+    `windows="sentences"` the count of sentences whose decision changes is measured, and must be non-zero (the two really differ)."""
     family = "opensearch"
     export_model(PEER / family / "checkpoint", tmp_path / family, log=lambda m: None)
     pruner = Pruner.load(tmp_path / family, threads=1)
@@ -198,6 +206,9 @@ def test_opensearch_windows_decide_as_its_pipeline_does(tmp_path):
                 windows_seen += 1
             kept = {i for i, s in enumerate(r.sentences) if s.kept}
             assert kept ^ set(doc["union"]) <= tied, (name, doc["id"])
+            # the pipeline's own sentences without being given them: the same result
+            own = pruner.prune(doc["question"], [doc["context"]], splitter="reference")[0]
+            assert own.splitter == "reference" and own.sentences == r.sentences, (name, doc["id"])
             ties += [(doc["id"], t) for t in tied]
             if name == "full":
                 other = pruner.prune(

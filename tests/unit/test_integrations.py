@@ -61,6 +61,7 @@ def test_every_call_option_is_a_field_of_every_adapter():
         "top_k": 3,
         "reorder": True,
         "windows": "sentences",
+        "splitter": "reference",
         "lexical_weight": 0.3,
         "passage_margin": 0.05,
         "budget_tokens": 400,

@@ -34,6 +34,7 @@ def test_defaults_checks_and_one_meaning_of_off():
         ({"passage_margin": math.inf}, "passage_margin must be a finite"),
         ({"title": "top"}, "title must be one of"),
         ({"windows": "tokens"}, "windows must be one of"),
+        ({"splitter": "spacy"}, "splitter must be one of"),
         ({"top_k": 0}, "top_k must be a positive"),
         ({"reorder": "yes"}, "reorder must be"),
         ({"lexical_weight": 1.5}, "lexical_weight must be in"),
@@ -153,6 +154,7 @@ OPTIONS = st.builds(
     top_k=st.one_of(st.none(), st.integers(1, 50)),
     reorder=st.booleans(),
     windows=st.sampled_from([None, "reference", "sentences"]),
+    splitter=st.sampled_from([None, "engine", "reference"]),
     lexical_weight=st.one_of(st.none(), st.floats(0, 1)),
     passage_margin=st.one_of(st.none(), st.floats(0, 3), st.just(-1.0)),
 )

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.unit
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 #: pieces that exercise every rule of the splitter: punctuation, abbreviations, decimals,
-#: quotes, list markers, blank lines, CJK stops, and Unicode's odd spaces and line breaks
+#: quotes, list markers and enumerators, acronyms, blank lines, CJK stops and quotes, and Unicode's
+#: odd spaces and line breaks
 PIECES = st.sampled_from(
     [
         "a",
@@ -42,6 +43,15 @@ PIECES = st.sampled_from(
         "？",
         "「",
         "」",
+        "『",
+        "“",
+        "”",
+        "IA.",
+        "EUA. ",
+        " A ",
+        "Dr. ",
+        ": ",
+        "：",
         '"',
         "'",
         "(",

@@ -56,6 +56,68 @@ def test_cjk_sentence_punctuation():
     assert sents("「你好。」他说。") == ["「你好。」", "他说。"]
 
 
+def test_a_sentence_final_acronym_ends_its_sentence_where_no_english_abbreviation_is_meant():
+    assert sents("Os sistemas usam IA. A etapa seguinte poda o texto.") == [
+        "Os sistemas usam IA.",
+        "A etapa seguinte poda o texto.",
+    ]
+    assert sents("O modelo usa IA. Isso reduz o custo. O tamanho em PT. O resto.") == [
+        "O modelo usa IA.",
+        "Isso reduz o custo.",
+        "O tamanho em PT.",
+        "O resto.",
+    ]
+    # nupunkt already cut these: the same
+    assert sents("A regra vale na UE. O texto saiu nos EUA. Os dados vieram depois.") == [
+        "A regra vale na UE.",
+        "O texto saiu nos EUA.",
+        "Os dados vieram depois.",
+    ]
+    # English abbreviations are still no sentence end: inner periods, titles in capitals, all-caps
+    # text, a lower-case word after the period
+    for text in [
+        "The U.S. Army is large.",
+        "He met Dr. Smith and Mr. Jones e.g. at noon.",
+        "DR. Smith arrived.",
+        "CHAPTER XV. A POOR WIDOW",
+        "They met the CEO. and left.",
+        "The study (Ph.D. Thesis) is long.",
+    ]:
+        assert sents(text) == [text], text
+
+
+def test_an_opening_quote_after_a_cjk_stop_starts_the_next_sentence():
+    assert sents('模型发布了。"少即是多"，作者说。') == ["模型发布了。", '"少即是多"，作者说。']
+    assert sents('彼は"短いほうがよい。"と答えた。') == [
+        '彼は"短いほうがよい。"',
+        "と答えた。",
+    ]  # a closing one stays
+    for opening in "「『“":
+        close = {"「": "」", "『": "』", "“": "”"}[opening]
+        text = f"模型发布了。{opening}少即是多{close}，作者说。"
+        assert sents(text) == ["模型发布了。", f"{opening}少即是多{close}，作者说。"]
+    assert sents("真的吗！？好的。") == ["真的吗！？", "好的。"]  # a run of stops is one end
+
+
+def test_an_enumerator_is_never_a_sentence_of_its_own_whatever_script_follows():
+    for item in [
+        "给定问题，检索段落。",
+        "Context pruning keeps it.",
+        "質問に合う文書を検索する。",
+        "Recuperar os documentos.",
+    ]:
+        assert sents(f"Steps:\n1. {item}\n2. {item}") == ["Steps:", f"1. {item}", f"2. {item}"]
+    assert sents("The steps: 1. Retrieve. 2. Prune.") == ["The steps:", "1. Retrieve.", "2. Prune."]
+    assert sents("手順：1. 検索する。2. 削除する。") == ["手順：", "1. 検索する。", "2. 削除する。"]
+    assert sents("The ratio is 2:1. Assumptions hold.") == ["The ratio is 2:1.", "Assumptions hold."]
+    assert sents("I counted to 3. Then I stopped.") == ["I counted to 3.", "Then I stopped."]
+
+
+def test_latin_punctuation_before_cjk_text_cuts_but_not_after_an_abbreviation():
+    assert sents("He left. 然后他走了。") == ["He left.", "然后他走了。"]
+    assert sents("Dr. 田中は来た。Use e.g. 中文。") == ["Dr. 田中は来た。", "Use e.g. 中文。"]
+
+
 def test_blank_lines_and_bullets_are_boundaries():
     assert sents(TRICKY[6]) == ["First paragraph ends here", "Second paragraph has no final stop"]
     assert sents(TRICKY[7]) == [
