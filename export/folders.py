@@ -3,6 +3,7 @@ staged export moved into `--out`, and the size past which a graph keeps its weig
 
 from __future__ import annotations
 
+import datetime as _dt
 import shutil
 from pathlib import Path
 
@@ -24,3 +25,26 @@ def move_into(stage: Path, out: Path) -> None:
         if target.exists():
             target.unlink() if target.is_file() else shutil.rmtree(target)
         shutil.move(str(item), str(target))
+
+
+def exported_with() -> dict:
+    """What a manifest records of the tools that made the export, and when."""
+    import onnx
+    import onnxruntime
+    import torch
+    import transformers
+
+    import engine
+
+    return {
+        "engine": engine.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "onnx": onnx.__version__,
+        "onnxruntime": onnxruntime.__version__,
+    }
+
+
+def created() -> str:
+    """The export's time, UTC, to the second."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")

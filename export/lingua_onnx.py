@@ -22,7 +22,6 @@ reported) and refused when it fails.
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import shutil
 import tempfile
@@ -39,7 +38,7 @@ from engine.errors import ExportError
 from engine.pipeline.lingua_decide import CompressOptions, plan
 from engine.pipeline.lingua_words import LinguaTokenizer, check_folder, lingua_layout
 from engine.pipeline.spec import COMPRESSOR_INPUTS, COMPRESSOR_OUTPUT, MANIFEST_FORMAT, CompressorManifest
-from export.folders import EXTERNAL_DATA_BYTES, move_into, step_path
+from export.folders import EXTERNAL_DATA_BYTES, created, exported_with, move_into, step_path
 from export.parity import INT8_TOLERANCE
 
 #: the tokenizer files an export carries (those the checkpoint has)
@@ -327,7 +326,6 @@ def manifest_of(
     checks: list[dict[str, Any]],
 ) -> dict[str, Any]:
     """The manifest of the export staged in `stage` (engine.pipeline.spec.CompressorManifest reads it)."""
-    import onnx
 
     manifest: dict[str, Any] = {
         "format": MANIFEST_FORMAT,
@@ -354,14 +352,8 @@ def manifest_of(
             "num_attention_heads": config.get("num_attention_heads"),
             "hidden_size": config.get("hidden_size"),
         },
-        "exported_with": {
-            "engine": engine.__version__,
-            "torch": torch.__version__,
-            "transformers": __import__("transformers").__version__,
-            "onnx": onnx.__version__,
-            "onnxruntime": __import__("onnxruntime").__version__,
-        },
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "exported_with": exported_with(),
+        "created": created(),
     }
     if opts.verify:
         manifest["verification"] = checks[-1] if checks else None

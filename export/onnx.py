@@ -19,7 +19,6 @@ PyTorch (export/parity.py), `save_tensorrt_graph`, `manifest_of` and `move_into`
 
 from __future__ import annotations
 
-import datetime as _dt
 import shutil
 import contextlib
 import tempfile
@@ -40,7 +39,7 @@ from engine.pipeline.lingua_words import is_lingua_checkpoint
 from engine.pytorch.torch_model import TorchModel, embedding_rows, load_torch_model
 from engine.pipeline.spec import GRAPH_OUTPUTS, MANIFEST_FORMAT, Manifest
 from export import deberta
-from export.folders import EXTERNAL_DATA_BYTES, move_into
+from export.folders import EXTERNAL_DATA_BYTES, created, exported_with, move_into
 from export.folders import step_path as _step_path
 from export import gpu as gpu_graph
 from export.optimize import convert_fp16, encoder_dims, fix_graph, optimize_graph, quantize_int8
@@ -404,7 +403,6 @@ def manifest_of(
 ) -> dict[str, Any]:
     """The manifest of the export staged in `stage` (engine.pipeline.spec.Manifest reads it):
     `details`, what the conversion steps did; `checks`, the parity reports."""
-    import onnx
 
     tm, fam = source.model, source.family
     heads, hidden = source.dims
@@ -441,14 +439,8 @@ def manifest_of(
             "hidden_size": hidden,
         },
         "options": family_options(tm.module),
-        "exported_with": {
-            "engine": engine.__version__,
-            "torch": torch.__version__,
-            "transformers": __import__("transformers").__version__,
-            "onnx": onnx.__version__,
-            "onnxruntime": __import__("onnxruntime").__version__,
-        },
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "exported_with": exported_with(),
+        "created": created(),
     }
     if opts.verify:
         manifest["verification"] = checks[-1]
