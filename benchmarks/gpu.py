@@ -333,7 +333,7 @@ def torch_peers(run: Run, ck: Path, label: str, cfg: dict, shapes, mode: str):
 def engine(run: Run, export: Export, label: str, cfg: dict, shapes, reference) -> None:
     """The engine's rows on `export`, opened as `Pruner.load` opens it on this device (and
     with ONNX Runtime's TensorRT provider, with --tensorrt)."""
-    from engine.pipeline.batching import BatchingConfig
+    from engine.pipeline.encode import BatchingConfig
     from engine.pruner import Pruner
 
     a = run.args

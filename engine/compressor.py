@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from engine import cancel
 from engine.errors import InputError, ModelLoadError
+from engine.pruner import check_cancelled
 from engine.pipeline.budget import tiktoken_encoding
 from engine.pipeline.inputs import Limits, check_unicode, default_limits
 from engine.pipeline.lingua_decide import CompressOptions, CompressResult, WordCounter, decide, plan
@@ -156,7 +156,7 @@ class Compressor:
         order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].ids))
         out: list[np.ndarray] = [np.zeros(0)] * len(chunks)
         for at in range(0, len(order), BATCH_CHUNKS):
-            cancel.check()  # a caller that gave up (the API past its deadline) stops the call here
+            check_cancelled()  # a caller that gave up (the API past its deadline) stops the call here
             batch = order[at : at + BATCH_CHUNKS]
             length = max(len(chunks[i].ids) for i in batch)
             ids = np.full((len(batch), length), self.pad_id, dtype=np.int64)

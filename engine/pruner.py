@@ -3,13 +3,17 @@
     pruner = Pruner.load("build/provence")            # ONNX Runtime in-process
     results = pruner.prune(question, [p1, p2, ...], threshold=0.1)
 
-Pipeline (engine.pipeline's modules): split sentences (text) -> tokenize once, build blocks (encode)
--> sort and pack by a token budget (batching) -> backend.infer -> merge blocks and decide (decide).
+Pipeline (engine.pipeline's modules): split sentences (text) -> tokenize once, build blocks, sort
+and pack them by a token budget (encode) -> backend.infer -> merge blocks and decide (decide).
+A call's cancellation lives here too (`run_cancellable`, `check_cancelled`): a caller that gives
+up sets the call's stop event, and the work stops between two model batches.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,17 +21,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.backends.base import Backend
+from engine.errors import BackendError, Cancelled, InputError, PruneError
 from engine.pipeline import text as textmod
-from engine.pipeline.splitters import split_passage
-from engine.pipeline.batching import BatchingConfig, ModelBatch, collate, plan
 from engine.pipeline.decide import PruneResult, Scored, decide_passages, merge_blocks, window_decisions
-from engine.pipeline.encode import Block, Encoder
+from engine.pipeline.encode import BatchingConfig, Block, Encoder, ModelBatch, collate, plan
+from engine.pipeline.families import Rules
 from engine.pipeline.inputs import CallOptions, Limits, check_call, check_sentences, default_limits
-from engine.pipeline.rules import Rules
 from engine.pipeline.spec import ModelSpec
-from engine.errors import BackendError, InputError, PruneError
+from engine.pipeline.text import split_passage
 from engine.protocol import FromSpec, PrunerProtocol
-from engine import cancel
 from engine.settings import DEFAULTS
 
 if TYPE_CHECKING:
@@ -40,7 +42,7 @@ MAX_CALL_CHARS = DEFAULTS.max_call_chars
 @dataclass
 class Call:
     """One prepared `prune` call: the checked inputs, the rules it runs with (its options
-    resolved once, engine.pipeline.rules) and how its passages are cut, the sentence spans of every
+    resolved once, engine.pipeline.families) and how its passages are cut, the sentence spans of every
     passage, its blocks and the padded batches the core must run."""
 
     passages: list[str]
@@ -160,7 +162,7 @@ class Pruner(FromSpec):
         passage, or (start, end) spans) instead of the built-in splitter.
         """
         call = self.prepare(question, passages, options, sentences=sentences, **changes)
-        return self.finish(call, cancel.infer_batches(self.backend, call.batches) if call.batches else [])
+        return self.finish(call, infer_batches(self.backend, call.batches) if call.batches else [])
 
     def prepare(
         self,
@@ -327,7 +329,7 @@ class Pruner(FromSpec):
     def _run_blocks(self, blocks: Sequence[Block]) -> list[tuple[float, np.ndarray]]:
         """Model outputs per block: (rerank score, probabilities of its sentence slots)."""
         batches = self._batches(blocks)
-        return _block_outputs(blocks, batches, cancel.infer_batches(self.backend, batches))
+        return _block_outputs(blocks, batches, infer_batches(self.backend, batches))
 
     def close(self) -> None:
         """Release the core's sessions or connections."""
@@ -412,7 +414,7 @@ def model_scores(
     decision but the token windows' own at the family's defaults): what `prune eval` and
     `prune fidelity` measure. The same route as `prune`: `prepare`, the model, the scores."""
     call = pruner.prepare(question, passages, sentences=spans, windows=windows, lexical_weight=0.0)
-    outputs = cancel.infer_batches(pruner.backend, call.batches)
+    outputs = infer_batches(pruner.backend, call.batches)
     return pruner._scores(call, _block_outputs(call.blocks, call.batches, outputs))
 
 
@@ -428,3 +430,45 @@ def workload_batches(pruner: Pruner, queries) -> list[ModelBatch]:
 def windows_of(pruner: Pruner, windows: str | None) -> str:
     """The windowing a call that passes `windows` runs (None: the model's default)."""
     return pruner.spec.family.rules.resolve(CallOptions.of(windows=windows)).windows
+
+
+# A call's cancellation: a caller that gives up on a call (the HTTP API past `--request-timeout`,
+# a gRPC call past its deadline) sets the call's stop event, and the work stops at its next
+# check, between two model batches, so an abandoned call frees its worker within one batch's
+# time instead of running to its end. The caller runs `run_cancellable(stop, pruner.prune, ...)`
+# in its pool and sets `stop` to give up; the work calls `check_cancelled()` between batches.
+# A call run without a stop event (the Python API, the CLI) is never cancelled.
+
+#: the stop event of the call running in this thread (or task), if its caller can give up on it
+_STOP: ContextVar[threading.Event | None] = ContextVar("prune_call_stop", default=None)
+
+
+def run_cancellable(stop: threading.Event, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` as a call that stops at its next `check_cancelled()` once `stop` is set."""
+    token = _STOP.set(stop)
+    try:
+        return fn(*args)
+    finally:
+        _STOP.reset(token)
+
+
+def check_cancelled() -> None:
+    """Raise Cancelled if the caller of the call running here has given up on it."""
+    stop = _STOP.get()
+    if stop is not None and stop.is_set():
+        raise Cancelled("the call was abandoned by its caller (past its deadline); its work stopped")
+
+
+def infer_batches(backend: Any, batches: Sequence[Any]) -> list[Any]:
+    """`backend.infer_many(batches)`, with `check_cancelled()` before each batch where the core runs them
+    one after another in this thread (an in-process core: the Backend's own `infer_many`). A
+    remote core, which sends a call's batches together, gets them at once: its transport's
+    deadline bounds it."""
+    check_cancelled()
+    if getattr(type(backend), "infer_many", None) is not Backend.infer_many:
+        return backend.infer_many(batches)
+    out = []
+    for batch in batches:
+        check_cancelled()
+        out.append(backend.infer(batch))
+    return out

@@ -19,8 +19,8 @@ PyTorch (export/parity.py), `save_tensorrt_graph`, `manifest_of` and `move_into`
 
 from __future__ import annotations
 
-import shutil
 import contextlib
+import shutil
 import tempfile
 import time
 import warnings
@@ -31,17 +31,16 @@ from typing import Any, Callable
 import torch
 
 import engine
-from engine.pipeline.batching import BatchingConfig
-from engine.pipeline.encode import Encoder
 from engine.errors import ExportError
+from engine.pipeline.encode import BatchingConfig, Encoder
 from engine.pipeline.families import Family
 from engine.pipeline.lingua_words import is_lingua_checkpoint
-from engine.pytorch.torch_model import TorchModel, embedding_rows, load_torch_model
 from engine.pipeline.spec import GRAPH_OUTPUTS, MANIFEST_FORMAT, Manifest
+from engine.pytorch.torch_model import TorchModel, embedding_rows, load_torch_model
 from export import deberta
+from export import gpu as gpu_graph
 from export.folders import EXTERNAL_DATA_BYTES, created, exported_with, move_into
 from export.folders import step_path as _step_path
-from export import gpu as gpu_graph
 from export.optimize import convert_fp16, encoder_dims, fix_graph, optimize_graph, quantize_int8
 from export.parity import FP16_TOLERANCE, INT8_TOLERANCE, PARITY_TOLERANCE, Parity
 from export.samples import sample_batches

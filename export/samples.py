@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.pipeline.batching import BatchingConfig
-from engine.pipeline.encode import Encoder
+from engine.pipeline.encode import BatchingConfig, Encoder
 
 SAMPLE_QUESTION = "What goes on the bottom of the pie, and who wrote about it first?"
 SAMPLE_PASSAGES = [
@@ -23,7 +22,7 @@ SAMPLE_PASSAGES = [
 
 def sample_batches(encoder: Encoder, batch_sizes=(1, 3)) -> list[dict[str, np.ndarray]]:
     """Realistic inputs from the engine's own encoder: short, long (multi-block), CJK."""
-    from engine.pipeline.batching import collate, plan
+    from engine.pipeline.encode import collate, plan
     from engine.pipeline.text import split_sentences
 
     q = encoder.question_ids(SAMPLE_QUESTION)

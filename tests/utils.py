@@ -113,7 +113,7 @@ def load_test(connect, call, clients: int, seconds: float = 3.0, per_client: int
 
 def with_window(pruner, max_length: int, **batching):
     """The same model and backend with a smaller window (forces multi-block passages)."""
-    from engine.pipeline.batching import BatchingConfig
+    from engine.pipeline.encode import BatchingConfig
     from engine.pruner import Pruner
 
     spec = dataclasses.replace(pruner.spec, max_length=max_length)

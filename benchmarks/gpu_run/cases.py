@@ -50,7 +50,7 @@ def feeds(batch: int, length: int, vocab: int, seed: int = 0) -> dict[str, np.nd
 
 def model_batch(arrays: dict[str, np.ndarray]):
     """The arrays as the engine's ModelBatch (what a backend runs)."""
-    from engine.pipeline.batching import ModelBatch
+    from engine.pipeline.encode import ModelBatch
 
     rows = arrays["input_ids"].shape[0]
     return ModelBatch(

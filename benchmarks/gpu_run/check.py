@@ -56,7 +56,7 @@ def export_fp16(folder: Path, sizes: dict) -> Path:
 
 def batch(rows: int, length: int, seed: int, vocab: int = 500):
     """A ModelBatch of random ids, a ragged mask and sentences of 16 tokens."""
-    from engine.pipeline.batching import ModelBatch
+    from engine.pipeline.encode import ModelBatch
 
     rng = np.random.default_rng(seed)
     ids = rng.integers(5, vocab, size=(rows, length)).astype(np.int64)

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from engine.pipeline.batching import BatchingConfig, ModelBatch
+from engine.pipeline.encode import BatchingConfig, ModelBatch
 
 
 class Backend(ABC):

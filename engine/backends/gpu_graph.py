@@ -55,7 +55,7 @@ from engine.backends.onnxruntime import (
     session_options,
     thread_denormals,
 )
-from engine.pipeline.batching import BatchingConfig, ModelBatch
+from engine.pipeline.encode import BatchingConfig, ModelBatch
 from engine.errors import BackendError, ModelLoadError
 from engine.settings import DEFAULTS
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.base import Backend
-from engine.pipeline.batching import ModelBatch
+from engine.pipeline.encode import ModelBatch
 from engine.errors import BackendError, ModelLoadError
 from engine.settings import DEFAULTS, checked
 

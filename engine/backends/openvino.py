@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.base import Backend
-from engine.pipeline.batching import ModelBatch
+from engine.pipeline.encode import ModelBatch
 from engine.machine.cpu import BF16_FLAGS, cpu_flags
 from engine.errors import BackendError, ModelLoadError
 from engine.pipeline.spec import RUNTIMES

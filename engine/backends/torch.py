@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.base import Backend
-from engine.pipeline.batching import ModelBatch
+from engine.pipeline.encode import ModelBatch
 from engine.errors import BackendError
 
 

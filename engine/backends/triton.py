@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from engine.backends.base import Backend
-from engine.pipeline.batching import ModelBatch
+from engine.pipeline.encode import ModelBatch
 from engine.errors import BackendError, ModelLoadError
 from engine.pipeline.spec import GRAPH_OUTPUTS
 from engine.triton.client import Transport

@@ -28,7 +28,7 @@ def fixed_batches(pruner, queries) -> list:
     the pruner's core runs, as the GPU's fixed shapes do)."""
     import copy
 
-    from engine.pipeline.batching import BatchingConfig
+    from engine.pipeline.encode import BatchingConfig
 
     fixed = copy.copy(pruner)
     fixed.batching = BatchingConfig(strategy="fixed", max_batch_size=8)

@@ -193,7 +193,7 @@ def registry(o: BenchOptions, family: str) -> list[BenchPath]:
 
 def _reference_paths(o: BenchOptions, family: str) -> list[BenchPath]:
     """PyTorch on the checkpoint, and the peers on the embedding family's job."""
-    from engine.pipeline.batching import BatchingConfig
+    from engine.pipeline.encode import BatchingConfig
 
     if not o.checkpoint:
         return []
@@ -235,7 +235,7 @@ def _reference_paths(o: BenchOptions, family: str) -> list[BenchPath]:
 def _in_process_paths(o: BenchOptions, int8: bool) -> list[BenchPath]:
     """The exports in this process: the default model, ONNX Runtime's precisions (and the
     batching ablation), OpenVINO's."""
-    from engine.pipeline.batching import BatchingConfig
+    from engine.pipeline.encode import BatchingConfig
 
     on = "" if o.device == "cpu" else "-cuda"
     fixed = BatchingConfig(strategy="fixed", max_batch_size=8)

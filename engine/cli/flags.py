@@ -178,7 +178,7 @@ def tags(args) -> tuple[str, str]:
 
 def batching(args):
     """The BatchingConfig the flags ask for."""
-    from engine.pipeline.batching import BatchingConfig
+    from engine.pipeline.encode import BatchingConfig
 
     return BatchingConfig(max_batch_tokens=args.max_batch_tokens, max_batch_size=args.max_batch_size)
 

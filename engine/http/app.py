@@ -405,7 +405,7 @@ async def guard(request: Request, call_next):
     if path not in OPEN_PATHS and not api.config.authorizes(request.headers.get("authorization")):
         api.metrics.requests.labels(route, "401").inc()
         return _error(ApiError.UNAUTHORIZED, "a valid API key is required: Authorization: Bearer KEY")
-    refused = compress_api.not_offered(api, path)
+    refused = api.refused.get(path)
     if refused is not None:  # a compressor's app and a pruner's serve each other's routes with a 404
         api.metrics.requests.labels(route, "404").inc()
         return _error(ApiError.NOT_OFFERED, refused)
@@ -458,7 +458,8 @@ def create_app(
     app.include_router(compress_api.router)
     for path in PAGE_FILES:
         app.get(path, include_in_schema=False)(page_handler(path))
-    app.state.api = ApiState.of(pruner, config, routes=route_paths(app), embedder=embedder, log=log)
+    app.state.api = api = ApiState.of(pruner, config, routes=route_paths(app), embedder=embedder, log=log)
+    api.refused = compress_api.refusals(api)
     return _BodyLimit(app, config.max_body_bytes, config.body_timeout)
 
 

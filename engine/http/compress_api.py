@@ -9,7 +9,8 @@ The body is engine.pipeline.lingua_decide.CompressOptions' fields (one definitio
 nearest), as /v1/prune refuses one; the call's limits are the pruner's (contexts, characters).
 `prune api --model` on an LLMLingua-2 checkpoint or export serves this route, /health, /info
 and /metrics; the pruning routes answer 404 saying the model is a compressor, and this route
-on a pruning model answers 404 saying it is not one (`not_offered`).
+on a pruning model answers 404 saying it is not one (`refusals`, read once: the app's guard
+looks the path up).
 """
 
 from __future__ import annotations
@@ -128,20 +129,19 @@ async def compress_endpoint(req: CompressRequest, request: Request):  # type: ig
     return CompressResponse(**result.to_dict())
 
 
-def not_offered(api: ApiState, path: str) -> str | None:
-    """Why `path` is not served for the loaded model (a pruning route on a compressor, or
-    /v1/compress on a pruner), or None when it is."""
-    if api.compressor is not None and path in PRUNING_PATHS:
-        return (
-            f"the loaded model ({api.config.model_name}) is an LLMLingua-2 compressor: it serves POST {PATH}, "
-            f"not {path} (a pruning model does: prune api --model PRUNING_MODEL)"
-        )
-    if api.compressor is None and path == PATH:
-        return (
-            f"the loaded model ({api.config.model_name}) is a pruning model (family {api.family.name}): "  # type: ignore[union-attr]
-            f"{PATH} needs an LLMLingua-2 compressor (prune api --model LLMLINGUA2_CHECKPOINT_OR_EXPORT)"
-        )
-    return None
+def refusals(api: ApiState) -> dict[str, str]:
+    """The routes not served for the loaded model, each with why (a pruning route on a
+    compressor, or /v1/compress on a pruner): read once when the app is made."""
+    if api.compressor is not None:
+        return {
+            path: f"the loaded model ({api.config.model_name}) is an LLMLingua-2 compressor: it serves POST "
+            f"{PATH}, not {path} (a pruning model does: prune api --model PRUNING_MODEL)"
+            for path in PRUNING_PATHS
+        }
+    return {
+        PATH: f"the loaded model ({api.config.model_name}) is a pruning model (family {api.family.name}): "  # type: ignore[union-attr]
+        f"{PATH} needs an LLMLingua-2 compressor (prune api --model LLMLINGUA2_CHECKPOINT_OR_EXPORT)"
+    }
 
 
 def info(api: ApiState, version: str) -> CompressorInfo:
@@ -172,6 +172,6 @@ __all__ = [
     "CompressorInfo",
     "ErrorBody",
     "router",
-    "not_offered",
+    "refusals",
     "info",
 ]

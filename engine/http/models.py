@@ -17,9 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from pydantic_core import PydanticCustomError
 
 from engine.pipeline.decide import PruneResult
-from engine.pipeline.families import Family
+from engine.pipeline.families import Family, Rules
 from engine.pipeline.inputs import CallOptions, option_fields, unknown_name
-from engine.pipeline.rules import Rules
 
 # --------------------------------------------------------------------------- errors
 
@@ -352,14 +351,14 @@ class HealthResponse(BaseModel):
 
 
 def _rules_fields() -> dict[str, tuple[Any, Any]]:
-    """engine.pipeline.rules.Rules' settings as pydantic fields: the one definition, by its names."""
+    """engine.pipeline.families.Rules' settings as pydantic fields: the one definition, by its names."""
     hints = get_type_hints(Rules)
     return {f.name: (hints[f.name], ... if f.default is MISSING else f.default) for f in fields(Rules)}
 
 
 RulesBody = create_model(
     "RulesBody",
-    __doc__="The model's decision rules (engine.pipeline.rules.Rules): its family's "
+    __doc__="The model's decision rules (engine.pipeline.families.Rules): its family's "
     "defaults with its export's; threshold applies to the model's scores alone, "
     "lexical_threshold (when not null) to the fused ones, so a call at the defaults may run another "
     "threshold than this one: `defaults.threshold` is the one it runs.",
@@ -370,7 +369,7 @@ Defaults = create_model(
     "Defaults",
     __base__=RulesBody,
     __doc__="The decision settings a call gets when it passes none: the model's rules resolved for such a call "
-    "(engine.pipeline.rules.Rules.resolve; `threshold` the one it runs with), and what they mean.",
+    "(engine.pipeline.families.Rules.resolve; `threshold` the one it runs with), and what they mean.",
     threshold_without_lexical=(
         float,
         Field(description="the threshold of a call that sets lexical_weight 0"),

@@ -20,12 +20,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from engine.pipeline.decide import PruneResult, Sentence
 from engine.errors import BackendError, InputError
-from engine.pipeline.families import Family, get_family
 from engine.pipeline.budget import Budget
+from engine.pipeline.decide import PruneResult, Sentence
+from engine.pipeline.families import Family, Rules, get_family
 from engine.pipeline.inputs import CallOptions, Limits, check_call
-from engine.pipeline.rules import Rules
 
 
 def result_from_dict(d: dict[str, Any]) -> PruneResult:

@@ -11,15 +11,15 @@ import hmac
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from engine import cancel
 from engine.pipeline.decide import PruneResult
 from engine.errors import Cancelled, InputError, PruneError
 from engine.pipeline.families import Family
 from engine.pipeline.inputs import CallOptions
 from engine.protocol import PrunerProtocol
+from engine.pruner import run_cancellable
 from engine.settings import DEFAULTS
 
 
@@ -185,6 +185,8 @@ class ApiState:
     #: an LLMLingua-2 compressor (engine.compressor.Compressor) when that is what is served: then
     #: `pruner` is it too, `family` None, and only /v1/compress among the POST routes is offered
     compressor: Any = None
+    #: the routes this model does not serve, each with why (engine.http.compress_api.refusals): a 404
+    refused: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -230,7 +232,7 @@ class ApiState:
         one batch's time."""
         with self.in_flight.slot():
             stop = threading.Event()
-            future = asyncio.get_running_loop().run_in_executor(self.pool, cancel.run, stop, fn, *args)
+            future = asyncio.get_running_loop().run_in_executor(self.pool, run_cancellable, stop, fn, *args)
             try:
                 return await asyncio.wait_for(future, self.config.request_timeout)
             except BaseException:

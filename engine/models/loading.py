@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.backends.base import Backend
-from engine.pipeline.batching import BatchingConfig
-from engine.pipeline.encode import manifest_tokenizer
 from engine.errors import InputError, ModelLoadError
-from engine.settings import DEFAULTS, TORCH_ATTENTIONS, TORCH_DTYPES, checked, setting
+from engine.pipeline.encode import BatchingConfig, manifest_tokenizer
 from engine.pipeline.spec import Manifest, ModelSpec, Runtime
+from engine.settings import DEFAULTS, TORCH_ATTENTIONS, TORCH_DTYPES, checked, setting
 
 BACKENDS = ("onnxruntime", "openvino", "torch")
 PRECISIONS = ("fp32", "bf16")

@@ -2,6 +2,7 @@
 the model runs (in-process, Triton's text model, a remote client). Torch-free; imports only
 engine.errors, engine.settings and its own modules.
 
-inputs (a call's options and limits), rules (a family's decision rules), families, spec
-(the manifest), text (sentences), lexical (BM25), encode (tokens and blocks), batching,
-decide (probabilities to kept sentences), budget (a call's token budget)."""
+inputs (a call's options and limits), families (the families and their decision rules), spec
+(the manifest), text (sentences, the engine's splitter and the families' own), lexical (BM25),
+encode (tokens, blocks and batches), decide (probabilities to kept sentences), budget (a call's
+token budget)."""

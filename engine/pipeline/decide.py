@@ -35,8 +35,7 @@ from typing import Any
 import numpy as np
 
 from engine.pipeline import lexical
-from engine.pipeline.families import Family
-from engine.pipeline.rules import Rules
+from engine.pipeline.families import Family, Rules
 
 
 @dataclass(frozen=True)

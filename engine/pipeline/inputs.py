@@ -150,7 +150,7 @@ def check_windows(windows: Any) -> str | None:
 def check_splitter(splitter: Any) -> str | None:
     """who cuts a passage into sentences: engine, the engine's multilingual splitter; reference, the
     family's own code's (NLTK's English punkt; OpenProvence: fast-bunkai for Japanese text)"""
-    # checked: None or one of SPLITTERS (engine.pipeline.splitters runs them).
+    # checked: None or one of SPLITTERS (engine.pipeline.text runs them).
     if splitter is not None and splitter not in SPLITTERS:
         raise InputError(f"splitter must be one of {SPLITTERS}, got {splitter!r}")
     return splitter

@@ -123,7 +123,7 @@ class Manifest:
     inputs: tuple[str, ...] = ()
     buckets: tuple[int, ...] = ()
     precision: str | None = None
-    # the decision rules' defaults this export records over its family's (engine.pipeline.rules:
+    # the decision rules' defaults this export records over its family's (engine.pipeline.families:
     # the names of Rules.recorded; a name left out is the family's)
     defaults: dict[str, Any] = field(default_factory=dict)
     embedding_rows: int = 0  # input_ids must stay below this (0: unknown)

@@ -18,9 +18,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from engine import cancel
 from engine.backends.onnxruntime import thread_denormals
 from engine.errors import InputError, ModelLoadError
+from engine.pruner import check_cancelled
 
 ENCODER_FILE = "encoder.json"
 ENCODER_GRAPH = "encoder.onnx"
@@ -170,7 +170,7 @@ class Embedder:
         out = np.zeros((len(ids), self.dim), dtype=np.float32)
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # little padding
         for b in range(0, len(order), batch_size):
-            cancel.check()
+            check_cancelled()
             rows = order[b : b + batch_size]
             length = max(len(ids[i]) for i in rows)
             batch = np.full((len(rows), length), self.pad_id, dtype=np.int64)

@@ -8,12 +8,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.pipeline.batching import BatchingConfig
-from engine.pipeline.encode import load_tokenizer
 from engine.errors import ModelLoadError
+from engine.pipeline.encode import BatchingConfig, load_tokenizer
+from engine.pipeline.spec import Manifest
 from engine.protocol import PrunerProtocol
 from engine.settings import DEFAULTS
-from engine.pipeline.spec import Manifest
 
 
 def connect(

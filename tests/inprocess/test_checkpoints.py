@@ -219,7 +219,7 @@ def test_a_window_longer_than_512_where_the_positions_allow(tmp_path):
     accepted up to what the position embeddings allow, with buckets up to the window and
     batches whose attention memory stays bounded; the default stays 512."""
     from engine.backends.torch import TorchBackend
-    from engine.pipeline.batching import BatchingConfig, plan
+    from engine.pipeline.encode import BatchingConfig, plan
     from engine.pytorch.torch_model import load_torch_model
     from export.checkpoints import make_test_checkpoint
     from export.onnx import export_model

@@ -17,7 +17,7 @@ import pytest
 
 from engine.backends.gpu_graph import GpuGraphBackend, graph_rows
 from engine.backends.gpu_shared import SHARE_MIN_BYTES, SharedWeights
-from engine.pipeline.batching import BatchingConfig, ModelBatch
+from engine.pipeline.encode import BatchingConfig, ModelBatch
 from engine.errors import BackendError
 from engine.pruner import Pruner
 from tests.utils import FAMILY_NAMES, PASSAGES, QUESTION, THREADS, Recorder, unwrapped

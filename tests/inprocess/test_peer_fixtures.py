@@ -116,7 +116,7 @@ def test_open_provence_decides_as_its_process_does(tmp_path):
         ("t05", pruner, "peer_sentences", {"threshold": 0.5}),
         ("noempty0", keep_zero, "peer_sentences", {}),
         ("strip", keep_zero, "peer_sentences_strip", {}),
-        # its own sentences without being given them: its splitter (engine.pipeline.splitters)
+        # its own sentences without being given them: its splitter (engine.pipeline.text)
         ("default", pruner, None, {"splitter": "reference"}),
         ("t05", pruner, None, {"splitter": "reference", "threshold": 0.5}),
     )

@@ -59,7 +59,7 @@ def test_long_sentence_pieces_merge_token_weighted(pruners):
     weighted by token count. The expected value is computed without the engine's
     encoder or merge code: rows built by hand from the provence template
     ([CLS] q [SEP] piece [SEP]), run on the backend, averaged here."""
-    from engine.pipeline.batching import ModelBatch
+    from engine.pipeline.encode import ModelBatch
 
     ort_p, _ = pruners["provence"]
     small = with_window(ort_p, 96)

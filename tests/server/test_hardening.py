@@ -287,7 +287,7 @@ def test_onnxruntime_gives_memory_back_by_default(exported, monkeypatch, tmp_pat
         (),
         {"run": lambda self, out, feed, opts: seen.append(_shrinks(opts)) or real_run(out, feed, opts)},
     )()
-    from engine.pipeline.batching import ModelBatch
+    from engine.pipeline.encode import ModelBatch
 
     for rows, length in [(2, 16), (SHRINK_ABOVE_TOKENS // 64 + 1, 64)]:
         ones = np.ones((rows, length), dtype=np.int64)

@@ -18,7 +18,7 @@ import tritonclient.http as httpclient
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from engine.pipeline.batching import BatchingConfig
+from engine.pipeline.encode import BatchingConfig
 from engine.errors import InputError
 from engine.pruner import Pruner
 from engine.triton.text_pruner import TritonTextPruner

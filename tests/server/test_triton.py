@@ -16,7 +16,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from engine.pipeline.batching import BatchingConfig
+from engine.pipeline.encode import BatchingConfig
 from engine.errors import BackendError
 from engine.pruner import Pruner, call_batches, call_blocks
 from engine.triton.server import TritonServer
@@ -277,7 +277,7 @@ def test_infer_many_splits_and_repads_the_sentence_axis(server, pruners):
     remote = Pruner.connect(server.grpc_url, "opensearch")
     counts = [1] * 16 + [3] * 16 + [2] * 8
     passages = [" ".join(f"Sentence {k} of passage {i}." for k in range(n)) for i, n in enumerate(counts)]
-    from engine.pipeline.batching import collate
+    from engine.pipeline.encode import collate
     from engine.pipeline.text import split_sentences
 
     spans = [split_sentences(p) for p in passages]

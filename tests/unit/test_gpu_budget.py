@@ -85,7 +85,9 @@ def test_a_budget_spent_during_the_exports_still_reports(tmp_path):
         [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(out.read_text())["info"]["elapsed_s"] < 8 + 15  # the exports were stopped at the budget
+    # the exports were stopped at the budget (8 s), far before their 300 s; a busy machine adds its
+    # own seconds (24 s seen beside a full suite), so the margin is wide
+    assert json.loads(out.read_text())["info"]["elapsed_s"] < 8 + 60
     started = [int(p) for p in pids.read_text().split()]
     left = [p for p in started if alive(p)]
     for pid in left:  # none should be: leave nothing behind either way

@@ -9,8 +9,7 @@ import importlib.util
 
 import pytest
 
-from engine.pipeline.splitters import has_kana, open_provence_spans, punkt_spans
-from engine.pipeline.text import split_sentences
+from engine.pipeline.text import has_kana, open_provence_spans, punkt_spans, split_sentences
 
 pytestmark = pytest.mark.unit
 

@@ -209,7 +209,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "engine.pruner",
             "engine.compressor",
-            "engine.cancel",
             "engine.batchfile",
             "engine.fidelity_check",
             "engine.models.*",

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.pipeline.batching import BatchingConfig, plan
+from engine.pipeline.encode import BatchingConfig, plan
 from engine.pipeline.text import split_sentences
 from engine.triton.wire import byte_offsets, char_offsets
 

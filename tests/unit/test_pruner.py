@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from engine.pipeline.batching import BatchingConfig, plan
+from engine.pipeline.encode import BatchingConfig, plan
 from engine.pipeline.decide import keep_mask
 from engine.pipeline.families import FAMILIES
 

@@ -1,4 +1,4 @@
-"""The decision settings have one definition (engine.pipeline.rules.Rules), and every surface is made of it."""
+"""The decision settings have one definition (engine.pipeline.families.Rules), and every surface is made of it."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ from dataclasses import fields
 
 import pytest
 
-from engine.pipeline.families import FAMILIES, Family, get_family
+from engine.pipeline.families import FAMILIES, RECORDED, Family, Rules, get_family
 from engine.pipeline.inputs import OPTION_NAMES, CallOptions
-from engine.pipeline.rules import RECORDED, Rules
 
 pytestmark = pytest.mark.unit
 
@@ -78,8 +77,8 @@ def test_a_manifest_overrides_by_the_same_names():
 
 
 def test_the_http_client_reads_the_servers_rules_without_a_mapping():
-    from engine.http.pruner_client import HttpPruner
     from engine.http.models import info_rules
+    from engine.http.pruner_client import HttpPruner
 
     fam = get_family("embedding")
     fam = fam.__class__(

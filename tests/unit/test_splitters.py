@@ -1,4 +1,4 @@
-"""`splitter="reference"` (engine.pipeline.splitters): the sentences each family's own code scores,
+"""`splitter="reference"` (engine.pipeline.text): the sentences each family's own code scores,
 against what that code returned on the peer fixtures (tests/data/peer/), NLTK's own English
 parameters, and the rules of OpenProvence's splitter one by one. The Portuguese, Japanese and
 Chinese paragraphs: tests/unit/test_languages.py."""
@@ -13,11 +13,17 @@ from pathlib import Path
 import pytest
 
 from engine.errors import InputError
-from engine.pipeline import splitters
+from engine.pipeline import text as textmod
 from engine.pipeline.families import FAMILIES
 from engine.pipeline.inputs import CallOptions
-from engine.pipeline.splitters import has_kana, open_provence_spans, punkt_spans, split_passage
-from engine.pipeline.text import spans_from_sentences, split_sentences
+from engine.pipeline.text import (
+    has_kana,
+    open_provence_spans,
+    punkt_spans,
+    spans_from_sentences,
+    split_passage,
+    split_sentences,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -79,7 +85,7 @@ def test_the_punkt_parameters_are_nltks_own_english_model():
         nltks = PunktTokenizer("english")._params
     finally:
         nltk.data.path.remove(str(tab.parents[2]))
-    ours = splitters.punkt_english()._params
+    ours = textmod.punkt_english()._params
     assert ours.abbrev_types == nltks.abbrev_types and len(ours.abbrev_types) == 156
     assert ours.collocations == nltks.collocations
     assert ours.sent_starters == nltks.sent_starters
@@ -154,8 +160,8 @@ def test_reference_is_refused_where_the_family_has_no_splitter_the_engine_runs()
 
 
 def test_a_missing_package_is_an_input_error_naming_its_extra(monkeypatch):
-    splitters.punkt_english.cache_clear()
-    splitters._fast_bunkai.cache_clear()
+    textmod.punkt_english.cache_clear()
+    textmod._fast_bunkai.cache_clear()
     monkeypatch.setitem(sys.modules, "punkt", None)
     monkeypatch.setitem(sys.modules, "fast_bunkai", None)
     try:
@@ -164,8 +170,8 @@ def test_a_missing_package_is_an_input_error_naming_its_extra(monkeypatch):
         with pytest.raises(InputError, match=r"prune-engine\[reference-ja\]"):
             reference("open_provence", "検索した文書は長い。")
     finally:
-        splitters.punkt_english.cache_clear()
-        splitters._fast_bunkai.cache_clear()
+        textmod.punkt_english.cache_clear()
+        textmod._fast_bunkai.cache_clear()
 
 
 def test_the_option_is_checked_and_resolves_to_the_engine_by_default():

@@ -20,13 +20,12 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from engine.backends.base import Backend
-from engine.pipeline.batching import BatchingConfig
-from engine.pipeline.encode import manifest_tokenizer
 from engine.errors import BackendError, InputError, PruneError
+from engine.pipeline.encode import BatchingConfig, manifest_tokenizer
+from engine.pipeline.inputs import Limits
+from engine.pipeline.spec import Manifest
 from engine.pruner import Pruner
 from engine.settings import DEFAULTS
-from engine.pipeline.spec import Manifest
-from engine.pipeline.inputs import Limits
 from engine.triton.wire import INPUT_ERROR_PREFIX, describe_tensors, read_request, results_to_tensors
 
 
