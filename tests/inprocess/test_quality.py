@@ -145,12 +145,12 @@ def test_eval_reports_domains_and_rag_calls_as_the_engine_decides(default_pruner
     for s, p in zip(samples, preds):
         got = default_pruner.prune(s.question, [s.context], sentences=[s.spans])[0]
         assert [x.kept for x in got.sentences] == p.tolist()
-    rag = load_rag_data(DATA / "squad-dev-rag.jsonl", 4)
+    rag = load_rag_data(DATA / "squad-dev-rag.jsonl", 2)
     report = evaluate(
         {"m": default_pruner},
         DATA / "coqa-dev-prune.jsonl",
         DATA / "squad-dev-rag.jsonl",
-        rag_limit=4,
+        rag_limit=2,
         progress=False,
         log=lambda m: None,
     )
@@ -171,7 +171,7 @@ def test_eval_reports_domains_and_rag_calls_as_the_engine_decides(default_pruner
     assert worst["over_bm25"] == min(d["models"]["m"]["over_bm25"] for d in by["domains"].values())
     md = write_report(report, tmp_path, "t", "prune eval ...")["markdown"].read_text()
     assert "### By domain" in md and "| coqa/reddit | 3 |" in md and "## RAG calls" in md
-    assert "| m | squad-v1.1-dev | 4 |" in md  # the answer passages lost, per domain
+    assert "| m | squad-v1.1-dev | 2 |" in md  # the answer passages lost, per domain
 
 
 def test_eval_and_fidelity_record_the_windows(pruners):

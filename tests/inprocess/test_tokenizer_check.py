@@ -73,10 +73,12 @@ def test_export_refuses_a_vocabulary_that_knows_no_word(checkpoints, no_words, t
 
 
 def test_cli_export_of_a_checkpoint_without_tokenizer_is_refused(tmp_path):
-    """The issue's steps: a test checkpoint, its tokenizer files deleted, then prune export."""
-    ck = tmp_path / "ck"
+    """The issue's steps: a test checkpoint (prune test-checkpoint's), its tokenizer files deleted,
+    then prune export."""
+    from export.checkpoints import make_test_checkpoint
+
+    ck = make_test_checkpoint("opensearch", tmp_path / "ck")
     run = [sys.executable, "-m", "engine"]
-    subprocess.run(run + ["test-checkpoint", "--family", "opensearch", "--out", str(ck), "-q"], check=True)
     for f in ck.iterdir():
         if f.name.startswith(("tokenizer", "vocab", "special_tokens")):
             f.unlink()

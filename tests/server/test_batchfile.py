@@ -1,6 +1,6 @@
 """`prune run --input queries.jsonl --output results.jsonl`: one result line per input
 line, in order, with the input's id; a bad line gets an error record and every other line
-is processed; results equal `Pruner.prune` of the same query. On 10,000 lines made from
+is processed; results equal `Pruner.prune` of the same query. On 4,000 lines made from
 the RAG sample in tests/data."""
 
 import json
@@ -17,10 +17,10 @@ pytestmark = pytest.mark.server
 RAG = DATA / "squad-dev-rag.jsonl"
 
 
-def test_ten_thousand_lines_with_bad_ones(pruners, tmp_path, capsys):
+def test_four_thousand_lines_with_bad_ones(pruners, tmp_path, capsys):
     rows = [json.loads(line) for line in RAG.read_text().splitlines()]
     lines, bad = [], {}
-    for k in range(10_000):
+    for k in range(4_000):
         r = rows[k % len(rows)]
         lines.append(
             json.dumps(
@@ -29,10 +29,10 @@ def test_ten_thousand_lines_with_bad_ones(pruners, tmp_path, capsys):
         )
     # bad lines, each answered by an error record for that line only
     bad[17] = "{not json"
-    bad[2500] = json.dumps({"id": "no-question", "passages": ["A passage."]})
-    bad[5000] = json.dumps({"id": "empty", "question": " ", "passages": ["A passage."]})
-    bad[7500] = json.dumps({"id": "surrogate", "question": "q?", "passages": ["bad \ud800 text"]})
-    bad[9999] = json.dumps({"id": "threshold", "question": "q?", "passages": ["x."], "threshold": 7})
+    bad[1000] = json.dumps({"id": "no-question", "passages": ["A passage."]})
+    bad[2000] = json.dumps({"id": "empty", "question": " ", "passages": ["A passage."]})
+    bad[3000] = json.dumps({"id": "surrogate", "question": "q?", "passages": ["bad \ud800 text"]})
+    bad[3999] = json.dumps({"id": "threshold", "question": "q?", "passages": ["x."], "threshold": 7})
     for k, text in bad.items():
         lines[k] = text
     src = tmp_path / "q.jsonl"
@@ -53,17 +53,17 @@ def test_ten_thousand_lines_with_bad_ones(pruners, tmp_path, capsys):
     )
     assert code == 3  # some lines failed: not 0
     got = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(got) == 10_000
+    assert len(got) == 4_000
     for k, rec in enumerate(got):
         if k in bad:
             assert "error" in rec and rec["line"] == k + 1
             assert rec["id"] == (k + 1 if k == 17 else json.loads(lines[k])["id"])  # the line's own id
         else:
             assert rec["id"] == f"q{k}" and len(rec["results"]) == 1
-    assert "not valid JSON" in got[17]["error"] and "no question" in got[2500]["error"]
-    assert "question is empty" in got[5000]["error"] and "lone surrogate" in got[7500]["error"]
-    assert "threshold" in got[9999]["error"]
-    for k in (0, 1, 499, 5001, 9998):  # same as one query at a time
+    assert "not valid JSON" in got[17]["error"] and "no question" in got[1000]["error"]
+    assert "question is empty" in got[2000]["error"] and "lone surrogate" in got[3000]["error"]
+    assert "threshold" in got[3999]["error"]
+    for k in (0, 1, 499, 2001, 3998):  # same as one query at a time
         q = json.loads(lines[k])
         exp = pruner.prune(q["question"], q["passages"])[0]
         res = got[k]["results"][0]

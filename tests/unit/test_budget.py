@@ -23,7 +23,7 @@ from engine.pipeline.inputs import check_budget_tokens
 
 pytestmark = pytest.mark.unit
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 WORDS = [
     "the",
     "socarrat",
