@@ -101,9 +101,12 @@ def test_the_same_result_as_llmlingua(pairs, layout, case):
     text, options = CASES[case]
     expected = reference.compress_prompt(text, return_word_label=True, **options)
     got = compressor.compress(text, return_word_label=True, **options).to_dict()
-    spans = got.pop("kept_spans")
+    spans, kept = got.pop("kept_spans"), got.pop("kept_contexts")
     assert got == expected
     assert len(spans) == (1 if isinstance(text, str) else len(text))
+    assert len(kept) == len(expected["compressed_prompt_list"]) and kept == sorted(set(kept))
+    assert set(options.get("force_context_ids", ())) <= set(kept)
+    assert all(not spans[i] for i in set(range(len(spans))) - set(kept))  # a dropped context: no span
 
 
 def test_the_long_texts_are_several_chunks(pairs):
@@ -219,7 +222,7 @@ def test_the_onnx_export_keeps_what_llmlingua_keeps(pairs, onnx_compressors, lay
     text, options = CASES[case]
     expected = reference.compress_prompt(text, return_word_label=True, **options)
     got = compressor.compress(text, return_word_label=True, **options).to_dict()
-    got.pop("kept_spans")
+    got.pop("kept_spans"), got.pop("kept_contexts")
     assert got == expected
 
 
