@@ -194,3 +194,17 @@ def test_the_originals_other_names_are_refused_with_the_reason(local):
     assert LinguaCompressor(compressor=local).target_token == 300  # LLMLinguaCompressor's default
     assert LinguaPostprocessor(compressor=local).target_token == -1  # LongLLMLinguaPostprocessor's
 
+
+def test_the_pages_example_prints_what_the_page_shows(lingua_checkpoints, tmp_path, monkeypatch, capsys):
+    """docs/integrations.md's LLMLingua-2 example, run on the checkpoint it names (`prune
+    test-checkpoint --family llmlingua2 --out lingua-tiny` writes the tests' XLM-R one): it prints
+    the output the page pastes."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "integrations.md").read_text(encoding="utf-8")
+    blocks = page[page.index("## LLMLingua-2: LinguaCompressor") :].split("```")
+    code, output = blocks[1].removeprefix("python\n"), blocks[3].strip("\n")
+    (tmp_path / "lingua-tiny").symlink_to(lingua_checkpoints["xlm-roberta"])
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/integrations.md", "exec"), {"__name__": "__main__"})
+    assert capsys.readouterr().out.strip("\n") == output
