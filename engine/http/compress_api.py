@@ -1,5 +1,6 @@
 """`POST /v1/compress`: LLMLingua-2 over HTTP, with `PromptCompressor.compress_prompt`'s argument
-names (llmlingua 0.2.2, use_llmlingua2=True) and its result fields, plus `kept_spans`.
+names (llmlingua 0.2.2, use_llmlingua2=True) and its result fields, plus `kept_spans` and
+`kept_contexts`.
 
     curl -s localhost:8080/v1/compress -H 'Content-Type: application/json' \\
          -d '{"context": "...", "rate": 0.33, "force_tokens": ["\\n", "?"]}'
@@ -74,7 +75,8 @@ CompressRequest = create_model(
 
 
 class CompressResponse(BaseModel):
-    """`/v1/compress`'s answer: the reference's result fields, and the kept words' spans."""
+    """`/v1/compress`'s answer: the reference's result fields, the kept words' spans and which
+    contexts were kept."""
 
     compressed_prompt: str = Field(description="the kept words; contexts joined by two newlines")
     compressed_prompt_list: list[str] = Field(description="each kept context's kept words")
@@ -88,6 +90,10 @@ class CompressResponse(BaseModel):
     )
     kept_spans: list[list[tuple[int, int]]] = Field(
         description="engine extra: per context, the kept words as [start, end) character spans of the original"
+    )
+    kept_contexts: list[int] = Field(
+        description="engine extra: the indices of the contexts compressed_prompt_list holds, in order "
+        "(the context-level filter drops some)"
     )
 
 

@@ -1,14 +1,17 @@
-"""A thin client of the HTTP API's `/v1/prune`: the Pruner API on a URL.
+"""Thin clients of the HTTP API: `/v1/prune` (the Pruner API on a URL) and `/v1/compress` (the
+Compressor's `compress` on a URL).
 
-    from engine.http.pruner_client import HttpPruner
+    from engine.http.pruner_client import HttpCompressor, HttpPruner
     with HttpPruner("http://127.0.0.1:8080", api_key=None) as pruner:
         results = pruner.prune(question, passages)      # list[PruneResult], as in-process
+    result = HttpCompressor("http://127.0.0.1:8080").compress(context, rate=0.33)  # a CompressResult
 
 Only the standard library: a framework adapter (engine.integrations) can point at a
 server without installing FastAPI. The input is checked here with the same validator as
 in-process (engine.pipeline.inputs), against the server's limits (from `/info`), so a bad call
 gets the same InputError before it is sent; an error the server answers is raised as
-InputError (4xx) or BackendError (5xx, unreachable), with the server's message."""
+InputError (4xx) or BackendError (5xx, unreachable), with the server's message. A compressor's
+options are checked here as in-process too (engine.pipeline.lingua_decide.CompressOptions)."""
 
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from engine.pipeline.budget import Budget
 from engine.pipeline.decide import PruneResult, Sentence
 from engine.pipeline.families import Family, Rules, get_family
 from engine.pipeline.inputs import CallOptions, Limits, check_call
+from engine.pipeline.lingua_decide import CompressOptions, CompressResult
 
 
 def result_from_dict(d: dict[str, Any]) -> PruneResult:
@@ -45,8 +49,8 @@ def result_from_dict(d: dict[str, Any]) -> PruneResult:
     )
 
 
-class HttpPruner:
-    """`prune`, `aprune`, `prune_many` on a server's `/v1/prune` (`prune api`, `prune serve`)."""
+class _HttpClient:
+    """One server's URL, its API key, and a JSON request to it (errors as the engine's)."""
 
     def __init__(self, url: str, *, api_key: str | None = None, timeout: float = 60.0):
         self.url = url.rstrip("/")
@@ -80,6 +84,24 @@ class HttpPruner:
         if self._info is None:
             self._info = self._request("/info")
         return self._info
+
+    def describe(self) -> str:
+        """The server's URL and model, in words."""
+        return f"HTTP API {self.url} ({self.info.get('engine', '?')})"
+
+    def close(self) -> None:
+        """Nothing to release (one connection per request)."""
+        pass
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class HttpPruner(_HttpClient):
+    """`prune`, `aprune`, `prune_many` on a server's `/v1/prune` (`prune api`, `prune serve`)."""
 
     @property
     def family(self) -> Family:
@@ -133,16 +155,20 @@ class HttpPruner:
                 out.append(exc)
         return out
 
-    def describe(self) -> str:
-        """The server's URL and model, in words."""
-        return f"HTTP API {self.url} ({self.info.get('engine', '?')})"
 
-    def close(self) -> None:
-        """Nothing to release (one connection per request)."""
-        pass
+class HttpCompressor(_HttpClient):
+    """`compress` and `acompress` on a server's `/v1/compress` (`prune api --model` on an LLMLingua-2
+    checkpoint or export): engine.compressor.Compressor's on a URL."""
 
-    def __enter__(self) -> "HttpPruner":
-        return self
+    kind = "compressor"
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def compress(self, context: str | list[str], **options: Any) -> CompressResult:
+        """`Compressor.compress` through the server's `/v1/compress` (one request: one call)."""
+        CompressOptions.of(**options)  # the same InputError as in-process, before anything is sent
+        d = self._request("/v1/compress", {"context": context, **options})
+        d["kept_spans"] = [[tuple(s) for s in spans] for spans in d["kept_spans"]]
+        return CompressResult(**d)
+
+    async def acompress(self, context: str | list[str], **options: Any) -> CompressResult:
+        """`compress` for asyncio code (runs in a worker thread)."""
+        return await asyncio.to_thread(self.compress, context, **options)

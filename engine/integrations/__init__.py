@@ -1,9 +1,13 @@
 """Pruning where RAG applications are written (docs/integrations.md), one optional extra each:
 
-- `engine.integrations.langchain`: PruneCompressor (a BaseDocumentCompressor), EngineEmbeddings
-- `engine.integrations.llamaindex`: PrunePostprocessor (a BaseNodePostprocessor), EngineEmbedding
+- `engine.integrations.langchain`: PruneCompressor (a BaseDocumentCompressor), LinguaCompressor
+  (LLMLingua-2 in the same slot), EngineEmbeddings
+- `engine.integrations.llamaindex`: PrunePostprocessor (a BaseNodePostprocessor), LinguaPostprocessor
+  (LLMLingua-2 in the same slot), EngineEmbedding
 - `engine.integrations.haystack`: PruneRanker (a Haystack 2.x component)
 
-Each wraps any pruner: an in-process `Pruner`, a Triton text model (`Pruner.connect`), or
-the HTTP API's URL (`engine.http.pruner_client.HttpPruner`). Nothing in the engine imports them.
+Each pruning adapter wraps any pruner: an in-process `Pruner`, a Triton text model
+(`Pruner.connect`), or the HTTP API's URL (`engine.http.pruner_client.HttpPruner`); each
+LLMLingua-2 adapter a `Compressor` or the URL of its `/v1/compress` (`HttpCompressor`). Nothing
+in the engine imports them.
 """

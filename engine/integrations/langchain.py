@@ -1,5 +1,6 @@
 """LangChain: `PruneCompressor`, a `BaseDocumentCompressor` for
-`ContextualCompressionRetriever` (pip install 'prune-engine[langchain]').
+`ContextualCompressionRetriever` (pip install 'prune-engine[langchain]'), and `LinguaCompressor`,
+LLMLingua-2 in the same slot (below).
 
     from langchain_classic.retrievers import ContextualCompressionRetriever
     from engine.integrations.langchain import PruneCompressor
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.integrations.adapter import Outcome, PruneOptions, framework, relevance
+from engine.integrations.adapter import Outcome, PruneOptions, framework, relevance, skip_reason
 
 with framework(__name__, "langchain-core", "langchain"):
     from langchain_core.callbacks import Callbacks
@@ -28,6 +29,9 @@ with framework(__name__, "langchain-core", "langchain"):
     from langchain_core.documents.compressor import BaseDocumentCompressor
     from langchain_core.embeddings import Embeddings
 # after the framework: the adapter is a pydantic model, and pydantic comes with the framework
+from pydantic import Field
+
+from engine.integrations.lingua_adapter import LinguaModel, figures
 from engine.integrations.pydantic_adapter import PrunerModel, with_options
 
 
@@ -64,6 +68,48 @@ PruneCompressor = with_options(
     "Sentence-level pruning of retrieved documents, in one call per query: a "
     "LangChain document compressor with every option of engine.pipeline.inputs.CallOptions (`top_k` is `top_n`).",
 )
+
+
+class LinguaCompressor(LinguaModel, BaseDocumentCompressor):
+    """LLMLingua-2 on a query's documents, where LangChain's `LLMLinguaCompressor` goes and with its
+    names (target_token, 300 by default as there; additional_compress_kwargs: rate, force_tokens, ...;
+    engine.integrations.lingua_adapter): the documents are the contexts of one compress call, as
+    the original sends them, so target_token is the budget of them all and, with several, the
+    context-level filter may drop whole documents. Each kept document comes back with its
+    compressed text, its metadata and id, and `metadata["compression"]`: `original_text`,
+    `kept_spans` (the kept words' character spans in it) and the call's token figures. A document
+    compressed to nothing, or dropped, is left out, as the original leaves it out; one with no
+    text is passed through unchanged with `compression: {"skipped": why}`, never sent. The query
+    is not used: LLMLingua-2 is question-agnostic (the original passes it, and llmlingua drops
+    it for LLMLingua-2)."""
+
+    target_token: int = Field(
+        300, description="tokens to keep, over all the documents (LLMLinguaCompressor's 300)"
+    )
+
+    def compress_documents(
+        self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
+    ) -> Sequence[Document]:
+        """The documents compressed together, in their order (the query is not used)."""
+        sent = [i for i, d in enumerate(documents) if not skip_reason(d.page_content)]
+        out: dict[int, Document] = {}
+        if sent:
+            result = self._compress([documents[i].page_content for i in sent])
+            for k, text in zip(result.kept_contexts, result.compressed_prompt_list):
+                doc = documents[sent[k]]
+                note = {
+                    "original_text": doc.page_content,
+                    "kept_spans": result.kept_spans[k],
+                    **figures(result),
+                }
+                if text.strip():
+                    meta = {**doc.metadata, self.metadata_key: note}
+                    out[sent[k]] = Document(page_content=text, metadata=meta, id=doc.id)
+        for i, doc in enumerate(documents):
+            if why := skip_reason(doc.page_content):
+                meta = {**doc.metadata, self.metadata_key: {"skipped": why}}
+                out[i] = Document(page_content=doc.page_content, metadata=meta, id=doc.id)
+        return [out[i] for i in sorted(out)]
 
 
 class EngineEmbeddings(Embeddings):

@@ -1,5 +1,6 @@
 """LlamaIndex: `PrunePostprocessor`, a `BaseNodePostprocessor` for a query engine's
-`node_postprocessors` (pip install 'prune-engine[llamaindex]').
+`node_postprocessors` (pip install 'prune-engine[llamaindex]'), and `LinguaPostprocessor`,
+LLMLingua-2 in the same slot (below).
 
     from engine.integrations.llamaindex import PrunePostprocessor
     query_engine = index.as_query_engine(node_postprocessors=[PrunePostprocessor(pruner="default")])
@@ -12,17 +13,21 @@ the LLM and the embedder see. The input nodes are not changed."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
-from engine.integrations.adapter import Outcome, PruneOptions, framework, relevance
+from engine.integrations.adapter import Outcome, PruneOptions, framework, relevance, skip_reason
 
 with framework(__name__, "llama-index-core", "llamaindex"):
     from llama_index.core.base.embeddings.base import BaseEmbedding
     from llama_index.core.bridge.pydantic import PrivateAttr
     from llama_index.core.postprocessor.types import BaseNodePostprocessor
-    from llama_index.core.schema import NodeWithScore, QueryBundle
+    from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 # after the framework: the adapter is a pydantic model, and pydantic comes with the framework
+from pydantic import Field
+
+from engine.integrations.lingua_adapter import LinguaModel, figures
 from engine.integrations.pydantic_adapter import PrunerModel, with_options
 
 
@@ -54,15 +59,21 @@ class _Postprocessor(PrunerModel, BaseNodePostprocessor):
         return [getattr(n.node, "text", None) for n in nodes]  # an image or index node has no text
 
     def _remade(self, n: NodeWithScore, o: Outcome, opts: PruneOptions) -> NodeWithScore:
-        node, key, score = n.node.model_copy(deep=True), opts.metadata_key, n.score
-        node.metadata[key] = o.note(opts)
-        if o.result is not None:
-            node.set_content(o.result.pruned_context)
-            score = relevance(self._engine, o.result)
-        for excluded in (node.excluded_llm_metadata_keys, node.excluded_embed_metadata_keys):
-            if key not in excluded:
-                excluded.append(key)
-        return NodeWithScore(node=node, score=score)
+        node = _noted(n.node, opts.metadata_key, o.note(opts))
+        if o.result is None:
+            return NodeWithScore(node=node, score=n.score)
+        node.set_content(o.result.pruned_context)
+        return NodeWithScore(node=node, score=relevance(self._engine, o.result))
+
+
+def _noted(node: Any, key: str, note: dict[str, Any]) -> Any:
+    """A copy of `node` with `note` in its metadata under `key`, which the LLM and the embedder do not see."""
+    node = node.model_copy(deep=True)
+    node.metadata[key] = note
+    for excluded in (node.excluded_llm_metadata_keys, node.excluded_embed_metadata_keys):
+        if key not in excluded:
+            excluded.append(key)
+    return node
 
 
 PrunePostprocessor = with_options(
@@ -71,6 +82,58 @@ PrunePostprocessor = with_options(
     "Sentence-level pruning of retrieved nodes, in one call per query: a "
     "LlamaIndex node postprocessor with every option of engine.pipeline.inputs.CallOptions (`top_k` is `top_n`).",
 )
+
+
+class LinguaPostprocessor(LinguaModel, BaseNodePostprocessor):
+    """LLMLingua-2 on a query's nodes, where LlamaIndex's `LongLLMLinguaPostprocessor(use_llmlingua2=True)`
+    goes and with its names (target_token, -1 by default as there; additional_compress_kwargs: rate,
+    force_tokens, ...; engine.integrations.lingua_adapter), doing what it does: the nodes' texts
+    joined into one context (by `separator`: the original joins them with "", which glues the last
+    word of a node to the first of the next; "" gives its text exactly), one compress call, and the
+    compressed text split at blank lines ("\n\n") into new TextNodes without a score. Each new
+    node's metadata is, as the original's, every compressed node's metadata under its node id,
+    and here also `metadata["compression"]`: `node_ids` (the nodes joined, in order) and the
+    call's token figures; all of it is excluded from what the LLM and the embedder see. A node
+    with no text (an image node, an empty one) is passed through unchanged after them, with
+    `compression: {"skipped": why}`. The query is not used (LLMLingua-2 is question-agnostic; the
+    original passes it, and llmlingua drops it for LLMLingua-2), so none is needed."""
+
+    separator: str = Field(
+        "\n\n", description="between the nodes' texts in the one context ('': the original's)"
+    )
+
+    @classmethod
+    def class_name(cls) -> str:
+        """LlamaIndex's name for this class."""
+        return "LinguaPostprocessor"
+
+    def _postprocess_nodes(
+        self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
+    ) -> list[NodeWithScore]:
+        texts = [getattr(n.node, "text", None) for n in nodes]  # an image or index node has no text
+        sent = [n for n, t in zip(nodes, texts) if not skip_reason(t)]
+        passed = [
+            NodeWithScore(node=_noted(n.node, self.metadata_key, {"skipped": why}), score=n.score)
+            for n, t in zip(nodes, texts)
+            if (why := skip_reason(t))
+        ]
+        if not sent:
+            return passed
+        result = self._compress(self.separator.join(n.node.text for n in sent))
+        sources = {n.node.node_id: n.node.metadata for n in sent}
+        meta = {**sources, self.metadata_key: {"node_ids": list(sources), **figures(result)}}
+        pieces = [p for p in result.compressed_prompt.split("\n\n") if p.strip()]
+        return [
+            NodeWithScore(
+                node=TextNode(
+                    text=p,
+                    metadata=copy.deepcopy(meta),
+                    excluded_llm_metadata_keys=list(meta),
+                    excluded_embed_metadata_keys=list(meta),
+                )
+            )
+            for p in pieces
+        ] + passed
 
 
 class EngineEmbedding(BaseEmbedding):

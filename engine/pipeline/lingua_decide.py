@@ -53,6 +53,14 @@ class CompressOptions:
     drop_consecutive: bool = False
     chunk_end_tokens: tuple[str, ...] = (".", "\n")
 
+    @classmethod
+    def of(cls, **options: Any) -> "CompressOptions":
+        """From compress_prompt's argument names; one it does not take is an InputError naming them."""
+        try:
+            return cls(**options)
+        except TypeError as exc:
+            raise InputError(f"{exc}; compress takes {', '.join(cls.__dataclass_fields__)}") from None
+
     def __post_init__(self) -> None:
         for name in ("rate", "context_level_rate"):
             value = getattr(self, name)
@@ -79,8 +87,10 @@ class CompressOptions:
 
 @dataclass
 class CompressResult:
-    """The reference's result fields (`saving` too), and each context's kept words as character
-    spans of the original text (`kept_spans`, one list per context)."""
+    """The reference's result fields (`saving` too), each context's kept words as character
+    spans of the original text (`kept_spans`, one list per context), and which contexts
+    compressed_prompt_list's entries are (`kept_contexts`: their indices, in order; the
+    context-level filter drops some)."""
 
     compressed_prompt: str
     compressed_prompt_list: list[str]
@@ -91,9 +101,11 @@ class CompressResult:
     saving: str
     fn_labeled_original_prompt: str | None = None
     kept_spans: list[list[tuple[int, int]]] = field(default_factory=list)
+    kept_contexts: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """The reference's dict (fn_labeled_original_prompt only when asked), with kept_spans."""
+        """The reference's dict (fn_labeled_original_prompt only when asked), with kept_spans and
+        kept_contexts."""
         out = asdict(self)
         if out["fn_labeled_original_prompt"] is None:
             del out["fn_labeled_original_prompt"]
@@ -247,10 +259,11 @@ def decide(
             context_spans += [s for s, k in zip(chunk_spans, keep) if k and s is not None]
         texts.append("".join(parts))  # the reference joins a context's chunks with ""
         kept_spans.append(context_spans)
-    return _result(plan, texts, labels_out, kept_spans, options, count)
+    kept = [i for i in range(n) if reserved[i]]
+    return _result(plan, texts, labels_out, (kept_spans, kept), options, count)
 
 
-def _result(plan: Plan, texts: list[str], labels: list[tuple[str, int]], kept_spans, options, count):
+def _result(plan: Plan, texts: list[str], labels: list[tuple[str, int]], kept, options, count):
     compressed = int(count(texts).sum()) if texts else 0
     ratio = 1 if compressed == 0 else plan.origin_tokens / compressed
     return CompressResult(
@@ -266,5 +279,6 @@ def _result(plan: Plan, texts: list[str], labels: list[tuple[str, int]], kept_sp
             if options.return_word_label
             else None
         ),
-        kept_spans=kept_spans,
+        kept_spans=kept[0],
+        kept_contexts=kept[1],
     )

