@@ -142,6 +142,7 @@ class LinguaSession:
     reasons: dict[str, str] = field(default_factory=dict)  # why a path was not measured, by name
     notes: list[str] = field(default_factory=list)
     _cache: dict[Any, Any] = field(default_factory=dict)
+    _failed: dict[str, Exception] = field(default_factory=dict)  # an export that failed, not tried again
 
     def once(self, key: Any, make: Callable[[], Any]) -> Any:
         """`make()` the first time `key` is asked for, the same object after."""
@@ -183,8 +184,31 @@ class LinguaSession:
         o = self.options
         given = o.fp32 if which == "fp32" else o.auto
         if given is not None:
-            return given
-        return self.once(("export", which), lambda: self._export(which))
+            return self.once(("given", which), lambda: self._belongs(given, which))
+        if which in self._failed:
+            raise self._failed[which]
+        try:
+            return self.once(("export", which), lambda: self._export(which))
+        except Exception as exc:
+            self._failed[which] = exc
+            raise
+
+    def _belongs(self, folder: Path, which: str) -> Path:
+        """`folder`, the `which` export given, once checked: of the checkpoint (its weights' sha256),
+        fp32 (--model) or made by --precision auto (--auto-export)."""
+        from engine.pipeline.spec import CompressorManifest
+        from export.lingua_onnx import weights_sha256
+
+        manifest = CompressorManifest.read(folder)
+        if which == "fp32" and manifest.precision != "fp32":
+            raise ValueError(f"--model {folder} is an {manifest.precision} export, not fp32")
+        if which == "auto" and "auto" not in manifest.data:
+            raise ValueError(f"--auto-export {folder} was not made by prune export --precision auto")
+        if "sha256" not in self._cache:
+            self._cache["sha256"] = weights_sha256(Path(self.options.checkpoint))
+        if (manifest.data.get("source") or {}).get("weights_sha256") != self._cache["sha256"]:
+            raise ValueError(f"{folder} is not an export of {self.options.checkpoint} (its weights differ)")
+        return folder
 
     def exports(self) -> dict[str, Path]:
         """The fp32 and auto exports this run used (given, or made here), by name."""
@@ -341,8 +365,17 @@ def bench_lingua(o: LinguaBenchOptions, log: Callable[[str], None] = print) -> d
     )
     session = LinguaSession(o, log)
     with session.stack:
+        for p in paths:  # the exports before any model is loaded: less memory at once
+            if p.graph in ("fp32", "auto"):
+                try:
+                    session.export(p.graph)
+                except Exception as exc:
+                    session.reasons[p.name] = f"its {p.graph} export: {type(exc).__name__}: {str(exc)[:300]}"
+                    log(f"{p.name}: not measured: {session.reasons[p.name]}")
         runners: dict[str, Compress] = {}
         for p in paths:
+            if p.name in session.reasons:
+                continue
             log(f"starting {p.id} ...")
             try:
                 runners[p.name] = p.start(session)

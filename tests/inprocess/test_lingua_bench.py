@@ -84,3 +84,30 @@ def test_the_compressor_bench_lists_its_paths_and_refuses_the_pruning_flags(ling
     assert "--triton: not for an LLMLingua-2 --checkpoint" in capsys.readouterr().err
     assert main(["bench", "--data", str(DATA / "squad-dev-rag.jsonl"), "--rate", "0.5", "--list"]) == 2
     assert "--rate: for an LLMLingua-2 --checkpoint" in capsys.readouterr().err
+
+
+def test_an_export_given_is_checked_before_it_is_measured(lingua_checkpoints, lingua_exports, tmp_path):
+    """--model must be an fp32 export of --checkpoint: an INT8 one, or another checkpoint's, is
+    not measured under the fp32 path's name (the report says why)."""
+    from engine.cli import main
+
+    def not_measured(model: str, out: str) -> str:
+        argv = ["bench", "--checkpoint", str(lingua_checkpoints["xlm-roberta"])]
+        argv += [
+            "--data",
+            str(DATA / "squad-dev-prune.jsonl"),
+            "--model",
+            model,
+            "--paths",
+            "onnxruntime-fp32",
+        ]
+        assert (
+            main([*argv, "--prompt-tokens", "100", "--repeats", "1", "--out", str(tmp_path / out), "-q"]) == 0
+        )
+        (run,) = (tmp_path / out).glob("bench-*")
+        report = json.loads((run / "bench.json").read_text())
+        assert report["rows"] == []
+        return report["not_measured"]["engine onnxruntime fp32"]
+
+    assert "is an int8 export, not fp32" in not_measured(str(lingua_exports["xlm-roberta", "int8"]), "a")
+    assert "is not an export of" in not_measured(str(lingua_exports["bert", "fp32"]), "b")
