@@ -311,7 +311,7 @@ def measure_workload(
     session: LinguaSession, paths: list[BenchPath], runners: dict[str, Compress], w: Workload
 ) -> list[dict[str, Any]]:
     """`w` checked on every path, then timed in interleaved rounds; a row per path."""
-    from engine.machine.timing import interleave
+    from engine.machine.timing import interleave, medians
 
     checked = check(session, runners, w)
 
@@ -327,14 +327,13 @@ def measure_workload(
         session.options.repeats,
         log=lambda m: session.log(f"{w.name}: {m}"),
     )
-    import statistics
-
-    ref = statistics.median(rounds[REFERENCE]) if REFERENCE in rounds else None
+    times = medians(rounds)
+    ref = times.get(REFERENCE)
     rows = []
     for p in paths:
-        if p.name not in rounds:
+        if p.name not in times:
             continue
-        seconds = statistics.median(rounds[p.name])
+        seconds = times[p.name]
         entry = {k: v for k, v in checked[p.name].items() if k not in ("result", "labels")}
         rows.append(
             {
