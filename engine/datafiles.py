@@ -1,8 +1,8 @@
 """Data files, read in one place: JSONL records (an error naming the line), the progress bar
 of a long run over them, and the evaluation data: sentence-labelled prune files and RAG files,
 read and checked, with a clear error when one is the other. `prune run --input`, `prune eval`,
-`prune fidelity`, `prune bench`, `prune export --precision auto`'s gate and the benchmarks
-read their data here.
+`prune fidelity`, `prune bench` (its LLMLingua-2 prompts too: load_contexts), `prune export
+--precision auto`'s gate and the benchmarks read their data here.
 """
 
 from __future__ import annotations
@@ -152,3 +152,21 @@ def load_rag_data(path: str | Path, limit: int | None = None) -> list[RagSample]
             RagSample(str(row.get("id", i)), row["question"], passages, gold, str(row.get("source") or ""))
         )
     return out
+
+
+def load_contexts(path: str | Path) -> list[str]:
+    """The texts of a prune or RAG file (each record's `context`, or its `passages`), each once,
+    in the file's order: the tokenizer corpus and the prompts of LLMLingua-2's benchmark."""
+    texts: dict[str, None] = {}
+    for n, row in enumerate(read_jsonl(path), 1):
+        if isinstance(row, dict) and isinstance(row.get("context"), str):
+            texts[row["context"]] = None
+        elif isinstance(row, dict) and isinstance(row.get("passages"), list):
+            texts.update((p, None) for p in row["passages"] if isinstance(p, str))
+        else:
+            raise ValueError(
+                f"{path}: record {n} has no context (a prune file's) nor passages (a RAG file's)"
+            )
+    if not texts:
+        raise ValueError(f"{path}: no context in it")
+    return list(texts)

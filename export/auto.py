@@ -207,7 +207,7 @@ def choose_precision(
         batches = time_candidates(pruners, docs, repeats, candidates, log)
         picked = pick(candidates)
         passing = [p for p in candidates if candidates[p]["passed"]]
-        _log_table(candidates, picked, log)
+        log_table(candidates, picked, log)
         record = {
             "picked": picked,
             "why": f"the fastest of {', '.join(passing)} (passed the gate) on this CPU",
@@ -217,7 +217,7 @@ def choose_precision(
             "batches": batches,
             "threads": threads,
             "not_tried": found.not_tried,
-            "machine": _machine(found.kind),
+            "machine": machine_record(found.kind),
         }
         if out.exists():
             shutil.rmtree(out)
@@ -319,7 +319,7 @@ def time_candidates(
     """Each candidate's model alone over the same padded batches of the gate's calls,
     interleaved rounds, medians (engine.machine.timing): its `seconds` and `speedup` over fp32, in
     its entry of `candidates`; the number of batches."""
-    from engine.machine.timing import interleave, medians, model_passes
+    from engine.machine.timing import model_passes
     from engine.pruner import workload_batches
 
     calls = [SimpleNamespace(question=q, passages=ps) for q, ps in _calls(docs)]
@@ -327,17 +327,26 @@ def time_candidates(
     log(
         f"auto: timing {len(pruners)} precisions over {len(batches)} batches, {repeats} interleaved rounds ..."
     )
-    rounds = interleave(model_passes(pruners, batches), repeats, log=lambda m: None, warmup=True)
+    timed(model_passes(pruners, batches), repeats, candidates)
+    return len(batches)
+
+
+def timed(passes: dict[str, Callable[[], Any]], repeats: int, candidates: dict[str, dict[str, Any]]) -> None:
+    """Each candidate's pass (`passes`, by precision, fp32 among them) timed in interleaved rounds
+    after an untimed one (engine.machine.timing), medians: its `seconds`, `speedup` over fp32 and
+    `spread` ((max - min) / median) in its entry of `candidates`."""
+    from engine.machine.timing import interleave, medians
+
+    rounds = interleave(passes, repeats, log=lambda m: None, warmup=True)
     times = medians(rounds)
     for precision, seconds in times.items():
         spread = (max(rounds[precision]) - min(rounds[precision])) / seconds if seconds else 0.0
         candidates[precision].update(
             seconds=round(seconds, 4), speedup=round(times["fp32"] / seconds, 3), spread=round(spread, 4)
         )
-    return len(batches)
 
 
-def _log_table(candidates: dict[str, dict[str, Any]], picked: str, log: Callable[[str], None]) -> None:
+def log_table(candidates: dict[str, dict[str, Any]], picked: str, log: Callable[[str], None]) -> None:
     """The candidates' times, speed-ups and gates, one line each; the pick marked."""
     width = max(map(len, candidates))
     for precision in candidates:
@@ -349,7 +358,7 @@ def _log_table(candidates: dict[str, dict[str, Any]], picked: str, log: Callable
         )
 
 
-def _machine(kind: CpuKind) -> dict[str, Any]:
+def machine_record(kind: CpuKind) -> dict[str, Any]:
     """The machine in the record: the CPU's model (where it says), its cores, kind and flags."""
     from engine.machine.timing import cpu_model
 

@@ -46,28 +46,30 @@ TINY = {
 
 
 #: trains the tiny SentencePiece model in a process of its own: argv[1] the corpus file, argv[2]
-#: the model file to write, argv[3] the special ids (JSON)
+#: the model file to write, argv[3] the special ids and other trainer options (JSON; vocab_size 800
+#: unless it says, a bound: the trainer stops where the corpus runs out)
 _TRAIN = """
 import json, sys
 import sentencepiece as spm
 with open(sys.argv[2], "wb") as out:
+    options = {"vocab_size": 800, **json.loads(sys.argv[3])}
     spm.SentencePieceTrainer.train(
-        input=sys.argv[1], model_writer=out, vocab_size=800, model_type="unigram", character_coverage=1.0,
-        hard_vocab_limit=False, minloglevel=2, seed_sentencepiece_size=100000, num_threads=1,
-        **json.loads(sys.argv[3]))
+        input=sys.argv[1], model_writer=out, model_type="unigram", character_coverage=1.0,
+        hard_vocab_limit=False, minloglevel=2, seed_sentencepiece_size=100000, num_threads=1, **options)
 """
 
 
-def _train_sentencepiece(corpus: str = _CORPUS, byte_fallback: bool = True, **ids) -> bytes:
-    """The tiny SentencePiece model (unigram, 800 pieces) trained on `corpus` (_CORPUS), with these
-    special ids (and byte fallback unless told not). The trainer runs in a process of its own, tried twice: in pytest's workers it was seen to
+def _train_sentencepiece(corpus: str = _CORPUS, byte_fallback: bool = True, repeat: int = 20, **ids) -> bytes:
+    """The tiny SentencePiece model (unigram, 800 pieces unless `ids` give a vocab_size) trained on
+    `corpus` (_CORPUS; its lines `repeat` times), with these special ids (and byte fallback unless
+    told not). The trainer runs in a process of its own, tried twice: in pytest's workers it was seen to
     abort the whole process (SIGABRT inside SentencePieceTrainer, twice in a hundred or so runs,
     from a file as from an iterator; never alone), which took the worker and the run with it."""
     import json
     import subprocess
     import sys
 
-    lines = [line for line in corpus.splitlines() if line.strip()] * 20
+    lines = [line for line in corpus.splitlines() if line.strip()] * repeat
     with tempfile.TemporaryDirectory() as tmp:
         text, model = Path(tmp, "corpus.txt"), Path(tmp, "spm.model")
         text.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -9,6 +9,13 @@ MEANINGLESS: they exist so that the engine can be checked against llmlingua's ow
 
 llmlingua picks its word rules by substrings of the model's name ("xlm-roberta-large",
 "bert-base-multilingual-cased"), so the folders are named after the published models.
+
+`size="large"` (XLM-R only) writes the published XLM-R large layout instead, for benchmarks
+(prune bench --checkpoint): 24 layers, hidden 1024, 16 heads, intermediate 4096 and the real
+vocabulary size, 250,002 rows (2.2 GB of random weights). Its tokenizer is trained the same way
+on `corpus` (up to 32,000 pieces: a few thousand from a few hundred paragraphs) and padded with
+unused pieces to XLM-R's 250,000, which no text can produce: every id a text gets is a trained
+piece, the embedding matrix has the real size.
 """
 
 from __future__ import annotations
@@ -23,6 +30,18 @@ LAYOUTS = {
     "xlm-roberta": "llmlingua-2-xlm-roberta-large-meetingbank-tiny",
     "bert": "llmlingua-2-bert-base-multilingual-cased-meetingbank-tiny",
 }
+#: the large random-weight checkpoint's folder name (the substring llmlingua reads: xlm-roberta-large)
+LARGE_NAME = "llmlingua-2-xlm-roberta-large-meetingbank-random"
+#: microsoft/llmlingua-2-xlm-roberta-large-meetingbank's configuration (its config.json's numbers)
+LARGE = {
+    "hidden_size": 1024,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 16,
+    "intermediate_size": 4096,
+    "vocab_size": 250002,
+}
+#: the pieces of XLM-R's SentencePiece model (the tokenizer adds <pad> and <mask>: 250,002)
+XLMR_PIECES = 250000
 
 _CORPUS = """\
 The meeting started at nine, and the council talked about the new bridge over the river.
@@ -57,6 +76,34 @@ def _wordpiece_vocab() -> list[str]:
     return sorted(vocab, key=vocab.get)
 
 
+def _padded(model: bytes, pieces: int) -> bytes:
+    """The SentencePiece model `model` with unused pieces added up to `pieces`: strings of a
+    private-use character no text holds, of type UNUSED (never produced), below every score."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    proto = pb.ModelProto()
+    proto.ParseFromString(model)
+    low = min(p.score for p in proto.pieces) - 1.0
+    for i in range(pieces - len(proto.pieces)):
+        piece = proto.pieces.add()
+        piece.piece, piece.score, piece.type = f"\ue000{i:x}", low, pb.ModelProto.SentencePiece.UNUSED
+    return proto.SerializeToString()
+
+
+def large_tokenizer(corpus: list[str] | None):
+    """The large checkpoint's XLM-R tokenizer: SentencePiece trained on `corpus` (None: _CORPUS) as
+    the tiny one is, up to 32,000 pieces, padded to XLM-R's 250,000 (250,002 ids with <pad>, <mask>)."""
+    text = "\n".join(corpus) if corpus else _CORPUS
+    model = _train_sentencepiece(
+        text, byte_fallback=False, repeat=1 if corpus else 20, vocab_size=32000,
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+    )  # fmt: skip
+    tok = _load_slow_folder({"sentencepiece.bpe.model": _padded(model, XLMR_PIECES)}, "XLMRobertaTokenizer")
+    if len(tok) != LARGE["vocab_size"]:
+        raise RuntimeError(f"the large tokenizer has {len(tok)} ids, expected {LARGE['vocab_size']}")
+    return tok
+
+
 def make_tokenizer(layout: str):
     """The layout's tokenizer (a transformers fast tokenizer), trained on _CORPUS."""
     if layout == "bert":
@@ -80,10 +127,10 @@ def make_tokenizer(layout: str):
     raise ValueError(f"no LLMLingua-2 layout {layout!r} (xlm-roberta, bert)")
 
 
-def _config(layout: str, vocab_size: int) -> dict:
+def _config(layout: str, vocab_size: int, size: dict | None = None) -> dict:
     labels = {"id2label": {"0": "LABEL_0", "1": "LABEL_1"}, "label2id": {"LABEL_0": 0, "LABEL_1": 1}}
     common = {
-        **TINY,
+        **(size or TINY),
         "vocab_size": vocab_size,
         "hidden_act": "gelu",
         "hidden_dropout_prob": 0.1,
@@ -114,18 +161,24 @@ def _config(layout: str, vocab_size: int) -> dict:
     }
 
 
-def make_lingua_checkpoint(layout: str, out: str | Path, seed: int = 0) -> Path:
-    """Write a tiny random-weight LLMLingua-2 checkpoint of `layout` (xlm-roberta or bert) into
-    `out`: config.json, model.safetensors and the tokenizer's files."""
+def make_lingua_checkpoint(
+    layout: str, out: str | Path, seed: int = 0, size: str = "tiny", corpus: list[str] | None = None
+) -> Path:
+    """Write a random-weight LLMLingua-2 checkpoint of `layout` (xlm-roberta or bert) into `out`:
+    config.json, model.safetensors and the tokenizer's files. `size` "tiny" (the tests'), or
+    "large" (xlm-roberta only: the published XLM-R large layout, its tokenizer trained on `corpus`)."""
     import torch
     from transformers import AutoConfig, AutoModelForTokenClassification
 
+    if size not in ("tiny", "large") or (size == "large" and layout != "xlm-roberta"):
+        raise ValueError(f"no {size!r} LLMLingua-2 checkpoint of layout {layout!r} (large: xlm-roberta)")
     out = Path(out)
-    tok = make_tokenizer(layout)
+    tok = large_tokenizer(corpus) if size == "large" else make_tokenizer(layout)
     with tempfile.TemporaryDirectory() as tmp:
         import json
 
-        Path(tmp, "config.json").write_text(json.dumps(_config(layout, len(tok))))
+        shape = LARGE if size == "large" else None
+        Path(tmp, "config.json").write_text(json.dumps(_config(layout, len(tok), shape)))
         config = AutoConfig.from_pretrained(tmp)
     torch.manual_seed(seed)
     model = AutoModelForTokenClassification.from_config(config)
@@ -137,7 +190,7 @@ def make_lingua_checkpoint(layout: str, out: str | Path, seed: int = 0) -> Path:
     model.save_pretrained(str(out), safe_serialization=True)
     tok.save_pretrained(str(out))
     (out / "README.md").write_text(
-        f"# Test checkpoint: LLMLingua-2 ({layout})\n\nRandom weights with the published layout.\n"
-        "Its outputs are meaningless; it exists for tests and smoke runs.\n"
+        f"# Test checkpoint: LLMLingua-2 ({layout}, {size})\n\nRandom weights with the published layout.\n"
+        "Its outputs are meaningless; it exists for tests, smoke runs and benchmarks.\n"
     )
     return out

@@ -307,7 +307,8 @@ def gate_int8(tokenizer: Any, encoding: Any, fp32: Path, int8: Path, log) -> dic
     return report
 
 
-def _weights_sha256(folder: Path) -> str:
+def weights_sha256(folder: Path) -> str:
+    """The sha256 of a checkpoint's safetensors files, in name order (the manifest's `source`)."""
     digest = hashlib.sha256()
     for path in sorted(folder.glob("*.safetensors")):
         with open(path, "rb") as f:
@@ -348,7 +349,7 @@ def manifest_of(
         "added_rows": "transformers' resize_token_embeddings after torch.manual_seed(42), as llmlingua 0.2.2",
         "source": {
             "checkpoint": str(Path(checkpoint).resolve()),
-            "weights_sha256": _weights_sha256(Path(checkpoint)),
+            "weights_sha256": weights_sha256(Path(checkpoint)),
             "num_attention_heads": config.get("num_attention_heads"),
             "hidden_size": config.get("hidden_size"),
         },

@@ -37,11 +37,21 @@ def parser(doc: str | None, out: str | None = None, repeats: int = 5) -> argpars
 
 class Study:
     """One run of a benchmark: `Study("retrieval", "benchmarks.retrieval", argv)`; its
-    `command` (to paste beside the figures), `machine` and `write`."""
+    `command` (to paste beside the figures; `command` when it is not `python -m module`),
+    `machine` and `write`."""
 
-    def __init__(self, name: str, module: str, argv: list[str] | None = None, device: str = "cpu"):
+    def __init__(
+        self,
+        name: str,
+        module: str,
+        argv: list[str] | None = None,
+        device: str = "cpu",
+        command: str | None = None,
+    ):
         self.name = name
-        self.command = shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
+        self.command = command or shlex.join(
+            ["python", "-m", module, *(sys.argv[1:] if argv is None else argv)]
+        )
         self.machine = machine_info(device)
         self.started = time.strftime("%Y-%m-%d %H:%M:%S")
 

@@ -36,6 +36,9 @@ sentence splitting, tokenization, model, decisions. The groups:
 - api: `prune api --model` on the INT8 folder, TEI's /rerank;
 - deployment (`--server`, `--api`): an existing deployment's text model and HTTP API.
 
+An LLMLingua-2 `--checkpoint` runs the compressor's paths instead (group "compressor",
+engine.bench.lingua: llmlingua's PromptCompressor against the engine on the same prompts).
+
 Timings are never asserted in tests; they are printed with the machine and settings.
 """
 

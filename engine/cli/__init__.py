@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prune {args.command}: error: --quiet and --verbose exclude each other", file=sys.stderr)
         return 2
     args.log = _logger(args)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command, for a report beside its figures
     if args.verbose:
         import logging
 

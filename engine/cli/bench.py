@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 from engine.cli.flags import add_setting, input_file, output_folder
+from engine.errors import PruneError
+from engine.pipeline.lingua_words import is_lingua_checkpoint
 from engine.settings import positive_int
 
 
@@ -16,7 +18,11 @@ def add(new) -> None:
     """`prune bench`'s flags."""
     b = new("bench", help="speed of every path side by side on the RAG workload")
     b.add_argument("--data", required=True, help="RAG JSONL (question, passages)")
-    b.add_argument("--model", help="exported fp32 folder (default: the default model)")
+    b.add_argument(
+        "--model",
+        help="exported fp32 folder (default: the default model); with an LLMLingua-2 --checkpoint, its "
+        "fp32 export (default: exported into the run's folder)",
+    )
     b.add_argument(
         "--int8", help="exported int8 folder (default: the default model's, exported on first use)"
     )
@@ -46,8 +52,11 @@ def add(new) -> None:
     b.add_argument(
         "--checkpoint",
         help="the checkpoint, for the PyTorch reference paths (unbatched, batched, and "
-        "torch.compile on the engine's batches: fp16 with --device cuda)",
+        "torch.compile on the engine's batches: fp16 with --device cuda); an LLMLingua-2 checkpoint "
+        "runs the compressor's benchmark instead: the engine against llmlingua's PromptCompressor on "
+        "prompts made of --data's contexts (docs/performance.md)",
     )
+    _add_compressor(b)
     b.add_argument(
         "--compile-backend",
         metavar="NAME",
@@ -66,6 +75,25 @@ def add(new) -> None:
     _add_workload(b)
     _add_served(b)
     b.set_defaults(func=run)
+
+
+def _add_compressor(b) -> None:
+    """The LLMLingua-2 benchmark's own flags (an LLMLingua-2 --checkpoint)."""
+    b.add_argument(
+        "--auto-export",
+        metavar="FOLDER",
+        help="with an LLMLingua-2 --checkpoint: its `prune export --precision auto` folder (default: made "
+        "in the run's folder from the fp32 export)",
+    )
+    b.add_argument(
+        "--prompt-tokens",
+        type=_concurrencies,
+        metavar="N,N",
+        help="with an LLMLingua-2 --checkpoint: the prompts' sizes in tiktoken tokens (default 2000,10000)",
+    )
+    b.add_argument(
+        "--rate", type=float, help="with an LLMLingua-2 --checkpoint: compress_prompt's rate (default 0.33)"
+    )
 
 
 def _add_workload(b) -> None:
@@ -180,6 +208,12 @@ def run(args) -> int:
     log = args.log
     # bad input is reported before any model is exported or loaded
     input_file(args.data, "--data")
+    if args.checkpoint and is_lingua_checkpoint(args.checkpoint):
+        return _compressor(args)
+    given = [f for f, v in (("--auto-export", args.auto_export), ("--prompt-tokens", args.prompt_tokens),
+                            ("--rate", args.rate)) if v is not None]  # fmt: skip
+    if given:
+        raise PruneError(f"{', '.join(given)}: for an LLMLingua-2 --checkpoint")
     for flag in ("peer_python", "perf_analyzer"):
         input_file(getattr(args, flag), "--" + flag.replace("_", "-"))
     if not args.list:
@@ -257,5 +291,62 @@ def run(args) -> int:
         f"wrote {out_dir}/bench.json, bench.md"
         + (", bench.png" if report["paths"] else "")
         + (f" (stopped early: {report['stopped']})" if report.get("stopped") else "")
+    )
+    return 0
+
+
+#: prune bench's flags that measure a pruning model, not the compressor
+_PRUNING_ONLY = ("int8", "fp16", "openvino", "ov_int8", "peer_python", "compile_backend", "budget_s", "triton",
+                 "server", "api")  # fmt: skip
+
+
+def _compressor(args) -> int:
+    """prune bench on an LLMLingua-2 checkpoint: the engine's Compressor against llmlingua's
+    PromptCompressor (engine/bench/lingua.py); bench.json and bench.md in the run's folder."""
+    from engine.bench.lingua import LinguaBenchOptions, bench_lingua, lingua_registry
+    from engine.bench.registry import select
+
+    given = ["--" + f.replace("_", "-") for f in _PRUNING_ONLY if getattr(args, f)]
+    if args.device != "cpu":
+        given.append("--device " + args.device)
+    if given:
+        raise PruneError(
+            f"{', '.join(given)}: not for an LLMLingua-2 --checkpoint (its benchmark runs on the CPU)"
+        )
+    if args.list:
+        for p in select(lingua_registry(), args.paths):
+            print(f"{p.id:48} {p.group:11} {p.name}")
+        return 0
+    output_folder(args.out, "--out")
+    for flag, folder in (("--model", args.model), ("--auto-export", args.auto_export)):
+        if folder and not (Path(folder) / "manifest.json").is_file():
+            raise PruneError(f"{flag} {folder}: not an export (no manifest.json)")
+    out_dir = Path(args.out) / time.strftime("bench-%Y%m%d-%H%M%S")
+    try:
+        options = LinguaBenchOptions(
+            checkpoint=Path(args.checkpoint),
+            data=Path(args.data),
+            tokens=args.prompt_tokens or (2000, 10000),
+            rate=0.33 if args.rate is None else args.rate,
+            repeats=args.repeats,
+            threads=args.threads,
+            fp32=Path(args.model) if args.model else None,
+            auto=Path(args.auto_export) if args.auto_export else None,
+            exports=out_dir / "exports",
+            only=args.paths,
+        )
+    except ValueError as exc:
+        raise PruneError(str(exc)) from None
+    from engine.bench.harness import Study
+    from engine.bench.lingua_report import markdown
+
+    study = Study("bench", "engine.cli", command=shlex.join(["prune", *args.argv]))
+    report = bench_lingua(options, log=args.log)
+    lines = markdown(report, study.header("LLMLingua-2: the engine against llmlingua's PromptCompressor"))
+    study.write(out_dir, report, lines)
+    made = out_dir / "exports"
+    print(
+        f"wrote {out_dir}/bench.json, bench.md"
+        + (f"; the exports made here: {made}" if made.is_dir() else "")
     )
     return 0

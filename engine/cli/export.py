@@ -48,7 +48,8 @@ def add(new) -> None:
         "'prune-engine[openvino]'); auto: of the precisions worth trying on this CPU's kind "
         "(fp32, int8; ov-int8 with VNNI or AMX; ov-bf16 and ov-int8-bf16, OpenVINO's bf16 "
         "inference, with bf16), the fastest that passes the fidelity gate (printed, and recorded in "
-        "the manifest, which loaders follow)",
+        "the manifest, which loaders follow); an LLMLingua-2 checkpoint: fp32, int8 or auto (of fp32 "
+        "and int8, the faster that passes the word-label gate)",
     )
     e.add_argument(
         "--calibration",
@@ -148,17 +149,13 @@ def run(args) -> int:
 
 
 def _lingua(args) -> int:
-    """An LLMLingua-2 checkpoint: its token classifier exported for `Compressor.load` (fp32, or
-    INT8 behind the word-decision gate; export/lingua_onnx.py)."""
-    if args.precision == "auto":
-        args.log(
-            "LLMLingua-2: --precision auto is not offered yet; exporting fp32 (--precision int8: the gated INT8)"
-        )
-        args.precision = "fp32"
+    """An LLMLingua-2 checkpoint: its token classifier exported for `Compressor.load` (fp32, INT8
+    behind the word-decision gate, or auto: the faster of the two that passes, timed here;
+    export/lingua_onnx.py, export/lingua_auto.py)."""
     unsupported = [
         flag
         for flag, given in (
-            (f"--precision {args.precision}", args.precision not in ("fp32", "int8")),
+            (f"--precision {args.precision}", args.precision not in ("fp32", "int8", "auto")),
             ("--tensorrt", args.tensorrt),
             ("--encoder", args.encoder),
             ("--calibration", args.calibration),
@@ -170,24 +167,34 @@ def _lingua(args) -> int:
     ]
     if unsupported:
         raise PruneError(
-            f"{args.model} is an LLMLingua-2 checkpoint: its export is fp32 or int8, and takes none of "
+            f"{args.model} is an LLMLingua-2 checkpoint: its export is fp32, int8 or auto, and takes none of "
             f"{', '.join(unsupported)}"
         )
     from export.onnx import export_model
 
-    export_model(
-        args.model,
-        args.out,
-        family="llmlingua2",
-        overwrite=args.overwrite,
-        precision=args.precision,
+    export_args = dict(
         opset=args.opset,
         external_data=args.external_data,
         verify=not args.no_verify,
         optimize=not args.no_optimize,
         int8_weight_type=args.int8_weight_type,
         int8_per_channel=args.int8_per_channel,
+    )
+    if args.precision == "auto":
+        from export.lingua_auto import choose_lingua_precision
+
+        choose_lingua_precision(
+            args.model, args.out, export_args=export_args, overwrite=args.overwrite, log=args.log
+        )
+        return 0
+    export_model(
+        args.model,
+        args.out,
+        family="llmlingua2",
+        overwrite=args.overwrite,
+        precision=args.precision,
         log=args.log,
+        **export_args,
     )
     return 0
 

@@ -293,4 +293,4 @@ def test_each_door_refuses_the_other_kind(lingua_exports, lingua_checkpoints, tm
         Compressor.load(pruning)
     model = str(lingua_checkpoints["bert"])
     assert main(["export", "--model", model, "--out", str(tmp_path / "fp16"), "--precision", "fp16"]) == 2
-    assert "is an LLMLingua-2 checkpoint: its export is fp32 or int8" in capsys.readouterr().err
+    assert "is an LLMLingua-2 checkpoint: its export is fp32, int8 or auto" in capsys.readouterr().err

@@ -1,0 +1,113 @@
+"""`prune bench --checkpoint LLMLINGUA-2-CHECKPOINT` (engine/bench/lingua.py): the engine's paths
+against llmlingua's PromptCompressor on prompts made of a data file's contexts, its report under the
+command and the machine. Tiny checkpoint, tiny prompts, one repeat; no timing is asserted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.utils import DATA
+
+pytestmark = pytest.mark.inprocess
+
+
+def test_the_compressor_bench_reports_every_path(lingua_checkpoints, lingua_exports, tmp_path, capsys):
+    pytest.importorskip("llmlingua", reason="the dev extra's llmlingua==0.2.2")
+    from engine.cli import main
+
+    argv = [
+        "bench",
+        "--checkpoint",
+        str(lingua_checkpoints["xlm-roberta"]),
+        "--data",
+        str(DATA / "squad-dev-rag.jsonl"),
+    ]
+    argv += [
+        "--model",
+        str(lingua_exports["xlm-roberta", "fp32"]),
+        "--prompt-tokens",
+        "150,400",
+        "--repeats",
+        "1",
+    ]
+    argv += ["--threads", "1", "--out", str(tmp_path), "--quiet"]
+    assert main(argv) == 0
+    (run,) = tmp_path.glob("bench-*")
+    report = json.loads((run / "bench.json").read_text())
+    assert report["command"] == "prune " + " ".join(argv) and report["date"]
+    assert report["machine"]["cpus"] and "cpu_flags" in report["machine"]
+    assert report["settings"]["versions"]["llmlingua"] == "0.2.2"
+    assert [w["origin_tokens"] >= n for w, n in zip(report["workloads"], (150, 400))] == [True, True]
+    paths = ["llmlingua PromptCompressor (reference)", "engine torch fp32", "engine onnxruntime fp32"]
+    paths.append("engine onnxruntime auto")
+    assert [(r["workload"], r["path"]) for r in report["rows"]] == [
+        (w, p) for w in ("150 tokens", "400 tokens") for p in paths
+    ]
+    for r in report["rows"]:
+        assert r["tokens_per_s"] > 0 and len(r["seconds"]) == 1
+        if r["path"] in ("engine torch fp32", "engine onnxruntime fp32"):
+            assert r["identical"] is True and r["word_agreement"] == 1.0, r
+    assert (
+        report["auto"]["picked"] in ("fp32", "int8")
+        and (run / "exports" / "auto" / "manifest.json").is_file()
+    )
+    assert [t["path"] for t in report["targets"]] == ["engine onnxruntime fp32"] * 2 + [
+        "engine onnxruntime auto"
+    ] * 2
+    md = (run / "bench.md").read_text()
+    assert md.startswith("# LLMLingua-2") and "prune bench --checkpoint" in md
+    assert "| 150 tokens | engine onnxruntime fp32 |" in md and "| yes | 100.00% of" in md
+    assert "Targets (reported, not asserted)" in md
+
+
+def test_the_compressor_bench_lists_its_paths_and_refuses_the_pruning_flags(lingua_checkpoints, capsys):
+    from engine.cli import main
+
+    base = [
+        "bench",
+        "--checkpoint",
+        str(lingua_checkpoints["bert"]),
+        "--data",
+        str(DATA / "squad-dev-rag.jsonl"),
+    ]
+    assert main([*base, "--list"]) == 0
+    listed = capsys.readouterr().out.split("\n")
+    assert [line.split()[0] for line in listed if line] == [
+        "llmlingua-promptcompressor-reference",
+        "engine-torch-fp32",
+        "engine-onnxruntime-fp32",
+        "engine-onnxruntime-auto",
+    ]
+    assert main([*base, "--triton", "--list"]) == 2
+    assert "--triton: not for an LLMLingua-2 --checkpoint" in capsys.readouterr().err
+    assert main(["bench", "--data", str(DATA / "squad-dev-rag.jsonl"), "--rate", "0.5", "--list"]) == 2
+    assert "--rate: for an LLMLingua-2 --checkpoint" in capsys.readouterr().err
+
+
+def test_an_export_given_is_checked_before_it_is_measured(lingua_checkpoints, lingua_exports, tmp_path):
+    """--model must be an fp32 export of --checkpoint: an INT8 one, or another checkpoint's, is
+    not measured under the fp32 path's name (the report says why)."""
+    from engine.cli import main
+
+    def not_measured(model: str, out: str) -> str:
+        argv = ["bench", "--checkpoint", str(lingua_checkpoints["xlm-roberta"])]
+        argv += [
+            "--data",
+            str(DATA / "squad-dev-prune.jsonl"),
+            "--model",
+            model,
+            "--paths",
+            "onnxruntime-fp32",
+        ]
+        assert (
+            main([*argv, "--prompt-tokens", "100", "--repeats", "1", "--out", str(tmp_path / out), "-q"]) == 0
+        )
+        (run,) = (tmp_path / out).glob("bench-*")
+        report = json.loads((run / "bench.json").read_text())
+        assert report["rows"] == []
+        return report["not_measured"]["engine onnxruntime fp32"]
+
+    assert "is an int8 export, not fp32" in not_measured(str(lingua_exports["xlm-roberta", "int8"]), "a")
+    assert "is not an export of" in not_measured(str(lingua_exports["bert", "fp32"]), "b")
