@@ -208,6 +208,8 @@ def run(args) -> int:
     log = args.log
     # bad input is reported before any model is exported or loaded
     input_file(args.data, "--data")
+    if args.checkpoint and not Path(args.checkpoint).is_dir():
+        raise PruneError(f"--checkpoint {args.checkpoint}: no such folder")
     if args.checkpoint and is_lingua_checkpoint(args.checkpoint):
         return _compressor(args)
     given = [f for f, v in (("--auto-export", args.auto_export), ("--prompt-tokens", args.prompt_tokens),

@@ -62,7 +62,9 @@ def test_the_compressor_bench_reports_every_path(lingua_checkpoints, lingua_expo
     assert "Targets (reported, not asserted)" in md
 
 
-def test_the_compressor_bench_lists_its_paths_and_refuses_the_pruning_flags(lingua_checkpoints, capsys):
+def test_the_compressor_bench_lists_its_paths_and_refuses_the_pruning_flags(
+    lingua_checkpoints, capsys, tmp_path
+):
     from engine.cli import main
 
     base = [
@@ -84,6 +86,16 @@ def test_the_compressor_bench_lists_its_paths_and_refuses_the_pruning_flags(ling
     assert "--triton: not for an LLMLingua-2 --checkpoint" in capsys.readouterr().err
     assert main(["bench", "--data", str(DATA / "squad-dev-rag.jsonl"), "--rate", "0.5", "--list"]) == 2
     assert "--rate: for an LLMLingua-2 --checkpoint" in capsys.readouterr().err
+    # a mistyped --checkpoint is refused, not taken for the pruning benchmark's
+    missing = [
+        "bench",
+        "--data",
+        str(DATA / "squad-dev-rag.jsonl"),
+        "--checkpoint",
+        str(tmp_path / "missing"),
+    ]
+    assert main([*missing, "--rate", "0.5", "--list"]) == 2
+    assert "--checkpoint" in (err := capsys.readouterr().err) and "no such folder" in err
 
 
 def test_an_export_given_is_checked_before_it_is_measured(lingua_checkpoints, lingua_exports, tmp_path):
