@@ -105,7 +105,7 @@ def test_native_prune_equals_the_pruner(api):
     for got, r in zip(body["results"], expected):
         want = r.to_dict()
         assert set(got) == set(want) | {"highlighted"}  # every field of the result, no more
-        for key in ("index", "context", "pruned_context", "blocks", "windows"):
+        for key in ("index", "context", "pruned_context", "blocks", "windows", "unknown_share"):
             assert got[key] == want[key], key
         for key in ("reranking_score", "compression_rate", "threshold", "lexical_weight"):
             assert got[key] == pytest.approx(want[key], abs=1e-5), key
