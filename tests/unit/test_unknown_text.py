@@ -1,14 +1,19 @@
 """The unknown share (engine.pipeline.unknown_text): how much of a passage the model does not see
 as written, on the default model's tokenizer (all-MiniLM-L6-v2's uncased WordPiece) and on small
-tokenizers of other kinds; the warning it makes. Through the pruner: tests/inprocess/test_pruner.py."""
+tokenizers of other kinds; the warning it makes; what carries it (the Triton wire, the HTTP API's
+log line). Through the pruner, the CLI and /v1/prune: tests/inprocess/test_pruner.py and
+tests/server/test_cli.py, test_http.py."""
 
 import json
+import logging
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
+from engine.pipeline.decide import PruneResult, Sentence
 from engine.pipeline.unknown_text import (
     UNKNOWN_SHARE_WARNING,
     UnseenCounter,
@@ -110,3 +115,55 @@ def test_shares_per_passage_and_the_one_warning_of_a_call():
     assert line.startswith("2 of 4 passage(s) (index 1, 3) are largely unknown")
     assert "up to 62%" in line
     assert "naver/xprovence-reranker-bgem3-v1" in line and "zilliz/semantic-highlight-bilingual-v1" in line
+
+
+def _result(share):
+    return PruneResult(
+        index=0,
+        context="北京。",
+        pruned_context="",
+        reranking_score=0.5,
+        sentences=[Sentence("北京。", 0, 3, 0.1, False)],
+        compression_rate=1.0,
+        threshold=0.5,
+        unknown_share=share,
+    )
+
+
+def test_the_text_models_wire_carries_it_and_a_model_without_it_leaves_it_unmeasured():
+    from engine.triton.wire import (
+        OPTIONAL_OUTPUTS,
+        TEXT_OUTPUTS,
+        requested_outputs,
+        results_to_tensors,
+        tensors_to_results,
+    )
+
+    assert "unknown_share" in TEXT_OUTPUTS and "unknown_share" in OPTIONAL_OUTPUTS
+    for share in (0.6667, 0.0, None):
+        out = results_to_tensors([_result(share)])
+        assert tensors_to_results(["北京。"], out, 0.5)[0].unknown_share == share
+    out.pop("unknown_share")  # a repository written before the output existed
+    assert tensors_to_results(["北京。"], out, 0.5)[0].unknown_share is None
+    # ... is not asked for it (Triton would refuse the request)
+    older = [n for n in TEXT_OUTPUTS if n not in OPTIONAL_OUTPUTS]
+    assert requested_outputs(older) == older
+    assert requested_outputs(list(TEXT_OUTPUTS)) == requested_outputs(None) == list(TEXT_OUTPUTS)
+
+
+def test_the_api_logs_a_line_then_at_most_one_a_minute(caplog):
+    pytest.importorskip("fastapi")
+    from engine.http.state import UnknownText
+
+    notes = UnknownText(every=60.0)
+    with caplog.at_level(logging.WARNING, logger="prune.api"):
+        notes.note([_result(0.0)])
+        assert not caplog.records
+        notes.note([_result(0.6)])
+        notes.note([_result(0.7)])
+        assert len(caplog.records) == 1 and "naver/xprovence-reranker-bgem3-v1" in caplog.text
+        notes.last = -math.inf  # a minute later
+        notes.note([_result(0.6)])
+    assert len(caplog.records) == 2 and caplog.records[1].message.endswith(
+        "(2 calls like it since the last such line)"
+    )
