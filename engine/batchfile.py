@@ -34,6 +34,7 @@ from typing import IO, Any
 from engine.datafiles import json_error
 from engine.errors import InputError
 from engine.pipeline.inputs import OPTION_NAMES, CallOptions
+from engine.pipeline.unknown_text import UNKNOWN_SHARE_WARNING
 from engine.protocol import PrunerProtocol
 
 #: the fields of a line that are the call's options (engine.pipeline.inputs.CallOptions)
@@ -122,9 +123,10 @@ def run_file(
     options: CallOptions | None = None,
 ) -> dict[str, Any]:
     """Process every line of `source` into `sink` (a line's options over `options`, the
-    command line's); returns counts and throughput."""
+    command line's); returns counts (lines, errors, passages, those over
+    UNKNOWN_SHARE_WARNING: `unknown`) and throughput."""
     t0 = time.perf_counter()
-    counts = {"lines": 0, "errors": 0, "passages": 0}
+    counts = {"lines": 0, "errors": 0, "passages": 0, "unknown": 0}
     last_report = t0
 
     def run(items: list[tuple[int, Any, dict[str, Any] | Exception]]) -> None:
@@ -139,6 +141,9 @@ def run_file(
                 record = {"id": ident, "line": number, "error": str(got)}
             else:
                 counts["passages"] += len(got)
+                counts["unknown"] += sum(
+                    r.unknown_share is not None and r.unknown_share > UNKNOWN_SHARE_WARNING for r in got
+                )
                 record = {"id": ident, "results": [_result(r) for r in got]}
             sink.write(json.dumps(record, ensure_ascii=False) + "\n")
 

@@ -29,6 +29,7 @@ from engine.pipeline.families import Rules
 from engine.pipeline.inputs import CallOptions, Limits, check_call, check_sentences, default_limits
 from engine.pipeline.spec import ModelSpec
 from engine.pipeline.text import split_passage
+from engine.pipeline.unknown_text import shares as unknown_shares
 from engine.protocol import FromSpec, PrunerProtocol
 from engine.settings import DEFAULTS
 
@@ -54,6 +55,7 @@ class Call:
     token_windows: bool = False  # decided per token window (the family's reference windows)
     fragment: int | None = None  # OpenProvence's fragment tokens under its reference windows
     splitter: str = "engine"  # who cut the passages: the rules' splitter, or "caller" (sentences=)
+    unknown: list[float] | None = None  # each passage's unknown_share (engine.pipeline.unknown_text)
 
 
 class Pruner(FromSpec):
@@ -245,6 +247,7 @@ class Pruner(FromSpec):
             self._scores(call, per_block),
             self.encoder.tokenizer,
             splitter=call.splitter,
+            unknown=call.unknown,
         )
 
     def _scores(self, call: "Call", per_block: Sequence[tuple[float, np.ndarray]]) -> list[Scored]:
@@ -297,10 +300,13 @@ class Pruner(FromSpec):
     # ------------------------------------------------------------------ model
     def _blocks(self, call: "Call") -> list[Block]:
         """All blocks of a call (sentences of every passage tokenized in one batch), cut
-        as the call's rules say."""
+        as the call's rules say; each passage's unknown_share measured on the way (`call.unknown`)."""
         q_ids = self.encoder.question_ids(call.question)
         flat = [p[s:e] for p, sp in zip(call.passages, call.spans) for s, e in sp]
-        ids = self.encoder.tokenize_words(flat) if call.token_windows else self.encoder.tokenize(flat)
+        counts: list[tuple[int, int]] = []
+        tokenize = self.encoder.tokenize_words if call.token_windows else self.encoder.tokenize
+        ids = tokenize(flat, counts)
+        call.unknown = unknown_shares(counts, [len(sp) for sp in call.spans])
         blocks: list[Block] = []
         pos = 0
         for i, sp in enumerate(call.spans):

@@ -22,6 +22,8 @@ from engine.cli.flags import (
 )
 from engine.errors import PruneError
 from engine.pipeline.inputs import CallOptions
+from engine.pipeline.unknown_text import MULTILINGUAL, UNKNOWN_SHARE_WARNING
+from engine.pipeline.unknown_text import warning as unknown_warning
 from engine.settings import TORCH_ATTENTIONS, TORCH_DTYPES, positive_int
 
 
@@ -153,14 +155,29 @@ def run(args) -> int:
     t1 = time.perf_counter()
     results = pruner.prune(args.question, contexts, options)
     t_run = time.perf_counter() - t1
+    unknown = unknown_warning(results)
     if args.json:
         print(json.dumps([r.to_dict() for r in results], ensure_ascii=False, indent=2))
+        if unknown:
+            args.log(f"warning: {unknown}")
         return 0
-    fam = pruner.family
-    print(
-        f"# model {args.model} ({fam.name}, {pruner.describe()}); loaded in {t_load:.2f} s, "
-        f"pruned {len(results)} passage(s) in {t_run * 1000:.0f} ms"
+    _print_results(
+        args,
+        pruner,
+        results,
+        unknown,
+        f"loaded in {t_load:.2f} s, pruned {len(results)} passage(s) in {t_run * 1000:.0f} ms",
     )
+    return 0
+
+
+def _print_results(args, pruner, results, unknown: str | None, timings: str) -> None:
+    """`prune run`'s text output: the model, the warning of text it largely does not know
+    (engine.pipeline.unknown_text), each passage's result."""
+    fam = pruner.family
+    print(f"# model {args.model} ({fam.name}, {pruner.describe()}); {timings}")
+    if unknown:
+        print(f"# warning: {unknown}")
     for r in results:
         score = "n/a" if r.reranking_score is None else f"{r.reranking_score:.4f}"
         kept = sum(s.kept for s in r.sentences)
@@ -171,6 +188,11 @@ def run(args) -> int:
             + f", blocks {r.blocks}"
             + (f" ({r.windows} windows)" if r.windows != "sentences" else "")
             + (f", {r.splitter} sentences" if r.splitter != "engine" else "")
+            + (
+                f", unknown_share {r.unknown_share}"
+                if unknown and (r.unknown_share or 0) > UNKNOWN_SHARE_WARNING
+                else ""
+            )
         )
         if r.budget is not None and r.budget.cut:
             b = r.budget
@@ -192,7 +214,6 @@ def run(args) -> int:
             for s in r.sentences:
                 print(f"  [{'x' if s.kept else ' '}] {s.probability:.3f}  {s.text[:100]}")
             print("\npruned_context:\n" + r.pruned_context)
-    return 0
 
 
 def _read_contexts(args) -> list[str]:
@@ -250,4 +271,10 @@ def _run_file(pruner, args, options: CallOptions) -> int:
             source.close()
         if sink is not sys.stdout:
             sink.close()
+    if stats["unknown"]:
+        args.log(
+            f"warning: {stats['unknown']} of {stats['passages']} passages are largely unknown to this model's "
+            f"vocabulary (their results' unknown_share is over {UNKNOWN_SHARE_WARNING}); its scores mean "
+            f"little there. For such text use a multilingual model: {MULTILINGUAL}"
+        )
     return 0 if stats["errors"] == 0 else 3

@@ -19,6 +19,7 @@ from pydantic_core import PydanticCustomError
 from engine.pipeline.decide import PruneResult
 from engine.pipeline.families import Family, Rules
 from engine.pipeline.inputs import CallOptions, option_fields, unknown_name
+from engine.pipeline.unknown_text import UNKNOWN_SHARE_WARNING
 
 # --------------------------------------------------------------------------- errors
 
@@ -306,6 +307,14 @@ class PrunedPassage(BaseModel):
         None, description="with pre and post: the passage with its kept sentences tagged"
     )
     budget: BudgetOut | None = Field(None, description="with budget_tokens: what the budget kept and cut")
+    unknown_share: float | None = Field(
+        None,
+        description="share of the passage's non-space characters the model does not see as written "
+        f"([UNK], dropped by its tokenizer, or an accent or voicing mark stripped); over {UNKNOWN_SHARE_WARNING} "
+        "its scores "
+        "mean little (text outside the model's vocabulary: use a multilingual model); absent where not "
+        "measured",
+    )
 
     @classmethod
     def of(cls, r: PruneResult, highlighted: str | None = None) -> PrunedPassage:
@@ -327,6 +336,8 @@ class PrunedPassage(BaseModel):
             out.highlighted = highlighted
         if r.budget is not None:
             out.budget = BudgetOut(**r.budget.to_dict())
+        if r.unknown_share is not None:
+            out.unknown_share = r.unknown_share
         return out
 
 

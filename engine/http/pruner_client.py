@@ -46,6 +46,7 @@ def result_from_dict(d: dict[str, Any]) -> PruneResult:
         splitter=d.get("splitter", "engine"),
         lexical_weight=d.get("lexical_weight", 0.0),
         budget=Budget(**d["budget"]) if d.get("budget") else None,
+        unknown_share=d.get("unknown_share"),
     )
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import logging
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +20,7 @@ from engine.pipeline.decide import PruneResult
 from engine.errors import Cancelled, InputError, PruneError
 from engine.pipeline.families import Family
 from engine.pipeline.inputs import CallOptions
+from engine.pipeline.unknown_text import warning as unknown_warning
 from engine.protocol import PrunerProtocol
 from engine.pruner import run_cancellable
 from engine.settings import DEFAULTS
@@ -166,6 +169,30 @@ class InFlight:
             self.gauge.dec()
 
 
+class UnknownText:
+    """The API's log line (logger `prune.api`, WARNING) for calls whose passages are largely
+    unknown to the model's vocabulary (engine.pipeline.unknown_text): the first such call's line,
+    then at most one every `every` seconds, counting the calls since the last one."""
+
+    def __init__(self, every: float = 60.0):
+        self.every, self.last, self.since = every, -math.inf, 0
+        self._lock = threading.Lock()
+
+    def note(self, results: list[PruneResult]) -> None:
+        """Log the line `results` warrant, unless one was logged within `every` seconds."""
+        line = unknown_warning(results)
+        if line is None:
+            return
+        with self._lock:
+            self.since += 1
+            now = time.monotonic()
+            if now - self.last < self.every:
+                return
+            calls, self.since, self.last = self.since, 0, now
+        more = f" ({calls} calls like it since the last such line)" if calls > 1 else ""
+        logging.getLogger("prune.api").warning("%s%s", line, more)
+
+
 @dataclass
 class ApiState:
     """What the handlers serve from (`app.state.api`): the pruner and its family, the config,
@@ -187,6 +214,8 @@ class ApiState:
     compressor: Any = None
     #: the routes this model does not serve, each with why (engine.http.compress_api.refusals): a 404
     refused: dict[str, str] = field(default_factory=dict)
+    #: the log line of calls on text the model's vocabulary largely lacks
+    unknown: UnknownText = field(default_factory=UnknownText)
 
     @classmethod
     def of(
@@ -249,6 +278,7 @@ class ApiState:
             raise
         self.health.succeeded()
         self.metrics.passages.inc(len(texts))
+        self.unknown.note(results)
         return results
 
     async def prune_many(self, queries: list[dict[str, Any]]) -> list[list[PruneResult]]:
@@ -268,6 +298,8 @@ class ApiState:
             raise
         self.health.succeeded()
         self.metrics.passages.inc(sum(len(q["passages"]) for q in queries))
+        for results in out:
+            self.unknown.note(results)  # type: ignore[arg-type]
         return out  # type: ignore[return-value]
 
     async def compress(self, context: str | list[str], options: dict[str, Any]) -> Any:

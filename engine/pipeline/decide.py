@@ -67,6 +67,9 @@ class PruneResult:
     splitter: str = "engine"
     lexical_weight: float = 0.0  # the lexical score's share in the probabilities (engine.pipeline.lexical)
     budget: Any = None  # engine.pipeline.budget.Budget when the call set budget_tokens
+    # share of the passage's non-space characters the model does not see as written ([UNK], dropped,
+    # a mark stripped; engine.pipeline.unknown_text); None: not measured (a Triton text model's client)
+    unknown_share: float | None = None
 
     @property
     def highlights(self) -> list[dict[str, Any]]:
@@ -106,10 +109,11 @@ class PruneResult:
 
     def to_dict(self) -> dict[str, Any]:
         """The result as JSON-ready values (what `prune run --json` prints); `budget` only
-        when the call had one."""
+        when the call had one, `unknown_share` only where it was measured."""
         out = asdict(self)
-        if out["budget"] is None:
-            del out["budget"]
+        for name in ("budget", "unknown_share"):
+            if out[name] is None:
+                del out[name]
         return out
 
 
@@ -148,6 +152,7 @@ def build_result(
     windows: str = "sentences",
     lexical_weight: float = 0.0,
     splitter: str = "engine",
+    unknown_share: float | None = None,
 ) -> PruneResult:
     """A PruneResult from a passage's sentence spans, probabilities and kept flags."""
     sentences = [Sentence(context[s:e], s, e, float(p), bool(k)) for (s, e), p, k in zip(spans, probs, kept)]
@@ -177,6 +182,7 @@ def build_result(
         windows=windows,
         lexical_weight=float(lexical_weight),
         splitter=splitter,
+        unknown_share=unknown_share,
     )
 
 
@@ -212,6 +218,7 @@ def with_kept(result: PruneResult, kept: Sequence[bool]) -> PruneResult:
         result.windows,
         result.lexical_weight,
         result.splitter,
+        result.unknown_share,
     )
     return replace(rebuilt, budget=result.budget)
 
@@ -342,11 +349,13 @@ def decide_passages(
     scored: list[Scored],
     tokenizer: Any = None,
     splitter: str | None = None,
+    unknown: Sequence[float] | None = None,
 ) -> list[PruneResult]:
     """A call's results from its passages' scores: the lexical fusion, then per passage
     the sentence rules (or the token windows' own decisions) and the family's zero-rerank
     rule, then the passage gate over the call, then the order. `splitter` is what each result
-    records as having cut it (None: the rules' splitter; "caller" for the caller's sentences)."""
+    records as having cut it (None: the rules' splitter; "caller" for the caller's sentences);
+    `unknown` each passage's unknown_share (engine.pipeline.unknown_text; None: not measured)."""
     scored = fuse_lexical(scored, question, passages, spans, rules.lexical_weight)
     results = []
     for i, (p, sp, sc) in enumerate(zip(passages, spans, scored)):
@@ -372,6 +381,7 @@ def decide_passages(
                 windows=rules.windows,
                 lexical_weight=rules.lexical_weight,
                 splitter=splitter or rules.splitter,
+                unknown_share=None if unknown is None else unknown[i],
             )
         )
     return call_rules(results, rules, tokenizer)

@@ -33,6 +33,7 @@ from tokenizers import Tokenizer
 
 from engine.errors import InputError, ModelLoadError
 from engine.pipeline.spec import ModelSpec
+from engine.pipeline.unknown_text import UnseenCounter, word_offsets
 from engine.settings import DEFAULTS
 
 MIN_CONTEXT_TOKENS = 64
@@ -123,6 +124,7 @@ class Encoder:
         self.per_unit = 2 if spec.family.sentence_specials else 0
         self.n_special = 1 + spec.family.seps_between + (0 if self.per_unit else 1)
         self.min_context_tokens = min_context_tokens
+        self._unseen: UnseenCounter | None = None
         if spec.max_length - self.n_special < min_context_tokens + 1:
             raise ModelLoadError(f"max_length {spec.max_length} is too small for this template")
 
@@ -131,11 +133,24 @@ class Encoder:
         """The longest question that leaves `min_context_tokens` of passage per block."""
         return self.spec.max_length - self.n_special - self.min_context_tokens
 
-    def tokenize(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of each text, without special tokens."""
+    def tokenize(self, texts: list[str], counts: list[tuple[int, int]] | None = None) -> list[list[int]]:
+        """Token ids of each text, without special tokens; with `counts`, each text's (unseen,
+        non-space) characters appended to it (engine.pipeline.unknown_text)."""
         if not texts:
             return []
-        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
+        ids = [e.ids for e in encodings]
+        if counts is not None:
+            unseen = self.unseen
+            counts += [unseen.count(t, i, lambda e=e: e.offsets) for t, i, e in zip(texts, ids, encodings)]
+        return ids
+
+    @property
+    def unseen(self) -> UnseenCounter:
+        """What counts a text's characters the model does not see as written (made once)."""
+        if self._unseen is None:
+            self._unseen = UnseenCounter(self.tokenizer)
+        return self._unseen
 
     def question_ids(self, question: str) -> list[int]:
         """The question's token ids; InputError when it has none."""
@@ -176,12 +191,15 @@ class Encoder:
             used += cost
         return [self._block(question, passage, g, k == 0) for k, g in enumerate(groups)]
 
-    def tokenize_words(self, texts: list[str]) -> list[list[int]]:
+    def tokenize_words(
+        self, texts: list[str], counts: list[tuple[int, int]] | None = None
+    ) -> list[list[int]]:
         """The ids of each text split at whitespace, every word tokenized alone: the
-        `is_split_into_words` input of the OpenSearch pipeline."""
+        `is_split_into_words` input of the OpenSearch pipeline; `counts` as `tokenize`'s."""
         words = [t.split() for t in texts]
         idx = [i for i, w in enumerate(words) if w]
         out: list[list[int]] = [[] for _ in texts]
+        found: list[tuple[int, int]] = [(0, 0)] * len(texts)
         for i, e in zip(
             idx,
             self.tokenizer.encode_batch(
@@ -189,6 +207,11 @@ class Encoder:
             ),
         ):
             out[i] = list(e.ids)
+            if counts is not None:
+                at = lambda t=texts[i], e=e: word_offsets(t, e.word_ids, e.offsets)  # noqa: E731
+                found[i] = self.unseen.count(texts[i], out[i], at)
+        if counts is not None:
+            counts += found
         return out
 
     def windows(self, question: list[int], passage: int, sentences: list[list[int]]) -> list[Block]:

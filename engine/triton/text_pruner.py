@@ -32,9 +32,10 @@ from engine.triton.wire import (
     DEFAULT_MAX_CHARS,
     DEFAULT_MAX_PASSAGES,
     TEXT_INPUTS,
-    TEXT_OUTPUTS,
+    OPTIONAL_OUTPUTS,
     input_error,
     options_to_tensors,
+    requested_outputs,
     tensors_to_results,
 )
 
@@ -56,6 +57,8 @@ class TritonTextPruner(FromSpec):
         #: what one call may hold: as in-process (engine.pipeline.inputs)
         self.limits = limits or default_limits()
         self._many: ThreadPoolExecutor | None = None
+        #: the outputs asked for: every one but an optional output the model lacks (an older repository's)
+        self._outputs = requested_outputs(getattr(client, "metadata_outputs", None))
 
     def describe(self) -> str:
         """The server and model, in words."""
@@ -95,7 +98,7 @@ class TritonTextPruner(FromSpec):
             inp = tc.InferInput(name, list(arr.shape), TEXT_INPUTS[name][0])
             inp.set_data_from_numpy(arr)
             inputs.append(inp)
-        return inputs, [tc.InferRequestedOutput(n) for n in TEXT_OUTPUTS]
+        return inputs, [tc.InferRequestedOutput(n) for n in self._outputs]
 
     def _send_all(
         self, question: str, parts: list[list[str]], options: CallOptions, deadline: float
@@ -111,8 +114,8 @@ class TritonTextPruner(FromSpec):
             raise BackendError(f"Triton text model {c.model!r} on {c.url} failed: {exc}") from exc
         outs = []
         for res in raw:
-            out = {n: res.as_numpy(n) for n in TEXT_OUTPUTS}
-            missing = [n for n, v in out.items() if v is None]
+            out = {n: res.as_numpy(n) for n in self._outputs}
+            missing = [n for n, v in out.items() if v is None and n not in OPTIONAL_OUTPUTS]
             if missing:
                 raise BackendError(f"Triton text model {c.model!r} returned no {missing}")
             outs.append(out)

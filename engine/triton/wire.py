@@ -19,6 +19,11 @@ One request is one question and its passages, as UTF-8 BYTES tensors:
              pruned_context   BYTES [R]        kept sentences, original text and separators
              compression_rate FP32  [R]        share of the passage's characters removed
              blocks           INT32 [R]        model windows the passage needed
+             unknown_share    FP32  [R]        share of the passage's characters the model does not
+                                               see as written (engine.pipeline.unknown_text); NaN:
+                                               not measured. Optional (OPTIONAL_OUTPUTS): a client
+                                               asks for it where the model has it, so a repository
+                                               written before it still serves
 
 Offsets count UTF-8 bytes of the passage exactly as the client sent it: the one unit
 every client language can slice its own request with (Python and Rust strings count
@@ -67,7 +72,19 @@ TEXT_OUTPUTS: dict[str, tuple[str, list[int]]] = {
     "pruned_context": ("BYTES", [-1]),
     "compression_rate": ("FP32", [-1]),
     "blocks": ("INT32", [-1]),
+    "unknown_share": ("FP32", [-1]),
 }
+#: the outputs a text model written by an earlier version lacks: asked for only where it has them
+OPTIONAL_OUTPUTS = ("unknown_share",)
+
+
+def requested_outputs(available: Sequence[str] | None) -> list[str]:
+    """The outputs a client asks a text model for: every one but an optional output the model
+    lacks (`available`: its metadata's outputs; None: unknown, ask for all)."""
+    have = set(available or TEXT_OUTPUTS)
+    return [n for n in TEXT_OUTPUTS if n in have or n not in OPTIONAL_OUTPUTS]
+
+
 DESCRIBE_OUTPUTS: dict[str, tuple[str, list[int]]] = {
     "manifest": ("BYTES", [1]),
     "tokenizer": ("BYTES", [1]),
@@ -207,6 +224,9 @@ def results_to_tensors(results: Sequence[PruneResult]) -> dict[str, np.ndarray]:
         "pruned_context": np.array([r.pruned_context.encode("utf-8") for r in results], dtype=np.object_),
         "compression_rate": np.array([r.compression_rate for r in results], dtype=np.float32),
         "blocks": np.array([r.blocks for r in results], dtype=np.int32),
+        "unknown_share": np.array(
+            [math.nan if r.unknown_share is None else r.unknown_share for r in results], dtype=np.float32
+        ),
     }
 
 
@@ -251,6 +271,7 @@ def tensors_to_results(
         ]
         score = float(out["reranking_score"][row])
         pruned = out["pruned_context"][row]
+        unknown = math.nan if out.get("unknown_share") is None else float(out["unknown_share"][row])
         results.append(
             PruneResult(
                 index=offset + int(idx),
@@ -264,6 +285,7 @@ def tensors_to_results(
                 windows=windows,
                 lexical_weight=float(lexical_weight),
                 splitter=splitter,
+                unknown_share=None if math.isnan(unknown) else round(unknown, 4),
             )
         )
     return results

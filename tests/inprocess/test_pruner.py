@@ -231,3 +231,22 @@ def test_open_provence_reranking_score_is_process_s(pruners):
         assert r.reranking_score == pytest.approx(max(1 / (1 + math.exp(-x)) for x in logits), abs=1e-6)
         nothing = p.prune("Where are the ships?", [passage], threshold=1.0)[0]
         assert not any(s.kept for s in nothing.sentences) and nothing.reranking_score == 0.0
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_each_result_says_how_much_of_its_passage_the_model_does_not_see(pruners, name):
+    """unknown_share (engine.pipeline.unknown_text) on every route of a call: prune, prune_many,
+    the family's reference windows (OpenSearch's words input), reordered and budgeted results."""
+    from engine.pipeline.unknown_text import UNKNOWN_SHARE_WARNING
+
+    pruner = pruners[name][0]
+    english, korean = DOCS[0], "서울은 한국의 수도입니다. 부산은 큰 항구 도시입니다."
+    got = pruner.prune(Q, [english, korean, ""])
+    shares = [r.unknown_share for r in got]
+    # no test checkpoint's vocabulary has Hangul: [UNK] (BERT), <unk> (SentencePiece)
+    assert shares[0] == 0.0 and shares[1] > UNKNOWN_SHARE_WARNING and shares[2] == 0.0, shares
+    many = pruner.prune_many([{"question": Q, "passages": [english, korean, ""]}])[0]
+    assert [r.unknown_share for r in many] == shares
+    assert [r.unknown_share for r in pruner.prune(Q, [english, korean, ""], windows="reference")] == shares
+    ranked = pruner.prune(Q, [english, korean, ""], top_k=2, budget_tokens=5, passage_margin=-1)
+    assert [r.unknown_share for r in ranked] == [shares[r.index] for r in ranked]

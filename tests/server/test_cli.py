@@ -672,3 +672,47 @@ def test_run_says_what_the_budget_cut(exported, capsys):
     out = capsys.readouterr().out
     assert "budget: 1 tokens (the model's tokenizer)" in out and f"it cut {kept} sentence(s)" in out
     assert "(the budget cut what the rules kept; -v lists its sentences)" in out
+
+
+def test_run_warns_once_of_text_the_model_does_not_know(exported, tmp_path, capsys):
+    """Passages largely unknown to the model's vocabulary (unknown_share over the threshold; the
+    test checkpoints' BERT vocabulary has no Hangul): the text output warns once per call,
+    naming the multilingual models and each such passage's share; --json carries the field and
+    warns on stderr; a batch file's run warns once at its end; English alone, no warning."""
+    model = str(exported["embedding"])
+    ko, en = (
+        "서울은 한국의 수도입니다. 부산은 큰 항구 도시입니다.",
+        "The stadium was built in 1923. It holds 80,000 people.",
+    )
+    call = [
+        "run",
+        "--model",
+        model,
+        "--question",
+        "서울은 어디에 있나요?",
+        "--context",
+        ko,
+        "--context",
+        ko,
+        "--context",
+        en,
+    ]
+    assert main(call) == 0
+    out = capsys.readouterr().out
+    assert out.count("# warning:") == 1 and "2 of 3 passage(s) (index 0, 1) are largely unknown" in out
+    assert "naver/xprovence-reranker-bgem3-v1" in out and "zilliz/semantic-highlight-bilingual-v1" in out
+    assert out.count(", unknown_share ") == 2
+    assert main([*call, "--json"]) == 0
+    got = capsys.readouterr()
+    assert [r["unknown_share"] > 0.5 for r in json.loads(got.out)] == [True, True, False]
+    assert got.err.count("warning:") == 1 and "# warning" not in got.out
+    lines = tmp_path / "calls.jsonl"
+    lines.write_text(
+        "".join(json.dumps({"question": "Where?", "passages": [p, en]}) + "\n" for p in (ko, ko))
+    )
+    assert (
+        main(["run", "--model", model, "--input", str(lines), "--output", str(tmp_path / "out.jsonl")]) == 0
+    )
+    assert capsys.readouterr().err.count("warning: 2 of 4 passages are largely unknown") == 1
+    assert main(["run", "--model", model, "--question", "When?", "--context", en]) == 0
+    assert "warning" not in capsys.readouterr().out

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import socket
 import threading
 import math
@@ -105,7 +106,7 @@ def test_native_prune_equals_the_pruner(api):
     for got, r in zip(body["results"], expected):
         want = r.to_dict()
         assert set(got) == set(want) | {"highlighted"}  # every field of the result, no more
-        for key in ("index", "context", "pruned_context", "blocks", "windows"):
+        for key in ("index", "context", "pruned_context", "blocks", "windows", "unknown_share"):
             assert got[key] == want[key], key
         for key in ("reranking_score", "compression_rate", "threshold", "lexical_weight"):
             assert got[key] == pytest.approx(want[key], abs=1e-5), key
@@ -464,3 +465,21 @@ def test_the_schema_fuzzed_gets_no_5xx_and_every_response_matches_it(pruners, tm
     assert proc.returncode == 0, tail
     generated = re.search(r"(\d+) generated", proc.stdout)
     assert generated and int(generated.group(1)) >= 200, tail
+
+
+def test_prune_says_which_passages_the_model_does_not_know_and_the_log_says_it_once(pruners, caplog):
+    """/v1/prune's unknown_share (the test checkpoints' BERT vocabulary has no Hangul) and
+    the API's log line (logger prune.api), the first such call's only within a minute; TEI's and
+    Cohere's rerank answers keep their protocols' shapes (no such field)."""
+    ko = "서울은 한국의 수도입니다. 부산은 큰 항구 도시입니다."
+    with serving(pruners["embedding"][0]) as url, caplog.at_level(logging.WARNING, logger="prune.api"):
+        body = httpx.post(
+            f"{url}/v1/prune", json={"question": Q, "passages": [TEXTS[0], ko]}, timeout=30
+        ).json()
+        assert [r["unknown_share"] > 0.5 for r in body["results"]] == [False, True]
+        tei = httpx.post(f"{url}/rerank", json={"query": Q, "texts": [ko]}, timeout=30).json()
+        cohere = httpx.post(f"{url}/v2/rerank", json={"query": Q, "documents": [ko]}, timeout=30).json()
+        assert "unknown_share" not in tei[0] and "unknown_share" not in cohere["results"][0]
+    lines = [r.getMessage() for r in caplog.records if r.name == "prune.api"]
+    assert len(lines) == 1 and lines[0].startswith("1 of 2 passage(s) (index 1) are largely unknown"), lines
+    assert "naver/xprovence-reranker-bgem3-v1" in lines[0]

@@ -57,6 +57,7 @@ def same(got, exp, tol=TOL):
         assert a.pruned_context == b.pruned_context
         assert a.compression_rate == pytest.approx(b.compression_rate, abs=1e-6)
         assert a.blocks == b.blocks
+        assert a.unknown_share == b.unknown_share  # the optional output, rounded alike
         if b.reranking_score is None:
             assert a.reranking_score is None
         else:

@@ -102,9 +102,12 @@ def test_the_wire_result_carries_every_field_of_the_engines():
     )
     wire = PrunedPassage.of(r).model_dump(exclude_unset=True)
     assert wire == r.to_dict()  # the engine's JSON form, field for field
-    assert set(dataclasses.asdict(r)) == set(wire) | {"budget"}  # budget: only when the call had one
-    budgeted = dataclasses.replace(r, budget=Budget(100, 40, 12, 1, "model"))
+    # budget: only when the call had one; unknown_share: where it was measured (not through a Triton
+    # text model of an earlier version)
+    assert set(dataclasses.asdict(r)) == set(wire) | {"budget", "unknown_share"}
+    budgeted = dataclasses.replace(r, budget=Budget(100, 40, 12, 1, "model"), unknown_share=0.6154)
     assert PrunedPassage.of(budgeted).model_dump(exclude_unset=True) == budgeted.to_dict()
+    assert budgeted.to_dict()["unknown_share"] == 0.6154
     assert (
         PrunedPassage.of(r, "<b>A b.</b> C d.").model_dump(exclude_unset=True)["highlighted"]
         == "<b>A b.</b> C d."
