@@ -306,6 +306,15 @@ class PrunedPassage(BaseModel):
         None, description="with pre and post: the passage with its kept sentences tagged"
     )
     budget: BudgetOut | None = Field(None, description="with budget_tokens: what the budget kept and cut")
+    compressed_context: str | None = Field(
+        None,
+        description="with compress_rate or compress_target_token: the kept text compressed by the "
+        "token compressor beside the pruner (LLMLingua-2), with the passage's separators",
+    )
+    compressed_spans: list[tuple[int, int]] | None = Field(
+        None,
+        description="with compress_rate or compress_target_token: its words as [start, end) of the passage",
+    )
 
     @classmethod
     def of(cls, r: PruneResult, highlighted: str | None = None) -> PrunedPassage:
@@ -327,6 +336,8 @@ class PrunedPassage(BaseModel):
             out.highlighted = highlighted
         if r.budget is not None:
             out.budget = BudgetOut(**r.budget.to_dict())
+        if r.compressed_context is not None:
+            out.compressed_context, out.compressed_spans = r.compressed_context, r.compressed_spans
         return out
 
 
