@@ -85,6 +85,25 @@ class Compressor:
         return cls(tokenizer, core, tiktoken_encoding("gpt-3.5-turbo"))
 
     @classmethod
+    def of(cls, compressor: "Compressor | str | Path", *, threads: int | None = None) -> "Compressor":
+        """`compressor` as it is when it is one, else the folder loaded (`load`)."""
+        return compressor if isinstance(compressor, Compressor) else cls.load(compressor, threads=threads)
+
+    def kept_words(
+        self, texts: list[str], rate: float | None, target_token: int | None
+    ) -> list[list[tuple[int, int]]]:
+        """The kept words of each text as spans of it, each text a context of its own (the
+        context-level filter off: none dropped), at `rate` or `target_token`: what a pruner's call
+        with compress_rate / compress_target_token runs on its pruned texts
+        (engine.pipeline.token_compress)."""
+        options: dict[str, Any] = {"use_context_level_filter": False}
+        if target_token is not None:
+            options["target_token"] = target_token
+        else:
+            options["rate"] = rate
+        return self.compress(texts, **options).kept_spans
+
+    @classmethod
     def _load_export(cls, folder: Path, threads: int | None) -> "Compressor":
         from engine.backends.onnxruntime import OrtTokenProbs
 

@@ -28,6 +28,7 @@ from engine.pipeline.encode import BatchingConfig, Block, Encoder, ModelBatch, c
 from engine.pipeline.families import Rules
 from engine.pipeline.inputs import CallOptions, Limits, check_call, check_sentences, default_limits
 from engine.pipeline.spec import ModelSpec
+from engine.pipeline.token_compress import check_compressor
 from engine.pipeline.text import split_passage
 from engine.pipeline.unknown_text import shares as unknown_shares
 from engine.protocol import FromSpec, PrunerProtocol
@@ -70,8 +71,12 @@ class Pruner(FromSpec):
         batching: BatchingConfig | None = None,
         min_context_tokens: int = 64,
         limits: Limits | None = None,
+        compressor: Any = None,
     ):
         self.backend = backend
+        #: the token compressor beside the pruner (engine.compressor.Compressor, LLMLingua-2) that a
+        #: call's compress_rate / compress_target_token runs on what it keeps; None: none
+        self.compressor = compressor
         self.spec = spec
         self.limits = limits or default_limits()
         self.encoder = Encoder(tokenizer, spec, min_context_tokens)
@@ -86,6 +91,7 @@ class Pruner(FromSpec):
         options: "LoadOptions | None" = None,
         *,
         log: Any = None,
+        compressor: Any = None,
         **shortcuts: Any,
     ) -> "Pruner":
         """Load an exported model folder (ONNX Runtime, or OpenVINO), or a checkpoint
@@ -100,7 +106,9 @@ class Pruner(FromSpec):
         dtype, attn: each field says what it does). Its field names are keyword shortcuts
         here (`threads=2`, `device="cuda"`, `tensorrt=True` or a cache folder), over
         `options` or, without it, over the `PRUNE_*` variables in force
-        (`LoadOptions.from_env`)."""
+        (`LoadOptions.from_env`). `compressor`: a token compressor beside the pruner (an
+        LLMLingua-2 checkpoint or export folder, or an engine.Compressor) that a call's
+        `compress_rate` / `compress_target_token` runs on what it keeps."""
         from engine.models.loading import LoadOptions, open_model
 
         if isinstance(backend, LoadOptions):  # Pruner.load(path, options)
@@ -117,7 +125,12 @@ class Pruner(FromSpec):
         elif shortcuts:  # over the options given, the environment aside
             options = LoadOptions.from_env({}, **{**vars(options), **shortcuts})
         core, tokenizer, spec = open_model(path, options, log)
-        return cls(core, tokenizer, spec, options.batching)
+        pruner = cls(core, tokenizer, spec, options.batching)
+        if compressor is not None:
+            from engine.compressor import Compressor
+
+            pruner.compressor = Compressor.of(compressor, threads=options.threads)
+        return pruner
 
     @classmethod
     def connect(cls, url: str | Sequence[str], model: str, **kwargs: Any) -> PrunerProtocol:
@@ -194,6 +207,7 @@ class Pruner(FromSpec):
         """`prepare` of a checked call; without `batched`, no batches (`prune_many` packs the
         blocks of several calls together)."""
         rules = self.spec.family.rules.resolve(options)
+        check_compressor(rules, self.compressor.kept_words if self.compressor is not None else None)
         token_windows = self.spec.family.token_windows(rules.windows)
         if rules.lexical_weight and token_windows:
             raise InputError(
@@ -248,6 +262,7 @@ class Pruner(FromSpec):
             self.encoder.tokenizer,
             splitter=call.splitter,
             unknown=call.unknown,
+            compress=self.compressor.kept_words if self.compressor is not None else None,
         )
 
     def _scores(self, call: "Call", per_block: Sequence[tuple[float, np.ndarray]]) -> list[Scored]:

@@ -9,6 +9,7 @@ from engine.settings import default_workers
 
 from engine.cli.flags import (
     add_batching,
+    add_compressor,
     add_openvino,
     add_setting,
     api_imports,
@@ -49,6 +50,7 @@ def add(new) -> None:
         "; with --model default on cuda, the default model's fp16 GPU graph, exported on first use",
     )
     add_batching(h)
+    add_compressor(h)
     h.set_defaults(func=run)
 
 
@@ -81,6 +83,7 @@ def run(args) -> int:
             precision=args.inference_precision,
             device=args.device,
             log=args.log,
+            compressor=args.compressor,
         )
         label = Path(model).name if args.model and args.model != "default" else "default"
     app = api_app(

@@ -122,6 +122,16 @@ def port_number(text: str) -> int:
 port_number.__name__ = "port (0-65535)"
 
 
+def add_compressor(p: argparse.ArgumentParser) -> None:
+    """--compressor: a token compressor beside the pruner (LLMLingua-2), for compress_rate."""
+    p.add_argument(
+        "--compressor",
+        metavar="DIR",
+        help="an LLMLingua-2 checkpoint or export beside the pruner: a call's compress_rate or "
+        "compress_target_token runs it on what the call keeps",
+    )
+
+
 def add_batching(p: argparse.ArgumentParser) -> None:
     """--max-batch-tokens, --max-batch-size, --threads."""
     add_setting(p, "max_batch_tokens")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from engine.cli.flags import (
     add_batching,
+    add_compressor,
     add_call_options,
     add_openvino,
     add_setting,
@@ -92,6 +93,7 @@ def add(new) -> None:
     )
     add_tags(r, " (--highlight)")
     add_batching(r)
+    add_compressor(r)
     r.set_defaults(func=run)
 
 
@@ -148,6 +150,7 @@ def run(args) -> int:
             dtype=args.dtype,
             attn=args.attn,
             precision=args.inference_precision,
+            compressor=args.compressor,
         )
     t_load = time.perf_counter() - t0
     if args.input:
@@ -214,6 +217,8 @@ def _print_results(args, pruner, results, unknown: str | None, timings: str) -> 
             for s in r.sentences:
                 print(f"  [{'x' if s.kept else ' '}] {s.probability:.3f}  {s.text[:100]}")
             print("\npruned_context:\n" + r.pruned_context)
+        if r.compressed_context is not None:
+            print("\ncompressed_context:\n" + r.compressed_context)
 
 
 def _read_contexts(args) -> list[str]:

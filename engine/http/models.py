@@ -314,6 +314,14 @@ class PrunedPassage(BaseModel):
         "its scores "
         "mean little (text outside the model's vocabulary: use a multilingual model); absent where not "
         "measured",
+    compressed_context: str | None = Field(
+        None,
+        description="with compress_rate or compress_target_token: the kept text compressed by the "
+        "token compressor beside the pruner (LLMLingua-2), with the passage's separators",
+    )
+    compressed_spans: list[tuple[int, int]] | None = Field(
+        None,
+        description="with compress_rate or compress_target_token: its words as [start, end) of the passage",
     )
 
     @classmethod
@@ -338,6 +346,8 @@ class PrunedPassage(BaseModel):
             out.budget = BudgetOut(**r.budget.to_dict())
         if r.unknown_share is not None:
             out.unknown_share = r.unknown_share
+        if r.compressed_context is not None:
+            out.compressed_context, out.compressed_spans = r.compressed_context, r.compressed_spans
         return out
 
 

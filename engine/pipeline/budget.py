@@ -16,6 +16,8 @@ special tokens. The tokenizer is the engine model's own by default, or a named
 tiktoken encoding of the LLM (`cl100k_base`, `o200k_base`; pip install
 'prune-engine[budget]'), or any `tokenizer.json` (Hugging Face tokenizers).
 A passage cut into windows or blocks is one passage here: its sentences are what count.
+A call that compresses (compress_rate, engine.pipeline.token_compress) counts its compressed
+text: a sentence's cost is then its kept words.
 """
 
 from __future__ import annotations
@@ -150,13 +152,20 @@ def _named(name: str) -> Counter:
     return _tiktoken_counter(name)
 
 
+def reader_text(result: Any) -> str:
+    """What the reader gets of a result: its compressed text when the call compressed it
+    (engine.pipeline.token_compress), else its pruned text."""
+    compressed = getattr(result, "compressed_context", None)
+    return compressed if compressed is not None else result.pruned_context
+
+
 def apply_budget(
     results: Sequence[Any], budget: int, count: Counter, rebuild: Callable[[Any, list[bool]], Any]
 ) -> list[Any]:
     """`results` (PruneResult, in the call's order) cut to `budget` tokens of `count` (see
     the module doc); `rebuild(result, kept)` makes a result with other kept flags. Each
     result gets its `budget` (Budget)."""
-    texts = [r.pruned_context for r in results]
+    texts = [reader_text(r) for r in results]
     tokens = [count.count(t) for t in texts]
     if sum(tokens) <= budget:  # the whole result fits: nothing is cut
         used = sum(tokens)
@@ -176,7 +185,7 @@ def apply_budget(
     for _, _, k, i in order:
         kept[k][i] = True
         candidate = rebuild(results[k], kept[k])
-        n = count.count(candidate.pruned_context)
+        n = count.count(reader_text(candidate))
         if sum(current) - current[k] + n > budget:
             kept[k][i] = False
             break

