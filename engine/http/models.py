@@ -314,6 +314,7 @@ class PrunedPassage(BaseModel):
         "its scores "
         "mean little (text outside the model's vocabulary: use a multilingual model); absent where not "
         "measured",
+    )
     compressed_context: str | None = Field(
         None,
         description="with compress_rate or compress_target_token: the kept text compressed by the "
