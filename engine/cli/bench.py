@@ -20,8 +20,8 @@ def add(new) -> None:
     b.add_argument("--data", required=True, help="RAG JSONL (question, passages)")
     b.add_argument(
         "--model",
-        help="exported fp32 folder (default: the default model); with an LLMLingua-2 --checkpoint, its "
-        "fp32 export (default: exported into the run's folder)",
+        help="exported fp32 folder (default: the default model; with an LLMLingua-2 --checkpoint, its "
+        "fp32 export, made in the run's folder)",
     )
     b.add_argument(
         "--int8", help="exported int8 folder (default: the default model's, exported on first use)"

@@ -332,6 +332,7 @@ def option_type(name: str) -> type:
         "splitter": str,
         "budget_tokens": int,
         "budget_tokenizer": str,
+        "compress_target_token": int,
     }.get(f.name, float)
 
 

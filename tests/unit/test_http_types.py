@@ -103,9 +103,20 @@ def test_the_wire_result_carries_every_field_of_the_engines():
     wire = PrunedPassage.of(r).model_dump(exclude_unset=True)
     assert wire == r.to_dict()  # the engine's JSON form, field for field
     # budget: only when the call had one; unknown_share: where it was measured (not through a Triton
-    # text model of an earlier version)
-    assert set(dataclasses.asdict(r)) == set(wire) | {"budget", "unknown_share"}
-    budgeted = dataclasses.replace(r, budget=Budget(100, 40, 12, 1, "model"), unknown_share=0.6154)
+    # text model of an earlier version); the compressed text: when the call compressed
+    assert set(dataclasses.asdict(r)) == set(wire) | {
+        "budget",
+        "unknown_share",
+        "compressed_context",
+        "compressed_spans",
+    }
+    budgeted = dataclasses.replace(
+        r,
+        budget=Budget(100, 40, 12, 1, "model"),
+        unknown_share=0.6154,
+        compressed_context="A",
+        compressed_spans=[(0, 1)],
+    )
     assert PrunedPassage.of(budgeted).model_dump(exclude_unset=True) == budgeted.to_dict()
     assert budgeted.to_dict()["unknown_share"] == 0.6154
     assert (

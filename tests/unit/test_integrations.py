@@ -66,6 +66,8 @@ def test_every_call_option_is_a_field_of_every_adapter():
         "passage_margin": 0.05,
         "budget_tokens": 400,
         "budget_tokenizer": "cl100k_base",
+        "compress_rate": 0.5,
+        "compress_target_token": 80,
     }
     assert set(every) == set(OPTION_NAMES)
     for adapter in (
