@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from engine.errors import InputError, ModelLoadError
-from engine.backends.base import check_cancelled
+from engine.pruner import check_cancelled
 from engine.pipeline.budget import tiktoken_encoding
 from engine.pipeline.inputs import Limits, check_unicode, default_limits
 from engine.pipeline.lingua_decide import CompressOptions, CompressResult, WordCounter, decide, plan
@@ -83,11 +83,6 @@ class Compressor:
         tokenizer = LinguaTokenizer.from_folder(model)
         core = TorchTokenProbs.load(model, tokenizer.size, threads=threads)
         return cls(tokenizer, core, tiktoken_encoding("gpt-3.5-turbo"))
-
-    @classmethod
-    def of(cls, compressor: "Compressor | str | Path", *, threads: int | None = None) -> "Compressor":
-        """`compressor` as it is when it is one, else the folder loaded (`load`)."""
-        return compressor if isinstance(compressor, Compressor) else cls.load(compressor, threads=threads)
 
     def kept_words(
         self, texts: list[str], rate: float | None, target_token: int | None

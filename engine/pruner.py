@@ -5,21 +5,23 @@
 
 Pipeline (engine.pipeline's modules): split sentences (text) -> tokenize once, build blocks, sort
 and pack them by a token budget (encode) -> backend.infer -> merge blocks and decide (decide).
-A call's batches run through engine.backends.base.infer_batches, which stops between two of them
-once the call's caller has given up (its cancellation).
+A call's cancellation lives here too (`run_cancellable`, `check_cancelled`): a caller that gives
+up sets the call's stop event, and the work stops between two model batches.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.backends.base import Backend, infer_batches
-from engine.errors import BackendError, InputError, PruneError
+from engine.backends.base import Backend
+from engine.errors import BackendError, Cancelled, InputError, PruneError
 from engine.pipeline import text as textmod
 from engine.pipeline.decide import PruneResult, Scored, decide_passages, merge_blocks, window_decisions
 from engine.pipeline.encode import BatchingConfig, Block, Encoder, ModelBatch, collate, plan
@@ -105,8 +107,8 @@ class Pruner(FromSpec):
         here (`threads=2`, `device="cuda"`, `tensorrt=True` or a cache folder), over
         `options` or, without it, over the `PRUNE_*` variables in force
         (`LoadOptions.from_env`). `compressor`: a token compressor beside the pruner (an
-        LLMLingua-2 checkpoint or export folder, or an engine.Compressor) that a call's
-        `compress_rate` / `compress_target_token` runs on what it keeps."""
+        engine.Compressor: `Compressor.load(DIR)` of an LLMLingua-2 checkpoint or export) that a
+        call's `compress_rate` / `compress_target_token` runs on what it keeps."""
         from engine.models.loading import LoadOptions, open_model
 
         if isinstance(backend, LoadOptions):  # Pruner.load(path, options)
@@ -125,9 +127,11 @@ class Pruner(FromSpec):
         core, tokenizer, spec = open_model(path, options, log)
         pruner = cls(core, tokenizer, spec, options.batching)
         if compressor is not None:
-            from engine.compressor import Compressor
-
-            pruner.compressor = Compressor.of(compressor, threads=options.threads)
+            if not callable(getattr(compressor, "kept_words", None)):
+                raise InputError(
+                    f"compressor must be an engine.Compressor (Compressor.load(DIR)), got {type(compressor).__name__}"
+                )
+            pruner.compressor = compressor
         return pruner
 
     @classmethod
@@ -205,7 +209,8 @@ class Pruner(FromSpec):
         """`prepare` of a checked call; without `batched`, no batches (`prune_many` packs the
         blocks of several calls together)."""
         rules = self.spec.family.rules.resolve(options)
-        check_compressor(rules, self.compressor.kept_words if self.compressor is not None else None)
+        if rules.compresses:
+            check_compressor(rules, self.compressor.kept_words if self.compressor is not None else None)
         token_windows = self.spec.family.token_windows(rules.windows)
         if rules.lexical_weight and token_windows:
             raise InputError(
@@ -449,3 +454,45 @@ def workload_batches(pruner: Pruner, queries) -> list[ModelBatch]:
 def windows_of(pruner: Pruner, windows: str | None) -> str:
     """The windowing a call that passes `windows` runs (None: the model's default)."""
     return pruner.spec.family.rules.resolve(CallOptions.of(windows=windows)).windows
+
+
+# A call's cancellation: a caller that gives up on a call (the HTTP API past `--request-timeout`,
+# a gRPC call past its deadline) sets the call's stop event, and the work stops at its next
+# check, between two model batches, so an abandoned call frees its worker within one batch's
+# time instead of running to its end. The caller runs `run_cancellable(stop, pruner.prune, ...)`
+# in its pool and sets `stop` to give up; the work calls `check_cancelled()` between batches.
+# A call run without a stop event (the Python API, the CLI) is never cancelled.
+
+#: the stop event of the call running in this thread (or task), if its caller can give up on it
+_STOP: ContextVar[threading.Event | None] = ContextVar("prune_call_stop", default=None)
+
+
+def run_cancellable(stop: threading.Event, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` as a call that stops at its next `check_cancelled()` once `stop` is set."""
+    token = _STOP.set(stop)
+    try:
+        return fn(*args)
+    finally:
+        _STOP.reset(token)
+
+
+def check_cancelled() -> None:
+    """Raise Cancelled if the caller of the call running here has given up on it."""
+    stop = _STOP.get()
+    if stop is not None and stop.is_set():
+        raise Cancelled("the call was abandoned by its caller (past its deadline); its work stopped")
+
+
+def infer_batches(backend: Any, batches: Sequence[Any]) -> list[Any]:
+    """`backend.infer_many(batches)`, with `check_cancelled()` before each batch where the core runs them
+    one after another in this thread (an in-process core: the Backend's own `infer_many`). A
+    remote core, which sends a call's batches together, gets them at once: its transport's
+    deadline bounds it."""
+    check_cancelled()
+    if getattr(type(backend), "infer_many", None) is not Backend.infer_many:
+        return backend.infer_many(batches)
+    out = []
+    for batch in batches:
+        check_cancelled()
+        out.append(backend.infer(batch))
+    return out

@@ -9,6 +9,7 @@ from engine.settings import default_workers
 
 from engine.cli.flags import (
     add_batching,
+    load_compressor,
     add_compressor,
     add_openvino,
     add_setting,
@@ -83,7 +84,7 @@ def run(args) -> int:
             precision=args.inference_precision,
             device=args.device,
             log=args.log,
-            compressor=args.compressor,
+            compressor=load_compressor(args),
         )
         label = Path(model).name if args.model and args.model != "default" else "default"
     app = api_app(

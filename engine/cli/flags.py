@@ -132,6 +132,15 @@ def add_compressor(p: argparse.ArgumentParser) -> None:
     )
 
 
+def load_compressor(args):
+    """The --compressor given, loaded (an engine.Compressor), or None."""
+    if not getattr(args, "compressor", None):
+        return None
+    from engine.compressor import Compressor
+
+    return Compressor.load(args.compressor, threads=args.threads)
+
+
 def add_batching(p: argparse.ArgumentParser) -> None:
     """--max-batch-tokens, --max-batch-size, --threads."""
     add_setting(p, "max_batch_tokens")

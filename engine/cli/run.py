@@ -9,6 +9,7 @@ from pathlib import Path
 
 from engine.cli.flags import (
     add_batching,
+    load_compressor,
     add_compressor,
     add_call_options,
     add_openvino,
@@ -150,7 +151,7 @@ def run(args) -> int:
             dtype=args.dtype,
             attn=args.attn,
             precision=args.inference_precision,
-            compressor=args.compressor,
+            compressor=load_compressor(args),
         )
     t_load = time.perf_counter() - t0
     if args.input:

@@ -403,7 +403,9 @@ def call_rules(
     budget (counted by the model's `tokenizer` unless the call names one). The in-process pruner
     and the text model's client both end a call here."""
     ordered = order_results(gate_passages(results, rules.passage_margin), rules.reorder, rules.top_k)
-    return within_budget(token_compress.compress_results(ordered, rules, compress), rules, tokenizer)
+    if rules.compresses:
+        ordered = token_compress.compress_results(ordered, rules, compress)
+    return within_budget(ordered, rules, tokenizer)
 
 
 def within_budget(results: list[PruneResult], rules: Rules, tokenizer: Any = None) -> list[PruneResult]:

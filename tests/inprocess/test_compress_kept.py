@@ -29,9 +29,11 @@ ALL = dict(threshold=0.0, passage_margin=-1)
 
 @pytest.fixture(scope="module")
 def pruner(exported, lingua_checkpoints, tiktoken_offline):
+    from engine.compressor import Compressor
     from engine.pruner import Pruner
 
-    return Pruner.load(exported["provence"], threads=1, compressor=lingua_checkpoints["xlm-roberta"])
+    compressor = Compressor.load(lingua_checkpoints["xlm-roberta"], threads=1)
+    return Pruner.load(exported["provence"], threads=1, compressor=compressor)
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +94,8 @@ def test_without_a_compressor_or_with_a_bad_value_the_call_is_refused(exported, 
     alone = Pruner.load(exported["provence"], threads=1)
     with pytest.raises(InputError, match="--compressor"):
         alone.prune(QUESTION, PASSAGES, compress_rate=0.5)
+    with pytest.raises(InputError, match=r"Compressor.load\(DIR\)"):
+        Pruner.load(exported["provence"], threads=1, compressor="a/folder")
     assert alone.prune(QUESTION, PASSAGES)[0].compressed_context is None
     for bad in (0, 1.5, "half", True):
         with pytest.raises(InputError, match="compress_rate"):
