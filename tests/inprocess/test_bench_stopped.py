@@ -73,6 +73,8 @@ def test_sigterm_in_the_rounds_keeps_the_repeats_that_ended(exported, tmp_path):
 
 
 def test_a_spent_budget_lists_what_was_not_measured(exported, tmp_path):
+    not_a_checkpoint = tmp_path / "not-a-checkpoint"  # a folder without a model: torch fails to start
+    not_a_checkpoint.mkdir()
     proc, log = bench(
         tmp_path,
         exported["provence"],
@@ -81,7 +83,7 @@ def test_a_spent_budget_lists_what_was_not_measured(exported, tmp_path):
         "--budget-s",
         "4",
         "--checkpoint",
-        "missing-checkpoint",
+        str(not_a_checkpoint),
         "--paths",
         "^onnxruntime-fp32$|^torch-batched$",
     )
@@ -89,6 +91,6 @@ def test_a_spent_budget_lists_what_was_not_measured(exported, tmp_path):
     rep, md = report(tmp_path)
     assert rep["stopped"] == "its budget of 4 s was spent"
     assert [r["path"] for r in rep["paths"]] == ["onnxruntime-fp32"] and rep["paths"][0]["repeats"] >= 1
-    # the torch path could not start (no such checkpoint): a reason in the report, not a crash
+    # the torch path could not start (no checkpoint there): a reason in the report, not a crash
     assert rep["not_measured_reasons"]["torch-batched"].startswith("failed to start:")
     assert "- torch-batched: failed to start:" in md and "budget of 4 s" in md

@@ -136,7 +136,8 @@ def test_health_info_metrics_and_schema(api):
     passage = schema["components"]["schemas"]["PrunedPassage"]["properties"]
     plain = local.prune(Q, TEXTS[:1])[0].to_dict()
     assert "budget" not in plain  # present only on a call with budget_tokens
-    assert set(passage) == set(plain) | {"highlighted", "budget"}
+    # the compressed text: only on a call that compresses (tests/inprocess/test_compress_kept.py)
+    assert set(passage) == set(plain) | {"highlighted", "budget", "compressed_context", "compressed_spans"}
     assert passage["budget"]["anyOf"][0] == {"$ref": "#/components/schemas/BudgetOut"}
     budgeted = local.prune(Q, TEXTS[:1], budget_tokens=1000)[0].to_dict()
     assert set(schema["components"]["schemas"]["BudgetOut"]["properties"]) == set(budgeted["budget"])
