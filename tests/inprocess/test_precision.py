@@ -27,14 +27,16 @@ AGREEMENT = {"fp32": 1.0, "int8": 0.95, "fp16": 0.99}
 
 
 @pytest.fixture(scope="module")
-def variants(checkpoints, exported, gpu_exports, tmp_path_factory):
-    """Every family at every precision: the session's fp32 and fp16 exports, INT8 made here."""
+def variants(checkpoints, exported, gpu_exports, exported_int8, tmp_path_factory):
+    """Every family at every precision: the session's fp32, fp16 and xprovence INT8 exports, the
+    other INT8 exports made here."""
     root = tmp_path_factory.mktemp("precisions")
     out = {}
     for name in FAMILY_NAMES:
         out[name, "fp32"], out[name, "fp16"] = exported[name], gpu_exports[name]
-        out[name, "int8"] = root / f"{name}-int8"
-        export_model(checkpoints[name], out[name, "int8"], precision="int8", log=lambda m: None)
+        out[name, "int8"] = exported_int8 if name == "xprovence" else root / f"{name}-int8"
+        if name != "xprovence":
+            export_model(checkpoints[name], out[name, "int8"], precision="int8", log=lambda m: None)
     return out
 
 

@@ -142,7 +142,7 @@ def test_eval_reports_domains_and_rag_calls_as_the_engine_decides(default_pruner
     samples = load_prune_data(DATA / "coqa-dev-prune.jsonl")
     scores = model_sentence_scores(default_pruner, samples, progress=False)
     preds = default_predictions(default_pruner, samples, scores, [None] * len(samples), True, "sentences")
-    for s, p in zip(samples, preds):
+    for s, p in list(zip(samples, preds))[::3]:  # one document of each of the 7 domains
         got = default_pruner.prune(s.question, [s.context], sentences=[s.spans])[0]
         assert [x.kept for x in got.sentences] == p.tolist()
     rag = load_rag_data(DATA / "squad-dev-rag.jsonl", 2)
