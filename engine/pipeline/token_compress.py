@@ -16,7 +16,7 @@ text written without spaces, where no whitespace was there), so a caller may als
 own spacing from the spans. A result keeps its sentences and their decisions; `pruned_context` is
 still the kept sentences whole.
 
-The compressor is a callable (the pruner's: `Pruner.load(..., compressor=DIR)`); this module
+The compressor is a callable (the pruner's: `Pruner.load(..., compressor=Compressor.load(DIR))`); this module
 imports none of it. Torch-free.
 """
 
@@ -34,7 +34,7 @@ Compress = Callable[[list[str], "float | None", "int | None"], list[list[tuple[i
 
 NO_COMPRESSOR = (
     "compress_rate and compress_target_token need a token compressor beside the pruner (LLMLingua-2): "
-    "Pruner.load(MODEL, compressor=DIR), prune run/api --compressor DIR"
+    "Pruner.load(MODEL, compressor=Compressor.load(DIR)), prune run/api --compressor DIR"
 )
 
 
