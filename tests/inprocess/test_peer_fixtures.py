@@ -80,7 +80,38 @@ def test_exported_tokenizer_tokenizes_as_the_checkpoint_does(family, tmp_path):
     )
 
 
-def test_open_provence_decides_as_its_process_does(tmp_path):
+@pytest.fixture(scope="module")
+def open_provence_export(tmp_path_factory) -> Path:
+    """The OpenProvence fixture checkpoint exported (prune export's export_model)."""
+    out = tmp_path_factory.mktemp("peer") / "open_provence"
+    export_model(PEER / "open_provence" / "checkpoint", out, log=lambda m: None)
+    return out
+
+
+def test_open_provence_decides_as_its_process_does_in_portuguese_japanese_and_chinese(open_provence_export):
+    """process() on tests/unit/test_languages.py's paragraphs (languages.json: its own splitter,
+    fast-bunkai on kana text, English punkt otherwise; at its default threshold and at 0.5, as
+    tests/data/peer/README.md says how it was run): `splitter="reference"` gives its sentences,
+    probabilities (1e-5), kept sentences, reranking score and pruned text (apart from whitespace)."""
+    pytest.importorskip("fast_bunkai", reason="the [reference-ja] extra (fast-bunkai)")
+    pruner = Pruner.load(open_provence_export, threads=1)
+    docs = json.loads((PEER / "open_provence" / "languages.json").read_text())
+    assert sorted(d["id"][:2] for d in docs) == ["ja"] * 3 + ["pt"] * 3 + ["zh"] * 3
+    for doc in docs:
+        for run, options in (("default", {}), ("t05", {"threshold": 0.5})):
+            peer = doc["runs"][run]
+            r = pruner.prune(doc["question"], [doc["context"]], splitter="reference", **options)[0]
+            assert len(r.sentences) == len(peer["probs"]), (doc["id"], run)
+            np.testing.assert_allclose(
+                [s.probability for s in r.sentences], peer["probs"], atol=1e-5, rtol=0, err_msg=doc["id"]
+            )
+            kept = {k.strip() for k in peer["kept"]}
+            assert [s.kept for s in r.sentences] == [s.text in kept for s in r.sentences], (doc["id"], run)
+            assert r.reranking_score == pytest.approx(peer["rerank"], abs=1e-5), (doc["id"], run)
+            assert "".join(r.pruned_context.split()) == "".join(peer["pruned"].split()), (doc["id"], run)
+
+
+def test_open_provence_decides_as_its_process_does(open_provence_export):
     """OpenProvenceModel.process() on the fixture documents, with its own sentences, in
     each of its runs: `default` (the config's `default_threadshold`, here null, so 0.1),
     `t05` (threshold 0.5), `noempty0` (the reranking score not forced to 0.0 when nothing is
@@ -100,10 +131,9 @@ def test_open_provence_decides_as_its_process_does(tmp_path):
     import dataclasses
 
     family = "open_provence"
-    export_model(PEER / family / "checkpoint", tmp_path / family, log=lambda m: None)
-    pruner = Pruner.load(tmp_path / family, threads=1)
+    pruner = Pruner.load(open_provence_export, threads=1)
     assert pruner.family.rules.windows == "reference"
-    keep_zero = Pruner.load(tmp_path / family, threads=1)
+    keep_zero = Pruner.load(open_provence_export, threads=1)
     keep_zero.spec = dataclasses.replace(
         keep_zero.spec, family=dataclasses.replace(keep_zero.spec.family, zero_rerank_when_empty=False)
     )
