@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Haystack's clients (the HTTP API's tests) send usage telemetry unless told not to.
 os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
-# Under pytest-xdist's workers (a worker per core) what a test starts runs one intra-op
+# Under pytest-xdist's workers (a worker per core and one more) what a test starts runs one intra-op
 # thread, as the in-process models do (tests.utils.THREADS): threads spinning on a core
 # another worker uses slow both.
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -61,10 +61,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto` (pytest-xdist): a worker per CPU this process may use, at most 4: each
-    worker builds the session's fixtures again (test exports, a tritonserver, the default
-    model, fresh venvs), so more workers cost memory and disk for little time."""
-    return max(1, min(4, len(os.sched_getaffinity(0))))
+    """`-n auto` (pytest-xdist): a worker per CPU this process may use and one more, at most 4.
+    The one more fills the time the others wait on what they start (tritonservers, APIs,
+    processes): with a worker per core, 2 cores were busy 145% of a run (AMD EPYC, AVX-512;
+    432 s), with 3 workers the run took 395 s. At most 4: each worker builds its own
+    tritonserver, fresh venvs and module fixtures, so more cost memory and disk for little time."""
+    return max(2, min(4, len(os.sched_getaffinity(0)) + 1))
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,7 @@ FAMILY_NAMES = ["provence", "xprovence", "open_provence", "opensearch", "embeddi
 GPU_FAMILIES = FAMILY_NAMES + ["open_provence-modernbert"]
 
 #: Intra-op threads of a real model a test runs in-process: one under pytest-xdist's workers
-#: (the README's `-n auto` runs a worker per core, and ONNX Runtime's spinning threads on a
+#: (the README's `-n auto` runs a worker per core and one more, and ONNX Runtime's spinning threads on a
 #: core the other worker is using slowed a test four-fold), else every core. What the tests
 #: start (the CLI, the API) reads PRUNE_INTRA_OP_THREADS, which tests/conftest.py sets alike.
 THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else None
