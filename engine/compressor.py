@@ -84,6 +84,15 @@ class Compressor:
         core = TorchTokenProbs.load(model, tokenizer.size, threads=threads)
         return cls(tokenizer, core, tiktoken_encoding("gpt-3.5-turbo"))
 
+    @classmethod
+    def connect(cls, url: str, model: str, **kwargs: Any) -> Any:
+        """The same API on a compressor's text model (`<name>_text`) of a Triton server (`prune
+        repository` on the export): a TritonCompressor (engine.triton.compress_client; keywords
+        protocol, timeout, retries, backoff, ready_timeout)."""
+        from engine.triton.compress_client import TritonCompressor  # the public door's import upward
+
+        return TritonCompressor.connect(url, model, **kwargs)
+
     def kept_words(
         self, texts: list[str], rate: float | None, target_token: int | None
     ) -> list[list[tuple[int, int]]]:
@@ -178,6 +187,11 @@ class Compressor:
             for row, i in enumerate(batch):
                 out[i] = probs[row][mask[row].astype(bool)]
         return out
+
+    @property
+    def tokenizer_kind(self) -> str:
+        """wordpiece (BERT's layout) or sentencepiece (XLM-R's): what /info says."""
+        return self.tokenizer.kind
 
     def close(self) -> None:
         """Nothing to release (the session goes with the object); as Pruner.close."""

@@ -33,7 +33,7 @@ from pathlib import Path
 from engine.backends.onnxruntime import SHRINK_ABOVE_TOKENS
 from engine.errors import ExportError
 from engine.pipeline.spec import RUNTIMES as MANIFEST_RUNTIMES
-from engine.pipeline.spec import Manifest
+from engine.pipeline.spec import COMPRESSOR, Manifest
 from triton_models import CORE, TEXT, template
 from engine.settings import DEFAULTS, checked
 from engine.triton.wire import (
@@ -309,9 +309,25 @@ def with_preferred_runtime(manifest: Manifest, opts: RepositoryOptions, log=prin
     return replace(opts, runtime=runtime, inference_precision=precision)
 
 
+def is_compressor_export(folder: Path) -> bool:
+    """Whether `folder` holds an LLMLingua-2 export (its manifest's kind says compressor)."""
+    try:
+        return json.loads((folder / "manifest.json").read_text(encoding="utf-8")).get("kind") == COMPRESSOR
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def build_repository(model_folder: str | Path, out: str | Path, opts: RepositoryOptions, log=print) -> Path:
     """Write (or add to) a model repository; returns the model's folder."""
     model_folder = Path(model_folder)
+    if is_compressor_export(model_folder):  # an LLMLingua-2 export: its own two models
+        from export.triton_compressor import build_compressor_repository
+
+        name = opts.name or model_folder.name
+        if not name.replace("-", "").replace("_", "").isalnum():
+            raise ExportError(f"model name {name!r}: use letters, digits, - and _")
+        text_name = name + TEXT_SUFFIX if opts.text_model else None
+        return build_compressor_repository(model_folder, Path(out), name, text_name, opts, log)
     manifest = Manifest.read(model_folder)
     if opts.target not in TARGETS:
         raise ExportError(f"target must be one of {TARGETS}, got {opts.target!r}")

@@ -448,3 +448,92 @@ def uncovered(text: str, spans) -> str:
     for s, e in spans:
         mask[s:e] = b"\x01" * (e - s)
     return "".join(ch for ch, m in zip(text, mask) if not m and not ch.isspace())
+
+
+# ---- LLMLingua-2: texts and compress_prompt calls (tests/inprocess/test_llmlingua2.py checks them
+# against llmlingua itself; tests/server/test_compress_triton.py sends them through Triton)
+EN = (
+    "The council met on Tuesday to talk about the old bridge.\nMost members wanted a new one, "
+    "but the budget was small. Why not repair it? The engineer said that repairs would cost 2.5 "
+    "million and last ten years! In the end they asked for a second report."
+)
+ZH = "昨天市议会开会讨论旧桥的问题。大多数人希望建一座新桥，但是预算很少。工程师说修理需要两百万。最后他们要求再写一份报告。"
+JA = "昨日、市議会は古い橋について話し合いました。多くの人は新しい橋を望みましたが、予算は少なかったです。技術者は修理に二百万かかると言いました。"
+PT = (
+    "Ontem a câmara discutiu a velha ponte. A maioria queria uma nova, mas o orçamento era pequeno. "
+    "Por que não consertar? O engenheiro disse que o conserto custaria 2,5 milhões! No fim, pediram "
+    "outro relatório."
+)
+#: more than 510 model tokens: several chunks, cut back to the last "." or "\n"
+LONG = " ".join(
+    f"Report {i} says the river rose {i % 7} meters near the station.\nWorkers moved sand to the old road."
+    for i in range(40)
+)
+#: no "." nor "\n" at all: chunks of 511 tokens, whose [SEP] the reference's truncation to 512 drops
+LONG_CJK = "会议讨论了新桥和旧路，工人们在车站附近搬运沙子，" * 40
+CONTEXTS = [EN, PT, "Prices rose 3 percent in March, and wages grew more slowly than prices.", ZH]
+
+CASES = {
+    "en-rate-force": (EN, dict(rate=0.33, force_tokens=["\n", "?", ".", "!"])),
+    "zh": (ZH, dict(rate=0.5)),
+    "ja-force": (JA, dict(rate=0.4, force_tokens=["。", "、"])),
+    "pt-digits": (PT, dict(rate=0.5, force_reserve_digit=True)),
+    "long-chunks": (LONG, dict(rate=0.5, force_tokens=["\n", "."])),
+    "long-cjk-511": (LONG_CJK, dict(rate=0.3)),
+    "target-token": (EN, dict(target_token=20)),
+    "drop-consecutive": (
+        EN + "\n\n\n" + PT + "\n\n",
+        dict(rate=0.4, force_tokens=["\n", "."], drop_consecutive=True),
+    ),
+    "multi-token-force": (PT + "\n" + EN, dict(rate=0.4, force_tokens=["\n", "Por que", "?", "million and"])),
+    "first-token": (EN, dict(rate=0.5, token_to_word="first")),
+    "rate-1": (EN + "\n" + PT, dict(rate=1.0, force_tokens=["\n"])),
+    "contexts-default": (CONTEXTS, dict(rate=0.5)),
+    "contexts-force-ids": (CONTEXTS, dict(rate=0.5, context_level_rate=0.5, force_context_ids=[3])),
+    "contexts-no-filter-target": (CONTEXTS, dict(use_context_level_filter=False, target_token=40)),
+    "contexts-target-token": (CONTEXTS, dict(target_token=40, force_tokens=["\n"])),
+    "contexts-target-context": (CONTEXTS, dict(target_context=2, rate=0.6)),
+    "contexts-context-target-token": (CONTEXTS, dict(context_level_target_token=60, rate=0.5)),
+    "contexts-no-token-filter": (CONTEXTS, dict(use_token_level_filter=False, context_level_rate=0.5)),
+}
+
+
+#: the installed console script
+PRUNE = Path(sys.executable).parent / "prune"
+
+
+def start_serve(repo, ports, api_port=0, *extra):
+    """`prune serve` on free ports; with `api_port`, its HTTP API too (ready when it is)."""
+    h, g, m = ports
+    proc = subprocess.Popen(
+        [
+            str(PRUNE),
+            "serve",
+            "--model-repository",
+            str(repo),
+            "--http-port",
+            str(h),
+            "--grpc-port",
+            str(g),
+            "--metrics-port",
+            str(m),
+            "--api-port",
+            str(api_port),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines, ready = [], threading.Event()
+    needle = "HTTP API ready" if api_port else "tritonserver ready"
+
+    def pump():
+        for line in proc.stdout:
+            lines.append(line)
+            if needle in line:
+                ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    assert ready.wait(120), "".join(lines[-30:])
+    return proc, lines

@@ -1,7 +1,9 @@
 """Triton model-repository templates, shipped as package data (read, never imported):
 
 - `python_core/model.py`: the CPU core model (python backend running ONNX Runtime);
-- `python_text/model.py`: the text model (text in, pruned text out; BLS to the core).
+- `python_text/model.py`: the text model (text in, pruned text out; BLS to the core);
+- `python_compress/model.py`: an LLMLingua-2 compressor's text model (a JSON call in, llmlingua's
+  result out; BLS to its core, which is `python_core` too).
 
 `prune repository` (export/triton_repository.py) copies them into a repository with `template()`.
 """
@@ -11,6 +13,7 @@ from pathlib import Path
 
 CORE = "python_core"
 TEXT = "python_text"
+COMPRESS = "python_compress"
 
 
 def template(name: str) -> Path:

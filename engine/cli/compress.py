@@ -24,9 +24,16 @@ def add(new) -> None:
     )
     c.add_argument(
         "--model",
-        required=True,
         help="an LLMLingua-2 checkpoint folder (config.json, safetensors) or its export (prune export)",
     )
+    c.add_argument(
+        "--server",
+        help="instead of --model: a Triton server, host:port (gRPC 8001 or HTTP 8000), serving the "
+        "compressor's text model (prune repository on its export; --text-model names it)",
+    )
+    c.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="how to reach --server")
+    add_setting(c, "text_model", "; with --server, the compressor's (`<name>_text`)")
+    add_setting(c, "timeout")
     text = c.add_mutually_exclusive_group(required=True)
     text.add_argument("--text", help="the prompt")
     text.add_argument("--file", help="a file holding the prompt ('-': stdin)")
@@ -57,9 +64,12 @@ def add(new) -> None:
 
 def run(args) -> int:
     """Run `prune compress`; the exit status."""
-    from engine.compressor import Compressor
     from engine.pipeline.lingua_decide import CompressOptions
 
+    if (args.model is None) == (args.server is None):
+        raise PruneError(
+            "give --model (a checkpoint or its export) or --server (a Triton server), one of them"
+        )
     input_file(args.file, "--file")
     if args.output and not args.input:
         raise PruneError("--output is for --input (a JSONL file of calls)")
@@ -76,7 +86,7 @@ def run(args) -> int:
         raise PruneError("the prompt is empty")
     options = _options(args)
     CompressOptions(**options)  # checked before the model loads
-    compressor = Compressor.load(args.model, threads=args.threads)
+    compressor = _open(args)
     result = compressor.compress(prompt, **options)
     if args.json:
         print(json.dumps(result.to_dict(), ensure_ascii=False))
@@ -87,6 +97,21 @@ def run(args) -> int:
         "tiktoken gpt-3.5-turbo)"
     )
     return 0
+
+
+def _open(args):
+    """The compressor: --model's, in this process, or --server's text model."""
+    from engine.compressor import Compressor
+
+    if args.server is None:
+        return Compressor.load(args.model, threads=args.threads)
+    if not args.text_model:
+        raise PruneError("with --server, --text-model names the compressor's text model (`<name>_text`)")
+    args.log(
+        f"connecting to model {args.text_model!r} on the Triton server at {args.server} ({args.protocol}; "
+        "waiting up to 10 s for it to be ready) ..."
+    )
+    return Compressor.connect(args.server, args.text_model, protocol=args.protocol, timeout=args.timeout)
 
 
 def _options(args) -> dict:
@@ -104,14 +129,13 @@ def _options(args) -> dict:
 def _batch(args) -> int:
     """`prune compress --input FILE.jsonl [--output OUT.jsonl]`: the flags are each line's defaults."""
     from engine.batchfile import compress_file
-    from engine.compressor import Compressor
     from engine.pipeline.lingua_decide import CompressOptions
 
     input_file(args.input, "--input")
     output_file(args.output, "--output")
     defaults = _options(args)
     CompressOptions(**defaults)  # checked before the model loads
-    compressor = Compressor.load(args.model, threads=args.threads)
+    compressor = _open(args)
     source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
     sink = sys.stdout if args.output in (None, "-") else open(args.output, "w", encoding="utf-8")
     try:

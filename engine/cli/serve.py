@@ -165,7 +165,14 @@ def _start_api(args, server, text_model: str):
     from engine.http.api_thread import ApiThread
     from engine.pruner import Pruner
 
-    pruner = Pruner.connect(server.grpc_url, text_model, timeout=args.request_timeout)
+    if _serves_a_compressor(args, text_model):
+        from engine.compressor import Compressor
+
+        pruner = Compressor.connect(server.grpc_url, text_model, timeout=args.request_timeout)
+        routes = "/v1/compress"
+    else:
+        pruner = Pruner.connect(server.grpc_url, text_model, timeout=args.request_timeout)
+        routes = "TEI /rerank, Cohere /v1/rerank /v2/rerank, /v1/prune"
     api = ApiThread(
         api_app(args, pruner, text_model, remote=True),
         args.host,
@@ -174,11 +181,18 @@ def _start_api(args, server, text_model: str):
         graceful_s=args.request_timeout,
     ).start()
     print(
-        f"HTTP API ready: {api.url} ({text_model}; TEI /rerank, Cohere /v1/rerank /v2/rerank, "
-        "/v1/prune, /health, /openapi.json)" + service_note(args) + ("" if args.api_key else "; no API key"),
+        f"HTTP API ready: {api.url} ({text_model}; {routes}, /health, /openapi.json)"
+        + service_note(args)
+        + ("" if args.api_key else "; no API key"),
         flush=True,
     )
     return pruner, api
+
+
+def _serves_a_compressor(args, text_model: str) -> bool:
+    """Whether `text_model` is an LLMLingua-2 compressor's (export/triton_compressor.py marks its config)."""
+    config = Path(args.model_repository) / text_model / "config.pbtxt"
+    return 'key: "prune_compressor"' in config.read_text(encoding="utf-8")
 
 
 def check_ports(args, triton_host: str, api_on: bool) -> None:

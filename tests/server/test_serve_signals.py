@@ -18,11 +18,9 @@ import pytest
 
 from engine.triton.server import TritonServer
 from export.triton_repository import RepositoryOptions, build_repository
-from tests.utils import free_ports, milvus_calls, processes_under
+from tests.utils import free_ports, milvus_calls, processes_under, start_serve
 
 pytestmark = pytest.mark.server
-
-PRUNE = Path(sys.executable).parent / "prune"  # the installed console script
 
 
 @pytest.fixture(scope="module")
@@ -50,47 +48,10 @@ def _ports_free(ports):
     return True
 
 
-def _start_serve(repo, ports, api_port=0, *extra):
-    """`prune serve` on free ports; with `api_port`, its HTTP API too (ready when it is)."""
-    h, g, m = ports
-    proc = subprocess.Popen(
-        [
-            str(PRUNE),
-            "serve",
-            "--model-repository",
-            str(repo),
-            "--http-port",
-            str(h),
-            "--grpc-port",
-            str(g),
-            "--metrics-port",
-            str(m),
-            "--api-port",
-            str(api_port),
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines, ready = [], threading.Event()
-    needle = "HTTP API ready" if api_port else "tritonserver ready"
-
-    def pump():
-        for line in proc.stdout:
-            lines.append(line)
-            if needle in line:
-                ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    assert ready.wait(120), "".join(lines[-30:])
-    return proc, lines
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL])
 def test_signal_to_prune_serve_leaves_nothing_behind(small_repository, sig):
     ports = free_ports(3)
-    proc, lines = _start_serve(small_repository, ports)
+    proc, lines = start_serve(small_repository, ports)
     procs = processes_under(small_repository)
     server_cmd = next(
         cmd for pid, cmd in procs.items() if "tritonserver" in cmd and "--model-repository" in cmd
@@ -211,7 +172,7 @@ def test_prune_serve_restarts_a_dead_server_or_stub(small_repository, pruners):
     from engine.pruner import Pruner
 
     ports = free_ports(3)
-    proc, lines = _start_serve(small_repository, ports)
+    proc, lines = start_serve(small_repository, ports)
     try:
         # generous deadlines: each wait ends as soon as what it waits for happens (a busy machine restarts slowly)
         client = Pruner.connect(f"127.0.0.1:{ports[1]}", "m_text", timeout=90, retries=30, backoff=0.5)
@@ -289,7 +250,7 @@ def test_a_dead_stub_turns_the_apis_health_503_and_back(small_repository, pruner
     import httpx
 
     ports = free_ports(5)
-    proc, lines = _start_serve(
+    proc, lines = start_serve(
         small_repository,
         ports[:3],
         ports[3],

@@ -218,6 +218,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "remote pruners",
         (
             "engine.triton.text_pruner",
+            "engine.triton.compress_client",
             "engine.triton.connect",
             "engine.triton.probe",
             "engine.http.pruner_client",
@@ -248,8 +249,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("the command line", ("engine.cli.*", "engine.__main__")),
 ]
-#: imports upward on purpose: `Pruner.connect`, the public API's door to engine.triton.connect
-UPWARD_DOORS = {("engine.pruner", "engine.triton.connect")}
+#: imports upward on purpose: `Pruner.connect` and `Compressor.connect`, the public API's doors to
+#: their Triton clients
+UPWARD_DOORS = {
+    ("engine.pruner", "engine.triton.connect"),
+    ("engine.compressor", "engine.triton.compress_client"),
+}
 
 
 def _module_name(path: Path) -> str:

@@ -16,6 +16,10 @@ attention mask and token types 0/1, sentence ids within [-1, L). A malformed req
 gets its own error response; the others still run. If the joint run fails anyway, each
 request is run alone, so only the one that fails gets the error.
 
+An LLMLingua-2 export's core (`prune repository` on a compressor export) is the same model
+with one output, `token_probs` [b, L] (input_ids and attention_mask in): each request gets its
+own rows cut to its own L.
+
 This file runs inside Triton without the engine installed: the runtimes' settings are
 read from the config's parameters (written by export/triton_repository.py).
 """
@@ -77,7 +81,7 @@ class _OnnxRuntime:
         run = (
             self.shrink_run if self.shrink_run is not None and tokens > self.shrink_above else self.plain_run
         )
-        return self.session.run(["rerank_score", "sentence_probs"], batch, run)
+        return self.session.run(self.output_names, batch, run)
 
 
 class _OpenVino:
@@ -104,11 +108,10 @@ class _OpenVino:
         self.compiled = core.compile_model(core.read_model(path), "CPU", config)
         self.request = self.compiled.create_infer_request()
         self.input_names = [i.get_any_name() for i in self.compiled.inputs]
-        self.outputs = (self.compiled.output("rerank_score"), self.compiled.output("sentence_probs"))
 
     def run(self, batch, tokens):
         out = self.request.infer(batch)
-        return np.array(out[self.outputs[0]], copy=True), np.array(out[self.outputs[1]], copy=True)
+        return [np.array(out[self.compiled.output(n)], copy=True) for n in self.output_names]
 
 
 RUNTIMES = {"onnxruntime": _OnnxRuntime, "openvino": _OpenVino}
@@ -127,6 +130,8 @@ class TritonPythonModel:
             raise ValueError(f"parameter runtime must be one of {sorted(RUNTIMES)}, got {runtime!r}")
         self.runtime = RUNTIMES[runtime](os.path.join(folder, params.get("graph", "model.onnx")), params)
         self.input_names = self.runtime.input_names
+        # what the config declares (rerank_score and sentence_probs, or a compressor's token_probs)
+        self.runtime.output_names = [o["name"] for o in self.config["output"]]
         # false: each request of a dynamic batch runs alone, so its answer never depends on
         # the requests beside it (INT8 scales are taken per batch; export/triton_repository.py)
         self.join = params.get("join_requests", "true") == "true"
@@ -170,8 +175,8 @@ class TritonPythonModel:
         for name in ("attention_mask", "token_type_ids"):
             if name in arrays and (arrays[name].min() < 0 or arrays[name].max() > 1):
                 raise ValueError(f"{name} must be 0 or 1")
-        sent = arrays["sentence_ids"]
-        if sent.min() < -1 or sent.max() >= length:
+        sent = arrays.get("sentence_ids")  # a compressor's core has none
+        if sent is not None and (sent.min() < -1 or sent.max() >= length):
             raise ValueError(f"sentence_ids must be within [-1, {length}), got [{sent.min()}, {sent.max()}]")
         return arrays
 
@@ -220,22 +225,19 @@ class TritonPythonModel:
             b, width = arrays["input_ids"].shape
             for n in self.input_names:
                 batch[n][pos : pos + b, :width] = arrays[n]
-            spans.append((i, pos, b, int(arrays["sentence_ids"].max(initial=-1)) + 1))
+            # the second axis of each request's answer: its sentences, or (a compressor) its tokens
+            sent = arrays.get("sentence_ids")
+            spans.append((i, pos, b, width if sent is None else int(sent.max(initial=-1)) + 1))
             pos += b
-        rerank, probs = self.runtime.run(batch, rows * length)
+        results = dict(zip(self.runtime.output_names, self.runtime.run(batch, rows * length)))
         out = []
-        for i, start, b, n_sent in spans:
-            tensors = [
-                pb_utils.Tensor(
-                    "rerank_score", rerank[start : start + b].astype(self.out_dtypes["rerank_score"])
-                ),
-                pb_utils.Tensor(
-                    "sentence_probs",
-                    np.ascontiguousarray(probs[start : start + b, :n_sent]).astype(
-                        self.out_dtypes["sentence_probs"]
-                    ),
-                ),
-            ]
+        for i, start, b, width in spans:
+            tensors = []
+            for name, value in results.items():
+                mine = value[start : start + b] if value.ndim == 1 else value[start : start + b, :width]
+                tensors.append(
+                    pb_utils.Tensor(name, np.ascontiguousarray(mine).astype(self.out_dtypes[name]))
+                )
             out.append((i, pb_utils.InferenceResponse(output_tensors=tensors)))
         return out
 

@@ -1,0 +1,170 @@
+"""An LLMLingua-2 export (prune export on a compressor checkpoint) -> a Triton model repository.
+
+    prune repository --model build/lingua --out model_repository --target cpu
+
+Two models, as for a pruner (export/triton_repository.py):
+- the core `<name>`: input_ids and attention_mask (int64 [b, L]) in, `token_probs` (float32
+  [b, L]: each token's probability of label 1, keep) out, with dynamic batching. On the `cpu`
+  target the python backend runs it with ONNX Runtime (the pruners' core model.py: each request
+  gets its own rows back, cut to its own L); on `gpu-onnx`, Triton's onnxruntime backend;
+- the text model `<name>_text` (python backend, CPU): a JSON call in (POST /v1/compress's
+  fields), llmlingua's result out (triton_models/python_compress/model.py), its chunks sent to
+  the core over BLS. `Compressor.connect` (engine/triton/compress_client.py) calls it.
+
+OpenVINO and TensorRT are the pruners' targets only: refused with what to use instead.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from engine.backends.onnxruntime import SHRINK_ABOVE_TOKENS
+from engine.errors import ExportError
+from engine.pipeline.lingua_words import LinguaTokenizer
+from engine.pipeline.spec import CompressorManifest
+from triton_models import COMPRESS, CORE, template
+
+#: the targets a compressor serves on
+TARGETS = ("cpu", "gpu-onnx")
+#: the model's window: llmlingua cuts chunks at 512 tokens with CLS and SEP
+MAX_LENGTH = 512
+
+
+def _tensor(name: str, dtype: str, dims: str) -> str:
+    return f'  {{\n    name: "{name}"\n    data_type: {dtype}\n    dims: [ {dims} ]\n  }}'
+
+
+def _parameters(params: dict[str, str]) -> str:
+    return "\n".join(
+        f'parameters: {{\n  key: "{k}"\n  value: {{ string_value: {json.dumps(v)} }}\n}}'
+        for k, v in params.items()
+    )
+
+
+def check_options(manifest: CompressorManifest, opts) -> None:
+    """ExportError for what a compressor does not serve on (opts: RepositoryOptions)."""
+    if opts.target not in TARGETS:
+        raise ExportError(
+            f"an LLMLingua-2 compressor serves on the targets {', '.join(TARGETS)}, not {opts.target!r} "
+            "(OpenVINO and TensorRT are the pruners' targets)"
+        )
+    if opts.runtime not in (None, "onnxruntime"):
+        raise ExportError(f"an LLMLingua-2 compressor's core runs on onnxruntime, not {opts.runtime!r}")
+    if opts.inference_precision not in (None, "fp32"):
+        raise ExportError(
+            "inference_precision is OpenVINO's: an LLMLingua-2 compressor's core runs ONNX Runtime"
+        )
+    if opts.max_batch_size < 1:
+        raise ExportError("max_batch_size must be >= 1")
+    if opts.text_model and (opts.text_instances < 1 or opts.text_max_passages < 1 or opts.text_max_chars < 1):
+        raise ExportError("the text model's instances and limits must be >= 1")
+    if opts.trt_accelerator:
+        raise ExportError("--trt-accelerator is the pruners' (fp16 TensorRT): not measured for LLMLingua-2")
+
+
+def render_core_config(
+    name: str, manifest: CompressorManifest, opts, pad_id: int, text_model: str | None
+) -> str:
+    """The core model's config.pbtxt."""
+    inputs = ",\n".join(_tensor(n, "TYPE_INT64", "-1") for n in ("input_ids", "attention_mask"))
+    outputs = _tensor("token_probs", "TYPE_FP32", "-1")
+    gpu = opts.target == "gpu-onnx"
+    params = {
+        "pad_id": str(pad_id),
+        # what the python core checks a request against: the window and the vocabulary's rows
+        "prune_manifest": json.dumps({**manifest.data, "max_length": MAX_LENGTH}),
+        "intra_op_threads": str(opts.intra_op_threads),
+        "ort_arena": opts.ort_arena,
+        "ort_denormals": opts.ort_denormals,
+        "ort_shrink_above_tokens": str(SHRINK_ABOVE_TOKENS),
+    }
+    if not gpu:
+        # an INT8 graph quantizes its activations per batch: its requests run alone (as the pruners')
+        join = opts.join_requests == "always" or (
+            opts.join_requests == "auto" and manifest.precision != "int8"
+        )
+        params.update(join_requests="true" if join else "false", runtime="onnxruntime", graph="model.onnx")
+    if text_model:
+        params["prune_text_model"] = text_model
+    return (
+        f'name: "{name}"\n'
+        + ('platform: "onnxruntime_onnx"\n' if gpu else 'backend: "python"\n')
+        + f"max_batch_size: {opts.max_batch_size}\n"
+        f"input [\n{inputs}\n]\noutput [\n{outputs}\n]\n"
+        f"dynamic_batching {{\n  max_queue_delay_microseconds: {opts.max_queue_delay_us}\n}}\n"
+        f"instance_group [ {{ count: {opts.instances} kind: {'KIND_GPU' if gpu else 'KIND_CPU'} }} ]\n"
+        f"version_policy: {{ latest: {{ num_versions: 1 }} }}\n" + _parameters(params) + "\n"
+    )
+
+
+def render_text_config(name: str, core: str, opts, tokenizer_kind: str = "unknown") -> str:
+    """The text model's config.pbtxt: one JSON call in, its JSON result out."""
+    return (
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
+        f"input [\n{_tensor('request', 'TYPE_STRING', '1')}\n]\n"
+        f"output [\n{_tensor('result', 'TYPE_STRING', '1')}\n]\n"
+        f"instance_group [ {{ count: {opts.text_instances} kind: KIND_CPU }} ]\n"
+        f"version_policy: {{ latest: {{ num_versions: 1 }} }}\n"
+        + _parameters(
+            {
+                "core_model": core,
+                "max_passages": str(opts.text_max_passages),
+                "max_chars": str(opts.text_max_chars),
+                "core_timeout_ms": str(opts.core_timeout_ms),
+                "prune_compressor": "true",
+                "tokenizer_kind": tokenizer_kind,
+            }
+        )
+        + "\n"
+    )
+
+
+def build_compressor_repository(
+    model_folder: Path, out: Path, name: str, text_name: str | None, opts, log
+) -> Path:
+    """The core model `name` and (text_name) its text model in `out`; nothing left half-written."""
+    manifest = CompressorManifest.read(model_folder)
+    check_options(manifest, opts)
+    tokenizer = LinguaTokenizer.from_folder(model_folder)
+    tok = tokenizer.tok
+    pad_id = next((i for t in ("[PAD]", "<pad>") if (i := tok.token_to_id(t)) is not None), 0)
+    try:
+        templates = {t: template(t) for t in (CORE, COMPRESS)}
+    except FileNotFoundError as exc:
+        raise ExportError(str(exc)) from exc
+    dirs = [out / name] + ([out / text_name] if text_name else [])
+    existing = [d for d in dirs if d.exists()]
+    if existing and not opts.overwrite:
+        raise ExportError(f"{', '.join(map(str, existing))} exists: --overwrite replaces it")
+    for d in existing:
+        shutil.rmtree(d)
+    try:
+        version = out / name / str(opts.version)
+        version.mkdir(parents=True)
+        shutil.copy2(model_folder / manifest.graph, version / "model.onnx")
+        if opts.target == "cpu":
+            shutil.copy2(templates[CORE], version / "model.py")
+        (out / name / "config.pbtxt").write_text(render_core_config(name, manifest, opts, pad_id, text_name))
+        log(
+            f"wrote {out / name} (LLMLingua-2 core, target {opts.target}, max_batch_size {opts.max_batch_size})"
+        )
+        if text_name:
+            text_version = out / text_name / str(opts.version)
+            text_version.mkdir(parents=True)
+            shutil.copy2(templates[COMPRESS], text_version / "model.py")
+            shutil.copy2(model_folder / manifest.tokenizer_file, text_version / "tokenizer.json")
+            shutil.copy2(model_folder / "manifest.json", text_version / "manifest.json")
+            (out / text_name / "config.pbtxt").write_text(
+                render_text_config(text_name, name, opts, tokenizer.kind)
+            )
+            log(
+                f"wrote {out / text_name} (a JSON call in, llmlingua's result out; {opts.text_instances} "
+                f"CPU instances in front of {name})"
+            )
+    except BaseException:
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+        raise
+    return out / name
