@@ -69,14 +69,21 @@ class Compressor:
         self.pad_id = next((i for t in ("[PAD]", "<pad>") if (i := tok.token_to_id(t)) is not None), 0)
 
     @classmethod
-    def load(cls, model: str | Path, *, threads: int | None = None) -> "Compressor":
+    def load(cls, model: str | Path, *, threads: int | None = None, device: str = "cpu") -> "Compressor":
         """An LLMLingua-2 checkpoint folder (config.json, safetensors, tokenizer.json), run in
-        PyTorch, or its export (manifest.json, model.onnx, tokenizer.json: `prune export`), run in
-        ONNX Runtime on the CPU with the engine's session settings (PRUNE_ORT_ARENA,
-        PRUNE_ORT_DENORMALS; threads: PRUNE_INTRA_OP_THREADS when not given)."""
+        PyTorch on the CPU, or its export (manifest.json, model.onnx, tokenizer.json: `prune
+        export`), run in ONNX Runtime with the engine's session settings (PRUNE_ORT_ARENA,
+        PRUNE_ORT_DENORMALS; threads: PRUNE_INTRA_OP_THREADS when not given) on `device`: cpu, or
+        cuda (ONNX Runtime's CUDA provider: pip install 'prune-engine[gpu]'; an fp16 export is the
+        GPU's precision, which the CPU runs too, slowly)."""
         folder = Path(model)
         if (folder / MANIFEST).is_file():
-            return cls._load_export(folder, threads)
+            return cls._load_export(folder, threads, device)
+        if device != "cpu":
+            raise ModelLoadError(
+                f"device {device!r} runs an export: prune export --model {folder} --precision fp16 (or fp32), "
+                "then load the export"
+            )
         from engine.backends.torch import TorchTokenProbs
 
         check_folder(model)
@@ -108,7 +115,7 @@ class Compressor:
         return self.compress(texts, **options).kept_spans
 
     @classmethod
-    def _load_export(cls, folder: Path, threads: int | None) -> "Compressor":
+    def _load_export(cls, folder: Path, threads: int | None, device: str = "cpu") -> "Compressor":
         from engine.backends.onnxruntime import OrtTokenProbs
 
         manifest = CompressorManifest.read(folder)
@@ -123,6 +130,7 @@ class Compressor:
             intra_op_threads=threads if threads is not None else setting("threads"),
             arena=setting("ort_arena"),
             denormals=setting("ort_denormals"),
+            device=device,
         )
         return cls(tokenizer, core, tiktoken_encoding("gpt-3.5-turbo"))
 

@@ -32,7 +32,7 @@ from engine.pipeline.spec import CompressorManifest
 #: what `--precision auto` does not try for LLMLingua-2, and why
 NOT_TRIED = {
     "fp16": "fp16 is the GPU's graph: ONNX Runtime's CPU provider runs it slowly (docs/precisions.md), so "
-    "auto tries it for no family on a CPU; and LLMLingua-2 has no fp16 export yet",
+    "auto tries it for no family on a CPU (--precision fp16 exports it, behind the same gate)",
     **{
         name: "the Compressor runs an LLMLingua-2 export on ONNX Runtime only"
         for name in ("ov-int8", "ov-bf16", "ov-int8-bf16")

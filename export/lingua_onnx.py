@@ -39,7 +39,7 @@ from engine.pipeline.lingua_decide import CompressOptions, plan
 from engine.pipeline.lingua_words import LinguaTokenizer, check_folder, lingua_layout
 from engine.pipeline.spec import COMPRESSOR_INPUTS, COMPRESSOR_OUTPUT, MANIFEST_FORMAT, CompressorManifest
 from export.folders import EXTERNAL_DATA_BYTES, created, exported_with, move_into, step_path
-from export.parity import INT8_TOLERANCE
+from export.parity import FP16_TOLERANCE, INT8_TOLERANCE
 
 #: the tokenizer files an export carries (those the checkpoint has)
 TOKENIZER_FILES = (
@@ -90,9 +90,10 @@ class TokenProbs(torch.nn.Module):
 
 def refuse_options(opts: Any) -> None:
     """ExportError for an export option that has no meaning for LLMLingua-2 (yet)."""
-    if opts.precision not in ("fp32", "int8"):
+    if opts.precision not in ("fp32", "int8", "fp16"):
         raise ExportError(
-            f"an LLMLingua-2 export is fp32 or int8 (INT8 behind the word-decision gate), not {opts.precision!r}"
+            "an LLMLingua-2 export is fp32, int8 or fp16 (INT8 and fp16 behind the word-decision gate), "
+            f"not {opts.precision!r}"
         )
     given = [
         name
@@ -144,9 +145,12 @@ def export_lingua(checkpoint: str | Path, out: Path, opts: Any, log: Callable[[s
         checks = Checks(reference.core, feeds if opts.verify else [], log)
         checks.parity(fp32, "fp32", opts.tolerance)
         graph, details = convert(fp32, work, config, opts, external, checks, log)
-        if opts.precision == "int8":
-            base = work / "optimized" / "model.onnx" if opts.optimize else fp32
-            details["gate"] = gate_int8(tokenizer, encoding, base, graph, log)
+        if opts.precision in ("int8", "fp16"):
+            optimized = (
+                opts.optimize and opts.precision == "int8"
+            )  # fp16's conversion optimizes the plain graph
+            base = work / "optimized" / "model.onnx" if optimized else fp32
+            details["gate"] = gate_graph(tokenizer, encoding, base, graph, log, opts.precision)
         stage = work / "out"
         stage.mkdir()
         for item in graph.parent.iterdir():
@@ -264,14 +268,25 @@ def convert(
     log: Callable[[str], None],
 ) -> tuple[Path, dict[str, Any]]:
     """The graph the export ships: `fp32` optimized (`opts.optimize`), then INT8 (`opts.precision`),
-    each checked against PyTorch; that graph, and what each step did."""
-    from export.optimize import optimize_graph, quantize_int8
+    or fp16 (converted from the plain fp32 graph, which its conversion optimizes: Softmax, LayerNorm
+    and the classifier in float32, float32 in and out), each checked against PyTorch; that graph, and
+    what each step did."""
+    from export.optimize import convert_fp16, optimize_graph, quantize_int8
 
     current, details = fp32, {}
+    heads, hidden = int(config["num_attention_heads"]), int(config["hidden_size"])
+    if opts.precision == "fp16":
+        log("converting to fp16 (ONNX Runtime transformer optimizer, then float16) ...")
+        half = step_path(work, "fp16")
+        details["fp16"] = convert_fp16(
+            fp32, half, heads, hidden, keep_layernorm_fp32=True, external_data=external
+        )
+        details["fusions"] = details["fp16"].pop("fusions")
+        checks.parity(half, "fp16", FP16_TOLERANCE)
+        return half, details
     if opts.optimize:
         log("optimizing the graph (ONNX Runtime transformer optimizer) ...")
         opt = step_path(work, "optimized")
-        heads, hidden = int(config["num_attention_heads"]), int(config["hidden_size"])
         details["fusions"] = optimize_graph(current, opt, heads, hidden, external_data=external)
         log(f"fused: {details['fusions'] or 'nothing'}")
         checks.parity(opt, "fp32 optimized", opts.tolerance)
@@ -287,21 +302,26 @@ def convert(
     return current, details
 
 
-def gate_int8(tokenizer: Any, encoding: Any, fp32: Path, int8: Path, log) -> dict[str, Any]:
-    """INT8's word decisions against the fp32 graph's (`fp32`: the optimized one where there is one)
-    on the built-in texts (engine.fidelity_check.lingua_gate); ExportError when they fail the gate."""
+def gate_graph(
+    tokenizer: Any, encoding: Any, fp32: Path, int8: Path, log, precision: str = "int8"
+) -> dict[str, Any]:
+    """INT8's (or fp16's: `precision`) word decisions against the fp32 graph's (`fp32`: the optimized
+    one where there is one) on the built-in texts (engine.fidelity_check.lingua_gate); ExportError
+    when they fail the gate."""
     from engine.backends.onnxruntime import OrtTokenProbs
     from engine.compressor import Compressor
     from engine.fidelity_check import lingua_gate
 
     base = Compressor(tokenizer, OrtTokenProbs(fp32), encoding)
     candidate = Compressor(tokenizer, OrtTokenProbs(int8), encoding)
-    log(f"gating the int8 graph against fp32 on word decisions ({len(TEXTS)} texts, rates {GATE_RATES}) ...")
+    log(
+        f"gating the {precision} graph against fp32 on word decisions ({len(TEXTS)} texts, rates {GATE_RATES}) ..."
+    )
     report = lingua_gate(base, candidate, TEXTS, GATE_RATES)
-    log(f"int8: {'passes' if report['passed'] else 'fails'} the gate ({report['reason']})")
+    log(f"{precision}: {'passes' if report['passed'] else 'fails'} the gate ({report['reason']})")
     if not report["passed"]:
         raise ExportError(
-            f"the int8 graph fails the fidelity gate: {report['reason']}; nothing was written "
+            f"the {precision} graph fails the fidelity gate: {report['reason']}; nothing was written "
             "(export fp32 instead: --precision fp32)"
         )
     return report

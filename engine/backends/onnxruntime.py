@@ -375,9 +375,10 @@ class OnnxRuntimeBackend(Backend):
 
 
 class OrtTokenProbs:
-    """An LLMLingua-2 export in ONNX Runtime (CPU): the probability of label 1 per token, the
-    graph's `token_probs`; the session made as OnnxRuntimeBackend makes its own (options,
-    threads, arena, denormals)."""
+    """An LLMLingua-2 export in ONNX Runtime: the probability of label 1 per token, the graph's
+    `token_probs`; the session made as OnnxRuntimeBackend makes its own (options, threads, arena,
+    denormals, and `device` "cuda": ONNX Runtime's CUDA provider, which falling back to the CPU
+    is an error)."""
 
     name = "onnxruntime"
 
@@ -388,6 +389,7 @@ class OrtTokenProbs:
         intra_op_threads: int | None = None,
         arena: str = DEFAULTS.ort_arena,
         denormals: str = DEFAULTS.ort_denormals,
+        device: str = "cpu",
     ):
         try:
             import onnxruntime as ort
@@ -396,17 +398,28 @@ class OrtTokenProbs:
         self.graph = Path(graph)
         if not self.graph.is_file():
             raise ModelLoadError(f"{self.graph}: no ONNX graph")
+        if device not in DEVICES:
+            raise ModelLoadError(f"device must be one of {DEVICES}, got {device!r}")
         self.flush = denormals == "flush"
         opts, self.runs = session_options(ort, intra_op_threads, None, arena_mode(arena), denormals)
+        missing: list[str] = []
+        if device == "cuda":
+            require_cuda()
+            missing = preload_cuda_libraries(ort)
         try:
             with thread_denormals(False):
                 self.session = ort.InferenceSession(
-                    str(self.graph), sess_options=opts, providers=["CPUExecutionProvider"]
+                    str(self.graph),
+                    sess_options=opts,
+                    providers=session_providers(ort, device, None, None, lambda m: None),
                 )
         except Exception as exc:
             raise ModelLoadError(
                 f"{self.graph}: ONNX Runtime cannot load the graph ({type(exc).__name__}: {exc})"
             ) from exc
+        self.provider = self.session.get_providers()[0]
+        if device == "cuda":
+            check_cuda_ran(self.provider, self.session.get_providers(), missing)
         inputs = [i.name for i in self.session.get_inputs()]
         outputs = [o.name for o in self.session.get_outputs()]
         if inputs != ["input_ids", "attention_mask"] or outputs != ["token_probs"]:
@@ -426,4 +439,4 @@ class OrtTokenProbs:
 
     def describe(self) -> str:
         """The provider and graph, in words."""
-        return f"onnxruntime CPUExecutionProvider ({self.graph.name}; {denormal_state(self.flush)})"
+        return f"onnxruntime {self.provider} ({self.graph.name}; {denormal_state(self.flush)})"

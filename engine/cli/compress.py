@@ -59,6 +59,9 @@ def add(new) -> None:
         "--json", action="store_true", help="print the whole result (llmlingua's fields, kept_spans)"
     )
     add_setting(c, "threads")
+    add_setting(
+        c, "device", "; cuda runs an export (fp16 is the GPU's precision) on ONNX Runtime's CUDA provider"
+    )
     c.set_defaults(func=run)
 
 
@@ -104,7 +107,7 @@ def _open(args):
     from engine.compressor import Compressor
 
     if args.server is None:
-        return Compressor.load(args.model, threads=args.threads)
+        return Compressor.load(args.model, threads=args.threads, device=args.device)
     if not args.text_model:
         raise PruneError("with --server, --text-model names the compressor's text model (`<name>_text`)")
     args.log(

@@ -48,7 +48,7 @@ def add(new) -> None:
         "'prune-engine[openvino]'); auto: of the precisions worth trying on this CPU's kind "
         "(fp32, int8; ov-int8 with VNNI or AMX; ov-bf16 and ov-int8-bf16, OpenVINO's bf16 "
         "inference, with bf16), the fastest that passes the fidelity gate (printed, and recorded in "
-        "the manifest, which loaders follow); an LLMLingua-2 checkpoint: fp32, int8 or auto (of fp32 "
+        "the manifest, which loaders follow); an LLMLingua-2 checkpoint: fp32, int8, fp16 (the GPU's) or auto (of fp32 "
         "and int8, the faster that passes the word-label gate)",
     )
     e.add_argument(
@@ -155,7 +155,7 @@ def _lingua(args) -> int:
     unsupported = [
         flag
         for flag, given in (
-            (f"--precision {args.precision}", args.precision not in ("fp32", "int8", "auto")),
+            (f"--precision {args.precision}", args.precision not in ("fp32", "int8", "fp16", "auto")),
             ("--tensorrt", args.tensorrt),
             ("--encoder", args.encoder),
             ("--calibration", args.calibration),
@@ -167,7 +167,7 @@ def _lingua(args) -> int:
     ]
     if unsupported:
         raise PruneError(
-            f"{args.model} is an LLMLingua-2 checkpoint: its export is fp32, int8 or auto, and takes none of "
+            f"{args.model} is an LLMLingua-2 checkpoint: its export is fp32, int8, fp16 or auto, and takes none of "
             f"{', '.join(unsupported)}"
         )
     from export.onnx import export_model

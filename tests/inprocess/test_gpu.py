@@ -28,3 +28,21 @@ def test_cuda_matches_cpu(exported, family):
             [s.probability for s in a.sentences], [s.probability for s in b.sentences], atol=1e-4
         )
         assert [s.kept for s in a.sentences] == [s.kept for s in b.sentences]
+
+
+def test_the_compressors_fp16_export_on_cuda_keeps_what_fp32_keeps_on_the_cpu(lingua_checkpoints, tmp_path):
+    """LLMLingua-2's fp16 export on the CUDA provider: its word labels >= 99% those of the fp32
+    export on the CPU (the export's own gate, here on the GPU)."""
+    from engine.compressor import Compressor
+    from engine.fidelity_check import GATE, lingua_gate
+    from export.lingua_onnx import TEXTS
+    from export.onnx import export_model
+
+    for layout, folder in lingua_checkpoints.items():
+        for precision in ("fp32", "fp16"):
+            export_model(folder, tmp_path / f"{layout}-{precision}", precision=precision, log=lambda m: None)
+        cpu = Compressor.load(tmp_path / f"{layout}-fp32", threads=1)
+        gpu = Compressor.load(tmp_path / f"{layout}-fp16", device="cuda")
+        assert "CUDAExecutionProvider" in gpu.describe()
+        report = lingua_gate(cpu, gpu, TEXTS, (0.33, 0.5))
+        assert report["agreement"] >= GATE["agreement"], (layout, report["reason"])

@@ -248,5 +248,52 @@ def test_each_door_refuses_the_other_kind(lingua_exports, lingua_checkpoints, tm
     ):
         Compressor.load(pruning)
     model = str(lingua_checkpoints["bert"])
-    assert main(["export", "--model", model, "--out", str(tmp_path / "fp16"), "--precision", "fp16"]) == 2
-    assert "is an LLMLingua-2 checkpoint: its export is fp32, int8 or auto" in capsys.readouterr().err
+    assert main(["export", "--model", model, "--out", str(tmp_path / "ov"), "--precision", "ov-int8"]) == 2
+    assert "is an LLMLingua-2 checkpoint: its export is fp32, int8, fp16 or auto" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_fp16_export_is_float16_behind_the_gate_and_keeps_what_llmlingua_keeps(
+    pairs, lingua_checkpoints, onnx_compressors, tmp_path, layout
+):
+    """`prune export --precision fp16` (the GPU's precision; the CPU runs it too): a float16 graph
+    with float32 in and out, within FP16_TOLERANCE of PyTorch, and its word labels gated against
+    fp32's; on the tests' texts the same result as llmlingua itself."""
+    import onnx
+
+    from engine.cli import main
+    from engine.compressor import Compressor
+    from engine.pipeline.spec import CompressorManifest
+
+    out = tmp_path / "fp16"
+    assert (
+        main(["export", "--model", str(lingua_checkpoints[layout]), "--out", str(out), "--precision", "fp16"])
+        == 0
+    )
+    manifest = CompressorManifest.read(out)
+    assert manifest.precision == "fp16" and manifest.data["gate"]["passed"]
+    assert manifest.data["gate"]["agreement"] >= 0.99 and manifest.data["fp16"]["float32_ops"]
+    graph = onnx.load(str(out / "model.onnx"))
+    halves = [t for t in graph.graph.initializer if t.data_type == onnx.TensorProto.FLOAT16]
+    assert len(halves) > len(graph.graph.initializer) // 2
+    assert {i.type.tensor_type.elem_type for i in graph.graph.output} == {onnx.TensorProto.FLOAT}
+    fp16 = Compressor.load(out, threads=1)
+    reference, _ = pairs[layout]
+    for case in ("en-rate-force", "long-chunks", "contexts-target-token"):
+        text, options = CASES[case]
+        got = fp16.compress(text, **options).to_dict()
+        got.pop("kept_spans"), got.pop("kept_contexts")
+        assert got == reference.compress_prompt(text, **options), case
+
+
+def test_cuda_without_onnxruntime_gpu_is_refused_with_the_fix(lingua_exports, lingua_checkpoints):
+    import onnxruntime as ort
+
+    from engine.compressor import Compressor
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has CUDA: tests/inprocess/test_gpu.py runs the compressor there")
+    with pytest.raises(ModelLoadError, match="device='cuda' needs ONNX Runtime's CUDA provider: pip install"):
+        Compressor.load(lingua_exports["bert", "fp32"], device="cuda")
+    with pytest.raises(ModelLoadError, match="device 'cuda' runs an export: prune export"):
+        Compressor.load(lingua_checkpoints["bert"], device="cuda")
