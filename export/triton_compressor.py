@@ -144,6 +144,9 @@ def build_compressor_repository(
         version = out / name / str(opts.version)
         version.mkdir(parents=True)
         shutil.copy2(model_folder / manifest.graph, version / "model.onnx")
+        external = manifest.data.get("external_data")  # weights over protobuf's 2 GB (XLM-R large in fp32)
+        if external:
+            shutil.copy2(model_folder / external, version / external)
         if opts.target == "cpu":
             shutil.copy2(templates[CORE], version / "model.py")
         (out / name / "config.pbtxt").write_text(render_core_config(name, manifest, opts, pad_id, text_name))

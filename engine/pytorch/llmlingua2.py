@@ -11,6 +11,8 @@ generator so that the caller's random state is left alone); an export carries th
 
 from __future__ import annotations
 
+import logging
+
 from pathlib import Path
 
 import torch
@@ -29,7 +31,11 @@ def load_classifier(folder: str | Path, vocabulary: int, attn: str | None = None
     None: transformers' default, as llmlingua loads it)."""
     from transformers import AutoModelForTokenClassification
 
+    from transformers.utils import logging as hf_logging
+
     check_folder(folder)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # transformers' "Loading weights" bar, on every load
     try:
         model = AutoModelForTokenClassification.from_pretrained(
             str(folder),
@@ -40,7 +46,18 @@ def load_classifier(folder: str | Path, vocabulary: int, attn: str | None = None
         )
     except Exception as exc:
         raise ModelLoadError(f"{folder}: the token classifier does not load ({exc})") from exc
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(SEED)
-        model.resize_token_embeddings(vocabulary)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    # transformers warns that the added rows are drawn from the old rows' mean and covariance:
+    # that is llmlingua's own resize, wanted here, so its warning is not passed on
+    resize_log = logging.getLogger("transformers.modeling_utils")
+    level = resize_log.level
+    resize_log.setLevel(logging.ERROR)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(SEED)
+            model.resize_token_embeddings(vocabulary)
+    finally:
+        resize_log.setLevel(level)
     return model.eval()

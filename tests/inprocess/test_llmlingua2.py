@@ -297,3 +297,20 @@ def test_cuda_without_onnxruntime_gpu_is_refused_with_the_fix(lingua_exports, li
         Compressor.load(lingua_exports["bert", "fp32"], device="cuda")
     with pytest.raises(ModelLoadError, match="device 'cuda' runs an export: prune export"):
         Compressor.load(lingua_checkpoints["bert"], device="cuda")
+
+
+def test_loading_a_checkpoint_says_nothing_of_transformers_resize(lingua_checkpoints, capfd, caplog):
+    """llmlingua's resize of the embeddings (rows drawn from the old rows' mean and covariance) is
+    wanted: transformers' warning about it and its loading bar are not passed on to the user."""
+    import logging
+
+    from transformers import modeling_utils
+
+    from engine.compressor import Compressor
+
+    modeling_utils.logger.warning_once.cache_clear()  # a warning shown once per process: shown again
+    with caplog.at_level(logging.WARNING):
+        Compressor.load(lingua_checkpoints["bert"], threads=1)
+    out, err = capfd.readouterr()
+    assert "multivariate normal" not in caplog.text + out + err
+    assert "Loading weights" not in out + err

@@ -23,17 +23,24 @@ SERVED = ["en-rate-force", "multi-token-force", "long-chunks", "zh", "contexts-f
 
 
 @pytest.fixture(scope="module")
-def lingua_server(lingua_exports, tiktoken_offline, tmp_path_factory):
+def lingua_server(lingua_exports, lingua_checkpoints, tiktoken_offline, tmp_path_factory):
     from engine.triton.server import TritonServer
     from export.triton_repository import RepositoryOptions, build_repository
 
+    from export.onnx import export_model
+
     repo = tmp_path_factory.mktemp("lingua_repository")
-    for name, key in MODELS.items():
+    # the weights in a file beside the graph, as an export over protobuf's 2 GB has them
+    external = tmp_path_factory.mktemp("lingua_external") / "export"
+    export_model(
+        lingua_checkpoints["bert"], external, precision="fp32", external_data="always", log=lambda m: None
+    )
+    for name, folder in [*((n, lingua_exports[k]) for n, k in MODELS.items()), ("lingua_external", external)]:
         options = RepositoryOptions(target="cpu", name=name, max_batch_size=8, max_queue_delay_us=20000)
-        build_repository(lingua_exports[key], repo, options, log=lambda m: None)
+        build_repository(folder, repo, options, log=lambda m: None)
     h, g, m = free_ports(3)
     with TritonServer(repo, http_port=h, grpc_port=g, metrics_port=m) as server:
-        yield server, repo
+        yield server, repo, external
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +65,7 @@ def _connect(server, name, protocol="grpc"):
 
 
 def test_the_served_compressor_keeps_what_llmlingua_keeps(lingua_server, reference):
-    server, _ = lingua_server
+    server, *_ = lingua_server
     remote = _connect(server, "lingua_xlmr")
     try:
         for case in SERVED:
@@ -74,7 +81,7 @@ def test_the_served_compressor_keeps_what_llmlingua_keeps(lingua_server, referen
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_the_served_compressor_equals_the_export_in_process(lingua_server, in_process, name, protocol):
-    server, _ = lingua_server
+    server, *_ = lingua_server
     remote = _connect(server, name, protocol)
     try:
         for case in SERVED:
@@ -88,7 +95,7 @@ def test_the_served_compressor_equals_the_export_in_process(lingua_server, in_pr
 def test_concurrent_calls_each_get_their_own_result(lingua_server, in_process):
     """Calls at once meet in the core's dynamic batcher (joined into one padded run for fp32):
     each is answered with its own rows, as if it ran alone."""
-    server, _ = lingua_server
+    server, *_ = lingua_server
     calls = [(CASES[c][0], {**CASES[c][1], "rate": r}) for c in SERVED[:4] for r in (0.3, 0.6)]
     calls = [(t, {k: v for k, v in o.items() if k != "target_token"}) for t, o in calls]
     remote = _connect(server, "lingua_xlmr")
@@ -101,7 +108,7 @@ def test_concurrent_calls_each_get_their_own_result(lingua_server, in_process):
 
 
 def test_bad_input_is_the_same_input_error_and_the_server_keeps_serving(lingua_server, in_process):
-    server, _ = lingua_server
+    server, *_ = lingua_server
     remote = _connect(server, "lingua_xlmr")
     try:
         for context, options in [
@@ -127,7 +134,7 @@ def test_a_raw_kserve_call_and_the_core_model(lingua_server, in_process, lingua_
     token_probs for each request's own rows and width, and refuses ids past its vocabulary."""
     import tritonclient.http as th
 
-    server, _ = lingua_server
+    server, *_ = lingua_server
     client = th.InferenceServerClient(server.http_url)
     text, options = CASES["en-rate-force"]
     body = np.array([json.dumps({"context": text, **options}).encode()], dtype=np.object_)
@@ -159,7 +166,7 @@ def test_a_raw_kserve_call_and_the_core_model(lingua_server, in_process, lingua_
 def test_connecting_to_what_is_not_a_compressors_text_model_is_refused(lingua_server):
     from engine.compressor import Compressor
 
-    server, _ = lingua_server
+    server, *_ = lingua_server
     with pytest.raises(ModelLoadError, match="not an LLMLingua-2 compressor's text model"):
         Compressor.connect(server.grpc_url, "lingua_xlmr")
 
@@ -198,7 +205,7 @@ def test_prune_compress_on_the_server_prints_what_the_reference_keeps(
     and a JSONL file of calls, each line's result as the export's in-process."""
     from engine.cli import main
 
-    server, _ = lingua_server
+    server, *_ = lingua_server
     text, _ = CASES["en-rate-force"]
     remote = ["compress", "--server", server.grpc_url, "--text-model", "lingua_xlmr_text"]
     assert main([*remote, "--rate", "0.33", "--force-tokens", "\\n", "?", "--text", text]) == 0
@@ -232,7 +239,7 @@ def test_prune_serve_puts_the_http_api_in_front_of_the_compressor(lingua_server,
 
     import httpx
 
-    _, repo = lingua_server
+    _, repo, _ = lingua_server
     mine = tmp_path / "repo"  # the compressor alone: the API serves the repository's only text model
     for name in ("lingua_xlmr", "lingua_xlmr_text"):
         shutil.copytree(repo / name, mine / name)
@@ -259,3 +266,22 @@ def test_prune_serve_puts_the_http_api_in_front_of_the_compressor(lingua_server,
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_an_export_with_its_weights_beside_the_graph_is_served(lingua_server):
+    """An export whose weights are external data (model.onnx.data: XLM-R large in fp32 is over
+    protobuf's 2 GB) is copied whole into the repository and served as it runs in-process."""
+    from engine.compressor import Compressor
+
+    server, repo, external = lingua_server
+    assert (external / "model.onnx.data").is_file() and (
+        repo / "lingua_external" / "1" / "model.onnx.data"
+    ).is_file()
+    remote = _connect(server, "lingua_external")
+    local = Compressor.load(external, threads=1)
+    try:
+        for case in SERVED[:3]:
+            text, options = CASES[case]
+            assert remote.compress(text, **options) == local.compress(text, **options), case
+    finally:
+        remote.close()
