@@ -181,6 +181,7 @@ async def rerank(req: TeiRerankRequest, api: Api):
             score=api.score(r, req.raw_scores),
             text=r.context if req.return_text else None,
             pruned_text=r.pruned_context,
+            compressed_text=r.compressed_context,
             sentences=sentences_out(r) if req.return_sentences else None,
         )
         for r in ranked

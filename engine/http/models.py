@@ -181,7 +181,21 @@ class TeiRerankRequest(_Request):
     budget_tokenizer: str | None = Field(
         None, description="engine extra: what budget_tokens counts (the /v1/prune option)"
     )
-    ENGINE_EXTRAS: ClassVar[tuple[str, ...]] = ("return_sentences", "budget_tokens", "budget_tokenizer")
+    compress_rate: float | None = Field(
+        None,
+        description="engine extra: with a compressor beside the pruner (prune api --compressor), each "
+        "pruned_text compressed by LLMLingua-2 to this share of its tokens (the /v1/prune option)",
+    )
+    compress_target_token: int | None = Field(
+        None, description="engine extra: the same to this many tokens over each text (the /v1/prune option)"
+    )
+    ENGINE_EXTRAS: ClassVar[tuple[str, ...]] = (
+        "return_sentences",
+        "budget_tokens",
+        "budget_tokenizer",
+        "compress_rate",
+        "compress_target_token",
+    )
 
 
 class TeiRank(BaseModel):
@@ -191,6 +205,9 @@ class TeiRank(BaseModel):
     score: float
     text: str | None = None
     pruned_text: str = Field(description="engine extra: the text's kept sentences")
+    compressed_text: str | None = Field(
+        None, description="engine extra, with compress_rate or compress_target_token: pruned_text compressed"
+    )
     sentences: list[SentenceOut] | None = None
 
 

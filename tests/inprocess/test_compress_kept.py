@@ -131,3 +131,27 @@ def test_http_and_prune_run_answer_as_python(pruner, exported, lingua_checkpoint
     assert main([*argv, "--json", *[x for p in PASSAGES for x in ("--context", p)]]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [r["compressed_context"] for r in out] == [w.compressed_context for w in want]
+
+
+def test_teis_rerank_takes_the_compress_options_as_engine_extras(pruner):
+    """TEI's /rerank with the engine extras compress_rate / compress_target_token: each text's
+    compressed_text is what Python gives; a misspelt extra is refused, as /v1/prune refuses it."""
+    from fastapi.testclient import TestClient
+
+    from engine.http.app import ApiConfig, create_app
+
+    with TestClient(create_app(pruner, ApiConfig(model_name="p")).app) as c:
+        for extra in ({"compress_rate": 0.5}, {"compress_target_token": 12}):
+            want = {r.index: r.compressed_context for r in pruner.prune(QUESTION, PASSAGES, **extra)}
+            got = c.post("/rerank", json={"query": QUESTION, "texts": PASSAGES, **extra})
+            assert got.status_code == 200, got.text
+            assert {r["index"]: r.get("compressed_text") for r in got.json()} == want
+            assert any(want.values())
+        plain = c.post("/rerank", json={"query": QUESTION, "texts": PASSAGES}).json()
+        assert all("compressed_text" not in r for r in plain)
+        bad = c.post("/rerank", json={"query": QUESTION, "texts": PASSAGES, "compress_rates": 0.5})
+        assert bad.status_code == 422 and "compress_rate" in bad.text
+        assert (
+            c.post("/rerank", json={"query": QUESTION, "texts": PASSAGES, "compress_rate": 2}).status_code
+            == 422
+        )
