@@ -12,6 +12,7 @@ reaching the URL. The screenshot of the first test goes to $PRUNE_PAGE_SCREENSHO
 page.png is one).
 """
 
+import json
 import os
 import shutil
 import urllib.error
@@ -48,11 +49,12 @@ HOSTILE = (
 
 
 @pytest.fixture(scope="module")
-def apis(default_cache, exported):
+def apis(default_cache, exported, lingua_exports):
     started = {
         "default": ApiProcess(default_cache["model"]),
         "provence": ApiProcess(exported["provence"]),
         "locked": ApiProcess(exported["provence"], key="s3cret-key"),
+        "compressor": ApiProcess(lingua_exports["xlm-roberta", "fp32"]),
     }
     yield started
     for a in started.values():
@@ -226,3 +228,73 @@ def test_the_pages_headers_let_only_its_own_script_run(apis, page):
     page.click("#x")
     page.wait_for_timeout(300)
     assert page.evaluate("window.__csp") is None
+
+
+def _compress(api, **body):
+    req = urllib.request.Request(
+        api.url + "/v1/compress", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def _marked(page):
+    """Per context shown: its index, the words marked (as [start, end) of the context) and dropped."""
+    page.wait_for_selector("#results:not([hidden]) #passages-out > li")
+    return page.eval_on_selector_all(
+        "#passages-out > li",
+        """items => items.map(li => {
+        const spans = []; let at = 0;
+        for (const node of li.querySelector('.text').childNodes) {
+          const n = Array.from(node.textContent).length;
+          if (node.tagName === 'MARK') spans.push([at, at + n]);
+          at += n;
+        }
+        return {index: Number(li.dataset.index), spans, dropped: li.classList.contains('emptied')};
+        })""",
+    )
+
+
+def _expected_marks(answer, contexts):
+    return [
+        {"index": i, "spans": answer["kept_spans"][i], "dropped": i not in answer["kept_contexts"]}
+        for i in range(len(contexts))
+    ]
+
+
+def test_in_front_of_a_compressor_the_page_marks_the_words_llmlingua_keeps(apis, page):
+    """`prune api` on an LLMLingua-2 export: the page takes a prompt, a rate and force tokens, marks
+    the words /v1/compress keeps (its kept_spans), shows the compressed prompt, and its slider (the
+    rate) asks the server again; the state is in the link; pasted HTML stays text."""
+    api = apis["compressor"]
+    contexts = [PASSAGES[0], HOSTILE + "\nWhy is it brown?"]
+    query = [*(("p", c) for c in contexts), ("rate", "0.5"), ("force", "\\n ?")]
+    page.goto(api.url + "/?" + urllib.parse.urlencode(query))
+    answer = _compress(api, context=contexts, rate=0.5, force_tokens=["\n", "?"])
+    assert _marked(page) == _expected_marks(answer, contexts)
+    assert page.text_content("#compressed") == answer["compressed_prompt"]
+    assert f"{answer['origin_tokens']} tokens -> {answer['compressed_tokens']}" in page.text_content(
+        "#status"
+    )
+    assert page.is_hidden("#question-row") and page.text_content("#submit") == "Compress"
+    assert page.evaluate("window.__pwned") is None
+    # the slider is the rate: a change asks the server
+    page.eval_on_selector("#slider", "s => { s.value = '0.3'; s.dispatchEvent(new Event('change')); }")
+    page.wait_for_function(
+        "document.querySelector('#rate').value === '0.3' && !document.querySelector('#submit').disabled"
+    )
+    at_03 = _compress(api, context=contexts, rate=0.3, force_tokens=["\n", "?"])
+    page.wait_for_function(
+        "text => document.querySelector('#compressed').textContent === text", arg=at_03["compressed_prompt"]
+    )
+    assert _marked(page) == _expected_marks(at_03, contexts)
+    state = urllib.parse.parse_qs(urllib.parse.urlparse(page.url).query)
+    assert state == {"p": contexts, "rate": ["0.3"], "force": ["\\n ?"]}
+    # the form: one context, the model's default rate
+    page.goto(api.url + "/")
+    page.wait_for_selector("#model:not(:empty)")
+    page.fill("#passages", PASSAGES[2])
+    page.click("#submit")
+    page.wait_for_selector("#results:not([hidden])")
+    one = _compress(api, context=PASSAGES[2], rate=0.5)
+    assert _marked(page) == _expected_marks(one, [PASSAGES[2]])

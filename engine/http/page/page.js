@@ -196,6 +196,11 @@
   async function slid() {
     const threshold = Number($("slider").value);
     if (!view) return;
+    if (view.compressor) {
+      $("rate").value = String(threshold);
+      await compress({ ...view.state, rate: threshold });
+      return;
+    }
     if (view.local) {
       show(threshold);
     } else {
@@ -256,6 +261,92 @@
     return li;
   }
 
+  // ------------------------------------------------------------------ an LLMLingua-2 compressor
+  // In front of a compressor (/info's routes: /v1/compress) the page takes a prompt (contexts
+  // apart by a blank line), a rate and force tokens, and marks the words /v1/compress kept
+  // (its kept_spans); the slider is the rate, and each move asks the server again.
+  const compressing = () => Boolean(info && info.routes && info.routes.includes("/v1/compress"));
+  const forceTokens = (typed) => typed.split(/\s+/).filter((t) => t !== "")
+    .map((t) => t.replace(/\\n/g, "\n").replace(/\\t/g, "\t"));
+
+  function compressorForm() {
+    $("question-row").hidden = true;
+    $("question").required = false;
+    $("passages-label").textContent = "Prompt (a blank line between two contexts)";
+    $("prune-options").hidden = true;
+    $("compress-options").hidden = false;
+    $("submit").textContent = "Compress";
+    $("rate").placeholder = String(info.defaults.rate);
+    $("slider-label").firstChild.textContent = "Rate ";
+    $("legend").textContent = "kept words are marked and underlined; the compressed prompt is below the contexts.";
+  }
+
+  function readCompressForm() {
+    const contexts = $("passages").value.split(/\n[ \t]*\n/).map((p) => p.trim()).filter((p) => p !== "");
+    return { p: contexts, rate: number($("rate").value), force: $("force").value.trim() };
+  }
+
+  function compressLink(state) {
+    const u = new URLSearchParams();
+    for (const p of state.p) u.append("p", p);
+    if (state.rate !== null) u.set("rate", String(state.rate));
+    if (state.force) u.set("force", state.force);
+    return location.pathname + "?" + u.toString();
+  }
+
+  async function compress(state) {
+    $("submit").disabled = true;
+    say("compressing ...");
+    try {
+      const url = compressLink(state);
+      const tooLong = location.origin.length + url.length > MAX_URL_CHARS;
+      if (!tooLong) history.replaceState(null, "", url);
+      const rate = state.rate === null ? info.defaults.rate : state.rate;
+      const body = { context: state.p.length === 1 ? state.p[0] : state.p, rate };
+      if (state.force) body.force_tokens = forceTokens(state.force);
+      const answer = await call("v1/compress", body);
+      view = { state, compressor: true };
+      $("slider").min = "0.01";
+      $("slider").value = String(rate);
+      $("slider-value").textContent = rate.toFixed(2);
+      $("slider-note").textContent = "each move asks the server";
+      $("passages-out").replaceChildren(...state.p.map((c, i) => compressedContext(c, i, answer)));
+      $("compressed").textContent = answer.compressed_prompt;
+      $("compressed").hidden = false;
+      $("results").hidden = false;
+      const summary = `${answer.origin_tokens} tokens -> ${answer.compressed_tokens} (ratio ${answer.ratio}, rate ${answer.rate}).`;
+      say(tooLong ? "This view is too long for a link: the address bar was not updated. " + summary : summary,
+          tooLong);
+    } catch (e) {
+      if (e instanceof NeedsKey) askKey(e.message); else say(e.message, true);
+    } finally {
+      $("submit").disabled = false;
+    }
+  }
+
+  function compressedContext(context, i, answer) {
+    const li = el("li");
+    li.dataset.index = String(i);
+    const spans = answer.kept_spans[i] || [];
+    const dropped = !answer.kept_contexts.includes(i);
+    if (dropped) li.classList.add("emptied");
+    const meta = el("div", "meta");
+    meta.append(el("span", null, `context ${i + 1} · kept `), el("strong", "kept-words", String(spans.length)),
+                el("span", null, " words"));
+    if (dropped) meta.append(el("span", "badge", "dropped"));
+    const text = el("div", "text");
+    const cps = chars(context);
+    let at = 0;
+    for (const [start, end] of spans) {
+      if (start > at) text.append(document.createTextNode(cps.slice(at, start).join("")));
+      text.append(el("mark", "word", cps.slice(start, end).join("")));
+      at = end;
+    }
+    if (at < cps.length) text.append(document.createTextNode(cps.slice(at).join("")));
+    li.append(meta, text);
+    return li;
+  }
+
   // ------------------------------------------------------------------ start
   async function start() {
     try {
@@ -266,6 +357,16 @@
     }
     $("key-form").hidden = true;
     $("model").textContent = `${info.model} · ${info.family} · ${info.engine}`;
+    if (compressing()) {
+      compressorForm();
+      const u = new URLSearchParams(location.search);
+      const state = { p: u.getAll("p"), rate: number(u.get("rate")), force: u.get("force") || "" };
+      $("passages").value = state.p.join("\n\n");
+      $("rate").value = state.rate === null ? "" : String(state.rate);
+      $("force").value = state.force;
+      if (state.p.length) await compress(state); else say("");
+      return;
+    }
     $("lexical-label").hidden = !(info.defaults.lexical_weight > 0);
     $("threshold").placeholder = String(info.defaults.threshold);
     const state = readUrl();
@@ -277,6 +378,12 @@
   $("form").addEventListener("submit", (event) => {
     event.preventDefault();
     if (!info) { start(); return; }
+    if (compressing()) {
+      const state = readCompressForm();
+      if (!state.p.length) { say("a prompt is needed", true); return; }
+      compress(state);
+      return;
+    }
     const state = readForm();
     if (!state.q || !state.p.length) { say("a question and at least one passage are needed", true); return; }
     run(state);
