@@ -70,7 +70,7 @@ def choose_lingua_precision(
         compressors = _load(folders, threads)
         candidates = gate_candidates(compressors, log)
         chunks = _chunks(compressors["fp32"], TEXTS)
-        batches = math.ceil(len(chunks) / _batch_chunks())
+        batches = math.ceil(len(chunks) / min(c.batch_chunks for c in compressors.values()))
         log(
             f"auto: timing {len(compressors)} precisions over {batches} batches, {repeats} interleaved rounds ..."
         )
@@ -206,9 +206,3 @@ def _passes(compressors: dict[str, Any], chunks: list) -> dict[str, Callable[[],
         return run
 
     return {p: one_pass(c) for p, c in compressors.items()}
-
-
-def _batch_chunks() -> int:
-    from engine.compressor import BATCH_CHUNKS
-
-    return BATCH_CHUNKS

@@ -114,6 +114,8 @@ def render_text_config(name: str, core: str, opts, tokenizer_kind: str = "unknow
                 "max_chars": str(opts.text_max_chars),
                 "core_timeout_ms": str(opts.core_timeout_ms),
                 "prune_compressor": "true",
+                # chunks per request to the core: one at a time to a CPU core (no padding), 16 to a GPU
+                "batch_chunks": "16" if opts.target == "gpu-onnx" else "1",
                 "tokenizer_kind": tokenizer_kind,
             }
         )

@@ -418,6 +418,9 @@ class OrtTokenProbs:
                 f"{self.graph}: ONNX Runtime cannot load the graph ({type(exc).__name__}: {exc})"
             ) from exc
         self.provider = self.session.get_providers()[0]
+        #: chunks per run: one at a time on the CPU (no padding; engine.compressor.BATCH_CHUNKS says
+        #: why), else None: the Compressor's batches
+        self.batch_chunks = 1 if self.provider == "CPUExecutionProvider" else None
         if device == "cuda":
             check_cuda_ran(self.provider, self.session.get_providers(), missing)
         inputs = [i.name for i in self.session.get_inputs()]

@@ -73,6 +73,8 @@ class TorchTokenProbs:
     """A token classifier in PyTorch (LLMLingua-2): the probability of label 1 per token."""
 
     name = "torch"
+    #: chunks per run: one at a time, on the CPU (engine.compressor.BATCH_CHUNKS says why)
+    batch_chunks = 1
 
     def __init__(self, model: Any, threads: int | None = None):
         import torch

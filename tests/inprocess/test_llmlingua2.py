@@ -314,3 +314,32 @@ def test_loading_a_checkpoint_says_nothing_of_transformers_resize(lingua_checkpo
     out, err = capfd.readouterr()
     assert "multivariate normal" not in caplog.text + out + err
     assert "Loading weights" not in out + err
+
+
+def test_on_a_cpu_each_chunk_runs_alone_and_a_gpus_core_gets_padded_batches(onnx_compressors):
+    """A CPU is busy with one sequence: each chunk runs alone at its own length (no padding); a
+    core that does not say (a GPU's, Triton's) gets batches of BATCH_CHUNKS padded to their longest,
+    and the words kept are the same."""
+    from engine.compressor import BATCH_CHUNKS, Compressor
+
+    cpu = onnx_compressors["xlm-roberta", "fp32"]
+    shapes = []
+
+    class Spy:
+        def __init__(self, core, batch_chunks):
+            self.core, self.batch_chunks = core, batch_chunks
+
+        def token_probs(self, ids, mask):
+            shapes.append((ids.shape, int(mask.sum())))
+            return self.core.token_probs(ids, mask)
+
+    text, options = CASES["long-chunks"]
+    alone = Compressor(cpu.tokenizer, Spy(cpu.core, cpu.core.batch_chunks), cpu.count.encoding)
+    assert cpu.core.batch_chunks == alone.batch_chunks == 1
+    want = alone.compress([text, LONG_CJK], **options)
+    assert len(shapes) >= 4 and all(rows == 1 and tokens == width for (rows, width), tokens in shapes)
+    shapes.clear()
+    batched = Compressor(cpu.tokenizer, Spy(cpu.core, None), cpu.count.encoding)
+    assert batched.batch_chunks == BATCH_CHUNKS
+    assert batched.compress([text, LONG_CJK], **options) == want
+    assert len(shapes) == 1 and shapes[0][0][0] >= 4 and shapes[0][1] < shapes[0][0][0] * shapes[0][0][1]

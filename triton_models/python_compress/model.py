@@ -66,8 +66,14 @@ class TritonPythonModel:
         core = _BLSTokenProbs(params["core_model"], int(params.get("core_timeout_ms", "60000")) * 1000)
         limits = Limits(max_passages=int(params["max_passages"]), max_chars=int(params["max_chars"]))
         # tiktoken's cl100k_base: where TIKTOKEN_CACHE_DIR points, or tiktoken's download
+        # chunks per BLS request: 1 in front of a CPU core (no padding), more for a GPU's
+        batch_chunks = int(params.get("batch_chunks", "16"))
         self.compressor = Compressor(
-            LinguaTokenizer.from_folder(folder), core, tiktoken_encoding("gpt-3.5-turbo"), limits
+            LinguaTokenizer.from_folder(folder),
+            core,
+            tiktoken_encoding("gpt-3.5-turbo"),
+            limits,
+            batch_chunks,
         )
 
     def _answer(self, request):
