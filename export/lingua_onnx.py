@@ -146,9 +146,8 @@ def export_lingua(checkpoint: str | Path, out: Path, opts: Any, log: Callable[[s
         checks.parity(fp32, "fp32", opts.tolerance)
         graph, details = convert(fp32, work, config, opts, external, checks, log)
         if opts.precision in ("int8", "fp16"):
-            optimized = (
-                opts.optimize and opts.precision == "int8"
-            )  # fp16's conversion optimizes the plain graph
+            # the fp32 graph the candidate was made from (fp16's conversion optimizes the plain one)
+            optimized = opts.optimize and opts.precision == "int8"
             base = work / "optimized" / "model.onnx" if optimized else fp32
             details["gate"] = gate_graph(tokenizer, encoding, base, graph, log, opts.precision)
         stage = work / "out"
@@ -302,18 +301,16 @@ def convert(
     return current, details
 
 
-def gate_graph(
-    tokenizer: Any, encoding: Any, fp32: Path, int8: Path, log, precision: str = "int8"
-) -> dict[str, Any]:
-    """INT8's (or fp16's: `precision`) word decisions against the fp32 graph's (`fp32`: the optimized
-    one where there is one) on the built-in texts (engine.fidelity_check.lingua_gate); ExportError
-    when they fail the gate."""
+def gate_graph(tokenizer: Any, encoding: Any, fp32: Path, graph: Path, log, precision: str) -> dict[str, Any]:
+    """The word decisions of `graph` (INT8's or fp16's: `precision`) against the fp32 graph's
+    (`fp32`: the one it was made from) on the built-in texts (engine.fidelity_check.lingua_gate);
+    ExportError when they fail the gate."""
     from engine.backends.onnxruntime import OrtTokenProbs
     from engine.compressor import Compressor
     from engine.fidelity_check import lingua_gate
 
     base = Compressor(tokenizer, OrtTokenProbs(fp32), encoding)
-    candidate = Compressor(tokenizer, OrtTokenProbs(int8), encoding)
+    candidate = Compressor(tokenizer, OrtTokenProbs(graph), encoding)
     log(
         f"gating the {precision} graph against fp32 on word decisions ({len(TEXTS)} texts, rates {GATE_RATES}) ..."
     )

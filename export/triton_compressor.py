@@ -24,23 +24,13 @@ from engine.backends.onnxruntime import SHRINK_ABOVE_TOKENS
 from engine.errors import ExportError
 from engine.pipeline.lingua_words import LinguaTokenizer
 from engine.pipeline.spec import CompressorManifest
+from export.triton_config import joins_requests, parameters, tensor
 from triton_models import COMPRESS, CORE, template
 
 #: the targets a compressor serves on
 TARGETS = ("cpu", "gpu-onnx")
 #: the model's window: llmlingua cuts chunks at 512 tokens with CLS and SEP
 MAX_LENGTH = 512
-
-
-def _tensor(name: str, dtype: str, dims: str) -> str:
-    return f'  {{\n    name: "{name}"\n    data_type: {dtype}\n    dims: [ {dims} ]\n  }}'
-
-
-def _parameters(params: dict[str, str]) -> str:
-    return "\n".join(
-        f'parameters: {{\n  key: "{k}"\n  value: {{ string_value: {json.dumps(v)} }}\n}}'
-        for k, v in params.items()
-    )
 
 
 def check_options(manifest: CompressorManifest, opts) -> None:
@@ -68,8 +58,8 @@ def render_core_config(
     name: str, manifest: CompressorManifest, opts, pad_id: int, text_model: str | None
 ) -> str:
     """The core model's config.pbtxt."""
-    inputs = ",\n".join(_tensor(n, "TYPE_INT64", "-1") for n in ("input_ids", "attention_mask"))
-    outputs = _tensor("token_probs", "TYPE_FP32", "-1")
+    inputs = ",\n".join(tensor(n, "TYPE_INT64", "-1") for n in ("input_ids", "attention_mask"))
+    outputs = tensor("token_probs", "TYPE_FP32", "-1")
     gpu = opts.target == "gpu-onnx"
     params = {
         "pad_id": str(pad_id),
@@ -81,10 +71,7 @@ def render_core_config(
         "ort_shrink_above_tokens": str(SHRINK_ABOVE_TOKENS),
     }
     if not gpu:
-        # an INT8 graph quantizes its activations per batch: its requests run alone (as the pruners')
-        join = opts.join_requests == "always" or (
-            opts.join_requests == "auto" and manifest.precision != "int8"
-        )
+        join = joins_requests(manifest.precision, opts.join_requests)  # INT8's requests run alone
         params.update(join_requests="true" if join else "false", runtime="onnxruntime", graph="model.onnx")
     if text_model:
         params["prune_text_model"] = text_model
@@ -95,7 +82,7 @@ def render_core_config(
         f"input [\n{inputs}\n]\noutput [\n{outputs}\n]\n"
         f"dynamic_batching {{\n  max_queue_delay_microseconds: {opts.max_queue_delay_us}\n}}\n"
         f"instance_group [ {{ count: {opts.instances} kind: {'KIND_GPU' if gpu else 'KIND_CPU'} }} ]\n"
-        f"version_policy: {{ latest: {{ num_versions: 1 }} }}\n" + _parameters(params) + "\n"
+        f"version_policy: {{ latest: {{ num_versions: 1 }} }}\n" + parameters(params) + "\n"
     )
 
 
@@ -103,11 +90,11 @@ def render_text_config(name: str, core: str, opts, tokenizer_kind: str = "unknow
     """The text model's config.pbtxt: one JSON call in, its JSON result out."""
     return (
         f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
-        f"input [\n{_tensor('request', 'TYPE_STRING', '1')}\n]\n"
-        f"output [\n{_tensor('result', 'TYPE_STRING', '1')}\n]\n"
+        f"input [\n{tensor('request', 'TYPE_STRING', '1')}\n]\n"
+        f"output [\n{tensor('result', 'TYPE_STRING', '1')}\n]\n"
         f"instance_group [ {{ count: {opts.text_instances} kind: KIND_CPU }} ]\n"
         f"version_policy: {{ latest: {{ num_versions: 1 }} }}\n"
-        + _parameters(
+        + parameters(
             {
                 "core_model": core,
                 "max_passages": str(opts.text_max_passages),

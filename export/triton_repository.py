@@ -31,9 +31,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from engine.backends.onnxruntime import SHRINK_ABOVE_TOKENS
+from engine.compressor import is_compressor
 from engine.errors import ExportError
 from engine.pipeline.spec import RUNTIMES as MANIFEST_RUNTIMES
-from engine.pipeline.spec import COMPRESSOR, Manifest
+from engine.pipeline.spec import MANIFEST, Manifest
+from export.triton_config import joins_requests, parameters, tensor
 from triton_models import CORE, TEXT, template
 from engine.settings import DEFAULTS, checked
 from engine.triton.wire import (
@@ -108,26 +110,14 @@ def warmup_lengths(buckets: list[int]) -> list[int]:
     return sorted({buckets[0], buckets[len(buckets) // 2], buckets[-1]})
 
 
-def _tensor(name: str, dtype: str, dims: str, reshape: str = "", optional: bool = False) -> str:
-    extra = "\n    optional: true" if optional else ""
-    return f'  {{\n    name: "{name}"\n    data_type: {dtype}\n    dims: [ {dims} ]{reshape}{extra}\n  }}'
-
-
-def _parameters(params: dict[str, str]) -> str:
-    return "\n".join(
-        f'parameters: {{\n  key: "{k}"\n  value: {{ string_value: {json.dumps(v)} }}\n}}'
-        for k, v in params.items()
-    )
-
-
 def render_text_config(name: str, core: str, manifest: Manifest, opts: RepositoryOptions) -> str:
     """config.pbtxt of the text model `name` in front of the core model `core`."""
     inputs = ",\n".join(
-        _tensor(n, _TRITON_TYPES[t], ", ".join(map(str, d)), optional=True)
+        tensor(n, _TRITON_TYPES[t], ", ".join(map(str, d)), optional=True)
         for n, (t, d) in TEXT_INPUTS.items()
     )
     outputs = ",\n".join(
-        _tensor(n, _TRITON_TYPES[t], ", ".join(map(str, d)))
+        tensor(n, _TRITON_TYPES[t], ", ".join(map(str, d)))
         for n, (t, d) in {**TEXT_OUTPUTS, **DESCRIBE_OUTPUTS}.items()
     )
     params = {
@@ -143,27 +133,18 @@ def render_text_config(name: str, core: str, manifest: Manifest, opts: Repositor
         f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
         f"input [\n{inputs}\n]\noutput [\n{outputs}\n]\n"
         f"instance_group [ {{ count: {opts.text_instances} kind: KIND_CPU }} ]\n"
-        f"version_policy: {{ latest: {{ num_versions: 1 }} }}\n" + _parameters(params) + "\n"
+        f"version_policy: {{ latest: {{ num_versions: 1 }} }}\n" + parameters(params) + "\n"
     )
-
-
-def joins_requests(manifest: Manifest, opts: RepositoryOptions) -> bool:
-    """Whether the cpu core runs the requests the dynamic batcher groups as one padded batch.
-    An INT8 graph quantizes its activations with scales taken over the whole batch, so a
-    joined run makes each answer depend on the requests beside it: "auto" runs them alone."""
-    if opts.join_requests == "auto":
-        return manifest.precision != "int8"
-    return opts.join_requests == "always"
 
 
 def render_config(name: str, manifest: Manifest, opts: RepositoryOptions, text_model: str | None) -> str:
     """The core model's config.pbtxt."""
-    inputs = ",\n".join(_tensor(n, "TYPE_INT64", "-1") for n in manifest.inputs)
+    inputs = ",\n".join(tensor(n, "TYPE_INT64", "-1") for n in manifest.inputs)
     # rerank_score is [B]: exposed as [B, 1] with the model's own shape [B] (reshape [])
     outputs = ",\n".join(
         [
-            _tensor("rerank_score", "TYPE_FP32", "1", "\n    reshape: { shape: [ ] }"),
-            _tensor("sentence_probs", "TYPE_FP32", "-1"),
+            tensor("rerank_score", "TYPE_FP32", "1", "\n    reshape: { shape: [ ] }"),
+            tensor("sentence_probs", "TYPE_FP32", "-1"),
         ]
     )
     if opts.target == "cpu-openvino":
@@ -189,7 +170,9 @@ def render_config(name: str, manifest: Manifest, opts: RepositoryOptions, text_m
         "ort_shrink_above_tokens": str(SHRINK_ABOVE_TOKENS),
     }
     if opts.target == "cpu":
-        params["join_requests"] = "true" if joins_requests(manifest, opts) else "false"
+        params["join_requests"] = (
+            "true" if joins_requests(manifest.precision, opts.join_requests) else "false"
+        )
         runtime = core_runtime(manifest, opts)
         params["runtime"] = runtime
         params["graph"] = core_graph(manifest)
@@ -197,7 +180,7 @@ def render_config(name: str, manifest: Manifest, opts: RepositoryOptions, text_m
             params["inference_precision"] = "bf16" if opts.inference_precision == "bf16" else "f32"
     if text_model:
         params["prune_text_model"] = text_model
-    param_text = _parameters(params)
+    param_text = parameters(params)
     accel = ""
     if opts.target == "gpu-onnx" and opts.trt_accelerator:
         accel = (
@@ -261,9 +244,9 @@ def render_openvino_config(
     to it (ENABLE_BATCH_PADDING; its src/openvino.cc), so the client's own batches (the
     token budget, at the length buckets) go to it as they are, one run each, on
     `instances` instances of one stream each (its latency setting)."""
-    inputs = ",\n".join(_tensor(n, "TYPE_INT64", "-1, -1") for n in manifest.inputs)
+    inputs = ",\n".join(tensor(n, "TYPE_INT64", "-1, -1") for n in manifest.inputs)
     outputs = ",\n".join(
-        [_tensor("rerank_score", "TYPE_FP32", "-1"), _tensor("sentence_probs", "TYPE_FP32", "-1, -1")]
+        [tensor("rerank_score", "TYPE_FP32", "-1"), tensor("sentence_probs", "TYPE_FP32", "-1, -1")]
     )
     params = {"NUM_STREAMS": "1", "PERFORMANCE_HINT": "LATENCY"}
     if opts.intra_op_threads:
@@ -280,7 +263,7 @@ def render_openvino_config(
         f"max_batch_size: 0\ninput [\n{inputs}\n]\noutput [\n{outputs}\n]\n"
         f"instance_group [ {{ count: {opts.instances} kind: KIND_CPU }} ]\n"
         f"version_policy: {{ latest: {{ num_versions: 1 }} }}\n"
-        f"{_warmup(manifest, batched=False)}" + _parameters(params) + "\n"
+        f"{_warmup(manifest, batched=False)}" + parameters(params) + "\n"
     )
 
 
@@ -309,24 +292,16 @@ def with_preferred_runtime(manifest: Manifest, opts: RepositoryOptions, log=prin
     return replace(opts, runtime=runtime, inference_precision=precision)
 
 
-def is_compressor_export(folder: Path) -> bool:
-    """Whether `folder` holds an LLMLingua-2 export (its manifest's kind says compressor)."""
-    try:
-        return json.loads((folder / "manifest.json").read_text(encoding="utf-8")).get("kind") == COMPRESSOR
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def build_repository(model_folder: str | Path, out: str | Path, opts: RepositoryOptions, log=print) -> Path:
     """Write (or add to) a model repository; returns the model's folder."""
     model_folder = Path(model_folder)
-    if is_compressor_export(model_folder):  # an LLMLingua-2 export: its own two models
+    name = opts.name or model_folder.name
+    if not name.replace("-", "").replace("_", "").isalnum():
+        raise ExportError(f"model name {name!r}: use letters, digits, - and _")
+    text_name = name + TEXT_SUFFIX if opts.text_model else None
+    if (model_folder / MANIFEST).is_file() and is_compressor(model_folder):  # an LLMLingua-2 export
         from export.triton_compressor import build_compressor_repository
 
-        name = opts.name or model_folder.name
-        if not name.replace("-", "").replace("_", "").isalnum():
-            raise ExportError(f"model name {name!r}: use letters, digits, - and _")
-        text_name = name + TEXT_SUFFIX if opts.text_model else None
         return build_compressor_repository(model_folder, Path(out), name, text_name, opts, log)
     manifest = Manifest.read(model_folder)
     if opts.target not in TARGETS:
@@ -374,9 +349,6 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
             f"note: {opts.target} joins the requests its dynamic batcher groups; with an INT8 graph an answer "
             "can move slightly with its batch company (the cpu target runs them alone)"
         )
-    name = opts.name or model_folder.name
-    if not name.replace("-", "").replace("_", "").isalnum():
-        raise ExportError(f"model name {name!r}: use letters, digits, - and _")
     if opts.text_model and opts.text_instances < 1:
         raise ExportError("text_instances must be >= 1")
     if opts.text_model and (opts.text_max_passages < 1 or opts.text_max_chars < 1):
@@ -387,7 +359,6 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
     except FileNotFoundError as exc:
         raise ExportError(str(exc)) from exc
     model_dir = Path(out) / name
-    text_name = name + TEXT_SUFFIX if opts.text_model else None
     existing = [d for d in (model_dir, Path(out) / (text_name or "")) if d != Path(out) and d.exists()]
     if existing and not opts.overwrite:
         raise ExportError(f"{', '.join(map(str, existing))} exists: --overwrite replaces it")

@@ -12,7 +12,6 @@ generator so that the caller's random state is left alone); an export carries th
 from __future__ import annotations
 
 import logging
-
 from pathlib import Path
 
 import torch
@@ -30,7 +29,6 @@ def load_classifier(folder: str | Path, vocabulary: int, attn: str | None = None
     attention implementation (the export traces "eager", the one ONNX Runtime's optimizer fuses;
     None: transformers' default, as llmlingua loads it)."""
     from transformers import AutoModelForTokenClassification
-
     from transformers.utils import logging as hf_logging
 
     check_folder(folder)

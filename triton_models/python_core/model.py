@@ -48,8 +48,10 @@ class _OnnxRuntime:
 
     name = "onnxruntime"
 
-    def __init__(self, path, params):
+    def __init__(self, path, params, output_names):
         import onnxruntime as ort
+
+        self.output_names = output_names
 
         opts = ort.SessionOptions()
         threads = int(params.get("intra_op_threads", "0") or 0)
@@ -91,8 +93,10 @@ class _OpenVino:
 
     name = "openvino"
 
-    def __init__(self, path, params):
+    def __init__(self, path, params, output_names):
         import openvino as ov
+
+        self.output_names = output_names
 
         core = ov.Core()
         precision = params.get("inference_precision", "f32")
@@ -128,10 +132,11 @@ class TritonPythonModel:
         runtime = params.get("runtime", "onnxruntime")
         if runtime not in RUNTIMES:
             raise ValueError(f"parameter runtime must be one of {sorted(RUNTIMES)}, got {runtime!r}")
-        self.runtime = RUNTIMES[runtime](os.path.join(folder, params.get("graph", "model.onnx")), params)
+        # what the config declares: rerank_score and sentence_probs, or a compressor's token_probs
+        outputs = [o["name"] for o in self.config["output"]]
+        graph = os.path.join(folder, params.get("graph", "model.onnx"))
+        self.runtime = RUNTIMES[runtime](graph, params, outputs)
         self.input_names = self.runtime.input_names
-        # what the config declares (rerank_score and sentence_probs, or a compressor's token_probs)
-        self.runtime.output_names = [o["name"] for o in self.config["output"]]
         # false: each request of a dynamic batch runs alone, so its answer never depends on
         # the requests beside it (INT8 scales are taken per batch; export/triton_repository.py)
         self.join = params.get("join_requests", "true") == "true"
