@@ -17,7 +17,9 @@ counts), compressed at one rate with force tokens ("\\n", "?" by default). Each 
 compresses each prompt once, untimed (its warm-up), with word labels: its compressed prompt is
 compared with the reference's (identical or not) and its word labels counted equal to the
 reference's. Then the prompt is compressed in `repeats` interleaved rounds (every path once a
-round: engine.machine.timing.interleave), medians; tokens/s = origin tokens / seconds. A path
+round: engine.machine.timing.interleave), medians; tokens/s = origin tokens / seconds. Each timed
+call's seconds in the model are clocked apart (ModelClock: the reference's module forward, the
+engine's core), so a row says how much of a call is the model and how much the text side. A path
 that cannot start or fails is listed as not measured, with the reason. The report
 (lingua_report.py) is bench.json and bench.md in the run's folder, with the command and machine.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -249,19 +252,70 @@ class LinguaSession:
         return folder
 
 
+class ModelClock:
+    """The seconds a path has spent in its model so far: the reference's PyTorch module between its
+    forward hooks, or an engine compressor's core (`token_probs`), whichever was attached."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._t0 = 0.0
+
+    def attach_module(self, module: Any) -> "ModelClock":
+        """Clock `module`'s forward calls (torch hooks, left on for the run)."""
+
+        def start(*_: Any) -> None:
+            self._t0 = time.perf_counter()
+
+        def stop(*_: Any) -> None:
+            self.seconds += time.perf_counter() - self._t0
+
+        module.register_forward_pre_hook(start)
+        module.register_forward_hook(stop)
+        return self
+
+    def attach_core(self, compressor: Any) -> "ModelClock":
+        """Clock `compressor.core.token_probs` (the core is wrapped, its other attributes passed on)."""
+        compressor.core = _ClockedCore(compressor.core, self)
+        return self
+
+
+class _ClockedCore:
+    def __init__(self, core: Any, clock: ModelClock):
+        self._core, self._clock = core, clock
+
+    def token_probs(self, *args: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self._core.token_probs(*args)
+        finally:
+            self._clock.seconds += time.perf_counter() - t0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._core, name)
+
+
 def _reference(s: LinguaSession) -> Compress:
     ref, o = s.reference(), s.options
-    return lambda prompt, **extra: ref.compress_prompt(
-        prompt, rate=o.rate, force_tokens=list(o.force_tokens), **extra
-    )
+
+    def run(prompt: str, **extra: Any) -> dict[str, Any]:
+        return ref.compress_prompt(prompt, rate=o.rate, force_tokens=list(o.force_tokens), **extra)
+
+    run.clock = s.once("reference clock", lambda: ModelClock().attach_module(ref.model))  # type: ignore[attr-defined]
+    return run
 
 
 def _engine(folder_of: Callable[[LinguaSession], Path]) -> Callable[[LinguaSession], Compress]:
     def start(s: LinguaSession) -> Compress:
-        compressor, o = s.compressor(folder_of(s)), s.options
-        return lambda prompt, **extra: compressor.compress(
-            prompt, rate=o.rate, force_tokens=list(o.force_tokens), **extra
-        ).to_dict()
+        folder, o = folder_of(s), s.options
+        compressor = s.compressor(folder)
+
+        def run(prompt: str, **extra: Any) -> dict[str, Any]:
+            return compressor.compress(
+                prompt, rate=o.rate, force_tokens=list(o.force_tokens), **extra
+            ).to_dict()
+
+        run.clock = s.once(("clock", str(folder)), lambda: ModelClock().attach_core(compressor))  # type: ignore[attr-defined]
+        return run
 
     return start
 
@@ -314,16 +368,23 @@ def measure_workload(
     from engine.machine.timing import interleave, medians
 
     checked = check(session, runners, w)
+    in_model: dict[str, list[float]] = {name: [] for name in checked}
 
-    def timed(run: Compress) -> Callable[[], None]:
+    def timed(name: str) -> Callable[[], None]:
+        run = runners[name]
+        clock = getattr(run, "clock", None)
+
         def call() -> None:
+            before = clock.seconds if clock else 0.0
             run(w.text)
+            if clock:
+                in_model[name].append(clock.seconds - before)
 
         return call
 
     session.log(f"{w.name}: {session.options.repeats} interleaved rounds of {len(checked)} paths ...")
     rounds = interleave(
-        {name: timed(runners[name]) for name in checked},
+        {name: timed(name) for name in checked},
         session.options.repeats,
         log=lambda m: session.log(f"{w.name}: {m}"),
     )
@@ -344,6 +405,8 @@ def measure_workload(
                 "seconds_median": seconds,
                 "tokens_per_s": w.tokens / seconds,
                 "vs_reference": ref / seconds if ref else None,
+                "model_seconds": in_model[p.name],
+                "model_seconds_median": statistics.median(in_model[p.name]) if in_model[p.name] else None,
                 **entry,
             }
         )

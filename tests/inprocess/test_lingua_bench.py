@@ -47,6 +47,8 @@ def test_the_compressor_bench_reports_every_path(lingua_checkpoints, lingua_expo
     ]
     for r in report["rows"]:
         assert r["tokens_per_s"] > 0 and len(r["seconds"]) == 1
+        # each call's seconds in the model, clocked apart: some, and never more than the call
+        assert len(r["model_seconds"]) == 1 and 0 < r["model_seconds"][0] <= r["seconds"][0], r
         if r["path"] in ("engine torch fp32", "engine onnxruntime fp32"):
             assert r["identical"] is True and r["word_agreement"] == 1.0, r
     assert (
@@ -59,6 +61,7 @@ def test_the_compressor_bench_reports_every_path(lingua_checkpoints, lingua_expo
     md = (run / "bench.md").read_text()
     assert md.startswith("# LLMLingua-2") and "prune bench --checkpoint" in md
     assert "| 150 tokens | engine onnxruntime fp32 |" in md and "| yes | 100.00% of" in md
+    assert "| in the model |" in md and "%) |" in md
     assert "Targets (reported, not asserted)" in md
 
 
