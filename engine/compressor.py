@@ -87,8 +87,10 @@ class Compressor:
         PyTorch on the CPU, or its export (manifest.json, model.onnx, tokenizer.json: `prune
         export`), run in ONNX Runtime with the engine's session settings (PRUNE_ORT_ARENA,
         PRUNE_ORT_DENORMALS; threads: PRUNE_INTRA_OP_THREADS when not given) on `device`: cpu, or
-        cuda (ONNX Runtime's CUDA provider: pip install 'prune-engine[gpu]'; an fp16 export is the
-        GPU's precision, which the CPU runs too, slowly)."""
+        cuda (ONNX Runtime's CUDA provider: pip install 'prune-engine[gpu]'). An fp16 export is the
+        GPU's precision, and on cuda runs as the GPU graph (engine.backends.gpu_graph.GpuTokenProbs:
+        one copy of the weights, batches of chunks padded to 64-512 tokens and captured as CUDA
+        graphs, at most PRUNE_GPU_GRAPHS shapes); the CPU runs it too, slowly."""
         folder = Path(model)
         if (folder / MANIFEST).is_file():
             return cls._load_export(folder, threads, device)
@@ -129,7 +131,7 @@ class Compressor:
 
     @classmethod
     def _load_export(cls, folder: Path, threads: int | None, device: str = "cpu") -> "Compressor":
-        from engine.backends.onnxruntime import OrtTokenProbs
+        from engine.backends.onnxruntime import OrtTokenProbs, require_cuda
 
         manifest = CompressorManifest.read(folder)
         tokenizer = LinguaTokenizer.from_folder(folder)
@@ -138,6 +140,12 @@ class Compressor:
                 f"{folder}: the graph has {manifest.embedding_rows} embedding rows, the tokenizer with "
                 f"llmlingua's added tokens {tokenizer.size}: the export and its tokenizer do not belong together"
             )
+        if device == "cuda" and manifest.precision == "fp16":
+            require_cuda()  # the error that names the fix, before a GPU thread is started
+            from engine.backends.gpu_graph import GpuTokenProbs  # one copy of the weights, CUDA graphs
+
+            return cls(tokenizer, GpuTokenProbs(folder / manifest.graph, max_graphs=setting("gpu_graphs")),
+                       tiktoken_encoding("gpt-3.5-turbo"))  # fmt: skip
         core = OrtTokenProbs(
             folder / manifest.graph,
             intra_op_threads=threads if threads is not None else setting("threads"),
@@ -215,7 +223,11 @@ class Compressor:
         return self.tokenizer.kind
 
     def close(self) -> None:
-        """Nothing to release (the session goes with the object); as Pruner.close."""
+        """Release what the core holds (the GPU graph's sessions, device weights and thread; an ONNX
+        Runtime or PyTorch session goes with the object); as Pruner.close."""
+        close = getattr(self.core, "close", None)
+        if close is not None:
+            close()
 
     def describe(self) -> str:
         """The model's runtime and tokenizer, in words."""

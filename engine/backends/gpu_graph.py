@@ -64,7 +64,12 @@ GRAPH_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 #: a shape not yet captured whose batches keep coming with no idle moment between them is
 #: captured on its next batch after this many (that batch waits for the capture)
 CAPTURE_AFTER = 8
+#: a pruner's outputs (the default); an LLMLingua-2 compressor's is ("token_probs",) (GpuTokenProbs)
 OUTPUTS = ("rerank_score", "sentence_probs")
+#: the lengths an LLMLingua-2 chunk (at most 512 tokens) is padded to on the GPU graph
+LINGUA_LENGTHS = (64, 128, 256, 384, 512)
+#: chunks per batch of the compressor's GPU graph (engine.compressor.BATCH_CHUNKS)
+LINGUA_ROWS = 16
 
 
 def graph_rows(limit: int) -> tuple[int, ...]:
@@ -75,11 +80,14 @@ def graph_rows(limit: int) -> tuple[int, ...]:
 
 class _Session:
     """One session and how it is run: a captured shape (`rows` x `length`, its inputs and
-    outputs bound once on the device), or the dynamic one (rows None: bound per batch)."""
+    outputs bound once on the device), or the dynamic one (rows None: bound per batch). Its
+    outputs are the graph's, in its order: [rows] or [rows, length] by their rank."""
 
     def __init__(self, ort: Any, session: Any, device: str, rows: int | None, length: int | None):
         self.session, self.rows, self.length = session, rows, length
         self.input_names = [i.name for i in session.get_inputs()]
+        self.output_names = [o.name for o in session.get_outputs()]
+        ranks = [len(o.shape) for o in session.get_outputs()]
         self.binding = session.io_binding()
         self.runs = 0
         self.inputs: dict[str, Any] = {}
@@ -92,27 +100,26 @@ class _Session:
             for n in self.input_names
         }
         self.outputs = [
-            ort.OrtValue.ortvalue_from_shape_and_type([rows], np.float32, *where),
-            ort.OrtValue.ortvalue_from_shape_and_type([rows, length], np.float32, *where),
+            ort.OrtValue.ortvalue_from_shape_and_type([rows, length][:rank], np.float32, *where)
+            for rank in ranks
         ]
         for name, value in self.inputs.items():
             self.binding.bind_ortvalue_input(name, value)
-        for name, value in zip(OUTPUTS, self.outputs):
+        for name, value in zip(self.output_names, self.outputs):
             self.binding.bind_ortvalue_output(name, value)
 
-    def run(self, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """The batch `feeds` (int64, this shape's) through the session; (rerank, probs)."""
+    def run(self, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+        """The batch `feeds` (int64, this shape's) through the session; its outputs."""
         self.runs += 1
         if self.rows is None:
             self.binding.clear_binding_inputs()
             self.binding.clear_binding_outputs()
             for name in self.input_names:
                 self.binding.bind_cpu_input(name, feeds[name])
-            for name in OUTPUTS:
+            for name in self.output_names:
                 self.binding.bind_output(name, "cpu")
             self.session.run_with_iobinding(self.binding)
-            rerank, probs = self.binding.copy_outputs_to_cpu()[:2]
-            return rerank, probs
+            return tuple(self.binding.copy_outputs_to_cpu())
         for name, value in self.inputs.items():
             value.update_inplace(feeds[name])
         self.binding.synchronize_inputs()  # the copies are done before the graph reads them
@@ -120,15 +127,16 @@ class _Session:
         self.binding.synchronize_outputs()
         # copies, made here: on the CPU provider numpy() may be a view of the bound buffer, which
         # the next batch overwrites while the caller still reads it
-        return np.array(self.outputs[0].numpy(), copy=True), np.array(self.outputs[1].numpy(), copy=True)
+        return tuple(np.array(value.numpy(), copy=True) for value in self.outputs)
 
 
 class GpuGraphBackend(Backend):
     """A GPU graph (an fp16 export, manifest `gpu_graph`) on ONNX Runtime's CUDA provider:
     one copy of the weights, a dynamic session, captured shapes, one GPU thread (see the
-    module doc). `ort_log_level` and `profile` (a file prefix: every session records ONNX
-    Runtime's profile) are for the GPU check (benchmarks/gpu_run/check.py); `ort`: the
-    onnxruntime module (a test may hand in a recording one)."""
+    module doc). `outputs`: the graph's output names (a pruner's, or a compressor's
+    ("token_probs",): GpuTokenProbs). `ort_log_level` and `profile` (a file prefix: every
+    session records ONNX Runtime's profile) are for the GPU check (benchmarks/gpu_run/check.py);
+    `ort`: the onnxruntime module (a test may hand in a recording one)."""
 
     name = "onnxruntime"
 
@@ -147,13 +155,14 @@ class GpuGraphBackend(Backend):
         profile: str | None = None,
         log: Any = None,
         ort: Any = None,
+        outputs: tuple[str, ...] = OUTPUTS,
     ):
         if ort is None:
             try:
                 import onnxruntime as ort
             except ImportError as exc:
                 raise ModelLoadError("onnxruntime is not installed: pip install 'prune-engine[gpu]'") from exc
-        self.ort, self.device = ort, device
+        self.ort, self.device, self.output_names = ort, device, tuple(outputs)
         self.source = Path(graph)
         if not self.source.is_file():
             raise ModelLoadError(f"{graph}: no ONNX graph")
@@ -191,6 +200,10 @@ class GpuGraphBackend(Backend):
         self.weights = SharedWeights(self.ort, self.source, self.device)
         self.dynamic = _Session(self.ort, self._session(None, None), self.device, None, None)
         self.input_names = self.dynamic.input_names
+        if tuple(self.dynamic.output_names) != self.output_names:
+            raise ModelLoadError(
+                f"{self.source}: outputs {self.dynamic.output_names}, not {list(self.output_names)}"
+            )
         self.provider = self.dynamic.session.get_providers()[0]
         self.say(
             f"GPU graph: {len(self.weights.values)} weights ({self.weights.bytes / 2**20:.0f} MiB) on "
@@ -273,7 +286,7 @@ class GpuGraphBackend(Backend):
             )
         return True
 
-    def _run(self, key: tuple[int, int], feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    def _run(self, key: tuple[int, int], feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
         shape = self.shapes.get(key)
         if shape is None and key in self.wanted and self.hits.get(key, 0) >= CAPTURE_AFTER:
             self.wanted.remove(key)  # a shape this busy is captured now, even with no idle moment
@@ -336,21 +349,30 @@ class GpuGraphBackend(Backend):
     def infer(self, batch: ModelBatch) -> tuple[np.ndarray, np.ndarray]:
         """(rerank_score [B], sentence_probs [B, L]) of one padded batch, run on the GPU
         thread in its captured shape, or on the dynamic session until that shape is made."""
-        n, length = batch.shape
-        key = self._shape_for(n, length)
-        feeds = {}
+        rerank, probs = self.run({name: getattr(batch, name) for name in self.input_names})
+        return rerank, probs
+
+    def run(self, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+        """The graph's outputs for one padded batch (`feeds`: each input, int64, [B, L] with L
+        one of the graph's lengths), each cut to the batch's B rows."""
+        missing = [name for name in self.input_names if name not in feeds]
+        if missing:
+            raise BackendError(f"the batch lacks the graph's inputs {missing}")
+        arrays = {}
         for name in self.input_names:
-            array = np.ascontiguousarray(getattr(batch, name))
+            array = np.ascontiguousarray(feeds[name])
             if array.dtype != np.int64:  # a bound input is copied byte for byte
                 raise BackendError(f"{name} must be int64, got {array.dtype}")
-            feeds[name] = array
+            arrays[name] = array
+        n, length = arrays[self.input_names[0]].shape
+        key = self._shape_for(n, length)
         try:
-            rerank, probs = self.gpu.call(self._run, key, feeds)
+            outputs = self.gpu.call(self._run, key, arrays)
         except BackendError:
             raise
         except Exception as exc:
-            raise BackendError(f"ONNX Runtime failed on a batch of shape {batch.shape}: {exc}") from exc
-        return rerank[:n].copy(), probs[:n].copy()
+            raise BackendError(f"ONNX Runtime failed on a batch of shape {(n, length)}: {exc}") from exc
+        return tuple(out[:n].copy() for out in outputs)
 
     def close(self) -> None:
         """Free every session and the device copy of the weights, and stop the GPU thread."""
@@ -382,3 +404,41 @@ class GpuGraphBackend(Backend):
             + (", CUDA graphs on" if self.cuda_graphs else "")
             + ", IO binding, one GPU thread)"
         )
+
+
+class GpuTokenProbs:
+    """An LLMLingua-2 fp16 export on the GPU graph (GpuGraphBackend: one copy of the weights on the
+    device, captured shapes, one GPU thread): each batch of chunks padded to the next of
+    LINGUA_LENGTHS (positions the attention mask leaves out, whose ids do not reach the others)
+    and run in the captured shape that holds its rows; `token_probs` as OrtTokenProbs's. `device`
+    "cpu" runs the same sessions on the CPU provider, without CUDA graphs (the tests)."""
+
+    name = "onnxruntime"
+    #: chunks per run: None, the Compressor's BATCH_CHUNKS (LINGUA_ROWS)
+    batch_chunks = None
+
+    def __init__(self, graph: str | Path, *, device: str = "cuda", **kwargs: Any):
+        self.lengths = LINGUA_LENGTHS
+        budget = BatchingConfig(max_batch_tokens=LINGUA_ROWS * self.lengths[-1], max_batch_size=LINGUA_ROWS)
+        self.backend = GpuGraphBackend(
+            graph, list(self.lengths), device=device, batching=budget, outputs=("token_probs",), **kwargs
+        )
+
+    def token_probs(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """The graph's token_probs (float32, [B, L]) of one batch padded to its longest chunk."""
+        n, length = input_ids.shape
+        i = bisect.bisect_left(self.lengths, length)
+        if i == len(self.lengths):
+            raise BackendError(f"a chunk of {length} tokens is longer than {self.lengths[-1]}")
+        pad = ((0, 0), (0, self.lengths[i] - length))
+        feeds = {"input_ids": np.pad(input_ids, pad), "attention_mask": np.pad(attention_mask, pad)}
+        (probs,) = self.backend.run(feeds)
+        return probs[:, :length]
+
+    def close(self) -> None:
+        """The backend's close: its sessions, the weights on the device, its thread."""
+        self.backend.close()
+
+    def describe(self) -> str:
+        """The backend's description, in words."""
+        return self.backend.describe()

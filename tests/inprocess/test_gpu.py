@@ -2,6 +2,8 @@
 the fp16 graph within 2e-2): runs where onnxruntime-gpu and a GPU are present
 (benchmarks/gpu.sh's machine), skips here with the reason."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -31,8 +33,9 @@ def test_cuda_matches_cpu(exported, family):
 
 
 def test_the_compressors_fp16_export_on_cuda_keeps_what_fp32_keeps_on_the_cpu(lingua_checkpoints, tmp_path):
-    """LLMLingua-2's fp16 export on the CUDA provider: its word labels >= 99% those of the fp32
-    export on the CPU (the export's own gate, here on the GPU)."""
+    """LLMLingua-2's fp16 export on the CUDA provider, as the GPU graph (captured shapes): its word
+    labels >= 99% those of the fp32 export on the CPU (the export's own gate, here on the GPU),
+    on the dynamic session and in the captured CUDA graphs."""
     from engine.compressor import Compressor
     from engine.fidelity_check import GATE, lingua_gate
     from export.lingua_onnx import TEXTS
@@ -43,6 +46,11 @@ def test_the_compressors_fp16_export_on_cuda_keeps_what_fp32_keeps_on_the_cpu(li
             export_model(folder, tmp_path / f"{layout}-{precision}", precision=precision, log=lambda m: None)
         cpu = Compressor.load(tmp_path / f"{layout}-fp32", threads=1)
         gpu = Compressor.load(tmp_path / f"{layout}-fp16", device="cuda")
-        assert "CUDAExecutionProvider" in gpu.describe()
-        report = lingua_gate(cpu, gpu, TEXTS, (0.33, 0.5))
-        assert report["agreement"] >= GATE["agreement"], (layout, report["reason"])
+        assert "CUDAExecutionProvider" in gpu.describe() and "GPU graph" in gpu.describe()
+        for _ in range(2):  # the first on the dynamic session, the second in captured CUDA graphs
+            report = lingua_gate(cpu, gpu, TEXTS, (0.33, 0.5))
+            assert report["agreement"] >= GATE["agreement"], (layout, report["reason"])
+            while gpu.core.backend.gpu.call(lambda: len(gpu.core.backend.wanted)):
+                time.sleep(0.05)  # the idle captures
+        assert gpu.core.backend.shapes and "CUDA graphs on" in gpu.describe()
+        gpu.close()

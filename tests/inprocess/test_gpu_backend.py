@@ -344,3 +344,64 @@ def test_a_backend_dropped_without_close_ends_its_thread(gpu_exports):
     gc.collect()
     thread.join(10)
     assert not thread.is_alive() and not folder.exists()
+
+
+@pytest.fixture(scope="module")
+def lingua_fp16(lingua_checkpoints, tmp_path_factory):
+    """Each layout's fp16 export (the GPU's precision)."""
+    from export.onnx import export_model
+
+    root = tmp_path_factory.mktemp("lingua-fp16")
+    for layout, folder in lingua_checkpoints.items():
+        export_model(folder, root / layout, precision="fp16", log=lambda m: None)
+    return {layout: root / layout for layout in lingua_checkpoints}
+
+
+@pytest.mark.parametrize("layout", ["xlm-roberta", "bert"])
+def test_the_compressors_gpu_graph_keeps_the_words_its_session_keeps(lingua_fp16, layout, tiktoken_offline):
+    """LLMLingua-2's fp16 export on the GPU graph (GpuTokenProbs, here on the CPU provider): chunks
+    padded to the graph's lengths and to its captured rows give the token probabilities of the same
+    graph on a plain ONNX Runtime session (which runs each chunk at its own length), so the same
+    words; the batches run in captured shapes once they are made."""
+    from engine.backends.gpu_graph import LINGUA_LENGTHS, GpuTokenProbs, graph_rows
+    from engine.compressor import Compressor
+    from engine.pipeline.lingua_decide import CompressOptions, plan
+    from tests.utils import CASES
+
+    session = Compressor.load(lingua_fp16[layout], threads=THREADS)
+    core = GpuTokenProbs(lingua_fp16[layout] / "model.onnx", device="cpu", threads=THREADS)
+    graph = Compressor(session.tokenizer, core, session.count.encoding)
+    try:
+        assert graph.batch_chunks == 16 and "GPU graph" in graph.describe()
+        for rounds in range(2):  # the first on the dynamic session, the second in captured shapes
+            for name, (context, options) in CASES.items():
+                a = session.compress(context, **options, return_word_label=True).to_dict()
+                b = graph.compress(context, **options, return_word_label=True).to_dict()
+                assert a == b, (name, rounds)
+            settled(core.backend)
+        # the probabilities themselves: a padded position the mask let through moves them by 4e-3
+        texts = [CASES["long-chunks"][0], CASES["en-rate-force"][0], *CASES["contexts-default"][0]]
+        chunks = [
+            c for cs in plan(session.tokenizer, texts, CompressOptions(), session.count).chunks for c in cs
+        ]
+        assert len(chunks) > 3
+        for x, y in zip(session._token_probs(chunks), graph._token_probs(chunks)):
+            np.testing.assert_allclose(x, y, atol=1e-4)
+        shapes = core.backend.shapes
+        assert shapes and all(n in LINGUA_LENGTHS and r in graph_rows(16) for r, n in shapes)
+        assert sum(s.runs for s in shapes.values()) > len(shapes)  # captured shapes ran batches
+    finally:
+        graph.close()
+    assert not core.backend.gpu.thread.is_alive()  # Compressor.close stopped the GPU thread
+    with pytest.raises(BackendError, match="longer than 512"):
+        GpuTokenProbs.token_probs(core, np.zeros((1, 513), np.int64), np.ones((1, 513), np.int64))
+
+
+def test_the_compressor_on_cuda_without_onnxruntime_gpu_names_the_fix(lingua_fp16):
+    from engine.compressor import Compressor
+    from engine.errors import ModelLoadError
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("this onnxruntime has the CUDA provider: tests/inprocess/test_gpu.py runs it")
+    with pytest.raises(ModelLoadError, match=r"prune-engine\[gpu\]"):
+        Compressor.load(lingua_fp16["bert"], device="cuda")
