@@ -11,6 +11,12 @@ The paths (group "compressor"; `--paths` selects them by name or id, as prune be
 - `engine onnxruntime auto`: the `--precision auto` export (`--auto-export`, else made here from
   the fp32 one: export/lingua_auto.py), whichever precision it picked on this machine.
 
+With `device` "cuda" (`--device cuda`) the paths are the GPU's: the reference with
+`device_map="cuda"` (PyTorch fp32, its own batches of 50 chunks padded to 512), the fp32 export on
+ONNX Runtime's CUDA provider (padded batches of 16 chunks), and the fp16 export (`--fp16`, else
+exported here) on the GPU graph (engine.backends.gpu_graph.GpuTokenProbs: captured shapes, CUDA
+graphs).
+
 The workloads: the data file's contexts (engine.datafiles.load_contexts), in order, joined by
 "\\n" until each prompt holds its token count (tiktoken's gpt-3.5-turbo, which origin_tokens
 counts), compressed at one rate with force tokens ("\\n", "?" by default). Each path first
@@ -39,6 +45,8 @@ from typing import Any, Callable
 from engine.bench.session import BenchPath
 
 REFERENCE = "llmlingua PromptCompressor (reference)"
+#: the GPU's engine paths (--device cuda)
+CUDA_FP32, GPU_GRAPH = "engine onnxruntime cuda fp32", "engine gpu graph fp16"
 #: the separators the word labels are read with (characters no prompt holds)
 WORD_SEP, LABEL_SEP = "\x1e", "\x1f"
 
@@ -60,6 +68,8 @@ class LinguaBenchOptions:
     auto: Path | None = None  # a --precision auto export (None: made into `exports` from fp32)
     exports: Path | None = None  # where the exports made here go (None: a temporary folder)
     only: str | None = None  # a regular expression on the paths' names and ids
+    device: str = "cpu"  # "cuda": the GPU's paths (lingua_registry)
+    fp16: Path | None = None  # an fp16 export of the checkpoint (None: exported into `exports`)
 
     def __post_init__(self):
         if self.repeats < 1 or not self.tokens or min(self.tokens) < 1:
@@ -169,23 +179,26 @@ class LinguaSession:
             if self.options.threads:
                 torch.set_num_threads(self.options.threads)
             return PromptCompressor(
-                model_name=str(self.options.checkpoint), use_llmlingua2=True, device_map="cpu"
+                model_name=str(self.options.checkpoint), use_llmlingua2=True, device_map=self.options.device
             )
 
         return self.once("reference", make)
 
     def compressor(self, folder: Path) -> Any:
-        """The engine's Compressor on `folder` (the checkpoint: PyTorch; an export: ONNX Runtime)."""
+        """The engine's Compressor on `folder` (the checkpoint: PyTorch on the CPU; an export: ONNX
+        Runtime on the options' device)."""
         from engine.compressor import Compressor
 
+        device = self.options.device if (Path(folder) / "manifest.json").is_file() else "cpu"
         return self.once(
-            ("compressor", str(folder)), lambda: Compressor.load(folder, threads=self.options.threads)
+            ("compressor", str(folder)),
+            lambda: Compressor.load(folder, threads=self.options.threads, device=device),
         )
 
     def export(self, which: str) -> Path:
-        """The fp32 or auto export: the options' folder, else made here (auto from the fp32 one)."""
+        """The fp32, fp16 or auto export: the options' folder, else made here (auto from the fp32 one)."""
         o = self.options
-        given = o.fp32 if which == "fp32" else o.auto
+        given = {"fp32": o.fp32, "fp16": o.fp16, "auto": o.auto}[which]
         if given is not None:
             return self.once(("given", which), lambda: self._belongs(given, which))
         if which in self._failed:
@@ -198,13 +211,14 @@ class LinguaSession:
 
     def _belongs(self, folder: Path, which: str) -> Path:
         """`folder`, the `which` export given, once checked: of the checkpoint (its weights' sha256),
-        fp32 (--model) or made by --precision auto (--auto-export)."""
+        fp32 (--model), fp16 (--fp16) or made by --precision auto (--auto-export)."""
         from engine.pipeline.spec import CompressorManifest
         from export.lingua_onnx import weights_sha256
 
         manifest = CompressorManifest.read(folder)
-        if which == "fp32" and manifest.precision != "fp32":
-            raise ValueError(f"--model {folder} is an {manifest.precision} export, not fp32")
+        for kind, flag in (("fp32", "--model"), ("fp16", "--fp16")):
+            if which == kind and manifest.precision != kind:
+                raise ValueError(f"{flag} {folder} is an {manifest.precision} export, not {kind}")
         if which == "auto" and "auto" not in manifest.data:
             raise ValueError(f"--auto-export {folder} was not made by prune export --precision auto")
         if "sha256" not in self._cache:
@@ -217,7 +231,8 @@ class LinguaSession:
         """The fp32 and auto exports this run used (given, or made here), by name."""
         o = self.options
         made = {k[1]: v for k, v in self._cache.items() if isinstance(k, tuple) and k[0] == "export"}
-        return {**{w: f for w, f in (("fp32", o.fp32), ("auto", o.auto)) if f is not None}, **made}
+        given = (("fp32", o.fp32), ("fp16", o.fp16), ("auto", o.auto))
+        return {**{w: f for w, f in given if f is not None}, **made}
 
     def a_compressor(self) -> Any | None:
         """One of the engine's compressors started so far (they share the tokenizer), or None."""
@@ -233,10 +248,10 @@ class LinguaSession:
         t0 = time.perf_counter()
         self.log(f"exporting {which} into {folder} ...")
         indented = lambda m: self.log("    " + m)  # noqa: E731
-        if which == "fp32":
+        if which in ("fp32", "fp16"):
             from export.onnx import export_model
 
-            export_model(self.options.checkpoint, folder, family="llmlingua2", precision="fp32", log=indented)
+            export_model(self.options.checkpoint, folder, family="llmlingua2", precision=which, log=indented)
         else:
             from export.lingua_auto import choose_lingua_precision
 
@@ -267,7 +282,13 @@ class ModelClock:
             self._t0 = time.perf_counter()
 
         def stop(*_: Any) -> None:
+            if cuda:  # the kernels launched, finished
+                torch.cuda.synchronize()
             self.seconds += time.perf_counter() - self._t0
+
+        import torch
+
+        cuda = any(p.is_cuda for p in module.parameters())
 
         module.register_forward_pre_hook(start)
         module.register_forward_hook(stop)
@@ -320,8 +341,14 @@ def _engine(folder_of: Callable[[LinguaSession], Path]) -> Callable[[LinguaSessi
     return start
 
 
-def lingua_registry() -> list[BenchPath]:
-    """The compressor's paths, in report order; nothing is started."""
+def lingua_registry(device: str = "cpu") -> list[BenchPath]:
+    """The compressor's paths on `device` (cpu or cuda), in report order; nothing is started."""
+    if device == "cuda":
+        return [
+            BenchPath(REFERENCE, "compressor", _reference),
+            BenchPath(CUDA_FP32, "compressor", _engine(lambda s: s.export("fp32")), "fp32"),
+            BenchPath(GPU_GRAPH, "compressor", _engine(lambda s: s.export("fp16")), "fp16"),
+        ]
     return [
         BenchPath(REFERENCE, "compressor", _reference),
         BenchPath("engine torch fp32", "compressor", _engine(lambda s: s.options.checkpoint), "checkpoint"),
@@ -420,7 +447,7 @@ def bench_lingua(o: LinguaBenchOptions, log: Callable[[str], None] = print) -> d
     from engine.datafiles import load_contexts
     from engine.pipeline.budget import tiktoken_encoding
 
-    paths = select(lingua_registry(), o.only)
+    paths = select(lingua_registry(o.device), o.only)
     encoding = tiktoken_encoding("gpt-3.5-turbo")
     work = workloads(
         load_contexts(o.data), o.tokens, lambda t: len(encoding.encode(t, disallowed_special=()))
@@ -428,7 +455,7 @@ def bench_lingua(o: LinguaBenchOptions, log: Callable[[str], None] = print) -> d
     session = LinguaSession(o, log)
     with session.stack:
         for p in paths:  # the exports before any model is loaded: less memory at once
-            if p.graph in ("fp32", "auto"):
+            if p.graph in ("fp32", "fp16", "auto"):
                 try:
                     session.export(p.graph)
                 except Exception as exc:

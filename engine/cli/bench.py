@@ -29,7 +29,8 @@ def add(new) -> None:
     b.add_argument(
         "--fp16",
         help="exported fp16 folder (default with --device cuda: the default model's, "
-        "exported on first use); without --model, the only export measured (no fp32 paths)",
+        "exported on first use); without --model, the only export measured (no fp32 paths); with an "
+        "LLMLingua-2 --checkpoint and --device cuda, its fp16 export (default: made in the run's folder)",
     )
     b.add_argument(
         "--openvino",
@@ -47,7 +48,11 @@ def add(new) -> None:
         "docs/installing.md)",
     )
     add_setting(
-        b, "device", "; prune bench on cuda: PyTorch fp32/fp16 and ONNX Runtime's CUDA provider (fp32, fp16)"
+        b,
+        "device",
+        "; prune bench on cuda: PyTorch fp32/fp16 and ONNX Runtime's CUDA provider (fp32, fp16); with an "
+        "LLMLingua-2 --checkpoint: the reference on cuda against the fp32 export on the CUDA provider and "
+        "the fp16 export on the GPU graph",
     )
     b.add_argument(
         "--checkpoint",
@@ -298,7 +303,7 @@ def run(args) -> int:
 
 
 #: prune bench's flags that measure a pruning model, not the compressor
-_PRUNING_ONLY = ("int8", "fp16", "openvino", "ov_int8", "peer_python", "compile_backend", "budget_s", "triton",
+_PRUNING_ONLY = ("int8", "openvino", "ov_int8", "peer_python", "compile_backend", "budget_s", "triton",
                  "server", "api")  # fmt: skip
 
 
@@ -309,18 +314,24 @@ def _compressor(args) -> int:
     from engine.bench.registry import select
 
     given = ["--" + f.replace("_", "-") for f in _PRUNING_ONLY if getattr(args, f)]
-    if args.device != "cpu":
-        given.append("--device " + args.device)
     if given:
+        raise PruneError(f"{', '.join(given)}: not for an LLMLingua-2 --checkpoint")
+    if args.fp16 and args.device != "cuda":
         raise PruneError(
-            f"{', '.join(given)}: not for an LLMLingua-2 --checkpoint (its benchmark runs on the CPU)"
+            "--fp16: with an LLMLingua-2 --checkpoint, for --device cuda (the GPU graph's export)"
         )
+    if args.auto_export and args.device == "cuda":
+        raise PruneError("--auto-export: the CPU's choice, not measured with --device cuda")
     if args.list:
-        for p in select(lingua_registry(), args.paths):
+        for p in select(lingua_registry(args.device), args.paths):
             print(f"{p.id:48} {p.group:11} {p.name}")
         return 0
     output_folder(args.out, "--out")
-    for flag, folder in (("--model", args.model), ("--auto-export", args.auto_export)):
+    if args.device == "cuda":  # the CUDA provider is checked before any export or measurement
+        from engine.backends.onnxruntime import require_cuda
+
+        require_cuda()
+    for flag, folder in (("--model", args.model), ("--auto-export", args.auto_export), ("--fp16", args.fp16)):
         if folder and not (Path(folder) / "manifest.json").is_file():
             raise PruneError(f"{flag} {folder}: not an export (no manifest.json)")
     out_dir = Path(args.out) / time.strftime("bench-%Y%m%d-%H%M%S")
@@ -336,6 +347,8 @@ def _compressor(args) -> int:
             auto=Path(args.auto_export) if args.auto_export else None,
             exports=out_dir / "exports",
             only=args.paths,
+            device=args.device,
+            fp16=Path(args.fp16) if args.fp16 else None,
         )
     except ValueError as exc:
         raise PruneError(str(exc)) from None

@@ -126,3 +126,55 @@ def test_an_export_given_is_checked_before_it_is_measured(lingua_checkpoints, li
 
     assert "is an int8 export, not fp32" in not_measured(str(lingua_exports["xlm-roberta", "int8"]), "a")
     assert "is not an export of" in not_measured(str(lingua_exports["bert", "fp32"]), "b")
+
+
+def test_the_gpu_paths_run_end_to_end_with_the_gpu_graph_on_the_cpu(
+    lingua_checkpoints, tmp_path, monkeypatch
+):
+    """`--device cuda`'s paths, rehearsed where there is no GPU: the CUDA provider's check passed
+    over, the reference's device_map "cuda" read as "cpu", and an export loaded for "cuda" given the
+    CPU provider (the fp16 export on the GPU graph's own sessions, as tests/inprocess/
+    test_gpu_backend.py runs them). What runs on a GPU is tests/inprocess/test_gpu.py's; this
+    checks the benchmark: the fp16 export made, the GPU's paths started and compared with the
+    reference, and the 10x target reported."""
+    llmlingua = pytest.importorskip("llmlingua", reason="the dev extra's llmlingua==0.2.2")
+    import engine.backends.onnxruntime as ort_backend
+    from engine.backends.gpu_graph import GpuTokenProbs
+    from engine.cli import main
+    from engine.compressor import Compressor
+
+    monkeypatch.setattr(ort_backend, "require_cuda", lambda: None)
+    made = llmlingua.PromptCompressor.__init__
+    monkeypatch.setattr(
+        llmlingua.PromptCompressor, "__init__", lambda self, **kw: made(self, **{**kw, "device_map": "cpu"})
+    )
+    load = Compressor._load_export.__func__
+    loaded: list[tuple[str, str]] = []
+
+    def on_the_cpu(cls, folder, threads, device="cpu"):
+        cpu = load(cls, folder, threads, "cpu")
+        loaded.append((folder.name, device))
+        if device == "cuda" and "fp16" in folder.name:
+            cpu.core = GpuTokenProbs(folder / "model.onnx", device="cpu", threads=1)
+            cpu.batch_chunks = 16
+        return cpu
+
+    monkeypatch.setattr(Compressor, "_load_export", classmethod(on_the_cpu))
+    argv = ["bench", "--checkpoint", str(lingua_checkpoints["xlm-roberta"]), "--data"]
+    argv += [str(DATA / "squad-dev-rag.jsonl"), "--device", "cuda", "--prompt-tokens", "400"]
+    assert main([*argv, "--repeats", "1", "--threads", "1", "--out", str(tmp_path), "--quiet"]) == 0
+    (run,) = tmp_path.glob("bench-*")
+    report = json.loads((run / "bench.json").read_text())
+    assert sorted(loaded) == [("fp16", "cuda"), ("fp32", "cuda")]
+    assert report["settings"]["device"] == "cuda" and report["not_measured"] == {}
+    rows = {r["path"]: r for r in report["rows"]}
+    assert list(rows) == [
+        "llmlingua PromptCompressor (reference)",
+        "engine onnxruntime cuda fp32",
+        "engine gpu graph fp16",
+    ]
+    assert rows["engine onnxruntime cuda fp32"]["identical"] is True
+    assert rows["engine gpu graph fp16"]["word_agreement"] >= 0.99
+    assert (run / "exports" / "fp16" / "manifest.json").is_file()
+    assert [t["path"] for t in report["targets"]] == ["engine gpu graph fp16"]
+    assert "- engine gpu graph fp16, 400 tokens: >= 10.0x the reference" in (run / "bench.md").read_text()
