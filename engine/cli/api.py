@@ -72,7 +72,7 @@ def run(args) -> int:
             raise PruneError(
                 "--model-service-port serves a pruning model; an LLMLingua-2 compressor serves HTTP only"
             )
-        pruner = Compressor.load(args.model, threads=args.threads)
+        pruner = Compressor.load(args.model, threads=args.threads, device=args.device)
         label = Path(args.model).name
     else:
         model = model_path(args)

@@ -128,17 +128,17 @@ def add_compressor(p: argparse.ArgumentParser) -> None:
         "--compressor",
         metavar="DIR",
         help="an LLMLingua-2 checkpoint or export beside the pruner: a call's compress_rate or "
-        "compress_target_token runs it on what the call keeps",
+        "compress_target_token runs it on what the call keeps (on --device: cuda takes an export)",
     )
 
 
 def load_compressor(args):
-    """The --compressor given, loaded (an engine.Compressor), or None."""
+    """The --compressor given, loaded (an engine.Compressor) on the pruner's --device, or None."""
     if not getattr(args, "compressor", None):
         return None
     from engine.compressor import Compressor
 
-    return Compressor.load(args.compressor, threads=args.threads)
+    return Compressor.load(args.compressor, threads=args.threads, device=getattr(args, "device", "cpu"))
 
 
 def add_batching(p: argparse.ArgumentParser) -> None:

@@ -299,6 +299,34 @@ def test_cuda_without_onnxruntime_gpu_is_refused_with_the_fix(lingua_exports, li
         Compressor.load(lingua_checkpoints["bert"], device="cuda")
 
 
+def test_the_api_and_run_load_a_compressor_on_the_device_asked(
+    lingua_exports, checkpoints, capsys, tmp_path, monkeypatch
+):
+    """`prune api --model COMPRESSOR --device cuda` and `--compressor DIR --device cuda` load the
+    compressor for the GPU (here, without onnxruntime-gpu, the error naming the fix), not on the
+    CPU while the user asked for the GPU."""
+    import onnxruntime as ort
+
+    import engine.cli.api as api_cli
+    from engine.cli import main
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has CUDA: tests/inprocess/test_gpu.py runs the compressor there")
+
+    def served(*args, **kwargs):  # loaded on the CPU after all: fail now, not serve
+        raise AssertionError("the compressor was loaded and would be served")
+
+    monkeypatch.setattr(api_cli, "api_app", served)
+    export = str(lingua_exports["bert", "fp32"])
+    assert main(["api", "--model", export, "--device", "cuda", "--port", "0"]) == 2
+    assert "needs ONNX Runtime's CUDA provider" in capsys.readouterr().err
+    question = tmp_path / "q.jsonl"
+    question.write_text('{"question": "Who?", "passages": ["Alice wrote it. Bob read it."]}\n')
+    argv = ["run", "--model", str(checkpoints["provence"]), "--input", str(question), "--device", "cuda"]
+    assert main([*argv, "--compressor", export, "--compress-rate", "0.5"]) == 2
+    assert "needs ONNX Runtime's CUDA provider" in capsys.readouterr().err
+
+
 def test_loading_a_checkpoint_says_nothing_of_transformers_resize(lingua_checkpoints, capfd, caplog):
     """llmlingua's resize of the embeddings (rows drawn from the old rows' mean and covariance) is
     wanted: transformers' warning about it and its loading bar are not passed on to the user."""
