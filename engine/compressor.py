@@ -140,6 +140,16 @@ class Compressor:
                 f"{folder}: the graph has {manifest.embedding_rows} embedding rows, the tokenizer with "
                 f"llmlingua's added tokens {tokenizer.size}: the export and its tokenizer do not belong together"
             )
+        if device == "cpu" and manifest.runtime is not None:  # auto's pick: OpenVINO bf16, where it runs
+            from engine.models.loading import preferred_runtime
+
+            backend, precision = preferred_runtime(folder, manifest, None)
+            if backend == "openvino":
+                from engine.backends.openvino import OvTokenProbs
+
+                threads = threads if threads is not None else setting("threads")
+                core = OvTokenProbs(folder / manifest.graph, precision=precision, threads=threads)
+                return cls(tokenizer, core, tiktoken_encoding("gpt-3.5-turbo"))
         if device == "cuda" and manifest.precision == "fp16":
             require_cuda()  # the error that names the fix, before a GPU thread is started
             from engine.backends.gpu_graph import GpuTokenProbs  # one copy of the weights, CUDA graphs

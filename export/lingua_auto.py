@@ -1,8 +1,11 @@
 """`prune export --precision auto` on an LLMLingua-2 checkpoint: the precision chosen on this machine,
 as export/auto.py chooses a pruning model's.
 
-Candidates: fp32 (export/lingua_onnx.py, checked against PyTorch) and the dynamic INT8 graph made
-from it (the same graph `--precision int8` quantizes). INT8 is gated against fp32 on word labels
+Candidates: fp32 (export/lingua_onnx.py, checked against PyTorch), the dynamic INT8 graph made
+from it (the same graph `--precision int8` quantizes) and, with `[openvino]` where the CPU computes
+bf16 (AVX512_BF16 or AMX), OpenVINO's bf16 inference of the fp32 graph (ov-bf16: the fp32 export
+whose manifest prefers that runtime, which `Compressor.load` honours, as `Pruner.load` does a
+pruning export's). INT8 and ov-bf16 are gated against fp32 on word labels
 (engine.fidelity_check.lingua_gate on export/lingua_onnx.py's built-in texts at its rates: the gate
 `--precision int8` applies); both are timed here with export/auto.py's timing (the model alone
 over the built-in texts' chunks, batched as the Compressor batches them, interleaved rounds after an
@@ -10,9 +13,9 @@ untimed one, medians); the fastest that passes is written to `--out`, with the c
 what was not tried and why, and the machine in its manifest's `auto`.
 
 Not candidates (NOT_TRIED, recorded in `auto.not_tried`): fp16, which is the GPU's graph (ONNX
-Runtime's CPU provider runs it slowly, so auto tries it for no family on a CPU; and there is no
-fp16 LLMLingua-2 export yet), and OpenVINO's precisions, as the Compressor runs an export on ONNX
-Runtime only.
+Runtime's CPU provider runs it slowly, so auto tries it for no family on a CPU), OpenVINO's static
+INT8 IRs (ov-int8, ov-int8-bf16), which the Compressor does not run, and ov-bf16 where this machine
+cannot run it (the reason is recorded).
 """
 
 from __future__ import annotations
@@ -27,17 +30,20 @@ from typing import Any, Callable
 
 from engine.errors import ExportError
 from engine.machine.cpu import CpuKind
-from engine.pipeline.spec import CompressorManifest
+from engine.pipeline.spec import CompressorManifest, Runtime
+from engine.settings import setting
 
 #: what `--precision auto` does not try for LLMLingua-2, and why
 NOT_TRIED = {
     "fp16": "fp16 is the GPU's graph: ONNX Runtime's CPU provider runs it slowly (docs/precisions.md), so "
     "auto tries it for no family on a CPU (--precision fp16 exports it, behind the same gate)",
     **{
-        name: "the Compressor runs an LLMLingua-2 export on ONNX Runtime only"
-        for name in ("ov-int8", "ov-bf16", "ov-int8-bf16")
+        name: "the Compressor runs OpenVINO's bf16 inference of the fp32 graph (ov-bf16), not its static INT8 IRs"
+        for name in ("ov-int8", "ov-int8-bf16")
     },
 }
+#: the runtime an ov-bf16 candidate's manifest prefers
+OV_BF16 = {"backend": "openvino", "precision": "bf16"}
 
 
 def choose_lingua_precision(
@@ -65,9 +71,13 @@ def choose_lingua_precision(
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="prune-lingua-auto-") as tmp:
         folders = export_candidates(checkpoint, Path(tmp), export_args, fp32, log)
-        for name, why in NOT_TRIED.items():
+        not_tried = dict(NOT_TRIED)
+        ov_missing = ov_bf16_missing()
+        if ov_missing is not None:
+            not_tried["ov-bf16"] = ov_missing
+        for name, why in not_tried.items():
             log(f"auto: {name} not tried ({why})")
-        compressors = _load(folders, threads)
+        compressors = _load(folders, threads, ov_bf16=ov_missing is None)
         candidates = gate_candidates(compressors, log)
         chunks = _chunks(compressors["fp32"], TEXTS)
         batches = math.ceil(len(chunks) / min(c.batch_chunks for c in compressors.values()))
@@ -87,19 +97,21 @@ def choose_lingua_precision(
             "batches": batches,
             "chunks": len(chunks),
             "threads": threads,
-            "not_tried": dict(NOT_TRIED),
+            "not_tried": not_tried,
             "machine": machine_record(CpuKind.here()),
         }
         if out.exists():
             shutil.rmtree(out)
-        shutil.copytree(folders[picked], out)
+        shutil.copytree(folders["fp32" if picked == "ov-bf16" else picked], out)
         manifest = CompressorManifest.read(out)
         data = {**manifest.data, "auto": record}
         if picked != "fp32":  # the gate it passed, where a `--precision int8` export keeps it
             data["gate"] = {
                 k: candidates[picked][k] for k in ("passed", "agreement", "words", "spearman", "reason")
             }
-        dataclasses.replace(manifest, data=data).write(out)
+        # ov-bf16: the fp32 graph, its manifest preferring OpenVINO's bf16 inference
+        runtime = Runtime(**OV_BF16) if picked == "ov-bf16" else manifest.runtime
+        dataclasses.replace(manifest, data=data, runtime=runtime).write(out)
     log(f"auto: picked {picked} ({record['why']}); wrote {out} in {time.perf_counter() - t0:.1f} s")
     return CompressorManifest.read(out).data
 
@@ -164,6 +176,14 @@ def lingua_int8(fp32: Path, out: Path, export_args: dict[str, Any]) -> Path:
     return out
 
 
+def ov_bf16_missing() -> str | None:
+    """Why OpenVINO's bf16 inference cannot run here (not installed, no bf16 on this CPU), or None."""
+    from engine.models.loading import runtime_missing
+    from engine.pipeline.spec import Runtime
+
+    return runtime_missing(Runtime(**OV_BF16))
+
+
 def gate_candidates(compressors: dict[str, Any], log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
     """Each candidate's runtime and its gate against fp32 (engine.fidelity_check.lingua_gate on the
     built-in texts); fp32 passes as the reference."""
@@ -182,10 +202,22 @@ def gate_candidates(compressors: dict[str, Any], log: Callable[[str], None]) -> 
     return candidates
 
 
-def _load(folders: dict[str, Path], threads: int | None) -> dict[str, Any]:
+def _load(folders: dict[str, Path], threads: int | None, ov_bf16: bool) -> dict[str, Any]:
+    """The candidates' compressors; with `ov_bf16`, the fp32 export's graph on OpenVINO's bf16
+    inference too (what its manifest's runtime makes Compressor.load run, once picked)."""
     from engine.compressor import Compressor
 
-    return {p: Compressor.load(f, threads=threads) for p, f in folders.items()}
+    out = {p: Compressor.load(f, threads=threads) for p, f in folders.items()}
+    if ov_bf16:
+        from engine.backends.openvino import OvTokenProbs
+
+        base = out["fp32"]
+        graph = folders["fp32"] / CompressorManifest.read(folders["fp32"]).graph
+        core = OvTokenProbs(
+            graph, precision="bf16", threads=threads if threads is not None else setting("threads")
+        )
+        out["ov-bf16"] = Compressor(base.tokenizer, core, base.count.encoding)
+    return out
 
 
 def _chunks(compressor: Any, texts: list[str]) -> list:

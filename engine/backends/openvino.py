@@ -60,7 +60,8 @@ def bf16_supported(core=None) -> bool:
 
 
 class OpenVinoBackend(Backend):
-    """An ONNX graph or OpenVINO IR (`graph`: .onnx or .xml) on OpenVINO's CPU plugin."""
+    """An ONNX graph or OpenVINO IR (`graph`: .onnx or .xml) on OpenVINO's CPU plugin; `outputs`:
+    the graph's first outputs (a pruner's; an LLMLingua-2 export's: OvTokenProbs)."""
 
     name = "openvino"
 
@@ -71,6 +72,7 @@ class OpenVinoBackend(Backend):
         precision: str = "fp32",
         threads: int | None = None,
         shape_cache: int | None = None,
+        outputs: tuple[str, ...] = ("rerank_score", "sentence_probs"),
     ):
         core = openvino_core()
         graph = Path(graph)
@@ -112,31 +114,55 @@ class OpenVinoBackend(Backend):
             raise ModelLoadError(
                 f"{graph}: OpenVINO cannot load the graph ({type(exc).__name__}: {exc})"
             ) from exc
-        outputs = [o.get_any_name() for o in self.compiled.outputs]
-        if outputs[:2] != ["rerank_score", "sentence_probs"]:
+        names = [o.get_any_name() for o in self.compiled.outputs]
+        if names[: len(outputs)] != list(outputs):
             raise ModelLoadError(
-                f"{graph}: outputs {outputs} do not follow the contract (rerank_score, sentence_probs)"
+                f"{graph}: outputs {names} do not follow the contract ({', '.join(outputs)})"
             )
         self.input_names = [i.get_any_name() for i in self.compiled.inputs]
-        self._outputs = (self.compiled.output("rerank_score"), self.compiled.output("sentence_probs"))
+        self._outputs = tuple(self.compiled.output(name) for name in outputs)
         self._local = threading.local()
         self.graph, self.precision, self.threads = graph, precision, threads
 
     def infer(self, batch: ModelBatch) -> tuple[np.ndarray, np.ndarray]:
         """(rerank_score [B], sentence_probs [B, S]) of one padded batch."""
+        rerank, probs = self.run(batch.inputs(self.input_names), batch.shape)
+        return rerank, probs
+
+    def run(self, feeds: dict[str, np.ndarray], shape: Any = None) -> tuple[np.ndarray, ...]:
+        """The outputs (float32 copies) of one padded batch, on this thread's InferRequest."""
         request = getattr(self._local, "request", None)
         if request is None:
             request = self._local.request = self.compiled.create_infer_request()
         try:
-            out = request.infer(batch.inputs(self.input_names))
-            return (
-                np.array(out[self._outputs[0]], dtype=np.float32, copy=True),
-                np.array(out[self._outputs[1]], dtype=np.float32, copy=True),
-            )
+            out = request.infer(feeds)
+            return tuple(np.array(out[o], dtype=np.float32, copy=True) for o in self._outputs)
         except Exception as exc:
-            raise BackendError(f"OpenVINO failed on a batch of shape {batch.shape}: {exc}") from exc
+            raise BackendError(f"OpenVINO failed on a batch of shape {shape}: {exc}") from exc
 
     def describe(self) -> str:
         """The runtime, graph and inference precision, in words."""
         kind = "IR" if self.graph.suffix == ".xml" else "ONNX"
         return f"openvino CPU, {self.precision} inference, {kind} graph {self.graph.name}"
+
+
+class OvTokenProbs:
+    """An LLMLingua-2 export's graph on OpenVINO's CPU plugin (what its manifest's `runtime` asks
+    for: bf16 inference where the CPU computes bf16), `token_probs` as OrtTokenProbs's; each chunk
+    alone, as on ONNX Runtime's CPU provider (engine.compressor.BATCH_CHUNKS says why)."""
+
+    name = "openvino"
+    batch_chunks = 1
+
+    def __init__(self, graph: str | Path, *, precision: str = "fp32", threads: int | None = None):
+        self.backend = OpenVinoBackend(graph, precision=precision, threads=threads, outputs=("token_probs",))
+
+    def token_probs(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """The graph's token_probs (float32, [B, L]) of one padded batch."""
+        feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
+        (probs,) = self.backend.run(feeds, input_ids.shape)
+        return probs
+
+    def describe(self) -> str:
+        """The runtime, graph and inference precision, in words."""
+        return self.backend.describe()

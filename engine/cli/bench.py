@@ -30,7 +30,7 @@ def add(new) -> None:
         "--fp16",
         help="exported fp16 folder (default with --device cuda: the default model's, "
         "exported on first use); without --model, the only export measured (no fp32 paths); with an "
-        "LLMLingua-2 --checkpoint and --device cuda, its fp16 export (default: made in the run's folder)",
+        "LLMLingua-2 --checkpoint and --device cuda, its fp16 export (else made in the run's folder)",
     )
     b.add_argument(
         "--openvino",

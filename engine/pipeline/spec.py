@@ -320,6 +320,8 @@ class CompressorManifest:
     precision: str
     embedding_rows: int
     tokenizer_file: str = "tokenizer.json"
+    #: the runtime it prefers (`prune export --precision auto`'s pick: OpenVINO bf16 of the fp32 graph)
+    runtime: Runtime | None = None
     data: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -352,6 +354,7 @@ class CompressorManifest:
                 precision=str(data["precision"]),
                 embedding_rows=int(data["embedding_rows"]),
                 tokenizer_file=str((data.get("tokenizer") or {}).get("file") or "tokenizer.json"),
+                runtime=_runtime(data.get("runtime"), where),
                 data=dict(data),
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -366,4 +369,8 @@ class CompressorManifest:
         out.update(layout=self.layout, graph=self.graph, precision=self.precision)
         out.update(embedding_rows=self.embedding_rows)
         out["tokenizer"] = {**(out.get("tokenizer") or {}), "file": self.tokenizer_file}
+        if self.runtime is not None:
+            out["runtime"] = asdict(self.runtime)
+        else:
+            out.pop("runtime", None)
         (Path(folder) / MANIFEST).write_text(json.dumps(out, indent=2) + "\n")
