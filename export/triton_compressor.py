@@ -5,13 +5,15 @@
 Two models, as for a pruner (export/triton_repository.py):
 - the core `<name>`: input_ids and attention_mask (int64 [b, L]) in, `token_probs` (float32
   [b, L]: each token's probability of label 1, keep) out, with dynamic batching. On the `cpu`
-  target the python backend runs it with ONNX Runtime (the pruners' core model.py: each request
-  gets its own rows back, cut to its own L); on `gpu-onnx`, Triton's onnxruntime backend;
+  target the python backend runs it with ONNX Runtime, or OpenVINO where the export prefers it
+  (`--precision auto`'s ov-bf16 pick) or `--backend openvino` asks (the pruners' core model.py:
+  each request gets its own rows back, cut to its own L); on `gpu-onnx`, Triton's onnxruntime
+  backend;
 - the text model `<name>_text` (python backend, CPU): a JSON call in (POST /v1/compress's
   fields), llmlingua's result out (triton_models/python_compress/model.py), its chunks sent to
   the core over BLS. `Compressor.connect` (engine/triton/compress_client.py) calls it.
 
-OpenVINO and TensorRT are the pruners' targets only: refused with what to use instead.
+The OpenVINO and TensorRT targets are the pruners' only: refused with what to use instead.
 """
 
 from __future__ import annotations
@@ -40,12 +42,16 @@ def check_options(manifest: CompressorManifest, opts) -> None:
             f"an LLMLingua-2 compressor serves on the targets {', '.join(TARGETS)}, not {opts.target!r} "
             "(OpenVINO and TensorRT are the pruners' targets)"
         )
-    if opts.runtime not in (None, "onnxruntime"):
-        raise ExportError(f"an LLMLingua-2 compressor's core runs on onnxruntime, not {opts.runtime!r}")
-    if opts.inference_precision not in (None, "fp32"):
+    if opts.runtime not in ("onnxruntime", "openvino"):
         raise ExportError(
-            "inference_precision is OpenVINO's: an LLMLingua-2 compressor's core runs ONNX Runtime"
+            f"an LLMLingua-2 compressor's core runs onnxruntime or openvino, not {opts.runtime!r}"
         )
+    if opts.runtime == "openvino" and opts.target != "cpu":
+        raise ExportError("runtime openvino is the cpu target's python core")
+    if opts.inference_precision not in ("fp32", "bf16"):
+        raise ExportError(f"inference_precision must be fp32 or bf16, not {opts.inference_precision!r}")
+    if opts.inference_precision == "bf16" and opts.runtime != "openvino":
+        raise ExportError("inference_precision bf16 is OpenVINO's: --target cpu with --backend openvino")
     if opts.max_batch_size < 1:
         raise ExportError("max_batch_size must be >= 1")
     if opts.text_model and (opts.text_instances < 1 or opts.text_max_passages < 1 or opts.text_max_chars < 1):
@@ -72,7 +78,9 @@ def render_core_config(
     }
     if not gpu:
         join = joins_requests(manifest.precision, opts.join_requests)  # INT8's requests run alone
-        params.update(join_requests="true" if join else "false", runtime="onnxruntime", graph="model.onnx")
+        params.update(join_requests="true" if join else "false", runtime=opts.runtime, graph="model.onnx")
+        if opts.runtime == "openvino":
+            params["inference_precision"] = "bf16" if opts.inference_precision == "bf16" else "f32"
     if text_model:
         params["prune_text_model"] = text_model
     return (
@@ -113,7 +121,8 @@ def render_text_config(name: str, core: str, opts, tokenizer_kind: str = "unknow
 def build_compressor_repository(
     model_folder: Path, out: Path, name: str, text_name: str | None, opts, log
 ) -> Path:
-    """The core model `name` and (text_name) its text model in `out`; nothing left half-written."""
+    """The core model `name` and (text_name) its text model in `out`; nothing left half-written.
+    `opts`: runtime and inference_precision decided (build_repository: the export's preference)."""
     manifest = CompressorManifest.read(model_folder)
     check_options(manifest, opts)
     tokenizer = LinguaTokenizer.from_folder(model_folder)

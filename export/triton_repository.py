@@ -34,7 +34,7 @@ from engine.backends.onnxruntime import SHRINK_ABOVE_TOKENS
 from engine.compressor import is_compressor
 from engine.errors import ExportError
 from engine.pipeline.spec import RUNTIMES as MANIFEST_RUNTIMES
-from engine.pipeline.spec import MANIFEST, Manifest
+from engine.pipeline.spec import MANIFEST, CompressorManifest, Manifest
 from export.triton_config import joins_requests, parameters, tensor
 from triton_models import CORE, TEXT, template
 from engine.settings import DEFAULTS, checked
@@ -302,6 +302,8 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
     if (model_folder / MANIFEST).is_file() and is_compressor(model_folder):  # an LLMLingua-2 export
         from export.triton_compressor import build_compressor_repository
 
+        # auto's ov-bf16 pick: OpenVINO bf16 on the cpu target
+        opts = with_preferred_runtime(CompressorManifest.read(model_folder), opts, log)
         return build_compressor_repository(model_folder, Path(out), name, text_name, opts, log)
     manifest = Manifest.read(model_folder)
     if opts.target not in TARGETS:

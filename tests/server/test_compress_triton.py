@@ -35,12 +35,33 @@ def lingua_server(lingua_exports, lingua_checkpoints, tiktoken_offline, tmp_path
     export_model(
         lingua_checkpoints["bert"], external, precision="fp32", external_data="always", log=lambda m: None
     )
-    for name, folder in [*((n, lingua_exports[k]) for n, k in MODELS.items()), ("lingua_external", external)]:
+    openvino = preferring_openvino(
+        lingua_exports["xlm-roberta", "fp32"], tmp_path_factory.mktemp("lingua_ov")
+    )
+    served = [*((n, lingua_exports[k]) for n, k in MODELS.items()), ("lingua_external", external)]
+    for name, folder in [*served, ("lingua_openvino", openvino)]:
         options = RepositoryOptions(target="cpu", name=name, max_batch_size=8, max_queue_delay_us=20000)
         build_repository(folder, repo, options, log=lambda m: None)
     h, g, m = free_ports(3)
     with TritonServer(repo, http_port=h, grpc_port=g, metrics_port=m) as server:
-        yield server, repo, external
+        yield server, repo, external, openvino
+
+
+def preferring_openvino(fp32, out):
+    """The fp32 export as `--precision auto` writes its ov-bf16 pick: the fp32 graph, its manifest
+    preferring OpenVINO bf16 (f32 where this CPU does not compute bf16: a repository names what
+    the serving machine runs)."""
+    import dataclasses
+    import shutil
+
+    from engine.pipeline.spec import CompressorManifest, Runtime
+    from export.lingua_auto import ov_bf16_missing
+
+    shutil.copytree(fp32, out / "export")
+    manifest = CompressorManifest.read(out / "export")
+    precision = "bf16" if ov_bf16_missing() is None else "fp32"
+    dataclasses.replace(manifest, runtime=Runtime("openvino", precision)).write(out / "export")
+    return out / "export"
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +200,8 @@ def test_the_repository_refuses_what_a_compressor_does_not_serve_on(lingua_expor
     for options, match in [
         (RepositoryOptions(target="gpu-tensorrt"), "serves on the targets cpu, gpu-onnx"),
         (RepositoryOptions(target="cpu-openvino"), "serves on the targets"),
-        (RepositoryOptions(runtime="openvino"), "runs on onnxruntime"),
+        (RepositoryOptions(target="gpu-onnx", runtime="openvino"), "the cpu target's python core"),
+        (RepositoryOptions(inference_precision="bf16"), "bf16 is OpenVINO's"),
         (RepositoryOptions(max_batch_size=0), "max_batch_size"),
         (RepositoryOptions(name="bad name"), "use letters"),
     ]:
@@ -239,7 +261,7 @@ def test_prune_serve_puts_the_http_api_in_front_of_the_compressor(lingua_server,
 
     import httpx
 
-    _, repo, _ = lingua_server
+    _, repo, *_ = lingua_server
     mine = tmp_path / "repo"  # the compressor alone: the API serves the repository's only text model
     for name in ("lingua_xlmr", "lingua_xlmr_text"):
         shutil.copytree(repo / name, mine / name)
@@ -273,7 +295,7 @@ def test_an_export_with_its_weights_beside_the_graph_is_served(lingua_server):
     protobuf's 2 GB) is copied whole into the repository and served as it runs in-process."""
     from engine.compressor import Compressor
 
-    server, repo, external = lingua_server
+    server, repo, external, _ = lingua_server
     assert (external / "model.onnx.data").is_file() and (
         repo / "lingua_external" / "1" / "model.onnx.data"
     ).is_file()
@@ -281,6 +303,27 @@ def test_an_export_with_its_weights_beside_the_graph_is_served(lingua_server):
     local = Compressor.load(external, threads=1)
     try:
         for case in SERVED[:3]:
+            text, options = CASES[case]
+            assert remote.compress(text, **options) == local.compress(text, **options), case
+    finally:
+        remote.close()
+
+
+def test_an_export_preferring_openvino_is_served_on_openvino(lingua_server):
+    """`--precision auto`'s ov-bf16 pick (the fp32 graph, preferring OpenVINO bf16): the repository's
+    core runs OpenVINO at that precision, as Compressor.load runs the export in-process, and keeps
+    the same words."""
+    from engine.compressor import Compressor
+
+    server, repo, _, openvino = lingua_server
+    config = (repo / "lingua_openvino" / "config.pbtxt").read_text()
+    local = Compressor.load(openvino, threads=1)
+    precision = "bf16" if "bf16 inference" in local.describe() else "f32"
+    assert '"runtime"' in config and 'string_value: "openvino"' in config
+    assert f'string_value: "{precision}"' in config
+    remote = _connect(server, "lingua_openvino")
+    try:
+        for case in ("en-rate-force", "zh", "target-token"):  # one chunk each: no request joined to another
             text, options = CASES[case]
             assert remote.compress(text, **options) == local.compress(text, **options), case
     finally:
