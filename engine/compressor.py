@@ -131,8 +131,6 @@ class Compressor:
 
     @classmethod
     def _load_export(cls, folder: Path, threads: int | None, device: str = "cpu") -> "Compressor":
-        from engine.backends.onnxruntime import OrtTokenProbs, require_cuda
-
         manifest = CompressorManifest.read(folder)
         tokenizer = LinguaTokenizer.from_folder(folder)
         if tokenizer.size != manifest.embedding_rows:
@@ -140,29 +138,31 @@ class Compressor:
                 f"{folder}: the graph has {manifest.embedding_rows} embedding rows, the tokenizer with "
                 f"llmlingua's added tokens {tokenizer.size}: the export and its tokenizer do not belong together"
             )
+        graph = folder / manifest.graph
+        threads = threads if threads is not None else setting("threads")
+        backend, precision = "onnxruntime", manifest.precision
         if device == "cpu" and manifest.runtime is not None:  # auto's pick: OpenVINO bf16, where it runs
             from engine.models.loading import preferred_runtime
 
             backend, precision = preferred_runtime(folder, manifest, None)
-            if backend == "openvino":
-                from engine.backends.openvino import OvTokenProbs
+        if backend == "openvino":
+            from engine.backends.openvino import OvTokenProbs
 
-                threads = threads if threads is not None else setting("threads")
-                core = OvTokenProbs(folder / manifest.graph, precision=precision, threads=threads)
-                return cls(tokenizer, core, tiktoken_encoding("gpt-3.5-turbo"))
-        if device == "cuda" and manifest.precision == "fp16":
-            require_cuda()  # the error that names the fix, before a GPU thread is started
+            core: Any = OvTokenProbs(graph, precision=precision, threads=threads)
+        elif device == "cuda" and manifest.precision == "fp16":
             from engine.backends.gpu_graph import GpuTokenProbs  # one copy of the weights, CUDA graphs
 
-            return cls(tokenizer, GpuTokenProbs(folder / manifest.graph, max_graphs=setting("gpu_graphs")),
-                       tiktoken_encoding("gpt-3.5-turbo"))  # fmt: skip
-        core = OrtTokenProbs(
-            folder / manifest.graph,
-            intra_op_threads=threads if threads is not None else setting("threads"),
-            arena=setting("ort_arena"),
-            denormals=setting("ort_denormals"),
-            device=device,
-        )
+            core = GpuTokenProbs(graph, max_graphs=setting("gpu_graphs"))
+        else:
+            from engine.backends.onnxruntime import OrtTokenProbs
+
+            core = OrtTokenProbs(
+                graph,
+                intra_op_threads=threads,
+                arena=setting("ort_arena"),
+                denormals=setting("ort_denormals"),
+                device=device,
+            )
         return cls(tokenizer, core, tiktoken_encoding("gpt-3.5-turbo"))
 
     def compress(self, context: str | list[str], **options: Any) -> CompressResult:

@@ -179,7 +179,6 @@ def lingua_int8(fp32: Path, out: Path, export_args: dict[str, Any]) -> Path:
 def ov_bf16_missing() -> str | None:
     """Why OpenVINO's bf16 inference cannot run here (not installed, no bf16 on this CPU), or None."""
     from engine.models.loading import runtime_missing
-    from engine.pipeline.spec import Runtime
 
     return runtime_missing(Runtime(**OV_BF16))
 

@@ -68,7 +68,7 @@ CAPTURE_AFTER = 8
 OUTPUTS = ("rerank_score", "sentence_probs")
 #: the lengths an LLMLingua-2 chunk (at most 512 tokens) is padded to on the GPU graph
 LINGUA_LENGTHS = (64, 128, 256, 384, 512)
-#: chunks per batch of the compressor's GPU graph (engine.compressor.BATCH_CHUNKS)
+#: chunks per batch of the compressor's GPU graph (as engine.compressor.BATCH_CHUNKS on a GPU)
 LINGUA_ROWS = 16
 
 
@@ -414,8 +414,8 @@ class GpuTokenProbs:
     "cpu" runs the same sessions on the CPU provider, without CUDA graphs (the tests)."""
 
     name = "onnxruntime"
-    #: chunks per run: None, the Compressor's BATCH_CHUNKS (LINGUA_ROWS)
-    batch_chunks = None
+    #: chunks per run: the rows its shapes are sized for
+    batch_chunks = LINGUA_ROWS
 
     def __init__(self, graph: str | Path, *, device: str = "cuda", **kwargs: Any):
         self.lengths = LINGUA_LENGTHS
