@@ -34,7 +34,7 @@ from typing import IO, Any
 from engine.datafiles import json_error
 from engine.errors import InputError
 from engine.pipeline.inputs import OPTION_NAMES, CallOptions
-from engine.pipeline.unknown_text import UNKNOWN_SHARE_WARNING
+from engine.pipeline.encode import UNKNOWN_SHARE_WARNING
 from engine.protocol import PrunerProtocol
 
 #: the fields of a line that are the call's options (engine.pipeline.inputs.CallOptions)
@@ -194,7 +194,7 @@ def compress_file(
     output line `{"id", ...the result's fields}`, or `{"id", "line", "error"}` for a line that
     cannot be compressed (an unknown field among them), the other lines compressed all the same.
     Returns the counts and the time."""
-    from engine.pipeline.inputs import unknown_name
+    from engine.pipeline.option_schema import unknown_name
     from engine.pipeline.lingua_decide import CompressOptions
 
     names = list(CompressOptions.__dataclass_fields__)

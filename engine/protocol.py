@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from engine.pipeline.decide import PruneResult
+from engine.pipeline.results import PruneResult
 from engine.pipeline.families import Family
 from engine.pipeline.inputs import CallOptions, Limits
 from engine.pipeline.spec import ModelSpec

@@ -23,28 +23,30 @@ import numpy as np
 from engine.backends.base import Backend
 from engine.errors import BackendError, Cancelled, InputError, PruneError
 from engine.pipeline import text as textmod
-from engine.pipeline.decide import PruneResult, Scored, decide_passages, merge_blocks, window_decisions
-from engine.pipeline.encode import BatchingConfig, Block, Encoder, ModelBatch, collate, plan
-from engine.pipeline.families import Rules
-from engine.pipeline.inputs import CallOptions, Limits, check_call, check_sentences, default_limits
+from engine.pipeline.decide import Scored, decide_passages, merge_blocks, window_decisions
+from engine.pipeline.results import PruneResult
+from engine.pipeline.encode import BatchingConfig, Block, Encoder, ModelBatch, collate, plan, unknown_shares
+from engine.pipeline.inputs import (
+    CallOptions,
+    Limits,
+    Rules,
+    check_call,
+    check_sentences,
+    default_limits,
+    token_windows,
+)
 from engine.pipeline.spec import ModelSpec
 from engine.pipeline.token_compress import check_compressor
-from engine.pipeline.text import split_passage
-from engine.pipeline.unknown_text import shares as unknown_shares
 from engine.protocol import FromSpec, PrunerProtocol
-from engine.settings import DEFAULTS
 
 if TYPE_CHECKING:
     from engine.models.loading import LoadOptions
-
-#: the characters one call may hold by default (engine.settings: PRUNE_MAX_CALL_CHARS; docs/limits.md)
-MAX_CALL_CHARS = DEFAULTS.max_call_chars
 
 
 @dataclass
 class Call:
     """One prepared `prune` call: the checked inputs, the rules it runs with (its options
-    resolved once, engine.pipeline.families) and how its passages are cut, the sentence spans of every
+    resolved once, engine.pipeline.inputs.Rules) and how its passages are cut, the sentence spans of every
     passage, its blocks and the padded batches the core must run."""
 
     passages: list[str]
@@ -56,7 +58,7 @@ class Call:
     token_windows: bool = False  # decided per token window (the family's reference windows)
     fragment: int | None = None  # OpenProvence's fragment tokens under its reference windows
     splitter: str = "engine"  # who cut the passages: the rules' splitter, or "caller" (sentences=)
-    unknown: list[float] | None = None  # each passage's unknown_share (engine.pipeline.unknown_text)
+    unknown: list[float] | None = None  # each passage's unknown_share (engine.pipeline.encode)
 
 
 class Pruner(FromSpec):
@@ -211,8 +213,8 @@ class Pruner(FromSpec):
         rules = self.spec.family.rules.resolve(options)
         if rules.compresses:
             check_compressor(rules, self.compressor.kept_words if self.compressor is not None else None)
-        token_windows = self.spec.family.token_windows(rules.windows)
-        if rules.lexical_weight and token_windows:
+        windowed = token_windows(rules.windows, self.spec.family.window_tokens)
+        if rules.lexical_weight and windowed:
             raise InputError(
                 "lexical_weight applies to sentence windows; windows='reference' decides per "
                 "token window as the family's own code does (pass windows='sentences')"
@@ -226,7 +228,7 @@ class Pruner(FromSpec):
         spans = [
             textmod.spans_from_sentences(p, sentences[i])
             if sentences is not None
-            else split_passage(p, rules.splitter, fam.reference_splitter, fam.name)
+            else textmod.split_passage(p, rules.splitter, fam.reference_splitter, fam.name)
             for i, p in enumerate(passages)
         ]
 
@@ -237,7 +239,7 @@ class Pruner(FromSpec):
             batches=[],
             rules=rules,
             question=question,
-            token_windows=token_windows,
+            token_windows=windowed,
             fragment=self._fragment_tokens(rules.windows),
             splitter="caller" if sentences is not None else rules.splitter,
         )

@@ -213,7 +213,8 @@ def export_tensorrt(
 ) -> dict[str, Any]:
     """Add a TensorRT plan to an exported folder: fixed graph, build script, and (where
     TensorRT exists) the plan, checked against ONNX Runtime. Updates the manifest."""
-    from engine.pipeline.encode import Encoder, manifest_tokenizer
+    from engine.pipeline.encode import Encoder
+    from engine.pipeline.spec import manifest_tokenizer
     from engine.pipeline.spec import Manifest
     from export.samples import sample_batches
 

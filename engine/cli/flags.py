@@ -10,15 +10,8 @@ from pathlib import Path
 
 from engine.errors import PruneError
 from engine.pipeline.families import FAMILIES
-from engine.pipeline.inputs import (
-    OPTION_NAMES,
-    WINDOWS,
-    CallOptions,
-    check_tags,
-    option_choices,
-    option_help,
-    option_type,
-)
+from engine.pipeline.inputs import OPTION_NAMES, WINDOWS, CallOptions, check_tags
+from engine.pipeline.option_schema import option_choices, option_help, option_type
 from engine.settings import SETTINGS, help_text, setting
 from engine.pipeline.spec import RUNTIMES
 

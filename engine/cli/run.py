@@ -24,8 +24,7 @@ from engine.cli.flags import (
 )
 from engine.errors import PruneError
 from engine.pipeline.inputs import CallOptions
-from engine.pipeline.unknown_text import MULTILINGUAL, UNKNOWN_SHARE_WARNING
-from engine.pipeline.unknown_text import warning as unknown_warning
+from engine.pipeline.encode import MULTILINGUAL, UNKNOWN_SHARE_WARNING, unknown_warning
 from engine.settings import TORCH_ATTENTIONS, TORCH_DTYPES, positive_int
 
 
@@ -177,7 +176,7 @@ def run(args) -> int:
 
 def _print_results(args, pruner, results, unknown: str | None, timings: str) -> None:
     """`prune run`'s text output: the model, the warning of text it largely does not know
-    (engine.pipeline.unknown_text), each passage's result."""
+    (engine.pipeline.encode), each passage's result."""
     fam = pruner.family
     print(f"# model {args.model} ({fam.name}, {pruner.describe()}); {timings}")
     if unknown:

@@ -1,4 +1,4 @@
-"""The lexical baseline of `prune eval`: Okapi BM25 over engine.pipeline.lexical's words, for
+"""The lexical baseline of `prune eval`: Okapi BM25 over engine.pipeline.decide's lexical words, for
 sentences (against the question) and for a call's passages (its ranking)."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from typing import Sequence
 
 import numpy as np
 
-from engine.pipeline import lexical
+from engine.pipeline.decide import lexical_words
 from engine.datafiles import PruneSample, RagSample
 
-#: the words BM25 counts: engine.pipeline.lexical's (case-folded; CJK as character bigrams)
-words = lexical.words
+#: the words BM25 counts: engine.pipeline.decide's lexical_words (case-folded; CJK as character bigrams)
+words = lexical_words
 
 
 class BM25:

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from engine.pipeline import lexical
+from engine.pipeline.decide import fuse_scores, lexical_sentence_scores
 from engine.pipeline.families import FAMILIES
 from engine.pruner import model_scores, windows_of
 from engine.datafiles import PruneSample, load_prune_data
@@ -145,7 +145,7 @@ def keep_all_baseline(labels: Sequence[np.ndarray]) -> GridResult:
 
 #: The hybrid's setting, chosen on squad-dev alone (docs/quality.md) and the default
 #: family's default (engine.pipeline.families): the weight of the in-passage lexical score
-#: (engine.pipeline.lexical) and the keep threshold and backoff with it. prune eval scores every
+#: (engine.pipeline.decide) and the keep threshold and backoff with it. prune eval scores every
 #: family's model at it (the trained families' own default weight is 0).
 HYBRID = {
     "lexical_weight": FAMILIES["embedding"].rules.lexical_weight,
@@ -167,8 +167,8 @@ def hybrid_setting(family) -> dict[str, Any]:
 
 
 def passage_lexical_scores(samples: Sequence[PruneSample]) -> list[np.ndarray]:
-    """engine.pipeline.lexical's sentence scores: BM25 with the IDF of the passage's own sentences."""
-    return [lexical.sentence_scores(s.question, [s.context[a:b] for a, b in s.spans]) for s in samples]
+    """engine.pipeline.decide's sentence scores: BM25 with the IDF of the passage's own sentences."""
+    return [lexical_sentence_scores(s.question, [s.context[a:b] for a, b in s.spans]) for s in samples]
 
 
 def hybrid_rows(
@@ -179,11 +179,11 @@ def hybrid_rows(
     labels: Sequence[np.ndarray],
     strict: bool,
 ) -> list[GridResult]:
-    """The model's sentence scores fused with engine.pipeline.lexical's (as Pruner does with
+    """The model's sentence scores fused with engine.pipeline.decide's (as Pruner does with
     lexical_weight): at the best setting of the grid, and at hybrid_setting's."""
     setting = hybrid_setting(pruner.family)
     w = setting["lexical_weight"]
-    fused = [lexical.fuse(s, lx, w) for s, lx in zip(scores, passage_lexical_scores(samples))]
+    fused = [fuse_scores(s, lx, w) for s, lx in zip(scores, passage_lexical_scores(samples))]
     at = sentence_metrics(
         [sweep_keep(f, setting["threshold"], setting["alpha"], strict) for f in fused], labels
     )
@@ -256,7 +256,7 @@ def default_predictions(
         return list(kept)
     w = fam.rules.lexical_weight if windows == "sentences" else 0.0
     if w:
-        scores = [lexical.fuse(s, lx, w) for s, lx in zip(scores, passage_lexical_scores(samples))]
+        scores = [fuse_scores(s, lx, w) for s, lx in zip(scores, passage_lexical_scores(samples))]
     return [sweep_keep(s, fam.rules.threshold_at(w), fam.rules.alpha, strict) for s in scores]
 
 
@@ -334,7 +334,7 @@ def _pruning_rows(models, samples, modes, windows, progress, log) -> tuple[list[
         first_k_baseline(labels),
         grid_search("BM25 (sentence vs question)", bm25_sentence_scores(samples), labels),
         grid_search(
-            "BM25 over the passage's own sentences (engine.pipeline.lexical)",
+            "BM25 over the passage's own sentences (engine.pipeline.decide)",
             passage_lexical_scores(samples),
             labels,
         ),

@@ -16,10 +16,11 @@ from typing import Any, ClassVar, Literal, get_type_hints
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from pydantic_core import PydanticCustomError
 
-from engine.pipeline.decide import PruneResult
-from engine.pipeline.families import Family, Rules
-from engine.pipeline.inputs import CallOptions, option_fields, unknown_name
-from engine.pipeline.unknown_text import UNKNOWN_SHARE_WARNING
+from engine.pipeline.results import PruneResult
+from engine.pipeline.families import Family
+from engine.pipeline.inputs import CallOptions, Rules, token_windows
+from engine.pipeline.option_schema import option_fields, unknown_name
+from engine.pipeline.encode import UNKNOWN_SHARE_WARNING
 
 # --------------------------------------------------------------------------- errors
 
@@ -390,14 +391,14 @@ class HealthResponse(BaseModel):
 
 
 def _rules_fields() -> dict[str, tuple[Any, Any]]:
-    """engine.pipeline.families.Rules' settings as pydantic fields: the one definition, by its names."""
+    """engine.pipeline.inputs.Rules' settings as pydantic fields: the one definition, by its names."""
     hints = get_type_hints(Rules)
     return {f.name: (hints[f.name], ... if f.default is MISSING else f.default) for f in fields(Rules)}
 
 
 RulesBody = create_model(
     "RulesBody",
-    __doc__="The model's decision rules (engine.pipeline.families.Rules): its family's "
+    __doc__="The model's decision rules (engine.pipeline.inputs.Rules): its family's "
     "defaults with its export's; threshold applies to the model's scores alone, "
     "lexical_threshold (when not null) to the fused ones, so a call at the defaults may run another "
     "threshold than this one: `defaults.threshold` is the one it runs.",
@@ -408,7 +409,7 @@ Defaults = create_model(
     "Defaults",
     __base__=RulesBody,
     __doc__="The decision settings a call gets when it passes none: the model's rules resolved for such a call "
-    "(engine.pipeline.families.Rules.resolve; `threshold` the one it runs with), and what they mean.",
+    "(engine.pipeline.inputs.Rules.resolve; `threshold` the one it runs with), and what they mean.",
     threshold_without_lexical=(
         float,
         Field(description="the threshold of a call that sets lexical_weight 0"),
@@ -451,6 +452,6 @@ def info_rules(family: Family) -> tuple[RulesBody, Defaults]:
         threshold_without_lexical=rules.threshold_at(0.0),
         score_kind=family.score_kind,
         zero_rerank_when_empty=family.zero_rerank_when_empty,
-        decides_per_window=family.token_windows(rules.windows),
+        decides_per_window=token_windows(rules.windows, family.window_tokens),
     )
     return RulesBody(**rules.to_dict()), defaults

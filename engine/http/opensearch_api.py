@@ -29,10 +29,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from engine.pipeline.decide import PruneResult
+from engine.pipeline.results import PruneResult
 from engine.errors import InputError
 from engine.http.models import StrictRequest
-from engine.pipeline.inputs import CallOptions, option_fields
+from engine.pipeline.inputs import CallOptions
+from engine.pipeline.option_schema import option_fields
 from engine.pipeline.text import running_offsets
 
 PATHS = ("/v1/highlight", "/opensearch/highlight", "/predictions/semantic_highlighter")

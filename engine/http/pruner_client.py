@@ -25,9 +25,9 @@ from typing import Any
 
 from engine.errors import BackendError, InputError
 from engine.pipeline.budget import Budget
-from engine.pipeline.decide import PruneResult, Sentence
-from engine.pipeline.families import Family, Rules, get_family
-from engine.pipeline.inputs import CallOptions, Limits, check_call
+from engine.pipeline.results import PruneResult, Sentence
+from engine.pipeline.families import Family, get_family
+from engine.pipeline.inputs import CallOptions, Limits, Rules, check_call
 from engine.pipeline.lingua_decide import CompressOptions, CompressResult
 
 

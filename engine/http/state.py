@@ -16,11 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from engine.pipeline.decide import PruneResult
+from engine.pipeline.results import PruneResult
 from engine.errors import Cancelled, InputError, PruneError
 from engine.pipeline.families import Family
 from engine.pipeline.inputs import CallOptions
-from engine.pipeline.unknown_text import warning as unknown_warning
+from engine.pipeline.encode import unknown_warning
 from engine.protocol import PrunerProtocol
 from engine.pruner import run_cancellable
 from engine.settings import DEFAULTS
@@ -171,7 +171,7 @@ class InFlight:
 
 class UnknownText:
     """The API's log line (logger `prune.api`, WARNING) for calls whose passages are largely
-    unknown to the model's vocabulary (engine.pipeline.unknown_text): the first such call's line,
+    unknown to the model's vocabulary (engine.pipeline.encode): the first such call's line,
     then at most one every `every` seconds, counting the calls since the last one."""
 
     def __init__(self, every: float = 60.0):

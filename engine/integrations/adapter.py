@@ -26,9 +26,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from engine.pipeline.decide import PruneResult
+from engine.pipeline.results import PruneResult
 from engine.errors import InputError
-from engine.pipeline.inputs import OPTION_NAMES, CallOptions, option_fields
+from engine.pipeline.inputs import OPTION_NAMES, CallOptions
+from engine.pipeline.option_schema import option_fields
 
 
 #: an adapter's own fields, beside the call's options (engine.pipeline.inputs.CallOptions): default, meaning

@@ -12,8 +12,8 @@ from typing import Any
 
 from engine.backends.base import Backend
 from engine.errors import InputError, ModelLoadError
-from engine.pipeline.encode import BatchingConfig, manifest_tokenizer
-from engine.pipeline.spec import Manifest, ModelSpec, Runtime
+from engine.pipeline.encode import BatchingConfig
+from engine.pipeline.spec import Manifest, ModelSpec, Runtime, manifest_tokenizer
 from engine.settings import DEFAULTS, TORCH_ATTENTIONS, TORCH_DTYPES, checked, setting
 
 BACKENDS = ("onnxruntime", "openvino", "torch")

@@ -1,4 +1,4 @@
-"""Sentence decisions and results: threshold, title rule, backoff, reorder / top_k.
+"""Sentence decisions: threshold, title rule, backoff, reorder / top_k.
 
 Rules, in order, for one passage with sentence probabilities p:
 1. keep sentence i when p[i] > threshold (Provence-type families) or p[i] >= threshold
@@ -21,109 +21,27 @@ exactly the whole call's results.
 
 Before the rules, the model's per-block outputs become per-passage scores here too
 (`merge_blocks`: a long passage's blocks merged; `window_decisions`: token windows decide
-per window, as the OpenSearch pipeline does; `fuse_lexical`: the lexical score fused in),
+per window, as the OpenSearch pipeline does; `fuse_lexical`: the in-passage lexical score,
+the last section, fused in),
 and `decide_passages` applies the rules to a whole call. `engine.pruner` only orders the
 steps.
 """
 
 from __future__ import annotations
 
+import math
+import re
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from engine.pipeline import lexical, token_compress
-from engine.pipeline.families import Family, Rules
-
-
-@dataclass(frozen=True)
-class Sentence:
-    """One sentence of a passage: text, character span, keep probability, decision."""
-
-    text: str
-    start: int
-    end: int
-    probability: float
-    kept: bool
-
-
-@dataclass
-class PruneResult:
-    """One passage's answer: its pruned text, sentences, reranking score and compression."""
-
-    index: int  # position of the passage in the call's input
-    context: str  # the passage, untouched
-    pruned_context: str  # kept sentences in order, original text and separators
-    reranking_score: float | None  # raw rerank logit (0.0 for families without a rerank head;
-    # None for an empty passage, which is not run)
-    sentences: list[Sentence]
-    compression_rate: float  # share of characters removed, 0..1
-    threshold: float
-    blocks: int = 1  # model windows the passage needed
-    windows: str = "sentences"  # how the passage was cut: "sentences" or "reference"
-    # who cut it into sentences: "engine", "reference" (the family's own splitter), "caller" (sentences=)
-    splitter: str = "engine"
-    lexical_weight: float = 0.0  # the lexical score's share in the probabilities (engine.pipeline.lexical)
-    budget: Any = None  # engine.pipeline.budget.Budget when the call set budget_tokens
-    # share of the passage's non-space characters the model does not see as written ([UNK], dropped,
-    # a mark stripped; engine.pipeline.unknown_text); None: not measured (a Triton text model's client)
-    unknown_share: float | None = None
-    # the kept text compressed by the token compressor (engine.pipeline.token_compress), when the
-    # call set compress_rate or compress_target_token: its text, and its words as passage spans
-    compressed_context: str | None = None
-    compressed_spans: list[tuple[int, int]] | None = None
-
-    @property
-    def highlights(self) -> list[dict[str, Any]]:
-        """Kept sentences as OpenSearch-style `{text, start, end, probability}` spans."""
-        return [
-            {"text": s.text, "start": s.start, "end": s.end, "probability": s.probability}
-            for s in self.sentences
-            if s.kept
-        ]
-
-    def highlight(self, pre: str | Sequence[str] = "<em>", post: str | Sequence[str] = "</em>") -> str:
-        """The passage with every kept sentence wrapped in `pre` ... `post`; lists of tags
-        rotate by match (the k-th kept sentence takes pre[k % len(pre)], as Milvus's
-        pre_tags and post_tags do)."""
-        out, pos = [], 0
-        for k, s in enumerate(s for s in self.sentences if s.kept):
-            out += [self.context[pos : s.start], _tag(pre, k), self.context[s.start : s.end], _tag(post, k)]
-            pos = s.end
-        out.append(self.context[pos:])
-        return "".join(out)
-
-    def fragments(
-        self, pre: str | Sequence[str] = "<em>", post: str | Sequence[str] = "</em>", whole: bool = False
-    ) -> tuple[list[str], list[float]]:
-        """Milvus's semantic-highlight fragments and their scores: each kept sentence tagged,
-        with its probability; `whole`: one fragment, the passage as `highlight` tags it,
-        scored by its best kept sentence. Nothing kept: no fragments."""
-        kept = [s for s in self.sentences if s.kept]
-        if not kept:
-            return [], []
-        if whole:
-            return [self.highlight(pre, post)], [max(float(s.probability) for s in kept)]
-        return (
-            [_tag(pre, k) + self.context[s.start : s.end] + _tag(post, k) for k, s in enumerate(kept)],
-            [float(s.probability) for s in kept],
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """The result as JSON-ready values (what `prune run --json` prints); `budget` and the
-        compressed text only when the call had them, `unknown_share` only where it was measured."""
-        out = asdict(self)
-        for name in ("budget", "unknown_share", "compressed_context", "compressed_spans"):
-            if out[name] is None:
-                del out[name]
-        return out
-
-
-def _tag(tags: str | Sequence[str], k: int) -> str:
-    """The tag of the k-th match: `tags` itself, or its items in rotation."""
-    return tags if isinstance(tags, str) else tags[k % len(tags)]
+from engine.pipeline import token_compress
+from engine.pipeline.families import Family
+from engine.pipeline.inputs import Rules
+from engine.pipeline.results import PruneResult, Sentence
 
 
 def keep_mask(
@@ -338,9 +256,9 @@ def fuse_lexical(
     if not weight:
         return scored
     for p, sp, sc in zip(passages, spans, scored):
-        sc.probs = lexical.fuse(sc.probs, lexical.sentence_scores(question, [p[a:b] for a, b in sp]), weight)
+        sc.probs = fuse_scores(sc.probs, lexical_sentence_scores(question, [p[a:b] for a, b in sp]), weight)
         if sc.rerank is not None:
-            sc.rerank = float(lexical.fuse(sc.rerank, lexical.passage_score(question, p), weight))
+            sc.rerank = float(fuse_scores(sc.rerank, lexical_passage_score(question, p), weight))
     return scored
 
 
@@ -360,7 +278,7 @@ def decide_passages(
     the sentence rules (or the token windows' own decisions) and the family's zero-rerank
     rule, then the passage gate over the call, then the order. `splitter` is what each result
     records as having cut it (None: the rules' splitter; "caller" for the caller's sentences);
-    `unknown` each passage's unknown_share (engine.pipeline.unknown_text; None: not measured)."""
+    `unknown` each passage's unknown_share (engine.pipeline.encode; None: not measured)."""
     scored = fuse_lexical(scored, question, passages, spans, rules.lexical_weight)
     results = []
     for i, (p, sp, sc) in enumerate(zip(passages, spans, scored)):
@@ -418,3 +336,95 @@ def within_budget(results: list[PruneResult], rules: Rules, tokenizer: Any = Non
     return budget.apply_budget(
         results, rules.budget_tokens, budget.counter(rules.budget_tokenizer, tokenizer), with_kept
     )
+
+
+# The in-passage lexical score, fused with the model's (`lexical_weight`).
+#
+# A similarity model keeps the sentence most *like* the question (often a title or a
+# restatement); lexical overlap finds the sentence that names what is asked about. The
+# fusion runs on the client side of the core, in `Pruner.finish`, so the in-process
+# pruner and the Triton text model (which runs the same Pruner) give the same results.
+#
+# - A sentence's lexical score: Okapi BM25 (k1 1.5, b 0.75) of the question against the
+#   passage's sentences, with the IDF taken from those sentences (no corpus, no language
+#   data), divided by the passage's best, so it lies in [0, 1].
+# - A passage's lexical score (for its reranking score): the share of the question's
+#   distinct words that occur in it, in [0, 1]; it depends on that passage alone, so a call
+#   cut into several requests scores exactly as the whole call.
+# - Fusion: (1 - w) * model + w * lexical, for the sentence probabilities and the reranking
+#   score alike; w = 0 leaves the model's scores untouched.
+#
+# Words (`lexical_words`): Unicode word characters (`\w+`), case-folded; Chinese, Japanese and
+# Korean runs as overlapping character bigrams. The settings were chosen on squad-dev and
+# coqa-dev (docs/quality.md).
+
+_WORD = re.compile(r"\w+")
+#: Scripts written without spaces between words: Han (CJK ideographs and their
+#: extensions and compatibility forms), Hiragana, Katakana (with its phonetic extensions
+#: and half-width forms) and Hangul (syllables, jamo, compatibility jamo).
+_CJK = (
+    "\u1100-\u11ff\u2e80-\u2fdf\u3005-\u3007\u3021-\u3029\u3031-\u3035\u3038-\u303c"
+    "\u3040-\u309f\u30a0-\u30ff\u3130-\u318f\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
+    "\ua960-\ua97f\uac00-\ud7af\ud7b0-\ud7ff\uf900-\ufaff\uff66-\uff9f\uffa0-\uffdc"
+    "\U00020000-\U0003134f"
+)
+_CJK_RUN = re.compile(f"[{_CJK}]+|[^{_CJK}]+")
+_IS_CJK = re.compile(f"[{_CJK}]")
+K1, B = 1.5, 0.75
+
+
+def lexical_words(text: str) -> list[str]:
+    """The words of `text`, case-folded: runs of Unicode word characters (`\\w+`); within
+    them, a run of Chinese, Japanese or Korean characters becomes its overlapping character
+    bigrams (a lone character stays a unigram), as Lucene's CJK analyzer indexes text that
+    has no spaces between words ("東京タワー" -> 東京, 京タ, タワ, ワー)."""
+    out: list[str] = []
+    for token in _WORD.findall(text):
+        token = token.casefold()
+        if not _IS_CJK.search(token):
+            out.append(token)
+            continue
+        for run in _CJK_RUN.findall(token):
+            if not _IS_CJK.match(run):
+                out.append(run)
+            elif len(run) == 1:
+                out.append(run)
+            else:
+                out.extend(run[i : i + 2] for i in range(len(run) - 1))
+    return out
+
+
+def lexical_sentence_scores(
+    question: str, sentences: Sequence[str], k1: float = K1, b: float = B
+) -> np.ndarray:
+    """Each sentence's BM25 against the question, IDF from these sentences, divided by the best."""
+    docs = [lexical_words(s) for s in sentences]
+    n = len(docs)
+    if n == 0:
+        return np.zeros(0)
+    query = set(lexical_words(question))
+    avgdl = sum(len(d) for d in docs) / n or 1.0
+    df = Counter(w for d in docs for w in set(d) if w in query)
+    idf = {w: math.log(1 + (n - c + 0.5) / (c + 0.5)) for w, c in df.items()}
+    out = np.zeros(n)
+    for i, d in enumerate(docs):
+        tf = Counter(w for w in d if w in idf)
+        norm = k1 * (1 - b + b * len(d) / avgdl)
+        out[i] = sum(idf[w] * f * (k1 + 1) / (f + norm) for w, f in tf.items())
+    best = out.max()
+    return out / best if best > 0 else out
+
+
+def lexical_passage_score(question: str, passage: str) -> float:
+    """The share of the question's distinct words that the passage holds."""
+    query = set(lexical_words(question))
+    if not query:
+        return 0.0
+    return len(query & set(lexical_words(passage))) / len(query)
+
+
+def fuse_scores(model: np.ndarray | float, lexical: np.ndarray | float, weight: float) -> np.ndarray | float:
+    """(1 - weight) * model + weight * lexical; the model's scores as they are at weight 0."""
+    if weight == 0:
+        return model
+    return (1.0 - weight) * model + weight * lexical

@@ -1,4 +1,4 @@
-"""One set of input rules for every way into the engine.
+"""One set of input rules for every way into the engine, and the rules a call resolves to.
 
 The in-process `Pruner`, the text-model client (`engine.triton.text_pruner`) and the text
 model's own decoding (`engine.triton.wire.read_request`, on the server) check a call with
@@ -15,6 +15,20 @@ The rules:
   of the question and every passage together) in one call;
 - options: threshold, alpha and lexical_weight in [0, 1], title, windows and splitter from
   their lists, top_k a positive integer, passage_margin a finite number (negative: no gate).
+
+`Rules`, at the end, is the one definition of the settings that decide what a call keeps.
+A family gives the defaults (`Family.rules`), an export's manifest may
+override them (its `defaults`, engine.pipeline.spec), and a call may override those
+(`CallOptions`): `Rules.resolve` gives the rules one call runs with, computed
+once and carried with the call (engine.pruner's `Call`). The names are the same on every
+surface: the Python keywords, `prune run`'s flags, `/v1/prune`'s fields, the manifest's
+`defaults`, `/info`'s `rules` and `defaults`, the text model's inputs.
+
+The threshold comes in a pair, because the in-passage lexical fusion (engine.pipeline.decide) makes
+another score with a threshold of its own: `threshold` applies to the model's scores alone,
+`lexical_threshold` (when not None) to the fused ones. A call's resolved rules hold the one
+threshold it runs with in `threshold` (and `lexical_threshold` None): the threshold its
+results report.
 """
 
 from __future__ import annotations
@@ -22,9 +36,9 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
-from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +48,12 @@ from engine.settings import DEFAULTS, setting
 TITLE_RULES = ("first_sentence", "none")
 WINDOWS = ("reference", "sentences")
 SPLITTERS = ("engine", "reference")
+
+
+def token_windows(windows: str, window_tokens: int) -> bool:
+    """Whether `windows` means token windows, decided per window, for a family whose own code
+    cuts windows of `window_tokens` (0: its code cuts at sentences, and both values mean that)."""
+    return windows == "reference" and window_tokens > 0
 
 
 @dataclass(frozen=True)
@@ -179,7 +199,7 @@ def check_lexical_weight(weight: Any) -> float | None:
     """the in-passage lexical score's share in the sentence and reranking scores, in [0, 1]; 0: the
     model alone"""
     # checked: None (the family's default) passes; a number must be in [0, 1]
-    # (engine.pipeline.lexical).
+    # (engine.pipeline.decide).
     return None if weight is None else check_threshold(weight, "lexical_weight")
 
 
@@ -316,62 +336,6 @@ class CallOptions:
 OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in fields(CallOptions))
 
 
-def option_help(name: str) -> str:
-    """What option `name` means (the one text the CLI, the HTTP schema and the docs use)."""
-    return next(f.metadata["help"] for f in fields(CallOptions) if f.name == name)
-
-
-def option_type(name: str) -> type:
-    """The Python type an option takes when set: float, int, bool or str."""
-    f = next(f for f in fields(CallOptions) if f.name == name)
-    return {
-        "reorder": bool,
-        "top_k": int,
-        "title": str,
-        "windows": str,
-        "splitter": str,
-        "budget_tokens": int,
-        "budget_tokenizer": str,
-        "compress_target_token": int,
-    }.get(f.name, float)
-
-
-def option_choices(name: str) -> tuple[str, ...] | None:
-    """The values a text option takes (title, windows, splitter), None for the others."""
-    return {"title": TITLE_RULES, "windows": WINDOWS, "splitter": SPLITTERS}.get(name)
-
-
-def option_fields(rename: dict[str, str] | None = None) -> dict[str, tuple[Any, Any]]:
-    """Every option as a pydantic field definition (`create_model`'s `(type, Field)`): its
-    type (a Literal of its choices), None (reorder: false) the default, its help the
-    description. `rename` gives an option a framework's own name (`{"top_k": "top_n"}`).
-    The HTTP request model and the LangChain and LlamaIndex adapters are made of these."""
-    from pydantic import Field
-
-    out: dict[str, tuple[Any, Any]] = {}
-    for name in OPTION_NAMES:
-        choices = option_choices(name)
-        kind = Literal[choices] if choices else option_type(name)  # type: ignore[valid-type]
-        spec = (
-            (bool, Field(False, description=option_help(name)))
-            if name == "reorder"
-            else (kind | None, Field(None, description=option_help(name)))
-        )
-        out[(rename or {}).get(name, name)] = spec
-    return out
-
-
-def unknown_name(name: str, known: Sequence[str], what: str = "field") -> str:
-    """What a misspelt `name` is told: that it is unknown, the nearest of `known` if one is
-    close ("did you mean threshold?"), else every known one."""
-    import difflib
-
-    near = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
-    return f"unknown {what} {name!r}; " + (
-        f"did you mean {near[0]!r}?" if near else f"the {what}s are {', '.join(known)}"
-    )
-
-
 def check_tags(pre: str | None, post: str | None, names: tuple[str, str] = ("pre", "post")) -> bool:
     """Whether a call asks for tagged text: both tags, or neither (False); one without the
     other is an InputError (a tag left open, or closing nothing, is never sent back)."""
@@ -394,3 +358,114 @@ def check_sentences(sentences: Any, n_passages: int) -> None:
             raise InputError(
                 f"sentences[{i}] must be a list of sentences (str or (start, end)), got {type(sent).__name__}"
             )
+
+
+KEEP_RULES = ("gt", "ge")
+
+#: what an export records in its manifest's `defaults` (a call's own: top_k, reorder)
+RECORDED = (
+    "threshold",
+    "keep_rule",
+    "title",
+    "alpha",
+    "windows",
+    "lexical_weight",
+    "lexical_threshold",
+    "passage_margin",
+)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The decision settings (engine.pipeline.decide's rules): a family's defaults, or one call's."""
+
+    threshold: float  # keep a sentence whose probability passes this
+    keep_rule: str = "gt"  # "gt": probability > threshold; "ge": >=
+    title: str = "none"  # "first_sentence": the first sentence is a title
+    alpha: float | None = None  # backoff: keep the best sentence when it reaches this; None: off
+    windows: str = "sentences"  # how a long passage is cut (engine.pipeline.inputs.WINDOWS)
+    splitter: str = "engine"  # who cuts passages into sentences (engine.pipeline.text)
+    lexical_weight: float = 0.0  # the lexical score's share in the fused scores (0: the model alone)
+    lexical_threshold: float | None = None  # the threshold when lexical_weight > 0; None: `threshold`
+    passage_margin: float | None = None  # the passage gate's margin below the call's best; None: no gate
+    top_k: int | None = None  # keep the k best passages by reranking score
+    reorder: bool = False  # return the passages best first
+    budget_tokens: int | None = None  # a call's: keep within this many tokens (engine.pipeline.budget)
+    budget_tokenizer: str | None = None  # what counts them; None: the model's own tokenizer
+    compress_rate: float | None = None  # a call's: LLMLingua-2 over what it keeps (engine.pipeline.squeeze)
+    compress_target_token: int | None = None  # a call's: LLMLingua-2 to about this many tokens
+
+    @property
+    def compresses(self) -> bool:
+        """Whether the call compresses what it keeps (compress_rate < 1 or compress_target_token)."""
+        return self.compress_target_token is not None or (
+            self.compress_rate is not None and self.compress_rate < 1
+        )
+
+    def __post_init__(self) -> None:
+        """Each value checked as a call's option is (engine.pipeline.inputs: InputError, a ValueError)."""
+        for name in ("threshold", "lexical_weight", "lexical_threshold", "alpha"):
+            if getattr(self, name) is not None:
+                check_threshold(getattr(self, name), name)
+        check_passage_margin(self.passage_margin)
+        if self.keep_rule not in KEEP_RULES:
+            raise ValueError(f"keep_rule must be one of {KEEP_RULES}, got {self.keep_rule!r}")
+        check_windows(self.windows)
+        check_splitter(self.splitter)
+        check_title(self.title)
+        check_top_k(self.top_k)
+
+    def threshold_at(self, lexical_weight: float) -> float:
+        """The keep threshold of a call that sets no threshold, at `lexical_weight`."""
+        if lexical_weight and self.lexical_threshold is not None:
+            return self.lexical_threshold
+        return self.threshold
+
+    def resolve(self, options: CallOptions) -> Rules:
+        """The rules a call with `options` runs with: each option it sets over these
+        (a negative alpha or passage_margin turns that rule off), its threshold the one it
+        set or the one for its lexical weight."""
+        given = _switched(options.given())
+        rules = replace(self, **given)
+        return replace(
+            rules,
+            threshold=given.get("threshold", self.threshold_at(rules.lexical_weight)),
+            lexical_threshold=None,
+        )
+
+    def overridden(self, values: Mapping[str, Any]) -> Rules:
+        """These rules with a manifest's `defaults` over them: the recorded names present
+        (others are left alone), each checked (ValueError).
+        A null alpha or passage_margin turns that rule off (a negative one too); any other
+        null is the family's value (earlier exports wrote null for a value they left to it)."""
+        changes = {k: v for k, v in values.items() if k in RECORDED}
+        changes = {k: v for k, v in changes.items() if v is not None or k in SWITCHABLE}
+        return replace(self, **_switched(changes))
+
+    def recorded(self) -> dict[str, Any]:
+        """What an export writes in its manifest's `defaults`."""
+        return {name: getattr(self, name) for name in RECORDED}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every setting by name (what `/info`'s `rules` holds)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Rules:
+        """Rules from `to_dict`'s form (names it does not know are left out)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+#: the rules a negative value turns off (None in Rules: no backoff, no passage gate), each with
+#: its check (engine.pipeline.inputs: a negative number is the option's "off", written -1.0)
+SWITCHABLE = {"alpha": check_alpha, "passage_margin": check_passage_margin}
+
+
+def _switched(changes: dict[str, Any]) -> dict[str, Any]:
+    """`changes` with each SWITCHABLE value checked, and None for one turned off."""
+    for name, check in SWITCHABLE.items():
+        if changes.get(name) is not None:
+            value = check(changes[name])
+            changes[name] = None if value is None or value < 0 else float(value)
+    return changes

@@ -2,7 +2,8 @@
 
 An exported model folder carries it in `manifest.json`, read and written only through
 `Manifest`; a PyTorch checkpoint folder is described by reading its config and tokenizer.
-Torch-free.
+The tokenizer an export names is loaded and checked against the model here too
+(`manifest_tokenizer`). Torch-free.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from tokenizers import Tokenizer
 
 from engine.errors import ModelLoadError
 from engine.pipeline.families import Family, get_family
@@ -68,6 +71,58 @@ def special_ids(tokenizer: Any) -> dict[str, int]:
 MAX_WINDOW = 32_768
 
 
+# Ordinary English words that every real vocabulary of these families covers (with
+# subwords at worst): a tokenizer that maps all of them to special tokens knows no words.
+_PROBE_WORDS = ("the", "city", "water", "people", "history", "government", "river", "music")
+
+
+def check_vocabulary(tok: Tokenizer, embedding_rows: int, family: Any, source: str) -> None:
+    """Refuse a tokenizer that does not fit the model: a vocabulary far smaller than the
+    word-embedding rows, or one that knows no ordinary word (every probe word becomes
+    [UNK] or another special token). transformers 5 builds such a five-token tokenizer
+    ([PAD] [UNK] [CLS] [SEP] [MASK]) without a word when a checkpoint ships no vocabulary;
+    the model then runs on [UNK] alone and returns probabilities that mean nothing."""
+    size = tok.get_vocab_size(with_added_tokens=True)
+    specials = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
+    probe = tok.encode(" ".join(_PROBE_WORDS), add_special_tokens=False).ids
+    problem = None
+    if embedding_rows > 0 and size < embedding_rows // 2:
+        problem = f"its vocabulary has {size} tokens for the model's {embedding_rows} word-embedding rows"
+    elif not probe or all(i in specials for i in probe):
+        names = sorted({tok.id_to_token(i) or str(i) for i in probe})
+        problem = (
+            f"it maps ordinary words ({', '.join(_PROBE_WORDS[:4])}, ...) to {', '.join(names) or 'nothing'} "
+            f"(vocabulary of {size} tokens)"
+        )
+    if problem:
+        usual = getattr(family, "usual_tokenizer", "") or "the checkpoint's own"
+        raise ModelLoadError(
+            f"{source}: the tokenizer does not fit the model: {problem}. The checkpoint probably "
+            f"ships no tokenizer; export again with --tokenizer (a folder or hub id; for the "
+            f"{getattr(family, 'name', 'model')} family usually {usual})"
+        )
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """The fast tokenizer from a `tokenizer.json`, with padding and truncation off."""
+    path = Path(path)
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as exc:
+        raise ModelLoadError(f"{path}: cannot load tokenizer ({exc})") from exc
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
+
+
+def manifest_tokenizer(folder: str | Path, manifest: Any, family: Any) -> Tokenizer:
+    """An export folder's tokenizer (the file its `Manifest` names), checked
+    against its model (check_vocabulary)."""
+    tok = load_tokenizer(Path(folder) / manifest.tokenizer.file)
+    check_vocabulary(tok, manifest.embedding_rows, family, str(folder))
+    return tok
+
+
 @dataclass(frozen=True)
 class TokenizerInfo:
     """The manifest's `tokenizer`: its file in the folder and the special token ids."""
@@ -123,7 +178,7 @@ class Manifest:
     inputs: tuple[str, ...] = ()
     buckets: tuple[int, ...] = ()
     precision: str | None = None
-    # the decision rules' defaults this export records over its family's (engine.pipeline.families:
+    # the decision rules' defaults this export records over its family's (engine.pipeline.inputs:
     # the names of Rules.recorded; a name left out is the family's)
     defaults: dict[str, Any] = field(default_factory=dict)
     embedding_rows: int = 0  # input_ids must stay below this (0: unknown)

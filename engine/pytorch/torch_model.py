@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.pipeline.encode import check_vocabulary
+from engine.pipeline.spec import check_vocabulary
 from engine.errors import ModelLoadError
 from engine.pipeline.spec import ModelSpec, special_ids
 

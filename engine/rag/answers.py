@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from engine.pipeline.decide import PruneResult
+from engine.pipeline.results import PruneResult
 
 
 @dataclass

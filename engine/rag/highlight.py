@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from engine.pipeline.decide import PruneResult
+from engine.pipeline.results import PruneResult
 from engine.pipeline.inputs import check_threshold
 from engine.errors import InputError
 

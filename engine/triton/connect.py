@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ModelLoadError
-from engine.pipeline.encode import BatchingConfig, load_tokenizer
+from engine.pipeline.encode import BatchingConfig
+from engine.pipeline.spec import load_tokenizer
 from engine.pipeline.spec import Manifest
 from engine.protocol import PrunerProtocol
 from engine.settings import DEFAULTS

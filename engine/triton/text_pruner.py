@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from engine.pipeline import budget
-from engine.pipeline.decide import PruneResult, call_rules
+from engine.pipeline.decide import call_rules
+from engine.pipeline.results import PruneResult
 from engine.errors import BackendError, InputError, PruneError
 from engine.pipeline.inputs import CallOptions, Limits, check_call, default_limits
 from engine.protocol import FromSpec

@@ -20,7 +20,7 @@ One request is one question and its passages, as UTF-8 BYTES tensors:
              compression_rate FP32  [R]        share of the passage's characters removed
              blocks           INT32 [R]        model windows the passage needed
              unknown_share    FP32  [R]        share of the passage's characters the model does not
-                                               see as written (engine.pipeline.unknown_text); NaN:
+                                               see as written (engine.pipeline.encode); NaN:
                                                not measured. Optional (OPTIONAL_OUTPUTS): a client
                                                asks for it where the model has it, so a repository
                                                written before it still serves
@@ -46,9 +46,10 @@ from typing import Any
 
 import numpy as np
 
-from engine.pipeline.decide import PruneResult, Sentence
+from engine.pipeline.results import PruneResult, Sentence
 from engine.errors import InputError
-from engine.pipeline.inputs import OPTION_NAMES, CallOptions, Limits, check_call, option_type
+from engine.pipeline.inputs import OPTION_NAMES, CallOptions, Limits, check_call
+from engine.pipeline.option_schema import option_type
 from engine.settings import DEFAULTS
 from engine.pipeline.text import running_offsets
 

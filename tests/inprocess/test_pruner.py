@@ -235,9 +235,9 @@ def test_open_provence_reranking_score_is_process_s(pruners):
 
 @pytest.mark.parametrize("name", FAMILY_NAMES)
 def test_each_result_says_how_much_of_its_passage_the_model_does_not_see(pruners, name):
-    """unknown_share (engine.pipeline.unknown_text) on every route of a call: prune, prune_many,
+    """unknown_share (engine.pipeline.encode) on every route of a call: prune, prune_many,
     the family's reference windows (OpenSearch's words input), reordered and budgeted results."""
-    from engine.pipeline.unknown_text import UNKNOWN_SHARE_WARNING
+    from engine.pipeline.encode import UNKNOWN_SHARE_WARNING
 
     pruner = pruners[name][0]
     english, korean = DOCS[0], "서울은 한국의 수도입니다. 부산은 큰 항구 도시입니다."

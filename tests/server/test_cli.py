@@ -484,7 +484,7 @@ def test_eval_reports_the_lexical_hybrid_beside_its_parts(exported, tiny_data, t
     report = json.loads((out / "eval.json").read_text())
     names = [r["name"] for r in report["pruning"]["rows"]]
     w = HYBRID["lexical_weight"]
-    assert "BM25 over the passage's own sentences (engine.pipeline.lexical)" in names
+    assert "BM25 over the passage's own sentences (engine.pipeline.decide)" in names
     assert any(n.endswith(f"+ lexical (weight {w})") for n in names)
     assert any(f"+ lexical (weight {w}) at threshold {HYBRID['threshold']}" in n for n in names)
     hybrid = [m for n, m in report["reranking"]["metrics"].items() if n.endswith(f"+ lexical (weight {w})")]

@@ -320,7 +320,7 @@ def test_onnxruntime_gives_memory_back_by_default(exported, monkeypatch, tmp_pat
 
 
 def test_a_call_at_the_character_limit_stays_under_its_memory_bound(exported):
-    """The largest call the client accepts (MAX_CALL_CHARS in one passage, the costliest
+    """The largest call the client accepts (PRUNE_MAX_CALL_CHARS' default in one passage, the costliest
     shape) peaks under the documented bound (docs/limits.md: 1.4 GB with the default
     model; the tokenizer's share is the same for any model). In its own process, so the
     peak is this call's: VmHWM, not ru_maxrss, which a child inherits from pytest's own peak."""
@@ -329,7 +329,9 @@ def test_a_call_at_the_character_limit_stays_under_its_memory_bound(exported):
 
     code = (
         "import sys\n"
-        "from engine.pruner import MAX_CALL_CHARS, Pruner\n"
+        "from engine.pruner import Pruner\n"
+        "from engine.settings import DEFAULTS\n"
+        "MAX_CALL_CHARS = DEFAULTS.max_call_chars\n"
         "p = Pruner.load(sys.argv[1])\n"
         "q = 'what is it?'\n"
         "words = 'The stadium was built in 1923 and it holds eighty thousand people. '\n"

@@ -1,4 +1,4 @@
-"""The in-passage lexical score (engine.pipeline.lexical) and its fusion with the model's
+"""The in-passage lexical score (engine.pipeline.decide) and its fusion with the model's
 (`lexical_weight`): BM25 against a hand computation, the fusion monotone in each part,
 weight 0 equal to the model alone, the in-process pruner and the Triton text model equal,
 awkward questions handled, bad weights refused."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.pipeline import lexical
+from engine.pipeline.decide import lexical_passage_score, lexical_sentence_scores
 from engine.errors import InputError
 
 pytestmark = pytest.mark.server
@@ -24,14 +24,14 @@ def test_weight_zero_equals_todays_results_and_weights_are_checked(pruners):
     ]
     fused = p.prune(q, docs, lexical_weight=0.5)
     for r, m in zip(fused, p.prune(q, docs)):
-        lex = lexical.sentence_scores(q, [s.text for s in m.sentences])
+        lex = lexical_sentence_scores(q, [s.text for s in m.sentences])
         np.testing.assert_allclose(
             [s.probability for s in r.sentences],
             0.5 * np.array([s.probability for s in m.sentences]) + 0.5 * lex,
             atol=1e-6,
         )
         assert r.reranking_score == pytest.approx(
-            0.5 * m.reranking_score + 0.5 * lexical.passage_score(q, m.context)
+            0.5 * m.reranking_score + 0.5 * lexical_passage_score(q, m.context)
         )
     for bad in (-0.1, 1.5, float("nan"), "0.5"):
         with pytest.raises(InputError, match="lexical_weight"):
@@ -94,7 +94,7 @@ def test_the_default_family_fuses_by_default_and_weight_zero_is_the_model_at_its
     alone = p.prune(q, docs, lexical_weight=0.0)
     assert all(r.lexical_weight == 0.0 and r.threshold == 0.87 for r in alone)
     for r, m in zip(default, alone):
-        lex = lexical.sentence_scores(q, [s.text for s in m.sentences])
+        lex = lexical_sentence_scores(q, [s.text for s in m.sentences])
         np.testing.assert_allclose(
             [s.probability for s in r.sentences],
             0.5 * np.array([s.probability for s in m.sentences]) + 0.5 * lex,

@@ -120,7 +120,7 @@ def test_calls_in_other_languages_keep_the_answer_and_empty_the_rest(
     default_cache, question, passages, answer
 ):
     """The default model's encoder is English, so in Chinese, Japanese and Korean the
-    lexical part carries the decision, counting character bigrams (engine.pipeline.lexical)."""
+    lexical part carries the decision, counting character bigrams (engine.pipeline.decide)."""
     from engine.pruner import Pruner
 
     got = Pruner.load(default_cache["model"], threads=THREADS).prune(question, passages)

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from engine.pipeline.budget import Budget
-from engine.pipeline.decide import PruneResult, Sentence
+from engine.pipeline.results import PruneResult, Sentence
 from engine.pipeline.families import FAMILIES
 
 pytest.importorskip("fastapi")

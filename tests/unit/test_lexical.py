@@ -4,14 +4,14 @@ from __future__ import annotations
 import math
 import numpy as np
 import pytest
-from engine.pipeline import lexical
+from engine.pipeline.decide import fuse_scores, lexical_passage_score, lexical_sentence_scores, lexical_words
 
 pytestmark = pytest.mark.unit
 
 
 def test_bm25_over_the_passages_sentences_by_hand():
     sents = ["The cat sat.", "A dog sat on the cat.", "Birds fly."]
-    got = lexical.sentence_scores("Where did the cat sit?", sents)
+    got = lexical_sentence_scores("Where did the cat sit?", sents)
     # query words: where did the cat sit; df over the 3 sentences: the 2, cat 2 (sit: no "sit", only "sat")
     n, k1, b = 3, 1.5, 0.75
     lengths = [3, 6, 2]
@@ -28,8 +28,8 @@ def test_bm25_over_the_passages_sentences_by_hand():
 
 
 def test_passage_score_is_question_word_coverage():
-    assert lexical.passage_score("When was the stadium built?", "The stadium was built in 1923.") == 4 / 5
-    assert lexical.passage_score("When?", "Nothing here.") == 0.0
+    assert lexical_passage_score("When was the stadium built?", "The stadium was built in 1923.") == 4 / 5
+    assert lexical_passage_score("When?", "Nothing here.") == 0.0
 
 
 @pytest.mark.parametrize(
@@ -37,10 +37,10 @@ def test_passage_score_is_question_word_coverage():
 )
 def test_awkward_questions_are_handled(question):
     sents = ["北京是中国的首都。", "La tour Eiffel est à Paris.", "The cat and a dog.", "ünïcödé case works"]
-    got = lexical.sentence_scores(question, sents)
+    got = lexical_sentence_scores(question, sents)
     assert got.shape == (4,) and np.all((got >= 0) & (got <= 1))
-    assert 0.0 <= lexical.passage_score(question, " ".join(sents)) <= 1.0
-    assert lexical.sentence_scores(question, []).shape == (0,)
+    assert 0.0 <= lexical_passage_score(question, " ".join(sents)) <= 1.0
+    assert lexical_sentence_scores(question, []).shape == (0,)
     if question == "Ünïcödé CASE":  # case-folded
         assert got[3] == 1.0
 
@@ -48,11 +48,11 @@ def test_awkward_questions_are_handled(question):
 def test_cjk_text_is_counted_in_character_bigrams():
     """Chinese, Japanese and Korean have no spaces between words: a run of their characters
     is one `\\w+` match, so without bigrams a sentence is one "word" that never matches."""
-    assert lexical.words("東京タワー") == ["東京", "京タ", "タワ", "ワー"]
-    assert lexical.words("北京是首都") == ["北京", "京是", "是首", "首都"]
-    assert lexical.words("서울은 수도") == ["서울", "울은", "수도"]
-    assert lexical.words("iPhone15を買った 中 Ünï") == ["iphone15", "を買", "買っ", "った", "中", "ünï"]
-    assert lexical.words("The cat sat.") == ["the", "cat", "sat"]  # other scripts as before
+    assert lexical_words("東京タワー") == ["東京", "京タ", "タワ", "ワー"]
+    assert lexical_words("北京是首都") == ["北京", "京是", "是首", "首都"]
+    assert lexical_words("서울은 수도") == ["서울", "울은", "수도"]
+    assert lexical_words("iPhone15を買った 中 Ünï") == ["iphone15", "を買", "買っ", "った", "中", "ünï"]
+    assert lexical_words("The cat sat.") == ["the", "cat", "sat"]  # other scripts as before
 
 
 @pytest.mark.parametrize(
@@ -72,19 +72,19 @@ def test_cjk_text_is_counted_in_character_bigrams():
     ],
 )
 def test_cjk_questions_find_their_sentence(question, sentences, answer):
-    got = lexical.sentence_scores(question, sentences)
+    got = lexical_sentence_scores(question, sentences)
     assert int(np.argmax(got)) == answer and got[answer] == 1.0
     assert sorted(got)[-2] < 0.5  # the others share little with the question
     others = "".join(s for i, s in enumerate(sentences) if i != answer)
-    assert lexical.passage_score(question, sentences[answer]) > lexical.passage_score(question, others)
+    assert lexical_passage_score(question, sentences[answer]) > lexical_passage_score(question, others)
 
 
 def test_fusion_is_monotone_in_each_part_and_weight_zero_is_the_model():
     rng = np.random.default_rng(0)
     model, lex = rng.random(50), rng.random(50)
     for w in (0.0, 0.3, 0.5, 1.0):
-        base = lexical.fuse(model, lex, w)
-        assert np.all(lexical.fuse(model + 0.1, lex, w) >= base) and np.all(
-            lexical.fuse(model, lex + 0.1, w) >= base
+        base = fuse_scores(model, lex, w)
+        assert np.all(fuse_scores(model + 0.1, lex, w) >= base) and np.all(
+            fuse_scores(model, lex + 0.1, w) >= base
         )
-    assert lexical.fuse(model, lex, 0.0) is model
+    assert fuse_scores(model, lex, 0.0) is model

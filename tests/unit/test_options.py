@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from engine.errors import InputError
 from engine.pipeline.families import get_family
-from engine.pipeline.inputs import OPTION_NAMES, CallOptions, option_help, option_type
+from engine.pipeline.inputs import OPTION_NAMES, CallOptions
+from engine.pipeline.option_schema import option_help, option_type
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from engine.pipeline.decide import PruneResult, Sentence, gate_passages
+from engine.pipeline.decide import gate_passages
+from engine.pipeline.results import PruneResult, Sentence
 from engine.errors import InputError
 from engine.pipeline.families import get_family
 from engine.pipeline.inputs import CallOptions, check_passage_margin

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.unit
 def test_the_public_names_come_from_engine():
     import engine
     from engine.errors import InputError
-    from engine.pipeline.decide import PruneResult
+    from engine.pipeline.results import PruneResult
     from engine.pruner import Pruner
 
     assert engine.Pruner is Pruner and engine.PruneResult is PruneResult and engine.InputError is InputError

