@@ -174,11 +174,9 @@ class Pruner(FromSpec):
         """Prune each passage for `question`; one PruneResult per passage, in input order
         (or by reranking score with `reorder` / `top_k`).
 
-        The call's options are `options` and the keywords of `engine.pipeline.inputs.CallOptions`
-        (threshold, title, alpha, top_k, reorder, windows, splitter, lexical_weight, passage_margin;
-        None is the model's default, a negative alpha or passage_margin turns that rule off).
-        sentences: per passage, the caller's own sentences (strings found in order in the
-        passage, or (start, end) spans) instead of the built-in splitter.
+        The call's options are `options` and CallOptions' keywords (engine.pipeline.inputs: each
+        says what it means; None is the model's default). `sentences`: per passage, the caller's
+        own sentences (strings found in order, or (start, end) spans) instead of the splitter.
         """
         call = self.prepare(question, passages, options, sentences=sentences, **changes)
         return self.finish(call, infer_batches(self.backend, call.batches) if call.batches else [])
@@ -194,7 +192,7 @@ class Pruner(FromSpec):
     ) -> "Call":
         """Everything before the model: checks, sentences, blocks and padded batches.
 
-        `prune` is `finish(prepare(...), backend.infer_many(call.batches))`; a caller that
+        `prune` is `finish(prepare(...), infer_batches(backend, call.batches))`; a caller that
         runs the core itself (the Triton text model, over BLS) uses the two halves."""
         question, passages = check_call(question, passages, self.limits)
         check_sentences(sentences, len(passages))

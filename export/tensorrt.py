@@ -214,8 +214,7 @@ def export_tensorrt(
     """Add a TensorRT plan to an exported folder: fixed graph, build script, and (where
     TensorRT exists) the plan, checked against ONNX Runtime. Updates the manifest."""
     from engine.pipeline.encode import Encoder
-    from engine.pipeline.spec import manifest_tokenizer
-    from engine.pipeline.spec import Manifest
+    from engine.pipeline.spec import Manifest, manifest_tokenizer
     from export.samples import sample_batches
 
     if precision not in ("fp32", "fp16"):

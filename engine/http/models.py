@@ -1,7 +1,7 @@
 """The HTTP API's public types: every request and response body, and its one error enum.
 
 These models are the wire contract, kept apart from the engine's dataclasses
-(`engine.pipeline.decide.PruneResult`): a field renamed inside the engine fails here, loudly,
+(`engine.pipeline.results.PruneResult`): a field renamed inside the engine fails here, loudly,
 instead of changing what clients read. TEI's and Cohere's bodies keep their protocols'
 field names; `/v1/prune` is the engine's own (docs/http-api.md). OpenAPI (`/openapi.json`)
 shows every field of every body.

@@ -251,7 +251,7 @@ def fuse_lexical(
     spans: Sequence[Sequence[tuple[int, int]]],
     weight: float,
 ) -> list[Scored]:
-    """The in-passage lexical score fused with the model's at `weight` (engine.pipeline.lexical):
+    """The in-passage lexical score fused with the model's at `weight` (the lexical section below):
     each sentence's probability, and each passage's reranking score."""
     if not weight:
         return scored

@@ -404,7 +404,7 @@ def unknown_id(tok: Any) -> int | None:
 
 
 class UnseenCounter:
-    """Counts a text's unseen characters (module docstring) for one tokenizer."""
+    """Counts a text's unseen characters (the section's comment) for one tokenizer."""
 
     def __init__(self, tok: Any):
         self.unk = unknown_id(tok)
@@ -438,7 +438,7 @@ class UnseenCounter:
 
     def _unseen(self, text: str, ids: Sequence[int], offsets: Sequence[tuple[int, int]]) -> int:
         """The unseen characters of `text`: those in no token but an unknown one, and those the
-        normalizer changes (module docstring)."""
+        normalizer changes (the section's comment)."""
         pieces, end = [], 0  # the text the tokens cover (unknown tokens left out), in order
         for a, b in sorted(o for i, o in zip(ids, offsets) if i != self.unk and o[1] > o[0]):
             if b > end:

@@ -383,7 +383,7 @@ class Rules:
     keep_rule: str = "gt"  # "gt": probability > threshold; "ge": >=
     title: str = "none"  # "first_sentence": the first sentence is a title
     alpha: float | None = None  # backoff: keep the best sentence when it reaches this; None: off
-    windows: str = "sentences"  # how a long passage is cut (engine.pipeline.inputs.WINDOWS)
+    windows: str = "sentences"  # how a long passage is cut (WINDOWS)
     splitter: str = "engine"  # who cuts passages into sentences (engine.pipeline.text)
     lexical_weight: float = 0.0  # the lexical score's share in the fused scores (0: the model alone)
     lexical_threshold: float | None = None  # the threshold when lexical_weight > 0; None: `threshold`
@@ -392,7 +392,7 @@ class Rules:
     reorder: bool = False  # return the passages best first
     budget_tokens: int | None = None  # a call's: keep within this many tokens (engine.pipeline.budget)
     budget_tokenizer: str | None = None  # what counts them; None: the model's own tokenizer
-    compress_rate: float | None = None  # a call's: LLMLingua-2 over what it keeps (engine.pipeline.squeeze)
+    compress_rate: float | None = None  # a call's: LLMLingua-2 over what it keeps (token_compress.py)
     compress_target_token: int | None = None  # a call's: LLMLingua-2 to about this many tokens
 
     @property
@@ -403,7 +403,7 @@ class Rules:
         )
 
     def __post_init__(self) -> None:
-        """Each value checked as a call's option is (engine.pipeline.inputs: InputError, a ValueError)."""
+        """Each value checked as a call's option is (the checks above: InputError, a ValueError)."""
         for name in ("threshold", "lexical_weight", "lexical_threshold", "alpha"):
             if getattr(self, name) is not None:
                 check_threshold(getattr(self, name), name)
@@ -458,7 +458,7 @@ class Rules:
 
 
 #: the rules a negative value turns off (None in Rules: no backoff, no passage gate), each with
-#: its check (engine.pipeline.inputs: a negative number is the option's "off", written -1.0)
+#: its check (the checks above: a negative number is the option's "off", written -1.0)
 SWITCHABLE = {"alpha": check_alpha, "passage_margin": check_passage_margin}
 
 

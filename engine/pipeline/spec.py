@@ -115,7 +115,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     return tok
 
 
-def manifest_tokenizer(folder: str | Path, manifest: Any, family: Any) -> Tokenizer:
+def manifest_tokenizer(folder: str | Path, manifest: Manifest, family: Family) -> Tokenizer:
     """An export folder's tokenizer (the file its `Manifest` names), checked
     against its model (check_vocabulary)."""
     tok = load_tokenizer(Path(folder) / manifest.tokenizer.file)

@@ -6,9 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.pipeline.spec import check_vocabulary
 from engine.errors import ModelLoadError
-from engine.pipeline.spec import ModelSpec, special_ids
+from engine.pipeline.spec import ModelSpec, check_vocabulary, special_ids
 
 
 def load_hf_tokenizer(folder: str | Path) -> Any:

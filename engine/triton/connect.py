@@ -10,8 +10,7 @@ from typing import Any
 
 from engine.errors import ModelLoadError
 from engine.pipeline.encode import BatchingConfig
-from engine.pipeline.spec import load_tokenizer
-from engine.pipeline.spec import Manifest
+from engine.pipeline.spec import Manifest, load_tokenizer
 from engine.protocol import PrunerProtocol
 from engine.settings import DEFAULTS
 

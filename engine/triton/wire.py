@@ -53,7 +53,7 @@ from engine.pipeline.option_schema import option_type
 from engine.settings import DEFAULTS
 from engine.pipeline.text import running_offsets
 
-#: the Triton datatype of each option type (engine.pipeline.inputs.option_type)
+#: the Triton datatype of each option type (engine.pipeline.option_schema.option_type)
 OPTION_DATATYPES = {float: "FP32", int: "INT32", bool: "BOOL", str: "BYTES"}
 #: name -> (Triton datatype, dims) of the text model's inputs; all optional in the config
 #: (a describe request has none); `question` and `passages` are checked by `read_request`;

@@ -1,4 +1,4 @@
-"""The decision settings have one definition (engine.pipeline.families.Rules), and every surface is made of it."""
+"""The decision settings have one definition (engine.pipeline.inputs.Rules), and every surface is made of it."""
 
 from __future__ import annotations
 

@@ -22,9 +22,8 @@ import triton_python_backend_utils as pb_utils
 from engine.backends.base import Backend
 from engine.errors import BackendError, InputError, PruneError
 from engine.pipeline.encode import BatchingConfig
-from engine.pipeline.spec import manifest_tokenizer
 from engine.pipeline.inputs import Limits
-from engine.pipeline.spec import Manifest
+from engine.pipeline.spec import Manifest, manifest_tokenizer
 from engine.pruner import Pruner
 from engine.settings import DEFAULTS
 from engine.triton.wire import INPUT_ERROR_PREFIX, describe_tensors, read_request, results_to_tensors

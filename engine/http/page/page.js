@@ -13,7 +13,7 @@
   let view = null;       // {state, results, local}: the last answer
 
   // ------------------------------------------------------------------ the family's rule
-  // engine/core/decide.py, as /info states it (defaults: keep_rule, title, alpha, passage_margin,
+  // engine/pipeline/decide.py, as /info states it (defaults: keep_rule, title, alpha, passage_margin,
   // zero_rerank_when_empty). tests/server/test_page.py holds these against the engine.
   function keepMask(probs, rule, threshold) {
     const n = probs.length;
