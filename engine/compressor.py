@@ -33,7 +33,7 @@ from engine.pipeline.lingua_words import (
     merge_words,
     word_spans,
 )
-from engine.pipeline.spec import MANIFEST, CompressorManifest
+from engine.pipeline.spec import MANIFEST, CompressorManifest, Runtime
 from engine.settings import setting
 
 #: chunks per model batch on a GPU (and through Triton's GPU core): one padded batch keeps it busy.
@@ -82,7 +82,14 @@ class Compressor:
         self.pad_id = next((i for t in ("[PAD]", "<pad>") if (i := tok.token_to_id(t)) is not None), 0)
 
     @classmethod
-    def load(cls, model: str | Path, *, threads: int | None = None, device: str = "cpu") -> "Compressor":
+    def load(
+        cls,
+        model: str | Path,
+        *,
+        threads: int | None = None,
+        device: str = "cpu",
+        runtime: Runtime | None = None,
+    ) -> "Compressor":
         """An LLMLingua-2 checkpoint folder (config.json, safetensors, tokenizer.json), run in
         PyTorch on the CPU, or its export (manifest.json, model.onnx, tokenizer.json: `prune
         export`), run in ONNX Runtime with the engine's session settings (PRUNE_ORT_ARENA,
@@ -90,10 +97,13 @@ class Compressor:
         cuda (ONNX Runtime's CUDA provider: pip install 'prune-engine[gpu]'). An fp16 export is the
         GPU's precision, and on cuda runs as the GPU graph (engine.backends.gpu_graph.GpuTokenProbs:
         one copy of the weights, batches of chunks padded to 64-512 tokens and captured as CUDA
-        graphs, at most PRUNE_GPU_GRAPHS shapes); the CPU runs it too, slowly."""
+        graphs, at most PRUNE_GPU_GRAPHS shapes); the CPU runs it too, slowly. `runtime`: how a CPU
+        runs the export (engine.pipeline.spec.Runtime: OpenVINO bf16, say); None: the runtime its
+        manifest prefers where this machine has it (`prune export --precision auto`'s pick), else
+        ONNX Runtime."""
         folder = Path(model)
         if (folder / MANIFEST).is_file():
-            return cls._load_export(folder, threads, device)
+            return cls._load_export(folder, threads, device, runtime)
         if device != "cpu":
             raise ModelLoadError(
                 f"device {device!r} runs an export: prune export --model {folder} --precision fp16 (or fp32), "
@@ -130,7 +140,9 @@ class Compressor:
         return self.compress(texts, **options).kept_spans
 
     @classmethod
-    def _load_export(cls, folder: Path, threads: int | None, device: str = "cpu") -> "Compressor":
+    def _load_export(
+        cls, folder: Path, threads: int | None, device: str = "cpu", runtime: Runtime | None = None
+    ) -> "Compressor":
         manifest = CompressorManifest.read(folder)
         tokenizer = LinguaTokenizer.from_folder(folder)
         if tokenizer.size != manifest.embedding_rows:
@@ -141,7 +153,11 @@ class Compressor:
         graph = folder / manifest.graph
         threads = threads if threads is not None else setting("threads")
         backend, precision = "onnxruntime", manifest.precision
-        if device == "cpu" and manifest.runtime is not None:  # auto's pick: OpenVINO bf16, where it runs
+        if runtime is not None:
+            if device != "cpu":
+                raise ModelLoadError(f"runtime {runtime} runs on the CPU, not on device {device!r}")
+            backend, precision = runtime.backend, runtime.precision
+        elif device == "cpu" and manifest.runtime is not None:  # auto's pick: OpenVINO bf16, where it runs
             from engine.models.loading import preferred_runtime
 
             backend, precision = preferred_runtime(folder, manifest, None)

@@ -31,7 +31,6 @@ from typing import Any, Callable
 from engine.errors import ExportError
 from engine.machine.cpu import CpuKind
 from engine.pipeline.spec import CompressorManifest, Runtime
-from engine.settings import setting
 
 #: what `--precision auto` does not try for LLMLingua-2, and why
 NOT_TRIED = {
@@ -42,8 +41,8 @@ NOT_TRIED = {
         for name in ("ov-int8", "ov-int8-bf16")
     },
 }
-#: the runtime an ov-bf16 candidate's manifest prefers
-OV_BF16 = {"backend": "openvino", "precision": "bf16"}
+#: the runtime an ov-bf16 candidate (the fp32 export's graph) runs with, and its manifest prefers
+OV_BF16 = Runtime("openvino", "bf16")
 
 
 def choose_lingua_precision(
@@ -77,7 +76,9 @@ def choose_lingua_precision(
             not_tried["ov-bf16"] = ov_missing
         for name, why in not_tried.items():
             log(f"auto: {name} not tried ({why})")
-        compressors = _load(folders, threads, ov_bf16=ov_missing is None)
+        if ov_missing is None:
+            folders["ov-bf16"] = folders["fp32"]  # the same graph, run by OpenVINO at bf16
+        compressors = _load(folders, threads)
         candidates = gate_candidates(compressors, log)
         chunks = _chunks(compressors["fp32"], TEXTS)
         batches = math.ceil(len(chunks) / min(c.batch_chunks for c in compressors.values()))
@@ -102,7 +103,7 @@ def choose_lingua_precision(
         }
         if out.exists():
             shutil.rmtree(out)
-        shutil.copytree(folders["fp32" if picked == "ov-bf16" else picked], out)
+        shutil.copytree(folders[picked], out)
         manifest = CompressorManifest.read(out)
         data = {**manifest.data, "auto": record}
         if picked != "fp32":  # the gate it passed, where a `--precision int8` export keeps it
@@ -110,7 +111,7 @@ def choose_lingua_precision(
                 k: candidates[picked][k] for k in ("passed", "agreement", "words", "spearman", "reason")
             }
         # ov-bf16: the fp32 graph, its manifest preferring OpenVINO's bf16 inference
-        runtime = Runtime(**OV_BF16) if picked == "ov-bf16" else manifest.runtime
+        runtime = OV_BF16 if picked == "ov-bf16" else manifest.runtime
         dataclasses.replace(manifest, data=data, runtime=runtime).write(out)
     log(f"auto: picked {picked} ({record['why']}); wrote {out} in {time.perf_counter() - t0:.1f} s")
     return CompressorManifest.read(out).data
@@ -180,7 +181,7 @@ def ov_bf16_missing() -> str | None:
     """Why OpenVINO's bf16 inference cannot run here (not installed, no bf16 on this CPU), or None."""
     from engine.models.loading import runtime_missing
 
-    return runtime_missing(Runtime(**OV_BF16))
+    return runtime_missing(OV_BF16)
 
 
 def gate_candidates(compressors: dict[str, Any], log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
@@ -201,22 +202,15 @@ def gate_candidates(compressors: dict[str, Any], log: Callable[[str], None]) -> 
     return candidates
 
 
-def _load(folders: dict[str, Path], threads: int | None, ov_bf16: bool) -> dict[str, Any]:
-    """The candidates' compressors; with `ov_bf16`, the fp32 export's graph on OpenVINO's bf16
-    inference too (what its manifest's runtime makes Compressor.load run, once picked)."""
+def _load(folders: dict[str, Path], threads: int | None) -> dict[str, Any]:
+    """The candidates' compressors; ov-bf16 (the fp32 export's folder) on OpenVINO's bf16 inference,
+    what its manifest's runtime makes Compressor.load run once picked."""
     from engine.compressor import Compressor
 
-    out = {p: Compressor.load(f, threads=threads) for p, f in folders.items()}
-    if ov_bf16:
-        from engine.backends.openvino import OvTokenProbs
-
-        base = out["fp32"]
-        graph = folders["fp32"] / CompressorManifest.read(folders["fp32"]).graph
-        core = OvTokenProbs(
-            graph, precision="bf16", threads=threads if threads is not None else setting("threads")
-        )
-        out["ov-bf16"] = Compressor(base.tokenizer, core, base.count.encoding)
-    return out
+    return {
+        p: Compressor.load(f, threads=threads, runtime=OV_BF16 if p == "ov-bf16" else None)
+        for p, f in folders.items()
+    }
 
 
 def _chunks(compressor: Any, texts: list[str]) -> list:

@@ -22,11 +22,10 @@ import json
 import shutil
 from pathlib import Path
 
-from engine.backends.onnxruntime import SHRINK_ABOVE_TOKENS
 from engine.errors import ExportError
 from engine.pipeline.lingua_words import LinguaTokenizer
 from engine.pipeline.spec import CompressorManifest
-from export.triton_config import joins_requests, parameters, tensor
+from export.triton_config import core_parameters, parameters, tensor
 from triton_models import COMPRESS, CORE, template
 
 #: the targets a compressor serves on
@@ -67,22 +66,11 @@ def render_core_config(
     inputs = ",\n".join(tensor(n, "TYPE_INT64", "-1") for n in ("input_ids", "attention_mask"))
     outputs = tensor("token_probs", "TYPE_FP32", "-1")
     gpu = opts.target == "gpu-onnx"
-    params = {
-        "pad_id": str(pad_id),
-        # what the python core checks a request against: the window and the vocabulary's rows
-        "prune_manifest": json.dumps({**manifest.data, "max_length": MAX_LENGTH}),
-        "intra_op_threads": str(opts.intra_op_threads),
-        "ort_arena": opts.ort_arena,
-        "ort_denormals": opts.ort_denormals,
-        "ort_shrink_above_tokens": str(SHRINK_ABOVE_TOKENS),
-    }
-    if not gpu:
-        join = joins_requests(manifest.precision, opts.join_requests)  # INT8's requests run alone
-        params.update(join_requests="true" if join else "false", runtime=opts.runtime, graph="model.onnx")
-        if opts.runtime == "openvino":
-            params["inference_precision"] = "bf16" if opts.inference_precision == "bf16" else "f32"
-    if text_model:
-        params["prune_text_model"] = text_model
+    # what the python core checks a request against: the window and the vocabulary's rows
+    manifest_json = json.dumps({**manifest.data, "max_length": MAX_LENGTH})
+    params = core_parameters(
+        opts, pad_id, manifest_json, manifest.precision, opts.runtime, "model.onnx", text_model
+    )
     return (
         f'name: "{name}"\n'
         + ('platform: "onnxruntime_onnx"\n' if gpu else 'backend: "python"\n')

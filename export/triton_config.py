@@ -4,6 +4,9 @@ an LLMLingua-2 compressor's (triton_compressor.py) both write."""
 from __future__ import annotations
 
 import json
+from typing import Any
+
+from engine.backends.onnxruntime import SHRINK_ABOVE_TOKENS
 
 
 def tensor(name: str, dtype: str, dims: str, reshape: str = "", optional: bool = False) -> str:
@@ -27,3 +30,34 @@ def joins_requests(precision: str, join_requests: str) -> bool:
     if join_requests == "auto":
         return precision != "int8"
     return join_requests == "always"
+
+
+def core_parameters(
+    opts: Any,
+    pad_id: int,
+    manifest_json: str,
+    precision: str,
+    runtime: str,
+    graph: str,
+    text_model: str | None,
+) -> dict[str, str]:
+    """The core model's parameters, a pruner's and a compressor's: what the python core checks a
+    request against (`pad_id`, `prune_manifest`), ONNX Runtime's threads and memory settings; on
+    the cpu target the python core's runtime and graph, whether it joins requests (joins_requests)
+    and OpenVINO's inference precision; the text model beside it (`prune_text_model`)."""
+    params = {
+        "pad_id": str(pad_id),
+        "prune_manifest": manifest_json,
+        "intra_op_threads": str(opts.intra_op_threads),
+        "ort_arena": opts.ort_arena,
+        "ort_denormals": opts.ort_denormals,
+        "ort_shrink_above_tokens": str(SHRINK_ABOVE_TOKENS),
+    }
+    if opts.target == "cpu":
+        join = joins_requests(precision, opts.join_requests)  # INT8's requests run alone
+        params.update(join_requests="true" if join else "false", runtime=runtime, graph=graph)
+        if runtime == "openvino":
+            params["inference_precision"] = "bf16" if opts.inference_precision == "bf16" else "f32"
+    if text_model:
+        params["prune_text_model"] = text_model
+    return params

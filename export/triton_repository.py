@@ -30,12 +30,11 @@ import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from engine.backends.onnxruntime import SHRINK_ABOVE_TOKENS
 from engine.compressor import is_compressor
 from engine.errors import ExportError
 from engine.pipeline.spec import RUNTIMES as MANIFEST_RUNTIMES
 from engine.pipeline.spec import MANIFEST, CompressorManifest, Manifest
-from export.triton_config import joins_requests, parameters, tensor
+from export.triton_config import core_parameters, parameters, tensor
 from triton_models import CORE, TEXT, template
 from engine.settings import DEFAULTS, checked
 from engine.triton.wire import (
@@ -161,25 +160,16 @@ def render_config(name: str, manifest: Manifest, opts: RepositoryOptions, text_m
     else:
         head = 'platform: "tensorrt_plan"'
         kind = "KIND_GPU"
-    params = {
-        "pad_id": str(manifest.tokenizer.pad_id),
-        "prune_manifest": json.dumps(manifest.to_dict()),
-        "intra_op_threads": str(opts.intra_op_threads),
-        "ort_arena": opts.ort_arena,
-        "ort_denormals": opts.ort_denormals,
-        "ort_shrink_above_tokens": str(SHRINK_ABOVE_TOKENS),
-    }
-    if opts.target == "cpu":
-        params["join_requests"] = (
-            "true" if joins_requests(manifest.precision, opts.join_requests) else "false"
-        )
-        runtime = core_runtime(manifest, opts)
-        params["runtime"] = runtime
-        params["graph"] = core_graph(manifest)
-        if runtime == "openvino":
-            params["inference_precision"] = "bf16" if opts.inference_precision == "bf16" else "f32"
-    if text_model:
-        params["prune_text_model"] = text_model
+    runtime = core_runtime(manifest, opts) if opts.target == "cpu" else opts.runtime
+    params = core_parameters(
+        opts,
+        manifest.tokenizer.pad_id,
+        json.dumps(manifest.to_dict()),
+        manifest.precision,
+        runtime,
+        core_graph(manifest) if opts.target == "cpu" else "",
+        text_model,
+    )
     param_text = parameters(params)
     accel = ""
     if opts.target == "gpu-onnx" and opts.trt_accelerator:

@@ -56,6 +56,7 @@ from engine.backends.onnxruntime import (
     thread_denormals,
 )
 from engine.pipeline.encode import BatchingConfig, ModelBatch
+from engine.pipeline.spec import GRAPH_OUTPUTS
 from engine.errors import BackendError, ModelLoadError
 from engine.settings import DEFAULTS
 
@@ -64,8 +65,6 @@ GRAPH_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 #: a shape not yet captured whose batches keep coming with no idle moment between them is
 #: captured on its next batch after this many (that batch waits for the capture)
 CAPTURE_AFTER = 8
-#: a pruner's outputs (the default); an LLMLingua-2 compressor's is ("token_probs",) (GpuTokenProbs)
-OUTPUTS = ("rerank_score", "sentence_probs")
 #: the lengths an LLMLingua-2 chunk (at most 512 tokens) is padded to on the GPU graph
 LINGUA_LENGTHS = (64, 128, 256, 384, 512)
 #: chunks per batch of the compressor's GPU graph (as engine.compressor.BATCH_CHUNKS on a GPU)
@@ -155,7 +154,7 @@ class GpuGraphBackend(Backend):
         profile: str | None = None,
         log: Any = None,
         ort: Any = None,
-        outputs: tuple[str, ...] = OUTPUTS,
+        outputs: tuple[str, ...] = GRAPH_OUTPUTS,  # a pruner's; a compressor's: token_probs
     ):
         if ort is None:
             try:

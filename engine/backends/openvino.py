@@ -32,7 +32,7 @@ from engine.backends.base import Backend
 from engine.pipeline.encode import ModelBatch
 from engine.machine.cpu import BF16_FLAGS, cpu_flags
 from engine.errors import BackendError, ModelLoadError
-from engine.pipeline.spec import RUNTIMES
+from engine.pipeline.spec import GRAPH_OUTPUTS, RUNTIMES
 
 PRECISIONS = RUNTIMES["openvino"]
 
@@ -72,7 +72,7 @@ class OpenVinoBackend(Backend):
         precision: str = "fp32",
         threads: int | None = None,
         shape_cache: int | None = None,
-        outputs: tuple[str, ...] = ("rerank_score", "sentence_probs"),
+        outputs: tuple[str, ...] = GRAPH_OUTPUTS,
     ):
         core = openvino_core()
         graph = Path(graph)

@@ -42,11 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from engine.bench.lingua_report import CUDA_FP32, GPU_GRAPH, ORT_AUTO, ORT_FP32, figures
 from engine.bench.session import BenchPath
 
 REFERENCE = "llmlingua PromptCompressor (reference)"
-#: the GPU's engine paths (--device cuda)
-CUDA_FP32, GPU_GRAPH = "engine onnxruntime cuda fp32", "engine gpu graph fp16"
 #: the separators the word labels are read with (characters no prompt holds)
 WORD_SEP, LABEL_SEP = "\x1e", "\x1f"
 
@@ -185,14 +184,13 @@ class LinguaSession:
         return self.once("reference", make)
 
     def compressor(self, folder: Path) -> Any:
-        """The engine's Compressor on `folder` (the checkpoint: PyTorch on the CPU; an export: ONNX
-        Runtime on the options' device)."""
+        """The engine's Compressor on `folder` (the checkpoint: PyTorch; an export: ONNX Runtime, or
+        the GPU graph for an fp16 one) on the options' device."""
         from engine.compressor import Compressor
 
-        device = self.options.device if (Path(folder) / "manifest.json").is_file() else "cpu"
         return self.once(
             ("compressor", str(folder)),
-            lambda: Compressor.load(folder, threads=self.options.threads, device=device),
+            lambda: Compressor.load(folder, threads=self.options.threads, device=self.options.device),
         )
 
     def export(self, which: str) -> Path:
@@ -352,8 +350,8 @@ def lingua_registry(device: str = "cpu") -> list[BenchPath]:
     return [
         BenchPath(REFERENCE, "compressor", _reference),
         BenchPath("engine torch fp32", "compressor", _engine(lambda s: s.options.checkpoint), "checkpoint"),
-        BenchPath("engine onnxruntime fp32", "compressor", _engine(lambda s: s.export("fp32")), "fp32"),
-        BenchPath("engine onnxruntime auto", "compressor", _engine(lambda s: s.export("auto")), "auto"),
+        BenchPath(ORT_FP32, "compressor", _engine(lambda s: s.export("fp32")), "fp32"),
+        BenchPath(ORT_AUTO, "compressor", _engine(lambda s: s.export("auto")), "auto"),
     ]
 
 
@@ -442,7 +440,6 @@ def measure_workload(
 
 def bench_lingua(o: LinguaBenchOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Measure the selected paths on every workload; the report's figures (lingua_report writes them)."""
-    from engine.bench.lingua_report import figures
     from engine.bench.registry import select
     from engine.datafiles import load_contexts
     from engine.pipeline.budget import tiktoken_encoding

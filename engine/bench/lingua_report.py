@@ -9,12 +9,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+#: the engine's paths (engine.bench.lingua's registry): the CPU's, then the GPU's (--device cuda)
+ORT_FP32, ORT_AUTO = "engine onnxruntime fp32", "engine onnxruntime auto"
+CUDA_FP32, GPU_GRAPH = "engine onnxruntime cuda fp32", "engine gpu graph fp16"
 #: what the engine aims at, reported against (not asserted): (path, least ratio to the reference,
 #: whether the output must be identical)
 TARGETS = (
-    ("engine onnxruntime fp32", 1.5, True),
-    ("engine onnxruntime auto", 3.0, False),
-    ("engine gpu graph fp16", 10.0, False),  # --device cuda: where the reference's loops dominate (#62)
+    (ORT_FP32, 1.5, True),
+    (ORT_AUTO, 3.0, False),
+    (GPU_GRAPH, 10.0, False),  # --device cuda: where the reference's loops dominate (#62)
 )
 
 

@@ -151,8 +151,8 @@ def test_the_gpu_paths_run_end_to_end_with_the_gpu_graph_on_the_cpu(
     load = Compressor._load_export.__func__
     loaded: list[tuple[str, str]] = []
 
-    def on_the_cpu(cls, folder, threads, device="cpu"):
-        cpu = load(cls, folder, threads, "cpu")
+    def on_the_cpu(cls, folder, threads, device="cpu", runtime=None):
+        cpu = load(cls, folder, threads, "cpu", runtime)
         loaded.append((folder.name, device))
         if device == "cuda" and "fp16" in folder.name:
             cpu.core = GpuTokenProbs(folder / "model.onnx", device="cpu", threads=1)

@@ -112,10 +112,11 @@ class _OpenVino:
         self.compiled = core.compile_model(core.read_model(path), "CPU", config)
         self.request = self.compiled.create_infer_request()
         self.input_names = [i.get_any_name() for i in self.compiled.inputs]
+        self.outputs = [self.compiled.output(n) for n in output_names]  # looked up once
 
     def run(self, batch, tokens):
         out = self.request.infer(batch)
-        return [np.array(out[self.compiled.output(n)], copy=True) for n in self.output_names]
+        return [np.array(out[port], copy=True) for port in self.outputs]
 
 
 RUNTIMES = {"onnxruntime": _OnnxRuntime, "openvino": _OpenVino}
