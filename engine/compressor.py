@@ -95,7 +95,7 @@ class Compressor:
         export`), run in ONNX Runtime with the engine's session settings (PRUNE_ORT_ARENA,
         PRUNE_ORT_DENORMALS; threads: PRUNE_INTRA_OP_THREADS when not given) on `device`: cpu, or
         cuda (ONNX Runtime's CUDA provider: pip install 'prune-engine[gpu]'). An fp16 export is the
-        GPU's precision, and on cuda runs as the GPU graph (engine.backends.gpu_graph.GpuTokenProbs:
+        GPU's precision, and on cuda runs as the GPU graph (engine.backends.gpu_token_probs.GpuTokenProbs:
         one copy of the weights, batches of chunks padded to 64-512 tokens and captured as CUDA
         graphs, at most PRUNE_GPU_GRAPHS shapes); the CPU runs it too, slowly. `runtime`: how a CPU
         runs the export (engine.pipeline.spec.Runtime: OpenVINO bf16, say); None: the runtime its
@@ -166,9 +166,11 @@ class Compressor:
 
             core: Any = OvTokenProbs(graph, precision=precision, threads=threads)
         elif device == "cuda" and manifest.precision == "fp16":
-            from engine.backends.gpu_graph import GpuTokenProbs  # one copy of the weights, CUDA graphs
+            from engine.backends.gpu_token_probs import GpuTokenProbs  # one copy of the weights, CUDA graphs
 
-            core = GpuTokenProbs(graph, max_graphs=setting("gpu_graphs"))
+            from engine.models.loading import gpu_graph_settings
+
+            core = GpuTokenProbs(graph, **gpu_graph_settings())
         else:
             from engine.backends.onnxruntime import OrtTokenProbs
 
@@ -254,6 +256,11 @@ class Compressor:
         close = getattr(self.core, "close", None)
         if close is not None:
             close()
+
+    def device_report(self) -> dict | None:
+        """The core's device figures (the GPU graph's: GpuTokenProbs), or None."""
+        report = getattr(self.core, "report", None)
+        return report() if report is not None else None
 
     def describe(self) -> str:
         """The model's runtime and tokenizer, in words."""

@@ -16,6 +16,7 @@ Torch-free, standard library only.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -71,6 +72,35 @@ def positive_int(text: str) -> int:
 
 positive_int.__name__ = "positive integer"  # what the error message calls it
 
+#: a `gpu_memory` setting: a share of the free memory at load (0 < share <= 1), or a size with its unit
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(?:(k|m|g|t)(i)?)?b\s*$", re.IGNORECASE)
+
+
+def memory_limit(text: str | float | int) -> float | int:
+    """A `gpu_memory` setting parsed: a share of the free memory in (0, 1] (0.8), or bytes from a
+    size with its unit (24GiB, 512MiB, 20GB, 1000000B); ValueError else."""
+    if isinstance(text, int) and not isinstance(text, bool) and text >= 1:
+        return text  # already bytes (a parsed setting)
+    raw = str(text).strip()
+    try:
+        share = float(raw)
+    except ValueError:
+        m = _SIZE.match(raw)
+        if not m:
+            raise ValueError(raw) from None
+        unit = (m.group(2) or "").lower()
+        scale = 1024 if m.group(3) else 1000
+        size = int(float(m.group(1)) * scale ** (" kmgt".index(unit) if unit else 0))
+        if size < 1:
+            raise ValueError(raw) from None
+        return size
+    if not 0 < share <= 1:
+        raise ValueError(raw)
+    return share
+
+
+memory_limit.__name__ = "share of the free memory (0-1) or a size (24GiB)"
+
 _ALL = [
     # ---- the batcher (in-process and the Triton text model)
     Setting(
@@ -117,6 +147,32 @@ _ALL = [
         "captured runs on the dynamic session, and its shape is captured when the GPU is next idle; 0: none",
         int,
         flag_too=False,
+    ),
+    Setting(
+        "gpu_warm",
+        "all",
+        "when the GPU graph captures its shapes (--device cuda): all: at load, every shape its batches "
+        "can take, smallest first, within gpu_graphs and gpu_memory, before the model is ready (no "
+        "request waits for a capture); lazy: each shape when the GPU is next idle after its first batch",
+        choices=("all", "lazy"),
+        flag_too=False,
+    ),
+    Setting(
+        "gpu_memory",
+        0.8,
+        "device memory a GPU graph model may hold (its weights, dynamic session and captured shapes, "
+        "each measured as the free memory it took): a share of the GPU's free memory when the model "
+        "starts loading (0.8), or a size (24GiB); a shape that would pass it is not captured",
+        memory_limit,
+        flag_too=False,
+    ),
+    Setting(
+        "merge_calls",
+        "auto",
+        "concurrent calls' batches of one length joined into one model run (each call gets its own rows "
+        "back; the API's workers are its callers): on, off, or auto: on with --device cuda, off on a CPU "
+        "(docs/decisions.md)",
+        choices=("auto", "on", "off"),
     ),
     # ---- what one call may hold (every entry point: docs/limits.md)
     Setting("max_passages", 10_000, "passages in one call", positive_int, flag_too=False),
@@ -215,8 +271,9 @@ _ALL = [
         None,
         "threads the HTTP API runs its one shared pruner in; default: 1 in-process (the "
         "session already uses every core: 1 thread was fastest at 16 concurrent clients, "
-        "docs/decisions.md), 4 with --device cuda (the next calls are tokenized while the GPU runs), "
-        "16 in front of a Triton server (the calls wait on the network)",
+        "docs/decisions.md), 16 with --device cuda (calls are tokenized while the GPU runs, and the "
+        "batches of those waiting merge into one run), 16 in front of a Triton server (the calls wait on "
+        "the network)",
         positive_int,
     ),
     Setting(
@@ -291,8 +348,8 @@ def setting(name: str, environ: dict[str, str] | None = None) -> Any:
 
 def default_workers(remote: bool, device: str) -> int:
     """The HTTP API's worker threads when `workers` is not set (its help says why): 16 in front
-    of a server, 4 on a GPU, 1 in-process on a CPU."""
-    return 16 if remote else 4 if device == "cuda" else 1
+    of a server, 16 on a GPU, 1 in-process on a CPU."""
+    return 16 if remote or device == "cuda" else 1
 
 
 def checked(name: str, value: Any, error: type[Exception] = SettingError, what: str | None = None) -> Any:

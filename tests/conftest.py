@@ -131,6 +131,19 @@ def lingua_exports(lingua_checkpoints, tmp_path_factory) -> dict[tuple[str, str]
 
 
 @pytest.fixture(scope="session")
+def lingua_fp16(lingua_checkpoints, tmp_path_factory) -> dict[str, Path]:
+    """Each LLMLingua-2 layout's fp16 export (the GPU's precision): {layout: folder}."""
+    from export.onnx import export_model
+
+    def build(root: Path) -> None:
+        for layout, folder in lingua_checkpoints.items():
+            export_model(folder, root / layout, precision="fp16", log=lambda m: None)
+
+    root = built_once(tmp_path_factory, "lingua-fp16", build)
+    return {layout: root / layout for layout in lingua_checkpoints}
+
+
+@pytest.fixture(scope="session")
 def exported(checkpoints, tmp_path_factory) -> dict[str, Path]:
     from export.onnx import export_model
 

@@ -40,6 +40,11 @@ class Backend(ABC):
         """Release the core's resources."""
         pass
 
+    def report(self) -> dict | None:
+        """The device's figures (the GPU graph's memory, captured shapes, merged runs) for /info and
+        /metrics; None for a core without any."""
+        return None
+
     def describe(self) -> str:
         """What runs the model, in words (for logs and /info)."""
         return self.name

@@ -1,45 +1,42 @@
 """The GPU graph on ONNX Runtime: what `--device cuda` runs for an fp16 export (manifest
 `gpu_graph`, export/gpu.py), on one GPU, with one copy of the weights and one thread.
 
-- One copy of the weights. The graph's float initializers are read once and put on the
-  device once (`SharedWeights`); every session the backend makes gets them through
-  `SessionOptions.add_initializer`, which ONNX Runtime uses in place when the tensor is on
-  the device its plan puts the weight on (session_state_utils.cc: a user-supplied
-  initializer on another device would be copied, and is logged as such). The sessions are
-  made from a copy of the graph whose weights are external data beside it, so that making
-  a session reads none of them (ONNX Runtime skips the external data of a shared
-  initializer). What a session holds of its own: the constants folded at its shape, and
-  its activations.
-- A dynamic session (no fixed shape, no CUDA graph) runs any batch, at its exact size. It
-  is made at load.
-- Captured shapes. A CUDA graph replays a recorded sequence of kernels, at one shape:
-  ONNX Runtime captures one only when every node runs on the CUDA provider, which the GPU
-  graph does at a fixed shape (its free dimensions "batch" and "sequence" fixed by
-  `add_free_dimension_override_by_name`: constant folding then leaves no shape node). A
-  batch of n rows x L tokens runs in the captured (rows, L) shape whose rows are the
-  smallest of GRAPH_ROWS holding n (spare rows copies of the first; their outputs are
-  dropped) once that shape is made; until then on the dynamic session, and the shape is
-  captured when the GPU is next idle (or, under a load that leaves no idle moment, on its
-  CAPTURE_AFTER-th batch), up to `max_graphs` shapes (`warm` shapes are captured at load).
-  A shape past the cap keeps running on the dynamic session, and device memory stays
-  bounded.
-- One thread owns the GPU (`GpuThread`): it makes every session, captures, copies the
-  inputs in, runs, and reads the outputs back. ONNX Runtime keeps a captured graph per
-  calling thread and captures in CUDA's global mode ("cuda graph can only work with a single
-  thread", microsoft/onnxruntime#10423, #15002); callers submit a batch and wait, so
-  tokenizing the next calls overlaps the GPU. Between the copies and the replay,
-  `synchronize_inputs()`: the copies run on the default stream, the graph on the
-  provider's own (microsoft/onnxruntime#11875).
+- One copy of the weights (`SharedWeights`): the graph's float initializers put on the device
+  once and given to every session through `SessionOptions.add_initializer`, which ONNX Runtime
+  uses in place when the tensor is on the device its plan wants (session_state_utils.cc), and
+  otherwise copies. The load checks it (`_verify_shared`): a dynamic session that took the
+  weights' bytes copied them, and the model then runs on one dynamic session, said loudly. The
+  sessions are made from a copy of the graph whose weights are external data beside it, which
+  ONNX Runtime skips for a shared initializer.
+- A dynamic session (no fixed shape, no CUDA graph) runs any batch at its exact size.
+- Captured shapes. A CUDA graph replays a recorded sequence of kernels at one shape: ONNX
+  Runtime captures one only when every node runs on the CUDA provider, which the GPU graph does
+  at a fixed shape (`add_free_dimension_override_by_name` on "batch" and "sequence"). A batch of
+  n rows x L tokens runs in the captured (rows, L) shape whose rows are the smallest of
+  GRAPH_ROWS holding n (spare rows copies of the first, their outputs dropped). By default
+  (`warm="all"`, the `gpu_warm` setting) every shape is captured at load, smallest first, up to
+  `max_graphs` and within the memory budget (engine/backends/gpu_memory.py): the model is ready
+  when they are, and no request waits for a capture. A shape not captured runs on the dynamic
+  session (`warm="lazy"`: captured when the GPU is next idle, or on its CAPTURE_AFTER-th batch).
+- One thread owns the GPU for the whole process (`GpuThread.shared()`): it makes every session
+  of every GPU model, captures, copies the inputs in, runs and reads the outputs back. ONNX
+  Runtime captures in CUDA's global mode, so another thread's copy or synchronize would fail a
+  capture (microsoft/onnxruntime#10423, #15002). Between the copies and the replay,
+  `synchronize_inputs()`: the copies run on the default stream, the graph on the provider's own
+  (microsoft/onnxruntime#11875).
+- Concurrent calls merged (`merge`): batches of one length waiting on the GPU thread run as one,
+  up to the largest captured rows at that length (the token budget's); each caller gets its rows.
 - Sessions on the GPU run one intra-op thread that does not spin (the work is the GPU's).
 
 On the CPU provider (device "cpu") the same sessions run without CUDA graphs: that is how
-the tests check the shapes, the sharing, the thread and the outputs without a GPU.
+the tests check the shapes, the sharing, the thread, the merging and the outputs without a GPU.
 """
 
 from __future__ import annotations
 
 import bisect
 import time
+import warnings
 import weakref
 from pathlib import Path
 from typing import Any
@@ -47,7 +44,8 @@ from typing import Any
 import numpy as np
 
 from engine.backends.base import Backend
-from engine.backends.gpu_shared import GpuThread, SharedWeights
+from engine.backends.gpu_memory import DeviceMemory, MemoryBudget, Shape
+from engine.backends.gpu_shared import BoundSession, GpuThread, SharedWeights
 from engine.backends.onnxruntime import (
     check_cuda_ran,
     preload_cuda_libraries,
@@ -65,10 +63,10 @@ GRAPH_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 #: a shape not yet captured whose batches keep coming with no idle moment between them is
 #: captured on its next batch after this many (that batch waits for the capture)
 CAPTURE_AFTER = 8
-#: the lengths an LLMLingua-2 chunk (at most 512 tokens) is padded to on the GPU graph
-LINGUA_LENGTHS = (64, 128, 256, 384, 512)
-#: chunks per batch of the compressor's GPU graph (as engine.compressor.BATCH_CHUNKS on a GPU)
-LINGUA_ROWS = 16
+#: a dynamic session that took this share of the shared weights' bytes copied them (not shared); told
+#: only for weights of VERIFY_MIN_BYTES or more (below, a session's own handles and buffers weigh as much)
+SHARED_COPY_SHARE = 0.9
+VERIFY_MIN_BYTES = 256 * 2**20
 
 
 def graph_rows(limit: int) -> tuple[int, ...]:
@@ -77,65 +75,23 @@ def graph_rows(limit: int) -> tuple[int, ...]:
     return tuple(sorted({r for r in GRAPH_ROWS if r < limit} | {limit}))
 
 
-class _Session:
-    """One session and how it is run: a captured shape (`rows` x `length`, its inputs and
-    outputs bound once on the device), or the dynamic one (rows None: bound per batch). Its
-    outputs are the graph's, in its order: [rows] or [rows, length] by their rank."""
-
-    def __init__(self, ort: Any, session: Any, device: str, rows: int | None, length: int | None):
-        self.session, self.rows, self.length = session, rows, length
-        self.input_names = [i.name for i in session.get_inputs()]
-        self.output_names = [o.name for o in session.get_outputs()]
-        ranks = [len(o.shape) for o in session.get_outputs()]
-        self.binding = session.io_binding()
-        self.runs = 0
-        self.inputs: dict[str, Any] = {}
-        self.outputs: list[Any] = []
-        if rows is None:
-            return
-        where = ("cuda", 0) if device == "cuda" else ("cpu", 0)
-        self.inputs = {
-            n: ort.OrtValue.ortvalue_from_shape_and_type([rows, length], np.int64, *where)
-            for n in self.input_names
-        }
-        self.outputs = [
-            ort.OrtValue.ortvalue_from_shape_and_type([rows, length][:rank], np.float32, *where)
-            for rank in ranks
-        ]
-        for name, value in self.inputs.items():
-            self.binding.bind_ortvalue_input(name, value)
-        for name, value in zip(self.output_names, self.outputs):
-            self.binding.bind_ortvalue_output(name, value)
-
-    def run(self, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
-        """The batch `feeds` (int64, this shape's) through the session; its outputs."""
-        self.runs += 1
-        if self.rows is None:
-            self.binding.clear_binding_inputs()
-            self.binding.clear_binding_outputs()
-            for name in self.input_names:
-                self.binding.bind_cpu_input(name, feeds[name])
-            for name in self.output_names:
-                self.binding.bind_output(name, "cpu")
-            self.session.run_with_iobinding(self.binding)
-            return tuple(self.binding.copy_outputs_to_cpu())
-        for name, value in self.inputs.items():
-            value.update_inplace(feeds[name])
-        self.binding.synchronize_inputs()  # the copies are done before the graph reads them
-        self.session.run_with_iobinding(self.binding)
-        self.binding.synchronize_outputs()
-        # copies, made here: on the CPU provider numpy() may be a view of the bound buffer, which
-        # the next batch overwrites while the caller still reads it
-        return tuple(np.array(value.numpy(), copy=True) for value in self.outputs)
-
-
 class GpuGraphBackend(Backend):
     """A GPU graph (an fp16 export, manifest `gpu_graph`) on ONNX Runtime's CUDA provider:
-    one copy of the weights, a dynamic session, captured shapes, one GPU thread (see the
-    module doc). `outputs`: the graph's output names (a pruner's, or a compressor's
-    ("token_probs",): GpuTokenProbs). `ort_log_level` and `profile` (a file prefix: every
-    session records ONNX Runtime's profile) are for the GPU check (benchmarks/gpu_run/check.py);
-    `ort`: the onnxruntime module (a test may hand in a recording one)."""
+    one copy of the weights, a dynamic session, captured shapes, the process's one GPU thread
+    (see the module doc). `outputs`: the graph's output names (a pruner's, or a compressor's
+    ("token_probs",): GpuTokenProbs).
+
+    - `warm`: "all" captures at load every shape the batches can take (`serving_shapes`,
+      smallest first) within `max_graphs` and the memory budget, so that no request waits for a
+      capture; "lazy" captures each shape when the GPU is next idle after its first batch; a
+      list of (rows, length) captures those at load.
+    - `memory_limit`: the device memory the model may hold (a `gpu_memory` setting: a share of
+      the free memory at load, or bytes); `memory` reads the device (a test hands in its own).
+    - `merge`: concurrent callers' batches of one length run as one, up to the largest
+      captured rows at that length (the token budget's), each caller handed back its rows.
+    `ort_log_level` and `profile` (a file prefix: every session records ONNX Runtime's
+    profile) are for the GPU check (benchmarks/gpu_run/check.py); `ort`: the onnxruntime module
+    (a test may hand in a recording one)."""
 
     name = "onnxruntime"
 
@@ -148,7 +104,10 @@ class GpuGraphBackend(Backend):
         batching: BatchingConfig | None = None,
         cuda_graphs: bool = True,
         max_graphs: int = DEFAULTS.gpu_graphs,
-        warm: list[tuple[int, int]] | tuple = (),
+        warm: str | list[tuple[int, int]] | tuple = (),
+        memory_limit: float | int = DEFAULTS.gpu_memory,
+        memory: DeviceMemory | None = None,
+        merge: bool = True,
         threads: int | None = None,
         ort_log_level: int = 3,
         profile: str | None = None,
@@ -165,10 +124,13 @@ class GpuGraphBackend(Backend):
         self.source = Path(graph)
         if not self.source.is_file():
             raise ModelLoadError(f"{graph}: no ONNX graph")
+        if isinstance(warm, str) and warm not in ("all", "lazy"):
+            raise ModelLoadError(f"warm must be 'all', 'lazy' or a list of shapes, got {warm!r}")
         self.lengths = tuple(sorted(set(int(n) for n in lengths)))
-        self.budget = batching or BatchingConfig()
+        self.batch_budget = batching or BatchingConfig()
         self.cuda_graphs = bool(cuda_graphs) and device == "cuda"
         self.max_graphs = max(0, int(max_graphs))
+        self.merge = bool(merge)
         self.log_level = int(ort_log_level)
         self.profile = profile
         self.threads = 1 if device == "cuda" else threads  # on the GPU the work is the device's
@@ -177,18 +139,22 @@ class GpuGraphBackend(Backend):
         if device == "cuda":
             require_cuda()
             self.missing = preload_cuda_libraries(ort)
-        self.shapes: dict[tuple[int, int], _Session] = {}
+        self.shapes: dict[tuple[int, int], BoundSession] = {}
         self.wanted: list[tuple[int, int]] = []  # shapes to capture when the GPU is idle
         self.failed: dict[tuple[int, int], str] = {}  # shapes whose capture failed, and why
         self.hits: dict[tuple[int, int], int] = {}  # batches each uncaptured shape ran on the dynamic session
         self.weights: SharedWeights | None = None
-        self.dynamic: _Session | None = None
-        self.gpu = GpuThread(idle=self._capture_one)
-        weakref.finalize(self, self.gpu.stop)  # a backend dropped without close() ends its thread
+        self.dynamic: BoundSession | None = None
+        self.weights_shared: bool | None = None  # verified in place (None: not measurable here)
+        self.merged = {"runs": 0, "batches": 0}  # merged runs, and the callers' batches they carried
+        self._memory_probe, self._memory_limit = memory, memory_limit
+        self.gpu = GpuThread.shared()
+        self._release = weakref.finalize(self, self.gpu.release)  # a backend dropped without close()
+        self.gpu.add_idle(self._capture_one)
         try:
             self.gpu.call(self._load)
-            for rows, length in warm:
-                self.gpu.call(self._capture, *self._shape_for(rows, length))
+            shapes = self.serving_shapes() if warm == "all" else [] if warm == "lazy" else list(warm)
+            self._warm([self._shape_for(rows, length) for rows, length in shapes], warm == "all")
         except BaseException:
             self.close()
             raise
@@ -196,22 +162,60 @@ class GpuGraphBackend(Backend):
     # ------------------------------------------------------------------ on the GPU thread
     def _load(self) -> None:
         t0 = time.perf_counter()
+        self.memory = MemoryBudget(self._memory_probe or DeviceMemory(self.device), self._memory_limit)
+        mark = self.memory.mark()
         self.weights = SharedWeights(self.ort, self.source, self.device)
-        self.dynamic = _Session(self.ort, self._session(None, None), self.device, None, None)
+        self.memory.weights = self.memory.took(mark)
+        mark = self.memory.mark()
+        self.dynamic = BoundSession(self.ort, self._session(None, None), self.device, None, None)
+        self.memory.dynamic = self.memory.took(mark)
         self.input_names = self.dynamic.input_names
         if tuple(self.dynamic.output_names) != self.output_names:
             raise ModelLoadError(
                 f"{self.source}: outputs {self.dynamic.output_names}, not {list(self.output_names)}"
             )
         self.provider = self.dynamic.session.get_providers()[0]
+        self._verify_shared(mark)
         self.say(
             f"GPU graph: {len(self.weights.values)} weights ({self.weights.bytes / 2**20:.0f} MiB) on "
-            f"{self.device} once, shared by every session; dynamic session made in "
-            f"{time.perf_counter() - t0:.1f} s"
+            f"{self.device} once, shared by every session ({self._shared_words()}); dynamic session made in "
+            f"{time.perf_counter() - t0:.1f} s; {self._budget_words()}"
         )
 
-    def _session(self, rows: int | None, length: int | None) -> Any:
-        """A session of the shared weights: at rows x length (captured on cuda), or dynamic."""
+    def _verify_shared(self, mark: int | None) -> None:
+        """Whether the dynamic session used the shared weights in place: ONNX Runtime copies a
+        user-supplied initializer whose device is not the one its plan wants
+        (session_state_utils.cc), and every session would then hold a copy of its own. A
+        session that took at least SHARED_COPY_SHARE of the weights' bytes copied them (told for
+        VERIFY_MIN_BYTES of weights or more): that is said loudly, the captured shapes are given
+        up, and the model runs on one dynamic session of its own weights (one copy, not one per
+        shape)."""
+        taken, weights = self.memory.dynamic, self.weights.bytes
+        if taken is None or not weights or weights < VERIFY_MIN_BYTES:
+            return
+        self.weights_shared = taken < SHARED_COPY_SHARE * weights
+        if self.weights_shared:
+            return
+        message = (
+            f"{self.source}: ONNX Runtime copied the shared weights into the dynamic session (it took "
+            f"{taken / 2**20:.0f} MiB for {weights / 2**20:.0f} MiB of weights): every captured shape would "
+            "hold another copy, so none is captured and the model runs on one dynamic session of its own "
+            "weights (slower: no CUDA graphs). Check that onnxruntime-gpu and its CUDA libraries match."
+        )
+        self.say("WARNING: " + message)
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        self.dynamic = None
+        self.weights.close()
+        mark = self.memory.mark()
+        self.dynamic = BoundSession(
+            self.ort, self._session(None, None, shared=False), self.device, None, None
+        )
+        self.memory.weights, self.memory.dynamic = 0, self.memory.took(mark)
+        self.max_graphs = 0
+
+    def _session(self, rows: int | None, length: int | None, shared: bool = True) -> Any:
+        """A session of the shared weights: at rows x length (captured on cuda), or dynamic;
+        `shared` False: the graph as exported, its weights its own (the fallback)."""
         fixed = rows is not None
         opts, _ = session_options(self.ort, self.threads, None, "keep", DEFAULTS.ort_denormals)
         opts.log_severity_level = self.log_level
@@ -223,15 +227,17 @@ class GpuGraphBackend(Backend):
         if fixed:
             opts.add_free_dimension_override_by_name("batch", rows)
             opts.add_free_dimension_override_by_name("sequence", length)
-        self.weights.add_to(opts)
+        if shared:
+            self.weights.add_to(opts)
         if self.device == "cuda":
             cuda = {
                 "device_id": 0,
                 "use_tf32": 0,
                 "enable_cuda_graph": "1" if fixed and self.cuda_graphs else "0",
+                # a session's memory is what its runs ask for, not the next power of two (ORT's
+                # CUDA-graph tests): the budget counts what a shape holds
+                "arena_extend_strategy": "kSameAsRequested",
             }
-            if fixed:  # a captured shape's memory is what its first run asks for (ORT's CUDA-graph tests)
-                cuda["arena_extend_strategy"] = "kSameAsRequested"
             providers: list[Any] = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
         else:
             providers = ["CPUExecutionProvider"]
@@ -239,7 +245,7 @@ class GpuGraphBackend(Backend):
         try:
             with thread_denormals(False):
                 session = self.ort.InferenceSession(
-                    str(self.weights.graph), sess_options=opts, providers=providers
+                    str(self.weights.graph if shared else self.source), sess_options=opts, providers=providers
                 )
         except Exception as exc:
             raise ModelLoadError(
@@ -249,32 +255,53 @@ class GpuGraphBackend(Backend):
             check_cuda_ran(session.get_providers()[0], session.get_providers(), self.missing)
         return session
 
-    def _capture(self, rows: int, length: int) -> _Session:
+    def _capture(self, rows: int, length: int) -> BoundSession | None:
+        """The rows x length session, made and (on cuda) captured, its bytes and seconds measured;
+        None when it passed the memory budget (it is released, and the shape refused)."""
         shape = self.shapes.get((rows, length))
         if shape is not None:
             return shape
-        t0 = time.perf_counter()
-        shape = _Session(self.ort, self._session(rows, length), self.device, rows, length)
+        mark, t0 = self.memory.mark(), time.perf_counter()
+        shape = BoundSession(self.ort, self._session(rows, length), self.device, rows, length)
         filler = {n: np.zeros((rows, length), np.int64) for n in shape.input_names}
         filler["attention_mask"][:, 0] = 1
         if "sentence_ids" in filler:
             filler["sentence_ids"][:] = -1
         with thread_denormals(True):
             shape.run(filler)  # ONNX Runtime runs until the graph is captured (cuda), then replays
+        seconds, took = time.perf_counter() - t0, self.memory.took(mark)
+        self.memory.shapes[(rows, length)] = Shape(rows, length, took, seconds)
+        if self.memory.over():
+            del self.memory.shapes[(rows, length)]
+            self.memory.refused.append((rows, length))
+            del shape  # its session, arena and graph go
+            self.say(
+                f"GPU graph: {rows} x {length} took {took / 2**20:.0f} MiB, past the memory budget "
+                f"({self._budget_words()}): released; its batches run on the dynamic session"
+            )
+            return None
         self.shapes[(rows, length)] = shape
+        held = "" if took is None else f", {took / 2**20:.0f} MiB"
         self.say(
             f"GPU graph: {rows} x {length} session made"
-            + (" with CUDA graphs on" if self.cuda_graphs else "")
-            + f" in {time.perf_counter() - t0:.1f} s ({len(self.shapes)} of at most {self.max_graphs})"
+            + (" and captured" if self.cuda_graphs else "")
+            + f" in {seconds:.2f} s{held} ({len(self.shapes)} of at most {self.max_graphs})"
         )
         return shape
 
     def _capture_one(self, shape: tuple[int, int] | None = None) -> bool:
-        """Capture `shape`, or while the GPU is idle the next wanted shape. Whether there was one."""
+        """Capture `shape`, or while the GPU is idle the next wanted shape, unless the cap or the
+        memory budget says no. Whether there was one."""
         if shape is None:
             if not self.wanted:
                 return False
             shape = self.wanted.pop(0)
+        if shape in self.shapes or shape in self.failed or shape in self.memory.refused:
+            return True
+        if len(self.shapes) >= self.max_graphs or not self.memory.fits(*shape):
+            if shape not in self.memory.refused and len(self.shapes) < self.max_graphs:
+                self.memory.refused.append(shape)
+            return True
         try:
             self._capture(*shape)
         except Exception as exc:  # the shape keeps running on the dynamic session
@@ -284,6 +311,25 @@ class GpuGraphBackend(Backend):
                 "its batches run on the dynamic session"
             )
         return True
+
+    def _warm(self, shapes: list[tuple[int, int]], serving: bool) -> None:
+        """Capture `shapes` now, in order, each within the cap and the budget (the load waits)."""
+        if not shapes:
+            return
+        t0 = time.perf_counter()
+        if serving:
+            self.say(
+                f"GPU graph: capturing up to {min(len(shapes), self.max_graphs)} shapes before serving "
+                f"(smallest first; at most {self.max_graphs}, {self._budget_words()}) ..."
+            )
+        for shape in shapes:
+            self.gpu.call(self._capture_one, shape)
+        if serving:
+            self.say(
+                f"GPU graph: {len(self.shapes)} shapes captured in {time.perf_counter() - t0:.1f} s"
+                + (f"; {len(self.memory.refused)} past the budget" if self.memory.refused else "")
+                + (f"; {len(self.failed)} failed" if self.failed else "")
+            )
 
     def _run(self, key: tuple[int, int], feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
         shape = self.shapes.get(key)
@@ -296,6 +342,7 @@ class GpuGraphBackend(Backend):
             if (
                 key not in self.wanted
                 and key not in self.failed
+                and key not in self.memory.refused
                 and len(self.shapes) + len(self.wanted) < self.max_graphs
             ):
                 self.wanted.append(key)
@@ -310,7 +357,26 @@ class GpuGraphBackend(Backend):
         with thread_denormals(True):
             return shape.run(feeds)
 
+    def _run_merged(self, payloads: list[dict[str, np.ndarray]]) -> list[tuple[np.ndarray, ...]]:
+        """Several callers' batches of one length as one run; each caller's rows of the outputs."""
+        sizes = [p[self.input_names[0]].shape[0] for p in payloads]
+        feeds = payloads[0]
+        if len(payloads) > 1:
+            feeds = {name: np.concatenate([p[name] for p in payloads]) for name in self.input_names}
+            self.merged["runs"] += 1
+            self.merged["batches"] += len(payloads)
+        outputs = self._run(self._shape_for(sum(sizes), feeds[self.input_names[0]].shape[1]), feeds)
+        ends = np.cumsum(sizes)
+        return [tuple(out[end - n : end].copy() for out in outputs) for n, end in zip(sizes, ends)]
+
     # ------------------------------------------------------------------ callers
+    def serving_shapes(self) -> list[tuple[int, int]]:
+        """Every shape a batch can take (each length, each of its row counts), smallest first
+        (tokens, then length): what `warm="all"` captures, within the cap and the budget. CUDA
+        graphs save most on the small shapes, where launching kernels is most of the time."""
+        shapes = [(rows, length) for length in self.lengths for rows in self.rows_for(length)]
+        return sorted(shapes, key=lambda s: (s[0] * s[1], s[1]))
+
     def capture(self, rows: int, length: int) -> tuple[int, int]:
         """Capture the shape that holds `rows` x `length` now (a benchmark, before it times
         the shape); the shape."""
@@ -320,7 +386,7 @@ class GpuGraphBackend(Backend):
 
     def rows_for(self, length: int) -> tuple[int, ...]:
         """The row counts of the captured shapes at `length`."""
-        cfg = self.budget
+        cfg = self.batch_budget
         return graph_rows(min(cfg.max_batch_size, max(1, cfg.row_budget(length) // length)))
 
     def _shape_for(self, rows: int, length: int) -> tuple[int, int]:
@@ -334,16 +400,15 @@ class GpuGraphBackend(Backend):
         if j == len(sizes):
             raise BackendError(
                 f"a batch of {rows} rows x {length} exceeds the largest shape "
-                f"({sizes[-1]} x {length}): the token budget is {self.budget.max_batch_tokens}"
+                f"({sizes[-1]} x {length}): the token budget is {self.batch_budget.max_batch_tokens}"
             )
         return sizes[j], length
 
     def batching(self, asked: BatchingConfig) -> BatchingConfig:
         """The pruner's batches: the longest first, padded to this graph's lengths, within
         the budget the shapes were sized by."""
-        return BatchingConfig(
-            self.budget.max_batch_tokens, self.budget.max_batch_size, self.lengths, "longest"
-        )
+        cfg = self.batch_budget
+        return BatchingConfig(cfg.max_batch_tokens, cfg.max_batch_size, self.lengths, "longest")
 
     def infer(self, batch: ModelBatch) -> tuple[np.ndarray, np.ndarray]:
         """(rerank_score [B], sentence_probs [B, L]) of one padded batch, run on the GPU
@@ -353,7 +418,8 @@ class GpuGraphBackend(Backend):
 
     def run(self, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
         """The graph's outputs for one padded batch (`feeds`: each input, int64, [B, L] with L
-        one of the graph's lengths), each cut to the batch's B rows."""
+        one of the graph's lengths), each cut to the batch's B rows; with `merge`, run together
+        with the batches of other callers waiting at the same length."""
         missing = [name for name in self.input_names if name not in feeds]
         if missing:
             raise BackendError(f"the batch lacks the graph's inputs {missing}")
@@ -364,17 +430,17 @@ class GpuGraphBackend(Backend):
                 raise BackendError(f"{name} must be int64, got {array.dtype}")
             arrays[name] = array
         n, length = arrays[self.input_names[0]].shape
-        key = self._shape_for(n, length)
+        limit = self._shape_for(n, length)[0] if not self.merge else self.rows_for(length)[-1]
         try:
-            outputs = self.gpu.call(self._run, key, arrays)
+            return self.gpu.merge((id(self), length), n, limit, self._run_merged, arrays)
         except BackendError:
             raise
         except Exception as exc:
             raise BackendError(f"ONNX Runtime failed on a batch of shape {(n, length)}: {exc}") from exc
-        return tuple(out[:n].copy() for out in outputs)
 
     def close(self) -> None:
-        """Free every session and the device copy of the weights, and stop the GPU thread."""
+        """Free every session and the device copy of the weights, and let go of the GPU thread
+        (the last model's close ends it)."""
 
         def free() -> None:
             self.shapes.clear()
@@ -383,15 +449,40 @@ class GpuGraphBackend(Backend):
             if self.weights is not None:
                 self.weights.close()
 
-        if self.gpu.thread.is_alive():
-            self.gpu.call(free)
-            self.gpu.stop()
+        if self._release.alive:
+            if self.gpu.thread.is_alive():
+                self.gpu.remove_idle(self)
+                self.gpu.call(free)
+            self._release()
         else:
             free()
 
+    def report(self) -> dict[str, Any]:
+        """The device's figures: budget, weights (and whether they are shared in place), the dynamic
+        session, each captured shape's bytes and capture seconds, the total; merged runs."""
+        return {
+            "device": self.device,
+            "provider": getattr(self, "provider", None),
+            "weights_shared": self.weights_shared,
+            "captured": len(dict(self.shapes)),
+            "max_graphs": self.max_graphs,
+            "failed_shapes": {f"{r}x{n}": why for (r, n), why in dict(self.failed).items()},
+            "merged_runs": self.merged["runs"],
+            "merged_batches": self.merged["batches"],
+            **self.memory.report(),
+        }
+
+    def _budget_words(self) -> str:
+        m = getattr(self, "memory", None)
+        return m.describe() if m is not None else "device memory not measured here"
+
+    def _shared_words(self) -> str:
+        return {True: "verified in place", False: "COPIED", None: "not measurable here"}[self.weights_shared]
+
     def describe(self) -> str:
         """The provider, the graph, the shared weights and the shapes captured so far, in words."""
-        made = ", ".join(f"{r}x{n}" for r, n in sorted(self.shapes, key=lambda s: (s[1], s[0]))) or "none yet"
+        shapes = dict(self.shapes)
+        made = ", ".join(f"{r}x{n}" for r, n in sorted(shapes, key=lambda s: (s[1], s[0]))) or "none yet"
         shared = (
             f"{len(self.weights.values)} weights ({self.weights.bytes / 2**20:.0f} MiB) shared"
             if self.weights is not None and self.weights.values
@@ -401,43 +492,6 @@ class GpuGraphBackend(Backend):
             f"onnxruntime {getattr(self, 'provider', '-')} ({self.source.name}, GPU graph: {shared}, "
             f"a dynamic session and captured shapes ({made}; at most {self.max_graphs})"
             + (", CUDA graphs on" if self.cuda_graphs else "")
-            + ", IO binding, one GPU thread)"
+            + (", concurrent calls merged" if self.merge else "")
+            + ", IO binding, the process's one GPU thread)"
         )
-
-
-class GpuTokenProbs:
-    """An LLMLingua-2 fp16 export on the GPU graph (GpuGraphBackend: one copy of the weights on the
-    device, captured shapes, one GPU thread): each batch of chunks padded to the next of
-    LINGUA_LENGTHS (positions the attention mask leaves out, whose ids do not reach the others)
-    and run in the captured shape that holds its rows; `token_probs` as OrtTokenProbs's. `device`
-    "cpu" runs the same sessions on the CPU provider, without CUDA graphs (the tests)."""
-
-    name = "onnxruntime"
-    #: chunks per run: the rows its shapes are sized for
-    batch_chunks = LINGUA_ROWS
-
-    def __init__(self, graph: str | Path, *, device: str = "cuda", **kwargs: Any):
-        self.lengths = LINGUA_LENGTHS
-        budget = BatchingConfig(max_batch_tokens=LINGUA_ROWS * self.lengths[-1], max_batch_size=LINGUA_ROWS)
-        self.backend = GpuGraphBackend(
-            graph, list(self.lengths), device=device, batching=budget, outputs=("token_probs",), **kwargs
-        )
-
-    def token_probs(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        """The graph's token_probs (float32, [B, L]) of one batch padded to its longest chunk."""
-        n, length = input_ids.shape
-        i = bisect.bisect_left(self.lengths, length)
-        if i == len(self.lengths):
-            raise BackendError(f"a chunk of {length} tokens is longer than {self.lengths[-1]}")
-        pad = ((0, 0), (0, self.lengths[i] - length))
-        feeds = {"input_ids": np.pad(input_ids, pad), "attention_mask": np.pad(attention_mask, pad)}
-        (probs,) = self.backend.run(feeds)
-        return probs[:, :length]
-
-    def close(self) -> None:
-        """The backend's close: its sessions, the weights on the device, its thread."""
-        self.backend.close()
-
-    def describe(self) -> str:
-        """The backend's description, in words."""
-        return self.backend.describe()

@@ -14,7 +14,7 @@ The paths (group "compressor"; `--paths` selects them by name or id, as prune be
 With `device` "cuda" (`--device cuda`) the paths are the GPU's: the reference with
 `device_map="cuda"` (PyTorch fp32, its own batches of 50 chunks padded to 512), the fp32 export on
 ONNX Runtime's CUDA provider (padded batches of 16 chunks), and the fp16 export (`--fp16`, else
-exported here) on the GPU graph (engine.backends.gpu_graph.GpuTokenProbs: captured shapes, CUDA
+exported here) on the GPU graph (engine.backends.gpu_token_probs.GpuTokenProbs: captured shapes, CUDA
 graphs).
 
 The workloads: the data file's contexts (engine.datafiles.load_contexts), in order, joined by

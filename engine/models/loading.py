@@ -45,6 +45,7 @@ class LoadOptions:
     dtype: str = "float32"  # torch: float32, float16, bfloat16
     attn: str = "eager"  # torch: eager or sdpa
     batching: BatchingConfig = field(default_factory=BatchingConfig)  # how blocks become batches
+    merge_calls: str = DEFAULTS.merge_calls  # concurrent calls' batches merged: on, off, auto (on a GPU)
 
     def __post_init__(self) -> None:
         # a bad argument is an InputError, a setting the runtime cannot take a ModelLoadError (as the backends say)
@@ -63,6 +64,7 @@ class LoadOptions:
                 )
         checked("ort_arena", self.arena, ModelLoadError, "arena")
         checked("ort_denormals", self.denormals, ModelLoadError, "denormals")
+        checked("merge_calls", self.merge_calls, InputError)
         if self.precision == "bf16" and self.backend not in (None, "openvino"):
             raise InputError("precision 'bf16' is an OpenVINO inference precision: backend='openvino'")
         if self.threads is not None and (
@@ -73,6 +75,11 @@ class LoadOptions:
             object.__setattr__(self, "threads", None)
         if self.tensorrt and self.device != "cuda":
             raise ModelLoadError("ONNX Runtime's TensorRT provider needs device='cuda' (--device cuda)")
+
+    @property
+    def merges(self) -> bool:
+        """Whether concurrent calls' batches are merged: merge_calls on, or auto on a GPU."""
+        return self.merge_calls == "on" or (self.merge_calls == "auto" and self.device == "cuda")
 
     @property
     def runtime(self) -> str | None:
@@ -100,6 +107,7 @@ class LoadOptions:
         given.setdefault("threads", setting("threads", env))
         given.setdefault("arena", setting("ort_arena", env))
         given.setdefault("denormals", setting("ort_denormals", env))
+        given.setdefault("merge_calls", setting("merge_calls", env))
         given.setdefault(
             "batching",
             BatchingConfig(
@@ -155,6 +163,10 @@ def open_model(path: str | Path, options: LoadOptions, log: Any = None) -> tuple
     missing = set(spec.input_names) - set(core.input_names)
     if missing:
         raise ModelLoadError(f"{path}: graph lacks inputs {sorted(missing)}")
+    if o.merges and not getattr(core, "merge", False):  # the GPU graph merges on its own thread
+        from engine.backends.merging import MergingBackend
+
+        core = MergingBackend(core, o.batching)
     return core, tokenizer, spec
 
 
@@ -199,6 +211,18 @@ def runtime_missing(runtime: Runtime) -> str | None:
     return None
 
 
+def gpu_graph_settings(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The GPU graph's settings in force (PRUNE_GPU_GRAPHS, PRUNE_GPU_WARM, PRUNE_GPU_MEMORY,
+    PRUNE_MERGE_CALLS: auto merges on the GPU), as GpuGraphBackend's keywords."""
+    env = None if environ is None else dict(environ)
+    return {
+        "max_graphs": setting("gpu_graphs", env),
+        "warm": setting("gpu_warm", env),
+        "memory_limit": setting("gpu_memory", env),
+        "merge": setting("merge_calls", env) != "off",
+    }
+
+
 def _onnxruntime(
     path: Path, graph_file: Path, spec: ModelSpec, manifest: Manifest, o: LoadOptions, log: Any
 ) -> Backend:
@@ -212,8 +236,8 @@ def _onnxruntime(
             list(manifest.buckets or [spec.max_length]),
             device="cuda",
             batching=o.batching,
-            max_graphs=setting("gpu_graphs"),
             log=log,
+            **{**gpu_graph_settings(), "merge": o.merges},
         )
     trt = None
     if o.tensorrt:

@@ -55,6 +55,7 @@ def recorded(gpu_exports):
         device="cpu",
         batching=BUDGET,
         threads=1,
+        merge=False,  # each batch in its own shape: the outputs below are compared exactly
         ort=recorder.wrap(onnxruntime, "onnxruntime"),
     )
     yield core, recorder
@@ -294,7 +295,7 @@ def test_under_load_a_busy_shape_is_captured_on_its_batch(gpu_exports):
     core = GpuGraphBackend(
         gpu_exports["xprovence"] / "model.onnx", [64], device="cpu", batching=BUDGET, threads=THREADS
     )
-    core.gpu.idle = lambda: False  # a load that never leaves the GPU idle
+    core.gpu.remove_idle(core)  # a load that never leaves the GPU idle
     try:
         batch = a_batch(2, 64, 5)
         first = core.infer(batch)
@@ -346,24 +347,14 @@ def test_a_backend_dropped_without_close_ends_its_thread(gpu_exports):
     assert not thread.is_alive() and not folder.exists()
 
 
-@pytest.fixture(scope="module")
-def lingua_fp16(lingua_checkpoints, tmp_path_factory):
-    """Each layout's fp16 export (the GPU's precision)."""
-    from export.onnx import export_model
-
-    root = tmp_path_factory.mktemp("lingua-fp16")
-    for layout, folder in lingua_checkpoints.items():
-        export_model(folder, root / layout, precision="fp16", log=lambda m: None)
-    return {layout: root / layout for layout in lingua_checkpoints}
-
-
 @pytest.mark.parametrize("layout", ["xlm-roberta", "bert"])
 def test_the_compressors_gpu_graph_keeps_the_words_its_session_keeps(lingua_fp16, layout, tiktoken_offline):
     """LLMLingua-2's fp16 export on the GPU graph (GpuTokenProbs, here on the CPU provider): chunks
     padded to the graph's lengths and to its captured rows give the token probabilities of the same
     graph on a plain ONNX Runtime session (which runs each chunk at its own length), so the same
     words; the batches run in captured shapes once they are made."""
-    from engine.backends.gpu_graph import LINGUA_LENGTHS, GpuTokenProbs, graph_rows
+    from engine.backends.gpu_graph import graph_rows
+    from engine.backends.gpu_token_probs import LINGUA_LENGTHS, GpuTokenProbs
     from engine.compressor import Compressor
     from engine.pipeline.lingua_decide import CompressOptions, plan
     from tests.utils import CASES

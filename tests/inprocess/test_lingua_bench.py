@@ -139,7 +139,7 @@ def test_the_gpu_paths_run_end_to_end_with_the_gpu_graph_on_the_cpu(
     reference, and the 10x target reported."""
     llmlingua = pytest.importorskip("llmlingua", reason="the dev extra's llmlingua==0.2.2")
     import engine.backends.onnxruntime as ort_backend
-    from engine.backends.gpu_graph import GpuTokenProbs
+    from engine.backends.gpu_token_probs import GpuTokenProbs
     from engine.cli import main
     from engine.compressor import Compressor
 
