@@ -39,6 +39,7 @@ def add(new) -> None:
     add_setting(h, "port", type=port_number)
     add_setting(h, "api_key")
     add_setting(h, "workers")
+    add_setting(h, "merge_calls")
     add_setting(h, "max_concurrent")
     add_setting(h, "request_timeout", type=positive_float)
     add_setting(h, "max_body_bytes")
@@ -84,6 +85,7 @@ def run(args) -> int:
             precision=args.inference_precision,
             device=args.device,
             log=args.log,
+            merge_calls=args.merge_calls,
             compressor=load_compressor(args),
         )
         label = Path(model).name if args.model and args.model != "default" else "default"

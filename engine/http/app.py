@@ -308,6 +308,7 @@ async def info(api: Api):
         max_concurrent=config.max_concurrent,
         request_timeout=config.request_timeout,
         version=_version(),
+        device=api.device_reports() or None,
     )
 
 

@@ -112,6 +112,9 @@ class CompressorInfo(BaseModel):
     max_concurrent: int
     request_timeout: float
     version: str
+    device: dict[str, dict] | None = Field(
+        default=None, description="the GPU graph's figures, as a pruner's /info"
+    )
 
 
 #: the POST routes of a pruning model, which a compressor does not serve
@@ -169,6 +172,7 @@ def info(api: ApiState, version: str) -> CompressorInfo:
         max_concurrent=api.config.max_concurrent,
         request_timeout=api.config.request_timeout,
         version=version,
+        device=api.device_reports() or None,
     )
 
 

@@ -442,6 +442,11 @@ class InfoResponse(BaseModel):
     max_concurrent: int
     request_timeout: float
     version: str
+    device: dict[str, dict] | None = Field(
+        default=None,
+        description="the GPU graph's figures (model, and a compressor beside it): memory budget, weights "
+        "(shared in place or not), dynamic session, each captured shape's bytes and capture seconds, total",
+    )
 
 
 def info_rules(family: Family) -> tuple[RulesBody, Defaults]:

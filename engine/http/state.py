@@ -141,11 +141,74 @@ class Metrics:
         self.passages = Counter("prune_api_passages", "passages pruned", registry=self.registry)
         self.in_flight = Gauge("prune_api_in_flight", "requests being served", registry=self.registry)
 
+    def watch_devices(self, reports: Callable[[], dict[str, dict]]) -> None:
+        """Export the served models' device figures (`reports()`: role -> GpuGraphBackend.report)
+        as gauges, read at each scrape."""
+        self.registry.register(_DeviceCollector(reports))
+
     def text(self) -> bytes:
         """Every metric in Prometheus' text format."""
         from prometheus_client import generate_latest
 
         return generate_latest(self.registry)
+
+
+class _DeviceCollector:
+    """The GPU graph's figures at scrape time: memory budget, weights, each captured shape's bytes
+    and capture seconds, what is held, merged runs (label `model`: the served model, or the
+    compressor beside it)."""
+
+    def __init__(self, reports: Callable[[], dict[str, dict]]):
+        self.reports = reports
+
+    def describe(self) -> list:
+        """Nothing up front: the families depend on what is loaded (prometheus_client's rule)."""
+        return []
+
+    def collect(self):
+        """One family per figure, a sample per model (and shape)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        reports = self.reports()
+        plain = {
+            "prune_gpu_budget_bytes": ("device memory the model may hold (gpu_memory)", "budget_bytes"),
+            "prune_gpu_weights_bytes": ("device bytes of the one copy of the weights", "weights_bytes"),
+            "prune_gpu_held_bytes": ("device bytes held: weights, dynamic session, shapes", "total_bytes"),
+            "prune_gpu_captured_shapes": ("shapes captured as CUDA graphs", "captured"),
+        }
+        for name, (doc, key) in plain.items():
+            family = GaugeMetricFamily(name, doc, labels=["model"])
+            for role, r in reports.items():
+                if r.get(key) is not None:
+                    family.add_metric([role], float(r[key]))
+            yield family
+        shape_bytes = GaugeMetricFamily(
+            "prune_gpu_shape_bytes", "device bytes of a captured shape", labels=["model", "shape"]
+        )
+        seconds = GaugeMetricFamily(
+            "prune_gpu_capture_seconds",
+            "seconds a shape took to build and capture",
+            labels=["model", "shape"],
+        )
+        for role, r in reports.items():
+            for s in r.get("shapes", []):
+                shape = f"{s['rows']}x{s['length']}"
+                seconds.add_metric([role, shape], float(s["capture_seconds"]))
+                if s["bytes"] is not None:
+                    shape_bytes.add_metric([role, shape], float(s["bytes"]))
+        yield shape_bytes
+        yield seconds
+        runs = CounterMetricFamily(
+            "prune_gpu_merged_runs", "model runs that merged concurrent calls", labels=["model"]
+        )
+        batches = CounterMetricFamily(
+            "prune_gpu_merged_batches", "callers' batches those runs carried", labels=["model"]
+        )
+        for role, r in reports.items():
+            runs.add_metric([role], float(r.get("merged_runs", 0)))
+            batches.add_metric([role], float(r.get("merged_batches", 0)))
+        yield runs
+        yield batches
 
 
 class InFlight:
@@ -233,7 +296,7 @@ class ApiState:
         probe = None
         if compressor is not None:
             probe = lambda: compressor.compress("The engine is up and answers.", rate=0.5)  # noqa: E731
-        return cls(
+        state = cls(
             pruner=pruner,
             compressor=compressor,
             family=None if compressor is not None else pruner.family,  # type: ignore[arg-type]
@@ -246,6 +309,8 @@ class ApiState:
             metrics=metrics,
             in_flight=InFlight(config.max_concurrent, metrics.in_flight),
         )
+        metrics.watch_devices(state.device_reports)
+        return state
 
     async def prune(
         self, question: str, texts: list[str], options: CallOptions | None = None
@@ -316,6 +381,18 @@ class ApiState:
         self.health.succeeded()
         self.metrics.passages.inc(1 if isinstance(context, str) else len(context))
         return result
+
+    def device_reports(self) -> dict[str, dict]:
+        """The device figures of what is served (role "model"), and of a compressor beside a pruner
+        (role "compressor"), where the core has them (the GPU graph's)."""
+        models = {"model": self.pruner, "compressor": getattr(self.pruner, "compressor", None)}
+        out = {}
+        for role, model in models.items():
+            report = getattr(model, "device_report", None)
+            figures = report() if report is not None else None
+            if figures:
+                out[role] = figures
+        return out
 
     def score(self, r: PruneResult, raw: bool) -> float:
         """A result's score as the rerank endpoints give it (in [0, 1] unless `raw`)."""
