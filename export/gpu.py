@@ -99,16 +99,35 @@ def _flat_index(relative: torch.Tensor, span: int, sign: int, transpose: bool) -
     return (flat.transpose(0, 1) if transpose else flat).reshape(-1)
 
 
-def _relative_terms(self, query, key, relative_pos, rel_embeddings) -> torch.Tensor:
-    """DeBERTa's c2p + p2c scores [B, heads, L, L] (unscaled) from [B, L, width] q and k."""
-    deb = sys.modules[_DEBERTA]
-    b, length, _ = query.shape
-    heads, span = self.num_attention_heads, self.pos_ebd_size
-    if relative_pos is None:
-        relative_pos = deb.build_relative_position(
+#: id(relative_pos) -> (relative_pos, span, c2p flat index, p2c flat index), for one export: the
+#: encoder hands every layer the same relative positions, so every layer gathers with the same two
+#: indices, traced once (at a fixed shape each folds to one int64 [L x L] constant, not one per layer)
+_FLAT: dict[int, tuple[Any, ...]] = {}
+
+
+def _flat_indices(self, query, key, relative_pos) -> tuple[torch.Tensor, torch.Tensor]:
+    """The c2p and p2c flat indices of `relative_pos`, built at the first layer that asks."""
+    span = self.pos_ebd_size
+    entry = _FLAT.get(id(relative_pos)) if relative_pos is not None else None
+    if entry is not None and entry[0] is relative_pos and entry[1] == span:
+        return entry[2], entry[3]
+    rel = relative_pos
+    if rel is None:
+        rel = sys.modules[_DEBERTA].build_relative_position(
             query, key, bucket_size=self.position_buckets, max_position=self.max_relative_positions
         )
-    rel = relative_pos.to(dtype=torch.long).reshape(relative_pos.size(-2), relative_pos.size(-1))
+    rel = rel.to(dtype=torch.long).reshape(rel.size(-2), rel.size(-1))
+    c2p, p2c = _flat_index(rel, span, 1, False), _flat_index(rel, span, -1, True)
+    if relative_pos is not None:
+        _FLAT[id(relative_pos)] = (relative_pos, span, c2p, p2c)
+    return c2p, p2c
+
+
+def _relative_terms(self, query, key, relative_pos, rel_embeddings) -> torch.Tensor:
+    """DeBERTa's c2p + p2c scores [B, heads, L, L] (unscaled) from [B, L, width] q and k."""
+    b, length, _ = query.shape
+    heads, span = self.num_attention_heads, self.pos_ebd_size
+    c2p_index, p2c_index = _flat_indices(self, query, key, relative_pos)
     table = rel_embeddings[0 : span * 2, :].unsqueeze(0)
 
     def split(t):  # [n, m, width] -> [n, heads, m, d]
@@ -120,14 +139,10 @@ def _relative_terms(self, query, key, relative_pos, rel_embeddings) -> torch.Ten
     score = 0
     if "c2p" in self.pos_att_type:
         pos_key = split((self.key_proj if self.share_att_key else self.pos_key_proj)(table))
-        score = score + gathered(
-            torch.matmul(split(query), pos_key.transpose(-1, -2)), _flat_index(rel, span, 1, False)
-        )
+        score = score + gathered(torch.matmul(split(query), pos_key.transpose(-1, -2)), c2p_index)
     if "p2c" in self.pos_att_type:
         pos_query = split((self.query_proj if self.share_att_key else self.pos_query_proj)(table))
-        score = score + gathered(
-            torch.matmul(split(key), pos_query.transpose(-1, -2)), _flat_index(rel, span, -1, True)
-        )
+        score = score + gathered(torch.matmul(split(key), pos_query.transpose(-1, -2)), p2c_index)
     return score
 
 
@@ -225,6 +240,7 @@ def fused_attention(model: torch.nn.Module, log: Callable[[str], None] = lambda 
         for owner, attr, value in reversed(swapped):
             setattr(owner, attr, value)
         _ORIGINAL.clear()
+        _FLAT.clear()
 
 
 def _short(owner: Any) -> str:

@@ -22,6 +22,8 @@ reported) and refused when it fails.
 
 from __future__ import annotations
 
+import contextlib
+
 import hashlib
 import shutil
 import tempfile
@@ -140,11 +142,13 @@ def export_lingua(checkpoint: str | Path, out: Path, opts: Any, log: Callable[[s
     with tempfile.TemporaryDirectory(prefix="prune-lingua-export-") as tmp:
         work = Path(tmp)
         raw, fp32 = step_path(work, "raw"), step_path(work, "fp32")
-        trace(model, raw, feeds[-1], opts.opset, log)
+        swapped = trace(model, raw, feeds[-1], opts.opset, log, gpu=opts.precision == "fp16")
         save_graph(raw, fp32, external)
         checks = Checks(reference.core, feeds if opts.verify else [], log)
         checks.parity(fp32, "fp32", opts.tolerance)
         graph, details = convert(fp32, work, config, opts, external, checks, log)
+        if swapped is not None:  # the GPU graph: what export.gpu traced fused
+            details["gpu_graph"] = {"fused_attention_implementations": swapped}
         if opts.precision in ("int8", "fp16"):
             # the fp32 graph the candidate was made from (fp16's conversion optimizes the plain one)
             optimized = opts.optimize and opts.precision == "int8"
@@ -182,13 +186,25 @@ def sample_feeds(compressor: Any) -> list[tuple[np.ndarray, np.ndarray]]:
     return feeds
 
 
-def trace(model: torch.nn.Module, graph: Path, feed: tuple[np.ndarray, np.ndarray], opset: int, log) -> None:
-    """`torch.onnx.export` of TokenProbs(model) into `graph`, dynamic batch and sequence axes."""
-    log(f"exporting ONNX (opset {opset}) ...")
+def trace(
+    model: torch.nn.Module,
+    graph: Path,
+    feed: tuple[np.ndarray, np.ndarray],
+    opset: int,
+    log,
+    gpu: bool = False,
+) -> int | None:
+    """`torch.onnx.export` of TokenProbs(model) into `graph`, dynamic batch and sequence axes. `gpu`:
+    the GPU graph (fp16's), attention traced as MultiHeadAttention as the pruners' (export/gpu.py), so
+    that at a fixed shape every node runs on the CUDA provider; returns the implementations swapped."""
+    from export import gpu as gpu_graph
+
+    log(f"exporting ONNX (opset {opset}{', the GPU graph' if gpu else ''}) ...")
     axes = {"batch": 0, "sequence": 1}
     dynamic = {n: {v: k for k, v in axes.items()} for n in (*COMPRESSOR_INPUTS, COMPRESSOR_OUTPUT)}
+    fused = gpu_graph.fused_attention(model, log) if gpu else contextlib.nullcontext(None)
     try:
-        with torch.inference_mode(), warnings.catch_warnings():
+        with torch.inference_mode(), warnings.catch_warnings(), fused as swapped:
             warnings.simplefilter("ignore")  # TracerWarnings: the parity checks prove the shapes
             torch.onnx.export(
                 TokenProbs(model).eval(),
@@ -203,6 +219,7 @@ def trace(model: torch.nn.Module, graph: Path, feed: tuple[np.ndarray, np.ndarra
             )
     except Exception as exc:
         raise ExportError(f"torch.onnx.export failed: {type(exc).__name__}: {exc}") from exc
+    return swapped
 
 
 def save_graph(raw: Path, fp32: Path, external: bool) -> None:

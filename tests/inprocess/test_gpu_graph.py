@@ -35,6 +35,46 @@ def test_gpu_graph_runs_every_node_on_cuda_at_a_fixed_shape(gpu_exports, name, b
     assert "Softmax" not in [n.op_type for n in folded.graph.node if "/encoder/" in n.name]
 
 
+def test_debertas_position_indices_are_one_table_per_term_at_a_fixed_shape(gpu_exports, tmp_path):
+    """Provence's GPU graph gathers both position terms of every layer with the same two flat
+    [L x L] indices: at a fixed shape they fold into two int64 tables, not two per layer (2 MiB
+    each per layer at 512 tokens, ../reference/gpu-review-2.md)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    folded = fold(str(gpu_exports["provence"] / "model.onnx"), 2, 64, str(tmp_path / "folded.onnx"))
+    tables = [
+        t.name
+        for t in folded.graph.initializer
+        if t.data_type == TensorProto.INT64 and int(np.prod(t.dims)) == 64 * 64
+    ]
+    assert len(tables) == 2, tables
+    gathers = [n for n in folded.graph.node if n.op_type == "Gather" and any(i in tables for i in n.input)]
+    assert len(gathers) == 2 * LAYERS.get("provence", 2)  # each layer's c2p and p2c read them
+    indices = [numpy_helper.to_array(t) for t in folded.graph.initializer if t.name in tables]
+    assert not np.array_equal(*indices)  # one for each term
+
+
+@pytest.mark.parametrize("layout", ["xlm-roberta", "bert"])
+@pytest.mark.parametrize("batch,length", [(4, 128), (16, 512)])
+def test_the_compressors_gpu_graph_runs_every_node_on_cuda_at_a_fixed_shape(
+    lingua_fp16, layout, batch, length, tmp_path
+):
+    """LLMLingua-2's fp16 export is a GPU graph like the pruners': attention one MultiHeadAttention
+    per layer, and at a fixed shape no node the CUDA provider would leave to the CPU (which would
+    make ONNX Runtime refuse the capture, and every shape stay on the dynamic session)."""
+    import json
+
+    graph = str(lingua_fp16[layout] / "model.onnx")
+    assert gpu_graph_problems(graph, batch, length, str(tmp_path / "folded.onnx")) == []
+    nodes = onnx.load(str(tmp_path / "folded.onnx")).graph.node
+    ops = [n.op_type for n in nodes]
+    assert ops.count("MultiHeadAttention") == 2, ops  # the tiny checkpoints' 2 layers
+    assert not [n.name for n in nodes if n.op_type == "Softmax" and "/encoder/" in n.name]
+    manifest = json.loads((lingua_fp16[layout] / "manifest.json").read_text())
+    assert manifest["gpu_graph"]["fused_attention_implementations"] >= 1
+
+
 def test_the_check_finds_what_the_cpu_graph_leaves_on_the_cpu(exported, tmp_path):
     # the fp32 CPU export pools to max(sentence_ids) + 1 columns: a length computed at run time
     problems = folded_problems(
