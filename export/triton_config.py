@@ -45,14 +45,24 @@ def core_parameters(
     request against (`pad_id`, `prune_manifest`), ONNX Runtime's threads and memory settings; on
     the cpu target the python core's runtime and graph, whether it joins requests (joins_requests)
     and OpenVINO's inference precision; the text model beside it (`prune_text_model`)."""
-    params = {
-        "pad_id": str(pad_id),
-        "prune_manifest": manifest_json,
-        "intra_op_threads": str(opts.intra_op_threads),
-        "ort_arena": opts.ort_arena,
-        "ort_denormals": opts.ort_denormals,
-        "ort_shrink_above_tokens": str(SHRINK_ABOVE_TOKENS),
-    }
+    params = {"pad_id": str(pad_id), "prune_manifest": manifest_json}
+    if opts.target == "gpu-onnx":
+        params.update(ort_backend_parameters(opts))
+    else:  # the python core's own (triton_models/python_core/model.py reads them)
+        params.update(
+            intra_op_threads=str(opts.intra_op_threads),
+            ort_arena=opts.ort_arena,
+            ort_denormals=opts.ort_denormals,
+            ort_shrink_above_tokens=str(SHRINK_ABOVE_TOKENS),
+        )
+    if opts.target == "gpu-graph":  # the python core on the GPU graph (GpuGraphBackend)
+        params.update(
+            runtime="gpu_graph",
+            graph=graph,
+            device=opts.graph_device,
+            max_batch_tokens=str(opts.max_batch_tokens),
+            gpu_max_batch_size=str(opts.max_batch_size),
+        )
     if opts.target == "cpu":
         join = joins_requests(precision, opts.join_requests)  # INT8's requests run alone
         params.update(join_requests="true" if join else "false", runtime=runtime, graph=graph)
@@ -60,4 +70,19 @@ def core_parameters(
             params["inference_precision"] = "bf16" if opts.inference_precision == "bf16" else "f32"
     if text_model:
         params["prune_text_model"] = text_model
+    return params
+
+
+def ort_backend_parameters(opts: Any) -> dict[str, str]:
+    """The parameters Triton's onnxruntime backend reads (triton-inference-server/onnxruntime_backend,
+    src/onnxruntime.cc: an unknown key is ignored without a word, so the python core's own keys
+    would do nothing there): the CUDA provider's arena grows by what a run asks for
+    (`arena_extend_strategy` 1, kSameAsRequested; the backend's default doubles it), which is what
+    N instances, each a session with its own weights and arena, hold the device to; runs in
+    sequence; and the intra-op threads where set (`intra_op_thread_count`, for nodes left on the CPU).
+    The backend has no CUDA graphs for the CUDA provider (onnxruntime_backend#168): the GPU graph's
+    captured shapes are the in-process engine's and the gpu-graph target's."""
+    params = {"arena_extend_strategy": "1", "execution_mode": "0"}
+    if opts.intra_op_threads:
+        params["intra_op_thread_count"] = str(opts.intra_op_threads)
     return params

@@ -9,7 +9,10 @@ Targets:
 - `cpu-openvino`: Triton's own openvino backend in NVIDIA's container (ONNX or IR);
 - `gpu-onnx`: Triton's onnxruntime backend on GPUs, optionally with the TensorRT
   execution accelerator (fp16);
-- `gpu-tensorrt`: Triton's tensorrt backend with the plan from `prune export --tensorrt`.
+- `gpu-tensorrt`: Triton's tensorrt backend with the plan from `prune export --tensorrt`;
+- `gpu-graph`: the python core on a GPU running the engine's GPU graph on an fp16 export (one copy
+  of the weights, CUDA graphs captured in `initialize`, so the model is ready once they are, within
+  the device-memory budget); needs the engine in Triton's python environment, as the text model.
 
 Every core model gets the engine's contract as its inputs/outputs, dynamic batching
 whose preferred batch sizes follow the token budget at the client's length buckets, an
@@ -45,7 +48,7 @@ from engine.triton.wire import (
     TEXT_OUTPUTS,
 )
 
-TARGETS = ("cpu", "cpu-openvino", "gpu-onnx", "gpu-tensorrt")
+TARGETS = ("cpu", "cpu-openvino", "gpu-onnx", "gpu-tensorrt", "gpu-graph")
 #: what the cpu target's python core model can run the graph with
 RUNTIMES = tuple(MANIFEST_RUNTIMES)
 TEXT_SUFFIX = "_text"
@@ -87,6 +90,8 @@ class RepositoryOptions:
     #: OpenVINO (cpu with runtime openvino, cpu-openvino): fp32 or bf16; None: the export's
     #: preferred precision where it prefers OpenVINO, else fp32
     inference_precision: str | None = None
+    #: gpu-graph: the device it runs on; "cpu" rehearses it on the CPU provider (the tests)
+    graph_device: str = "cuda"
 
     def __post_init__(self) -> None:
         # the runtime settings' choices are engine.settings'; checked here, where the options are made
@@ -157,6 +162,9 @@ def render_config(name: str, manifest: Manifest, opts: RepositoryOptions, text_m
     elif opts.target == "gpu-onnx":
         head = 'platform: "onnxruntime_onnx"'
         kind = "KIND_GPU"
+    elif opts.target == "gpu-graph":
+        head = 'backend: "python"'
+        kind = "KIND_GPU" if opts.graph_device == "cuda" else "KIND_CPU"
     else:
         head = 'platform: "tensorrt_plan"'
         kind = "KIND_GPU"
@@ -167,7 +175,7 @@ def render_config(name: str, manifest: Manifest, opts: RepositoryOptions, text_m
         json.dumps(manifest.to_dict()),
         manifest.precision,
         runtime,
-        core_graph(manifest) if opts.target == "cpu" else "",
+        core_graph(manifest) if opts.target in ("cpu", "gpu-graph") else "",
         text_model,
     )
     param_text = parameters(params)
@@ -206,6 +214,30 @@ def _warmup(manifest: Manifest, batched: bool) -> str:
         tensors = "\n".join(parts)
         warmups.append(f'  {{\n    name: "warmup_{length}"\n    batch_size: 1\n{tensors}\n  }}')
     return "model_warmup [\n" + ",\n".join(warmups) + "\n]\n"
+
+
+#: the export's plain fp32 graph for TensorRT (prune export --tensorrt writes it)
+TRT_GRAPH = "model.trt.onnx"
+
+
+def served_graph(folder: Path, manifest: Manifest, opts: RepositoryOptions) -> tuple[Path, str | None]:
+    """The graph the core model is given, and its external data file's name (None: none): the export's
+    own, or for ONNX Runtime's TensorRT accelerator its plain graph where the export has one."""
+    plain = folder / TRT_GRAPH
+    if opts.target == "gpu-onnx" and opts.trt_accelerator and plain.is_file():
+        data = plain.with_name(TRT_GRAPH + ".data")
+        return plain, data.name if data.is_file() else None
+    return folder / manifest.graph, manifest.external_data or None
+
+
+def tensorrt_refusal(graph: Path) -> str:
+    """The ops of `graph` that TensorRT takes no part of (ONNX Runtime's com.microsoft contrib ops:
+    the GPU graph's MultiHeadAttention, the optimizer's fusions), in words; "" when there are none."""
+    import onnx
+
+    model = onnx.load(str(graph), load_external_data=False)
+    ops = sorted({n.op_type for n in model.graph.node if n.domain == "com.microsoft"})
+    return ", ".join(f"com.microsoft.{op}" for op in ops)
 
 
 def is_ir(manifest: Manifest) -> bool:
@@ -341,6 +373,31 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
             f"note: {opts.target} joins the requests its dynamic batcher groups; with an INT8 graph an answer "
             "can move slightly with its batch company (the cpu target runs them alone)"
         )
+    if opts.target == "gpu-onnx" and opts.trt_accelerator:
+        graph, _ = served_graph(Path(model_folder), manifest, opts)
+        refused = tensorrt_refusal(graph)
+        if refused:
+            raise ExportError(
+                f"{model_folder}: TensorRT cannot take this graph's {refused} (ONNX Runtime's contrib ops, which "
+                "no TensorRT parser or plugin knows): the accelerator would split it into pieces around them on "
+                "the CUDA provider, and its CUDA graphs would not capture. Export with --tensorrt, which also "
+                "writes the plain graph (model.trt.onnx) that the accelerator is then given, or serve on "
+                "gpu-onnx without --trt-accelerator"
+            )
+        if graph.name == TRT_GRAPH:
+            log(
+                f"note: the TensorRT accelerator is given {TRT_GRAPH}, the export's plain graph (TensorRT parses it)"
+            )
+    if opts.target == "gpu-graph" and not manifest.data.get("gpu_graph"):
+        raise ExportError(
+            f"{model_folder} is a {manifest.precision} export: gpu-graph serves the GPU graph, an fp16 export "
+            "(prune export --precision fp16)"
+        )
+    if opts.target == "gpu-graph" and opts.instances > 1:
+        log(
+            f"note: gpu-graph with {opts.instances} instances holds {opts.instances} copies of the weights and "
+            "of the captured shapes on the GPU (each instance is a process of its own)"
+        )
     if opts.text_model and opts.text_instances < 1:
         raise ExportError("text_instances must be >= 1")
     if opts.text_model and (opts.text_max_passages < 1 or opts.text_max_chars < 1):
@@ -380,14 +437,15 @@ def _write_models(
 ) -> None:
     version_dir = model_dir / str(opts.version)
     version_dir.mkdir(parents=True)
-    if opts.target in ("cpu", "cpu-openvino", "gpu-onnx"):
+    if opts.target in ("cpu", "cpu-openvino", "gpu-onnx", "gpu-graph"):
         graph = core_graph(manifest)
-        shutil.copy2(model_folder / manifest.graph, version_dir / graph)
+        source, external = served_graph(model_folder, manifest, opts)
+        shutil.copy2(source, version_dir / graph)
         if graph == "model.xml":  # the IR's weights, beside it under the name OpenVINO looks for
             shutil.copy2((model_folder / manifest.graph).with_suffix(".bin"), version_dir / "model.bin")
-        if manifest.external_data:
-            shutil.copy2(model_folder / manifest.external_data, version_dir / manifest.external_data)
-        if opts.target == "cpu":
+        if external:
+            shutil.copy2(model_folder / external, version_dir / external)
+        if opts.target in ("cpu", "gpu-graph"):
             shutil.copy2(templates[CORE], version_dir / "model.py")
     else:
         plan = model_folder / "model.plan"

@@ -13,11 +13,12 @@ def add(new) -> None:
     g.add_argument("--out", required=True, help="the model repository folder")
     g.add_argument(
         "--target",
-        choices=["cpu", "cpu-openvino", "gpu-onnx", "gpu-tensorrt"],
+        choices=["cpu", "cpu-openvino", "gpu-onnx", "gpu-tensorrt", "gpu-graph"],
         default="cpu",
         help="cpu: python backend running ONNX Runtime (or OpenVINO: --backend openvino); cpu-openvino: "
         "Triton's openvino backend, gpu-onnx / gpu-tensorrt: Triton's GPU backends (NVIDIA's "
-        "container)",
+        "container); gpu-graph: the python backend on a GPU running the engine's GPU graph on an fp16 "
+        "export (CUDA graphs captured before the model is ready; the engine installed in Triton's python)",
     )
     g.add_argument("--name", help="model name in the repository (default: the folder's name)")
     add_setting(g, "max_batch_size", "; here the largest batch the core model accepts")

@@ -5,6 +5,7 @@ Tolerance: results through Triton equal the in-process ONNX Runtime results with
 (the same graph runs on both sides; only the rows batched together differ).
 """
 
+import shutil
 import threading
 import time
 
@@ -17,7 +18,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from engine.pipeline.encode import BatchingConfig
-from engine.errors import BackendError
+from engine.errors import BackendError, ExportError
 from engine.pruner import Pruner, call_batches, call_blocks
 from engine.triton.server import TritonServer
 from export.triton_repository import RepositoryOptions, build_repository
@@ -175,12 +176,25 @@ def test_generated_configs_are_valid_triton_configs(exported, tmp_path, target, 
     import onnx
 
     folder = exported["opensearch"]
+    if accel:  # TensorRT takes no contrib op: the optimized graph is refused, the export's plain graph given
+        with pytest.raises(ExportError, match="TensorRT cannot take.*com.microsoft.Attention"):
+            build_repository(
+                folder, tmp_path, RepositoryOptions(target=target, trt_accelerator=True), log=print
+            )
+        folder = tmp_path / "with-trt"
+        shutil.copytree(exported["opensearch"], folder)
+        plain = onnx.load(str(folder / "model.onnx"))
+        for n in plain.graph.node:
+            n.domain = ""  # a stand-in for prune export --tensorrt's plain graph: no contrib op
+        onnx.save(plain, str(folder / "model.trt.onnx"))
     model_dir = build_repository(
         folder,
         tmp_path,
         RepositoryOptions(target=target, name="m", max_batch_size=32, trt_accelerator=accel),
         log=lambda m: None,
     )
+    if accel:
+        assert (model_dir / "1" / "model.onnx").read_bytes() == (folder / "model.trt.onnx").read_bytes()
     cfg = text_format.Parse((model_dir / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     graph = onnx.load(str(folder / "model.onnx")).graph
     assert [i.name for i in cfg.input] == [i.name for i in graph.input]
@@ -202,6 +216,9 @@ def test_generated_configs_are_valid_triton_configs(exported, tmp_path, target, 
         assert acc.name == "tensorrt" and acc.parameters["precision_mode"] == "FP16"
     manifest = json.loads(cfg.parameters["prune_manifest"].string_value)
     assert manifest["family"] == "opensearch"
+    if target == "gpu-onnx":  # the keys Triton's onnxruntime backend reads, not the python core's
+        assert cfg.parameters["arena_extend_strategy"].string_value == "1"
+        assert not {"intra_op_threads", "ort_arena", "ort_denormals"} & set(cfg.parameters)
     for w in cfg.model_warmup:
         assert w.inputs["attention_mask"].input_data_file
         assert (model_dir / "warmup" / w.inputs["attention_mask"].input_data_file).is_file()

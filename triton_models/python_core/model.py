@@ -1,6 +1,7 @@
 """Triton python-backend model: the CPU core, running the exported graph with ONNX
 Runtime or, where `prune repository --backend openvino` asked for it (or the export is
-an OpenVINO IR), with OpenVINO.
+an OpenVINO IR), with OpenVINO; and, for `--target gpu-graph`, the GPU core running the fp16
+export's GPU graph on the engine's own backend (`_GpuGraph`).
 
 Copied by `prune repository --target cpu` into `<model>/1/model.py`, beside the graph
 (`model.onnx`, or `model.xml` + `model.bin`). The dynamic batcher hands `execute()` a
@@ -20,8 +21,9 @@ An LLMLingua-2 export's core (`prune repository` on a compressor export) is the 
 with one output, `token_probs` [b, L] (input_ids and attention_mask in): each request gets its
 own rows cut to its own L.
 
-This file runs inside Triton without the engine installed: the runtimes' settings are
-read from the config's parameters (written by export/triton_repository.py).
+This file runs inside Triton without the engine installed (but for the gpu-graph runtime, which
+is the engine's): the runtimes' settings are read from the config's parameters (written by
+export/triton_repository.py).
 """
 
 import json
@@ -119,7 +121,64 @@ class _OpenVino:
         return [np.array(out[port], copy=True) for port in self.outputs]
 
 
-RUNTIMES = {"onnxruntime": _OnnxRuntime, "openvino": _OpenVino}
+class _GpuGraph:
+    """The fp16 export's GPU graph on the engine's GpuGraphBackend (`prune repository --target
+    gpu-graph`): one copy of the weights, and every shape the batches take captured as a CUDA graph
+    here, in initialize(), smallest first, within PRUNE_GPU_GRAPHS and PRUNE_GPU_MEMORY (the
+    engine's settings, read from this process's environment): Triton calls the model ready only once
+    they are, so no request waits for a capture. The requests the dynamic batcher joins are padded to
+    the graph's next length and run in chunks of the shape's rows. Unlike the other runtimes this one
+    needs the engine in Triton's python environment (the text model beside it does too)."""
+
+    name = "gpu_graph"
+
+    def __init__(self, path, params, output_names):
+        from engine.backends.gpu_graph import GpuGraphBackend
+        from engine.models.loading import gpu_graph_settings
+        from engine.pipeline.encode import BatchingConfig
+
+        self.output_names = output_names
+        manifest = json.loads(params.get("prune_manifest", "{}"))
+        lengths = manifest.get("buckets") or [int(manifest.get("max_length", 512))]
+        budget = BatchingConfig(
+            max_batch_tokens=int(_written(params, "max_batch_tokens")),
+            max_batch_size=int(_written(params, "gpu_max_batch_size")),
+        )
+        settings = {**gpu_graph_settings(), "merge": False}  # Triton's dynamic batcher joins the requests
+        self.core = GpuGraphBackend(
+            path,
+            lengths,
+            device=params.get("device", "cuda"),
+            batching=budget,
+            outputs=tuple(output_names),
+            log=lambda m: print(m, flush=True),  # Triton's log (the stub's stdout is a pipe)
+            **settings,
+        )
+        self.input_names = list(self.core.input_names)
+        self.pad = {**PAD, "input_ids": int(params.get("pad_id", "0"))}
+
+    def run(self, batch, tokens):
+        rows, length = batch["input_ids"].shape
+        padded = next((n for n in self.core.lengths if n >= length), None)
+        if padded is None:
+            raise ValueError(f"length {length} is past the graph's longest, {self.core.lengths[-1]}")
+        if padded > length:
+            batch = {
+                n: np.pad(a, ((0, 0), (0, padded - length)), constant_values=self.pad[n])
+                for n, a in batch.items()
+            }
+        step = self.core.rows_for(padded)[-1]
+        parts = [
+            self.core.run({n: a[at : at + step] for n, a in batch.items()}) for at in range(0, rows, step)
+        ]
+        out = [np.concatenate([p[k] for p in parts]) for k in range(len(self.output_names))]
+        return [o if o.ndim == 1 else o[:, :length] for o in out]
+
+    def close(self):
+        self.core.close()
+
+
+RUNTIMES = {"onnxruntime": _OnnxRuntime, "openvino": _OpenVino, "gpu_graph": _GpuGraph}
 
 
 class TritonPythonModel:
@@ -248,5 +307,8 @@ class TritonPythonModel:
         return out
 
     def finalize(self):
-        """Release the runtime."""
+        """Release the runtime (the GPU graph's sessions and weights on the device)."""
+        close = getattr(self.runtime, "close", None)
+        if close is not None:
+            close()
         self.runtime = None
