@@ -360,14 +360,18 @@ def engine(run: Run, export: Export, label: str, cfg: dict, shapes, reference) -
     for path, extra in variants:
 
         def make(extra=extra):
-            if a.fixed_shapes and a.device == "cpu" and manifest.get("gpu_graph"):
+            gpu_graph = manifest.get("gpu_graph") and not extra and (a.device == "cuda" or a.fixed_shapes)
+            if (
+                gpu_graph
+            ):  # as Pruner.load opens it, but each shape captured when its row starts (timed apart)
                 from engine.backends.gpu_graph import GpuGraphBackend
 
                 return GpuGraphBackend(
                     export.out / manifest["graph"],
                     manifest["buckets"],
-                    device="cpu",
+                    device=a.device,
                     batching=batching,
+                    warm="lazy",
                     log=run.log,
                 )
             return Pruner.load(export.out, device=a.device, batching=batching, log=run.log, **extra).backend
@@ -455,6 +459,30 @@ def measure_full(run: Run, ck: Path, after_engine=()) -> None:
     run.done(f"{label}: torch")
 
 
+def full_size_check(run: Run, ck: Path) -> None:
+    """The full model's memory per captured shape and a captured full-size shape against fp32
+    PyTorch (benchmarks/gpu_run/serving.py), once its fp16 export is done and where the budget
+    has room for it."""
+    from benchmarks.gpu_run.check import row
+    from benchmarks.gpu_run.serving import check_full_size
+
+    export = next((e for e in run.exports if e.label == run.full and e.precision == "fp16"), None)
+    if export is None or run.args.no_check:
+        return
+    if not export.ready:
+        run.emit(row("full size", "SKIP", "no fp16 export of the full model", skipped="no export"))
+    elif run.budget.left() - run.floor() <= 60:
+        run.emit(
+            row("full size", "SKIP", "not started: the budget was spent", skipped="the budget was spent")
+        )
+    else:
+        try:
+            run.emit(check_full_size(export.out / "model.onnx", ck, run.args.device))
+        except Exception as exc:
+            run.emit(row("full size", "FAIL", f"{type(exc).__name__}: {str(exc)[:300]}"))
+    run.done("full-size check")
+
+
 def plan(run: Run) -> None:
     """The run, in order (the module's docstring)."""
     a = run.args
@@ -469,6 +497,7 @@ def plan(run: Run) -> None:
         + ([f"{cut}-layer cut: engine fp16", f"{cut}-layer cut: torch"] if cut else [])
         + [f"{label}: torch"]
         + engine_stages
+        + (["full-size check"] if not a.no_check and not a.no_onnxruntime else [])
         + (["prune bench"] if a.rag_data else [])
     )
     ck, row = checkpoint(run.work / "checkpoint", sizes, label)
@@ -491,6 +520,7 @@ def plan(run: Run) -> None:
         run.done("GPU check")
     later = measure_cut(run, sizes, cut) if cut else ()
     measure_full(run, ck, later)
+    full_size_check(run, ck)
     if a.rag_data:
         run_bench(run, ck)
 

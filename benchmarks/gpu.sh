@@ -93,14 +93,20 @@ y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
 model = helper.make_model(helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "probe", [x], [y]),
                           opset_imports=[helper.make_opsetid("", 17)])
 model.ir_version = 8
+cuda_runs = False
 for p in offered:
     try:
         s = ort.InferenceSession(model.SerializeToString(), providers=[p, "CPUExecutionProvider"])
         s.run(None, {"x": np.ones(2, np.float32)})
         ran = s.get_providers()[0]
+        cuda_runs |= p == ran == "CUDAExecutionProvider"
         print(f"provider {p}: {'runs' if ran == p else 'does not load (the session fell back to ' + ran + ')'}")
     except Exception as exc:
         print(f"provider {p}: fails ({type(exc).__name__}: {str(exc)[:200]})")
+if gpu and not cuda_runs:  # every GPU row would be the CPU's: nothing worth the budget
+    print("gpu.sh: the CUDA provider does not load (the lines above say why): the CUDA 13 runtime, cuBLAS and "
+          "cuDNN 9 wheels onnxruntime-gpu needs, or a driver for CUDA 13")
+    sys.exit(3)
 PY
 if [ "$status" != 0 ]; then
   line="$(grep '^gpu.sh:' "$work/logs/providers.txt" | head -1)"

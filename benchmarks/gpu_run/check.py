@@ -15,7 +15,10 @@ SKIP (on the CPU: what a CPU cannot show) and its figure, in gpu.json and gpu.md
   CUDA provider (ONNX Runtime's profile names each node's provider);
 - memory: device memory after loading a 4-layer hidden-1024 model and after each of three
   more captured shapes, against one session made without the shared weights: the shared
-  sessions add far less than a copy of the weights each.
+  sessions add far less than a copy of the weights each;
+- two models: a pruner and a compressor on the process's one GPU thread, one capturing while
+  the other serves 100 calls (benchmarks/gpu_run/serving.py, which also has the full-size
+  check gpu.py runs once the full model's export is done).
 
     python -m benchmarks.gpu_run.check --device cuda --out check.json     (gpu.py runs it first)
 """
@@ -337,6 +340,7 @@ ESTIMATES = {
     "threads": 10.0,
     "providers": 10.0,
     "memory": 40.0,
+    "two models": 40.0,
 }
 
 
@@ -384,9 +388,12 @@ def run_checks(
                     done(result)
         finally:
             core.close()
+    from benchmarks.gpu_run.serving import check_two_models
+
     for name, fn in (
         ("providers", lambda: check_providers(tiny, device, work)),
         ("memory", lambda: check_memory(work / "wide", device)),
+        ("two models", lambda: check_two_models(work, device)),
     ):
         result = attempt(name, fn)
         if result is not None:

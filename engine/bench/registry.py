@@ -188,6 +188,23 @@ def _deployed(url: str, model: str):
     return client_of
 
 
+def _serving_paths(o: BenchOptions, int8: bool) -> list[BenchPath]:
+    """`prune api --model` serving 1, 4 and 16 concurrent callers (--concurrencies) of TEI's /rerank:
+    unmerged (--merge-calls off, the workers' default: 1 on a CPU, 16 on a GPU) against concurrent
+    calls merged (--merge-calls on, 16 workers), on the export the device serves: INT8 on a CPU where
+    given, else fp32; fp16 on a GPU."""
+    model = "fp16" if o.device == "cuda" and "fp16" in o.models else "int8" if int8 else o.base
+    base = ["--model", str(o.models[model])] + (["--threads", str(o.threads)] if o.threads else [])
+    base += ["--device", o.device]
+    merged = base + ["--merge-calls", "on", "--workers", "16"]
+    unmerged = base + ["--merge-calls", "off"]
+    return [
+        BenchPath(f"api-in-process c{c}{how} ({model})", "api", _concurrent(_rerank(lambda s, a=args: a), c))
+        for c in o.concurrencies
+        for how, args in (("", unmerged), (" merged", merged))
+    ]
+
+
 def registry(o: BenchOptions, family: str) -> list[BenchPath]:
     """Every path these options make possible, in report order; nothing is started."""
     int8 = "int8" in o.models and o.device == "cpu"
@@ -339,11 +356,7 @@ def _served_paths(o: BenchOptions, int8: bool) -> list[BenchPath]:
             BenchPath(f"onnxruntime-int8 in-process c{c}", "in-process", _concurrent(_shared("int8"), c))
             for c in cs
         ]
-        args = ["--model", str(o.models["int8"])] + (["--threads", str(o.threads)] if o.threads else [])
-        paths += [
-            BenchPath(f"api-in-process c{c} (int8)", "api", _concurrent(_rerank(lambda s: args), c))
-            for c in cs
-        ]
+    paths += _serving_paths(o, int8)
     if o.server_url:  # an existing Triton deployment's text model
         paths += [
             BenchPath(

@@ -124,6 +124,8 @@ def check_report(out: Path) -> None:
         "threads": "PASS",
         "providers": "PASS",
         "memory": "SKIP",
+        "two models": "PASS",
+        "full size": "PASS",
     }, checks
     assert rows.index(next(r for r in rows if r.get("kind") == "check")) < min(
         i for i, r in enumerate(rows) if "ms_per_batch" in r
@@ -154,6 +156,8 @@ def check_report(out: Path) -> None:
         "torch-batched",
         "torch.compile batched",
         "onnxruntime-fp16",
+        "api-in-process c16 (fp16)",
+        "api-in-process c16 merged (fp16)",
     ]
     assert bench["paths"][1]["compile_s"] > 0
     assert [r["path"] for r in report["bench"]["paths"]] == [r["path"] for r in bench["paths"]]

@@ -29,9 +29,16 @@ def test_the_registry_lists_what_the_flags_make_possible():
         "onnxruntime-int8 in-process c4",
         "onnxruntime-int8 in-process c16",
         "api-in-process c1 (int8)",
+        "api-in-process c1 merged (int8)",
         "api-in-process c4 (int8)",
+        "api-in-process c4 merged (int8)",
         "api-in-process c16 (int8)",
+        "api-in-process c16 merged (int8)",
     ]
+    gpu = registry(BenchOptions({"fp16": Path("f")}, Path("d.jsonl"), device="cuda"), "provence")
+    assert [n for n in names(gpu) if n.startswith("api")] == [
+        f"api-in-process c{c}{how} (fp16)" for c in (1, 4, 16) for how in ("", " merged")
+    ]  # serving on the GPU: the GPU graph's fp16 export, unmerged against merged
     full = registry(
         BenchOptions(MODELS, Path("d.jsonl"), checkpoint="ck", triton=True, replicas=2), "embedding"
     )
