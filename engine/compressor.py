@@ -174,13 +174,21 @@ class Compressor:
         else:
             from engine.backends.onnxruntime import OrtTokenProbs
 
-            core = OrtTokenProbs(
-                graph,
-                intra_op_threads=threads,
-                arena=setting("ort_arena"),
-                denormals=setting("ort_denormals"),
-                device=device,
-            )
+            def make() -> Any:
+                return OrtTokenProbs(
+                    graph,
+                    intra_op_threads=threads,
+                    arena=setting("ort_arena"),
+                    denormals=setting("ort_denormals"),
+                    device=device,
+                )
+
+            if device == "cuda":  # made and run on the process's GPU thread, as every CUDA model
+                from engine.backends.gpu_token_probs import OnGpuThread
+
+                core = OnGpuThread(make)
+            else:
+                core = make()
         return cls(tokenizer, core, tiktoken_encoding("gpt-3.5-turbo"))
 
     def compress(self, context: str | list[str], **options: Any) -> CompressResult:
@@ -256,11 +264,6 @@ class Compressor:
         close = getattr(self.core, "close", None)
         if close is not None:
             close()
-
-    def device_report(self) -> dict | None:
-        """The core's device figures (the GPU graph's: GpuTokenProbs), or None."""
-        report = getattr(self.core, "report", None)
-        return report() if report is not None else None
 
     def describe(self) -> str:
         """The model's runtime and tokenizer, in words."""

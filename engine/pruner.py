@@ -152,10 +152,6 @@ class Pruner(FromSpec):
         picked = " (auto's pick)" if self.spec.auto_pick else ""
         return f"{self.backend.describe()}, {self.spec.precision} export{picked}"
 
-    def device_report(self) -> dict | None:
-        """The core's device figures (the GPU graph's memory, captured shapes, merged runs), or None."""
-        return self.backend.report()
-
     async def aprune(
         self, question: str, passages: str | Sequence[str], options: CallOptions | None = None, **kwargs: Any
     ) -> list[PruneResult]:

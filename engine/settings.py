@@ -79,8 +79,10 @@ _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(?:(k|m|g|t)(i)?)?b\s*$", re.IGNORE
 def memory_limit(text: str | float | int) -> float | int:
     """A `gpu_memory` setting parsed: a share of the free memory in (0, 1] (0.8), or bytes from a
     size with its unit (24GiB, 512MiB, 20GB, 1000000B); ValueError else."""
-    if isinstance(text, int) and not isinstance(text, bool) and text >= 1:
-        return text  # already bytes (a parsed setting)
+    if isinstance(text, int) and not isinstance(text, bool):  # bytes, as a parsed size is
+        if text < 2**20:
+            raise ValueError(f"{text} bytes: a GPU memory budget is at least 1 MiB (a share is a float, 0.8)")
+        return text
     raw = str(text).strip()
     try:
         share = float(raw)

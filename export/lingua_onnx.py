@@ -147,7 +147,7 @@ def export_lingua(checkpoint: str | Path, out: Path, opts: Any, log: Callable[[s
         checks = Checks(reference.core, feeds if opts.verify else [], log)
         checks.parity(fp32, "fp32", opts.tolerance)
         graph, details = convert(fp32, work, config, opts, external, checks, log)
-        if swapped is not None:  # the GPU graph: what export.gpu traced fused
+        if swapped:  # the GPU graph: what export.gpu traced fused
             details["gpu_graph"] = {"fused_attention_implementations": swapped}
         if opts.precision in ("int8", "fp16"):
             # the fp32 graph the candidate was made from (fp16's conversion optimizes the plain one)

@@ -314,6 +314,37 @@ def with_preferred_runtime(manifest: Manifest, opts: RepositoryOptions, log=prin
     return replace(opts, runtime=runtime, inference_precision=precision)
 
 
+def check_gpu_target(model_folder: Path, manifest: Manifest, opts: RepositoryOptions, log) -> None:
+    """ExportError where a GPU target cannot serve the export as asked: TensorRT's accelerator on
+    a graph with contrib ops (it is given the export's plain graph where there is one), gpu-graph on
+    anything but the fp16 GPU graph."""
+    if opts.target == "gpu-onnx" and opts.trt_accelerator:
+        graph, _ = served_graph(model_folder, manifest, opts)
+        refused = tensorrt_refusal(graph)
+        if refused:
+            raise ExportError(
+                f"{model_folder}: TensorRT cannot take this graph's {refused} (ONNX Runtime's contrib ops, which "
+                "no TensorRT parser or plugin knows): the accelerator would split it into pieces around them on "
+                "the CUDA provider, and its CUDA graphs would not capture. Export with --tensorrt, which also "
+                "writes the plain graph (model.trt.onnx) that the accelerator is then given, or serve on "
+                "gpu-onnx without --trt-accelerator"
+            )
+        if graph.name == TRT_GRAPH:
+            log(
+                f"note: the TensorRT accelerator is given {TRT_GRAPH}, the export's plain graph (TensorRT parses it)"
+            )
+    if opts.target == "gpu-graph" and not manifest.data.get("gpu_graph"):
+        raise ExportError(
+            f"{model_folder} is a {manifest.precision} export: gpu-graph serves the GPU graph, an fp16 export "
+            "(prune export --precision fp16)"
+        )
+    if opts.target == "gpu-graph" and opts.instances > 1:
+        log(
+            f"note: gpu-graph with {opts.instances} instances holds {opts.instances} copies of the weights and "
+            "of the captured shapes on the GPU (each instance is a process of its own)"
+        )
+
+
 def build_repository(model_folder: str | Path, out: str | Path, opts: RepositoryOptions, log=print) -> Path:
     """Write (or add to) a model repository; returns the model's folder."""
     model_folder = Path(model_folder)
@@ -373,31 +404,7 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
             f"note: {opts.target} joins the requests its dynamic batcher groups; with an INT8 graph an answer "
             "can move slightly with its batch company (the cpu target runs them alone)"
         )
-    if opts.target == "gpu-onnx" and opts.trt_accelerator:
-        graph, _ = served_graph(Path(model_folder), manifest, opts)
-        refused = tensorrt_refusal(graph)
-        if refused:
-            raise ExportError(
-                f"{model_folder}: TensorRT cannot take this graph's {refused} (ONNX Runtime's contrib ops, which "
-                "no TensorRT parser or plugin knows): the accelerator would split it into pieces around them on "
-                "the CUDA provider, and its CUDA graphs would not capture. Export with --tensorrt, which also "
-                "writes the plain graph (model.trt.onnx) that the accelerator is then given, or serve on "
-                "gpu-onnx without --trt-accelerator"
-            )
-        if graph.name == TRT_GRAPH:
-            log(
-                f"note: the TensorRT accelerator is given {TRT_GRAPH}, the export's plain graph (TensorRT parses it)"
-            )
-    if opts.target == "gpu-graph" and not manifest.data.get("gpu_graph"):
-        raise ExportError(
-            f"{model_folder} is a {manifest.precision} export: gpu-graph serves the GPU graph, an fp16 export "
-            "(prune export --precision fp16)"
-        )
-    if opts.target == "gpu-graph" and opts.instances > 1:
-        log(
-            f"note: gpu-graph with {opts.instances} instances holds {opts.instances} copies of the weights and "
-            "of the captured shapes on the GPU (each instance is a process of its own)"
-        )
+    check_gpu_target(model_folder, manifest, opts, log)
     if opts.text_model and opts.text_instances < 1:
         raise ExportError("text_instances must be >= 1")
     if opts.text_model and (opts.text_max_passages < 1 or opts.text_max_chars < 1):

@@ -54,6 +54,7 @@ def bench_command(run, ck: Path, seconds: float) -> list[str]:
         str(ck),
         "--paths",
         paths,
+        "--serving",
         "--compile-backend",
         a.compile_backend,
         "--budget-s",

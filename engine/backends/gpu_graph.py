@@ -1,35 +1,29 @@
 """The GPU graph on ONNX Runtime: what `--device cuda` runs for an fp16 export (manifest
-`gpu_graph`, export/gpu.py), on one GPU, with one copy of the weights and one thread.
+`gpu_graph`, export/gpu.py), with one copy of the weights, on the process's one GPU thread.
 
-- One copy of the weights (`SharedWeights`): the graph's float initializers put on the device
-  once and given to every session through `SessionOptions.add_initializer`, which ONNX Runtime
-  uses in place when the tensor is on the device its plan wants (session_state_utils.cc), and
-  otherwise copies. The load checks it (`_verify_shared`): a dynamic session that took the
-  weights' bytes copied them, and the model then runs on one dynamic session, said loudly. The
-  sessions are made from a copy of the graph whose weights are external data beside it, which
-  ONNX Runtime skips for a shared initializer.
-- A dynamic session (no fixed shape, no CUDA graph) runs any batch at its exact size.
-- Captured shapes. A CUDA graph replays a recorded sequence of kernels at one shape: ONNX
-  Runtime captures one only when every node runs on the CUDA provider, which the GPU graph does
-  at a fixed shape (`add_free_dimension_override_by_name` on "batch" and "sequence"). A batch of
-  n rows x L tokens runs in the captured (rows, L) shape whose rows are the smallest of
-  GRAPH_ROWS holding n (spare rows copies of the first, their outputs dropped). By default
-  (`warm="all"`, the `gpu_warm` setting) every shape is captured at load, smallest first, up to
-  `max_graphs` and within the memory budget (engine/backends/gpu_memory.py): the model is ready
-  when they are, and no request waits for a capture. A shape not captured runs on the dynamic
-  session (`warm="lazy"`: captured when the GPU is next idle, or on its CAPTURE_AFTER-th batch).
-- One thread owns the GPU for the whole process (`GpuThread.shared()`): it makes every session
-  of every GPU model, captures, copies the inputs in, runs and reads the outputs back. ONNX
-  Runtime captures in CUDA's global mode, so another thread's copy or synchronize would fail a
-  capture (microsoft/onnxruntime#10423, #15002). Between the copies and the replay,
-  `synchronize_inputs()`: the copies run on the default stream, the graph on the provider's own
-  (microsoft/onnxruntime#11875).
-- Concurrent calls merged (`merge`): batches of one length waiting on the GPU thread run as one,
-  up to the largest captured rows at that length (the token budget's); each caller gets its rows.
+- One copy of the weights (`SharedWeights`): put on the device once and given to every session
+  (`SessionOptions.add_initializer`), which ONNX Runtime uses in place when the tensor is on the
+  device its plan wants (session_state_utils.cc), else copies: the load checks it
+  (`_verify_shared`) and, where they were copied, says so and captures nothing. The sessions read
+  a copy of the graph whose weights are external data, skipped for a shared initializer.
+- A dynamic session runs any batch at its exact size. Captured shapes: at a fixed shape
+  (`add_free_dimension_override_by_name` on "batch" and "sequence") every node runs on the CUDA
+  provider, and ONNX Runtime captures a CUDA graph. A batch of n rows x L runs in the smallest
+  captured (rows, L) of GRAPH_ROWS holding n (spare rows copies of the first, dropped). With
+  `warm="all"` (the `gpu_warm` setting) every shape is captured at load, smallest first, up to
+  `max_graphs` and within the memory budget (gpu_memory.py): ready means warm, no request waits for
+  a capture; other shapes run on the dynamic session (`warm="lazy"`: captured when the GPU is next
+  idle, or on their CAPTURE_AFTER-th batch).
+- One thread owns the GPU for the whole process (`GpuThread.shared()`): every GPU model makes its
+  sessions, captures, copies and runs there. ONNX Runtime captures in CUDA's global mode, where
+  another thread's copy would fail the capture (microsoft/onnxruntime#10423, #15002). Between the
+  copies and the replay, `synchronize_inputs()` (microsoft/onnxruntime#11875).
+- Concurrent calls merged (`merge`): batches of one length waiting on the GPU thread run as one, up
+  to the largest captured rows at that length; each caller gets its rows back.
 - Sessions on the GPU run one intra-op thread that does not spin (the work is the GPU's).
 
-On the CPU provider (device "cpu") the same sessions run without CUDA graphs: that is how
-the tests check the shapes, the sharing, the thread, the merging and the outputs without a GPU.
+On the CPU provider (device "cpu") the same sessions run without CUDA graphs: that is how the tests
+check the shapes, the sharing, the thread, the merging and the outputs without a GPU.
 """
 
 from __future__ import annotations
@@ -44,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.base import Backend
-from engine.backends.gpu_memory import DeviceMemory, MemoryBudget, Shape
+from engine.backends.gpu_memory import DeviceMemory, MemoryBudget
 from engine.backends.gpu_shared import BoundSession, GpuThread, SharedWeights
 from engine.backends.onnxruntime import (
     check_cuda_ran,
@@ -108,6 +102,7 @@ class GpuGraphBackend(Backend):
         memory_limit: float | int = DEFAULTS.gpu_memory,
         memory: DeviceMemory | None = None,
         merge: bool = True,
+        device_id: int = 0,
         threads: int | None = None,
         ort_log_level: int = 3,
         profile: str | None = None,
@@ -120,7 +115,7 @@ class GpuGraphBackend(Backend):
                 import onnxruntime as ort
             except ImportError as exc:
                 raise ModelLoadError("onnxruntime is not installed: pip install 'prune-engine[gpu]'") from exc
-        self.ort, self.device, self.output_names = ort, device, tuple(outputs)
+        self.ort, self.device, self.device_id, self.output_names = ort, device, int(device_id), tuple(outputs)
         self.source = Path(graph)
         if not self.source.is_file():
             raise ModelLoadError(f"{graph}: no ONNX graph")
@@ -162,12 +157,16 @@ class GpuGraphBackend(Backend):
     # ------------------------------------------------------------------ on the GPU thread
     def _load(self) -> None:
         t0 = time.perf_counter()
-        self.memory = MemoryBudget(self._memory_probe or DeviceMemory(self.device), self._memory_limit)
+        probe = self._memory_probe or DeviceMemory(self.device, self.device_id)
+        self.memory = MemoryBudget(probe, self._memory_limit)
+        self.memory.reserve_tokens = max(r * n for r, n in self.serving_shapes())
         mark = self.memory.mark()
-        self.weights = SharedWeights(self.ort, self.source, self.device)
+        self.weights = SharedWeights(self.ort, self.source, self.device, device_id=self.device_id)
         self.memory.weights = self.memory.took(mark)
         mark = self.memory.mark()
-        self.dynamic = BoundSession(self.ort, self._session(None, None), self.device, None, None)
+        self.dynamic = BoundSession(
+            self.ort, self._session(None, None), self.device, None, None, self.device_id
+        )
         self.memory.dynamic = self.memory.took(mark)
         self.input_names = self.dynamic.input_names
         if tuple(self.dynamic.output_names) != self.output_names:
@@ -175,21 +174,21 @@ class GpuGraphBackend(Backend):
                 f"{self.source}: outputs {self.dynamic.output_names}, not {list(self.output_names)}"
             )
         self.provider = self.dynamic.session.get_providers()[0]
-        self._verify_shared(mark)
+        self._verify_shared()
         self.say(
             f"GPU graph: {len(self.weights.values)} weights ({self.weights.bytes / 2**20:.0f} MiB) on "
             f"{self.device} once, shared by every session ({self._shared_words()}); dynamic session made in "
             f"{time.perf_counter() - t0:.1f} s; {self._budget_words()}"
         )
 
-    def _verify_shared(self, mark: int | None) -> None:
+    def _verify_shared(self) -> None:
         """Whether the dynamic session used the shared weights in place: ONNX Runtime copies a
         user-supplied initializer whose device is not the one its plan wants
         (session_state_utils.cc), and every session would then hold a copy of its own. A
         session that took at least SHARED_COPY_SHARE of the weights' bytes copied them (told for
-        VERIFY_MIN_BYTES of weights or more): that is said loudly, the captured shapes are given
-        up, and the model runs on one dynamic session of its own weights (one copy, not one per
-        shape)."""
+        VERIFY_MIN_BYTES of weights or more): that is said loudly, and no shape is captured, so
+        the model runs on its dynamic session alone (two copies, not one per captured shape: the
+        shared copy stays in onnxruntime's CUDA allocator, which gives no memory back)."""
         taken, weights = self.memory.dynamic, self.weights.bytes
         if taken is None or not weights or weights < VERIFY_MIN_BYTES:
             return
@@ -199,23 +198,16 @@ class GpuGraphBackend(Backend):
         message = (
             f"{self.source}: ONNX Runtime copied the shared weights into the dynamic session (it took "
             f"{taken / 2**20:.0f} MiB for {weights / 2**20:.0f} MiB of weights): every captured shape would "
-            "hold another copy, so none is captured and the model runs on one dynamic session of its own "
-            "weights (slower: no CUDA graphs). Check that onnxruntime-gpu and its CUDA libraries match."
+            "hold another copy, so none is captured and the model runs on the dynamic session alone "
+            "(slower: no CUDA graphs; the shared copy stays held until the process ends). Check that "
+            "onnxruntime-gpu is 1.21 or newer and matches its CUDA libraries."
         )
         self.say("WARNING: " + message)
         warnings.warn(message, RuntimeWarning, stacklevel=2)
-        self.dynamic = None
-        self.weights.close()
-        mark = self.memory.mark()
-        self.dynamic = BoundSession(
-            self.ort, self._session(None, None, shared=False), self.device, None, None
-        )
-        self.memory.weights, self.memory.dynamic = 0, self.memory.took(mark)
         self.max_graphs = 0
 
-    def _session(self, rows: int | None, length: int | None, shared: bool = True) -> Any:
-        """A session of the shared weights: at rows x length (captured on cuda), or dynamic;
-        `shared` False: the graph as exported, its weights its own (the fallback)."""
+    def _session(self, rows: int | None, length: int | None) -> Any:
+        """A session of the shared weights: at rows x length (captured on cuda), or dynamic."""
         fixed = rows is not None
         opts, _ = session_options(self.ort, self.threads, None, "keep", DEFAULTS.ort_denormals)
         opts.log_severity_level = self.log_level
@@ -227,11 +219,10 @@ class GpuGraphBackend(Backend):
         if fixed:
             opts.add_free_dimension_override_by_name("batch", rows)
             opts.add_free_dimension_override_by_name("sequence", length)
-        if shared:
-            self.weights.add_to(opts)
+        self.weights.add_to(opts)
         if self.device == "cuda":
             cuda = {
-                "device_id": 0,
+                "device_id": self.device_id,
                 "use_tf32": 0,
                 "enable_cuda_graph": "1" if fixed and self.cuda_graphs else "0",
                 # a session's memory is what its runs ask for, not the next power of two (ORT's
@@ -245,7 +236,7 @@ class GpuGraphBackend(Backend):
         try:
             with thread_denormals(False):
                 session = self.ort.InferenceSession(
-                    str(self.weights.graph if shared else self.source), sess_options=opts, providers=providers
+                    str(self.weights.graph), sess_options=opts, providers=providers
                 )
         except Exception as exc:
             raise ModelLoadError(
@@ -262,7 +253,7 @@ class GpuGraphBackend(Backend):
         if shape is not None:
             return shape
         mark, t0 = self.memory.mark(), time.perf_counter()
-        shape = BoundSession(self.ort, self._session(rows, length), self.device, rows, length)
+        shape = BoundSession(self.ort, self._session(rows, length), self.device, rows, length, self.device_id)
         filler = {n: np.zeros((rows, length), np.int64) for n in shape.input_names}
         filler["attention_mask"][:, 0] = 1
         if "sentence_ids" in filler:
@@ -270,10 +261,7 @@ class GpuGraphBackend(Backend):
         with thread_denormals(True):
             shape.run(filler)  # ONNX Runtime runs until the graph is captured (cuda), then replays
         seconds, took = time.perf_counter() - t0, self.memory.took(mark)
-        self.memory.shapes[(rows, length)] = Shape(rows, length, took, seconds)
-        if self.memory.over():
-            del self.memory.shapes[(rows, length)]
-            self.memory.refused.append((rows, length))
+        if not self.memory.keep(rows, length, took, seconds):
             del shape  # its session, arena and graph go
             self.say(
                 f"GPU graph: {rows} x {length} took {took / 2**20:.0f} MiB, past the memory budget "
@@ -359,6 +347,8 @@ class GpuGraphBackend(Backend):
 
     def _run_merged(self, payloads: list[dict[str, np.ndarray]]) -> list[tuple[np.ndarray, ...]]:
         """Several callers' batches of one length as one run; each caller's rows of the outputs."""
+        if self.dynamic is None:
+            raise BackendError("the GPU graph was closed")
         sizes = [p[self.input_names[0]].shape[0] for p in payloads]
         feeds = payloads[0]
         if len(payloads) > 1:
@@ -430,13 +420,24 @@ class GpuGraphBackend(Backend):
                 raise BackendError(f"{name} must be int64, got {array.dtype}")
             arrays[name] = array
         n, length = arrays[self.input_names[0]].shape
-        limit = self._shape_for(n, length)[0] if not self.merge else self.rows_for(length)[-1]
         try:
-            return self.gpu.merge((id(self), length), n, limit, self._run_merged, arrays)
+            if not self.merge:
+                return self.gpu.call(self._run_merged, [arrays])[0]
+            return self.gpu.merge(
+                (id(self), length), n, self._merge_limit(n, length), self._run_merged, arrays
+            )
         except BackendError:
             raise
         except Exception as exc:
             raise BackendError(f"ONNX Runtime failed on a batch of shape {(n, length)}: {exc}") from exc
+
+    def _merge_limit(self, rows: int, length: int) -> int:
+        """The rows a merged run at `length` may hold: the largest captured shape's at that length
+        (merging never sends the dynamic session a batch no caller would have: the memory budget
+        refused the larger shapes), and at least the caller's own shape."""
+        own = self._shape_for(rows, length)[0]
+        captured = [r for r, n in list(self.shapes) if n == length]
+        return max([own, *captured])
 
     def close(self) -> None:
         """Free every session and the device copy of the weights, and let go of the GPU thread
@@ -450,9 +451,11 @@ class GpuGraphBackend(Backend):
                 self.weights.close()
 
         if self._release.alive:
+            self.gpu.remove_idle(self)
             if self.gpu.thread.is_alive():
-                self.gpu.remove_idle(self)
                 self.gpu.call(free)
+            else:
+                free()
             self._release()
         else:
             free()

@@ -16,6 +16,8 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+
 from engine.errors import BackendError
 from engine.settings import memory_limit
 
@@ -124,6 +126,11 @@ class MemoryBudget:
         self.dynamic: int | None = None
         self.shapes: dict[tuple[int, int], Shape] = {}
         self.refused: list[tuple[int, int]] = []  # shapes not captured: past the budget
+        #: every shape measured, kept or released: (tokens, bytes), what the prediction is fitted on
+        self.measured: list[tuple[int, int]] = []
+        #: tokens of the largest batch the dynamic session may run (the largest serving shape): its
+        #: arena grows to that batch's activations, which captures leave room for
+        self.reserve_tokens = 0
 
     def mark(self) -> int | None:
         """The free bytes now (None: not measured), to pass to `took`."""
@@ -137,21 +144,55 @@ class MemoryBudget:
     @property
     def used(self) -> int:
         """Bytes measured so far: weights, dynamic session, captured shapes."""
-        return (self.weights or 0) + (self.dynamic or 0) + sum(s.bytes or 0 for s in self.shapes.values())
+        shapes = list(self.shapes.values())  # the GPU thread may add one meanwhile
+        return (self.weights or 0) + (self.dynamic or 0) + sum(s.bytes or 0 for s in shapes)
+
+    def cost(self) -> tuple[float, float] | None:
+        """(bytes a captured shape holds whatever its size, bytes per token) fitted to the shapes
+        measured so far (least squares over two token counts or more; with one, all of its bytes per
+        token, which over-predicts larger shapes), or None before any."""
+        points = [(t, b) for t, b in self.measured if b]
+        if not points:
+            return None
+        if len({t for t, _ in points}) < 2:
+            return 0.0, max(b / t for t, b in points)
+        tokens, sizes = np.array([t for t, _ in points], float), np.array([b for _, b in points], float)
+        slope, fixed = np.polyfit(tokens, sizes, 1)
+        if slope <= 0:
+            return 0.0, float(max(sizes / tokens))
+        return max(0.0, float(fixed)), float(slope)
 
     def predicted(self, rows: int, length: int) -> int | None:
-        """A shape's bytes as the shapes captured so far predict them (the most per token), or None."""
-        per_token = [s.bytes / (s.rows * s.length) for s in self.shapes.values() if s.bytes]
-        return int(max(per_token) * rows * length) if per_token else None
+        """A shape's bytes as the shapes measured so far predict them, or None before any."""
+        cost = self.cost()
+        return None if cost is None else round(cost[0] + cost[1] * rows * length)
 
     def fits(self, rows: int, length: int) -> bool:
-        """Whether a shape of rows x length is predicted to stay within the budget."""
-        guess = self.predicted(rows, length)
-        return self.budget is None or guess is None or self.used + guess <= self.budget
+        """Whether a shape of rows x length is predicted to stay within the budget, with room left
+        for the dynamic session's largest batch."""
+        cost = self.cost()
+        if self.budget is None or cost is None:
+            return True
+        reserve = cost[1] * self.reserve_tokens
+        return self.used + cost[0] + cost[1] * rows * length + reserve <= self.budget
+
+    def keep(self, rows: int, length: int, took: int | None, seconds: float) -> bool:
+        """Record a shape just captured; whether it stays (False: it passed the budget, and is refused)."""
+        if took is not None:
+            self.measured.append((rows * length, took))
+        self.shapes[(rows, length)] = Shape(rows, length, took, seconds)
+        if not self.over():
+            return True
+        del self.shapes[(rows, length)]
+        self.refused.append((rows, length))
+        return False
 
     def over(self) -> bool:
-        """Whether what is held is past the budget."""
-        return self.budget is not None and self.used > self.budget
+        """Whether what is held, with the room kept for the dynamic session's largest batch, is past
+        the budget."""
+        cost = self.cost()
+        reserve = 0.0 if cost is None else cost[1] * self.reserve_tokens
+        return self.budget is not None and self.used + reserve > self.budget
 
     def describe(self) -> str:
         """The budget and what is held, in words (for the log)."""
@@ -162,6 +203,7 @@ class MemoryBudget:
 
     def report(self) -> dict[str, Any]:
         """The figures /info and /metrics show: budget, weights, dynamic session, each shape, total."""
+        cost = self.cost() if self.budget is not None else None
         return {
             "measured": self.free_at_load is not None,
             "limit": self.limit,
@@ -171,8 +213,9 @@ class MemoryBudget:
             "dynamic_session_bytes": self.dynamic,
             "shapes": [
                 {"rows": s.rows, "length": s.length, "bytes": s.bytes, "capture_seconds": round(s.seconds, 3)}
-                for s in sorted(self.shapes.values(), key=lambda s: (s.length, s.rows))
+                for s in sorted(list(self.shapes.values()), key=lambda s: (s.length, s.rows))
             ],
-            "refused_shapes": [f"{r}x{n}" for r, n in self.refused],
+            "reserved_for_dynamic_bytes": None if cost is None else int(cost[1] * self.reserve_tokens),
+            "refused_shapes": [f"{r}x{n}" for r, n in list(self.refused)],
             "total_bytes": self.used if self.free_at_load is not None else None,
         }

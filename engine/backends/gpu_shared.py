@@ -49,7 +49,7 @@ class GpuThread:
     A job given from the thread itself runs at once."""
 
     _shared: GpuThread | None = None
-    _shared_lock = threading.Lock()
+    _shared_lock = threading.RLock()  # a release from a finalizer may run inside shared() on this thread
 
     def __init__(self, name: str = "prune-gpu"):
         self._jobs: collections.deque[_Job] = collections.deque()
@@ -236,7 +236,9 @@ class BoundSession:
     outputs bound once on the device), or the dynamic one (rows None: bound per batch). Its
     outputs are the graph's, in its order: [rows] or [rows, length] by their rank."""
 
-    def __init__(self, ort: Any, session: Any, device: str, rows: int | None, length: int | None):
+    def __init__(
+        self, ort: Any, session: Any, device: str, rows: int | None, length: int | None, device_id: int = 0
+    ):
         self.session, self.rows, self.length = session, rows, length
         self.input_names = [i.name for i in session.get_inputs()]
         self.output_names = [o.name for o in session.get_outputs()]
@@ -247,7 +249,7 @@ class BoundSession:
         self.outputs: list[Any] = []
         if rows is None:
             return
-        where = ("cuda", 0) if device == "cuda" else ("cpu", 0)
+        where = ("cuda", device_id) if device == "cuda" else ("cpu", 0)
         self.inputs = {
             n: ort.OrtValue.ortvalue_from_shape_and_type([rows, length], np.int64, *where)
             for n in self.input_names
@@ -283,18 +285,20 @@ class BoundSession:
         return tuple(np.array(value.numpy(), copy=True) for value in self.outputs)
 
 
-def _device_value(ort: Any, array: np.ndarray, device: str) -> tuple[Any, Any]:
+def _device_value(ort: Any, array: np.ndarray, device: str, device_id: int = 0) -> tuple[Any, Any]:
     """(an OrtValue ONNX Runtime will share, what keeps its memory): `array` copied to the
     device once, then seen through DLPack as a tensor whose buffer its OrtValue does not own,
     which is what `add_initializer` takes (it refuses an owning one)."""
     from onnxruntime.capi import _pybind_state as C
 
-    owner = ort.OrtValue.ortvalue_from_numpy(array, "cuda" if device == "cuda" else "cpu", 0)
+    owner = ort.OrtValue.ortvalue_from_numpy(
+        array, *(("cuda", device_id) if device == "cuda" else ("cpu", 0))
+    )
     capsule = owner._ortvalue.to_dlpack()
     try:
-        view = C.OrtValue.from_dlpack(capsule, False)  # onnxruntime 1.32: (data, is_bool_tensor)
+        view = C.OrtValue.from_dlpack(capsule, False)  # (data, is_bool_tensor): 1.21-1.31's GPU wheels
     except TypeError:
-        view = C.OrtValue.from_dlpack(capsule)  # 1.31 and earlier: (data)
+        view = C.OrtValue.from_dlpack(capsule)  # (data): the CPU wheel of 1.32
     # on the CPU provider the owner is the array's own buffer; on the GPU a copy: the host array may go
     return ort.OrtValue(view), owner
 
@@ -305,7 +309,9 @@ class SharedWeights:
     in a temporary folder, whose tensors of that size are external data in one file beside
     it (read by ONNX Runtime only for a tensor it is not given)."""
 
-    def __init__(self, ort: Any, graph: Path, device: str, min_bytes: int = SHARE_MIN_BYTES):
+    def __init__(
+        self, ort: Any, graph: Path, device: str, min_bytes: int = SHARE_MIN_BYTES, device_id: int = 0
+    ):
         import onnx
         from onnx import numpy_helper
 
@@ -320,7 +326,7 @@ class SharedWeights:
             array = numpy_helper.to_array(tensor)
             if array.nbytes < min_bytes:
                 continue
-            value, keep = _device_value(ort, array, device)
+            value, keep = _device_value(ort, array, device, device_id)
             self.values[tensor.name] = value
             self.sizes[tensor.name] = array.nbytes
             self._keep.append(keep)

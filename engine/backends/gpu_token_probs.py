@@ -5,12 +5,14 @@ thread, as the pruners' graph runs."""
 from __future__ import annotations
 
 import bisect
+import weakref
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from engine.backends.gpu_graph import GpuGraphBackend
+from engine.backends.gpu_shared import GpuThread
 from engine.errors import BackendError
 from engine.pipeline.encode import BatchingConfig
 
@@ -60,3 +62,36 @@ class GpuTokenProbs:
     def describe(self) -> str:
         """The backend's description, in words."""
         return self.backend.describe()
+
+
+class OnGpuThread:
+    """A compressor's core (OrtTokenProbs on the CUDA provider, say) made and run on the process's
+    GPU thread (GpuThread.shared()), as every CUDA model of the process is: a GPU graph's capture
+    beside it would fail on its copies from another thread."""
+
+    def __init__(self, make: Any):
+        self.gpu = GpuThread.shared()
+        try:
+            self.core = self.gpu.call(make)
+        except BaseException:
+            self.gpu.release()
+            raise
+        self._let_go = weakref.finalize(self, self.gpu.release)
+        self.name = self.core.name
+        self.batch_chunks = getattr(self.core, "batch_chunks", None)
+
+    def token_probs(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """The core's token_probs, on the GPU thread."""
+        return self.gpu.call(self.core.token_probs, input_ids, attention_mask)
+
+    def close(self) -> None:
+        """Close the core on the GPU thread (where it has a close), then let go of the thread."""
+        if self._let_go.alive:
+            close = getattr(self.core, "close", None)
+            if close is not None and self.gpu.thread.is_alive():
+                self.gpu.call(close)
+            self._let_go()
+
+    def describe(self) -> str:
+        """The core's description, and where it runs."""
+        return f"{self.core.describe()}; on the process's GPU thread"

@@ -17,6 +17,7 @@ merging is not used there unless asked.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -29,16 +30,34 @@ _ARRAYS = ("input_ids", "attention_mask", "sentence_ids", "token_type_ids")
 
 
 class MergingBackend(Backend):
-    """`core` behind a queue that merges concurrent callers' batches of one length (module doc)."""
+    """`core` behind a queue that merges concurrent callers' batches of one length (module doc).
+    `thread`: the queue's thread; by default one of its own, on a GPU the process's GPU thread
+    (GpuThread.shared(): every CUDA model's work on one thread, as the GPU graph's captures need),
+    which this backend lets go of when closed. `merge` False: the batches run one by one there."""
 
-    def __init__(self, core: Backend, batching: BatchingConfig | None = None):
+    def __init__(
+        self,
+        core: Backend,
+        batching: BatchingConfig | None = None,
+        thread: GpuThread | None = None,
+        merge: bool = True,
+    ):
         self.core = core
         self.name = core.name
         self.max_batch_size = core.max_batch_size
         self.input_names = getattr(core, "input_names", None)
         self.budget = core.batching(batching or BatchingConfig())
-        self.thread = GpuThread(name="prune-merge")  # a queue of its own, not the GPU's
+        self.merge = merge
+        self.thread = thread or GpuThread(name="prune-merge")  # a queue of its own, not the GPU's
+        let_go = self.thread.release if thread is not None else self.thread.stop
+        self._let_go = weakref.finalize(self, let_go)
         self.merged = {"runs": 0, "batches": 0}
+
+    def __getattr__(self, name: str) -> Any:
+        """The core's attributes (its session, provider, TensorRT fallback), as the core's own."""
+        if name == "core":
+            raise AttributeError(name)
+        return getattr(self.core, name)
 
     def batching(self, asked: BatchingConfig) -> BatchingConfig:
         """The core's batching (the budget merged runs stay within)."""
@@ -48,10 +67,12 @@ class MergingBackend(Backend):
     def infer(self, batch: ModelBatch) -> tuple[np.ndarray, np.ndarray]:
         """(rerank_score [B], sentence_probs [B, S]) of `batch`, run with the batches of other
         callers waiting at its length."""
+        if not self.merge:
+            return self.thread.call(self.core.infer, batch)
         rows, length = batch.shape
         cfg = self.budget
         limit = max(rows, min(cfg.max_batch_size, cfg.row_budget(length) // length))
-        return self.thread.merge(length, rows, limit, self._run, batch)
+        return self.thread.merge((id(self), length), rows, limit, self._run, batch)
 
     def _run(self, batches: list[ModelBatch]) -> list[tuple[np.ndarray, np.ndarray]]:
         if len(batches) == 1:
@@ -84,10 +105,13 @@ class MergingBackend(Backend):
         return self.core.health()
 
     def close(self) -> None:
-        """Stop the queue's thread (after what it was given), then close the core."""
-        self.thread.stop()
-        self.core.close()
+        """Close the core on the queue's thread, then let go of the thread."""
+        if self._let_go.alive:
+            if self.thread.thread.is_alive():
+                self.thread.call(self.core.close)
+            self._let_go()
 
     def describe(self) -> str:
         """The core's description, and that concurrent calls are merged."""
-        return f"{self.core.describe()}; concurrent calls merged"
+        where = "; on the process's GPU thread" if self.thread.thread.name == "prune-gpu" else ""
+        return f"{self.core.describe()}" + ("; concurrent calls merged" if self.merge else "") + where

@@ -193,6 +193,8 @@ def _serving_paths(o: BenchOptions, int8: bool) -> list[BenchPath]:
     unmerged (--merge-calls off, the workers' default: 1 on a CPU, 16 on a GPU) against concurrent
     calls merged (--merge-calls on, 16 workers), on the export the device serves: INT8 on a CPU where
     given, else fp32; fp16 on a GPU."""
+    if not (int8 or o.serving):
+        return []
     model = "fp16" if o.device == "cuda" and "fp16" in o.models else "int8" if int8 else o.base
     base = ["--model", str(o.models[model])] + (["--threads", str(o.threads)] if o.threads else [])
     base += ["--device", o.device]

@@ -55,6 +55,7 @@ class BenchOptions:
     text_model: str = "default_text"
     api_url: str | None = None
     openvino: bool = False  # OpenVINO fp32, bf16 (where the CPU has it) and static INT8
+    serving: bool = False  # prune api unmerged against merged at each concurrency (always with INT8 on a CPU)
     peer_python: str | None = None  # an interpreter with sentence-transformers[onnx,openvino]
     budget_s: float | None = None  # stop measuring after this many seconds (what was measured is kept)
     compile_backend: str | None = None  # torch.compile's backend (None: inductor; on the CPU, not run)

@@ -40,6 +40,13 @@ def add(new) -> None:
     )
     b.add_argument("--ov-int8", help="an `prune export --precision ov-int8` folder for --openvino")
     b.add_argument(
+        "--serving",
+        action="store_true",
+        help="also serving under concurrency: prune api on the export the device serves (INT8 on a CPU "
+        "where given, else fp32; fp16 with --device cuda) at each --concurrencies, concurrent calls "
+        "merged against unmerged (--merge-calls on / off); with --int8 on a CPU these run anyway",
+    )
+    b.add_argument(
         "--peer-python",
         metavar="PYTHON",
         help="also sentence-transformers' ONNX and OpenVINO backends, "
@@ -272,6 +279,7 @@ def run(args) -> int:
         text_model=args.text_model or "default_text",
         api_url=args.api,
         openvino=args.openvino or bool(args.ov_int8),
+        serving=args.serving,
         peer_python=args.peer_python,
         budget_s=args.budget_s,
         compile_backend=args.compile_backend,

@@ -169,7 +169,10 @@ class _DeviceCollector:
         """One family per figure, a sample per model (and shape)."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        reports = self.reports()
+        try:
+            reports = self.reports()
+        except Exception:  # a scrape never fails on the device's figures
+            return
         plain = {
             "prune_gpu_budget_bytes": ("device memory the model may hold (gpu_memory)", "budget_bytes"),
             "prune_gpu_weights_bytes": ("device bytes of the one copy of the weights", "weights_bytes"),
@@ -388,7 +391,9 @@ class ApiState:
         models = {"model": self.pruner, "compressor": getattr(self.pruner, "compressor", None)}
         out = {}
         for role, model in models.items():
-            report = getattr(model, "device_report", None)
+            # the in-process core: a Pruner's backend, a Compressor's core (a remote model has neither)
+            core = getattr(model, "backend", None) or getattr(model, "core", None)
+            report = getattr(core, "report", None)
             figures = report() if report is not None else None
             if figures:
                 out[role] = figures

@@ -163,7 +163,7 @@ def open_model(path: str | Path, options: LoadOptions, log: Any = None) -> tuple
     missing = set(spec.input_names) - set(core.input_names)
     if missing:
         raise ModelLoadError(f"{path}: graph lacks inputs {sorted(missing)}")
-    if o.merges and not getattr(core, "merge", False):  # the GPU graph merges on its own thread
+    if o.merges and o.device == "cpu":  # on a GPU, every core runs on the GPU thread, merging there
         from engine.backends.merging import MergingBackend
 
         core = MergingBackend(core, o.batching)
@@ -249,13 +249,30 @@ def _onnxruntime(
             o.batching.max_batch_size,
             o.tensorrt_cache or path / "trt-cache",
         )
-    return OnnxRuntimeBackend(
-        graph_file,
-        intra_op_threads=o.threads,
-        providers=None if o.providers is None else list(o.providers),
-        arena=o.arena,
-        device=o.device,
-        tensorrt=trt,
-        log=log,
-        denormals=o.denormals,
-    )
+
+    def make() -> Backend:
+        return OnnxRuntimeBackend(
+            graph_file,
+            intra_op_threads=o.threads,
+            providers=None if o.providers is None else list(o.providers),
+            arena=o.arena,
+            device=o.device,
+            tensorrt=trt,
+            log=log,
+            denormals=o.denormals,
+        )
+
+    if o.device != "cuda":
+        return make()
+    # on a GPU, made and run on the process's GPU thread (a GPU graph's capture beside it would fail
+    # on this session's copies from another thread), its concurrent calls merged there where asked
+    from engine.backends.gpu_shared import GpuThread
+    from engine.backends.merging import MergingBackend
+
+    gpu = GpuThread.shared()
+    try:
+        core = gpu.call(make)
+    except BaseException:
+        gpu.release()
+        raise
+    return MergingBackend(core, o.batching, thread=gpu, merge=o.merges)

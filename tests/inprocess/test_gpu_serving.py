@@ -51,6 +51,7 @@ class MeteredOrt:
 
     def __init__(self, device: FakeDevice, per_token: int, dynamic: int):
         self.device, self.per_token, self.dynamic = device, per_token, dynamic
+        self.fixed_made = 0  # sessions made at a fixed shape (captures)
 
     def __getattr__(self, name: str):
         return getattr(onnxruntime, name)
@@ -60,6 +61,7 @@ class MeteredOrt:
         shape = session.get_inputs()[0].shape
         fixed = all(isinstance(d, int) for d in shape)
         cost = self.per_token * shape[0] * shape[1] if fixed else self.dynamic
+        self.fixed_made += fixed
         self.device.now -= cost
         weakref.finalize(session, lambda: setattr(self.device, "now", self.device.now + cost))
         return session
@@ -98,7 +100,7 @@ def test_no_capture_goes_past_the_memory_budget(gpu_exports):
         device="cpu",
         batching=BUDGET,
         warm="all",
-        memory_limit=600 * MiB,
+        memory_limit=1500 * MiB,
         memory=device,
         threads=THREADS,
         ort=ort,
@@ -106,9 +108,13 @@ def test_no_capture_goes_past_the_memory_budget(gpu_exports):
     try:
         report = core.report()
         held = [(s["rows"], s["length"], s["bytes"]) for s in report["shapes"]]
-        # 50 (dynamic) + 64 + 128 + 128 + 256 = 626 > 600: the 4 x 64 shape is refused, and every later one
+        # room is kept for the dynamic session's largest batch (16 x 64 = 1,024 tokens: 1,024 MiB here):
+        # 50 (dynamic) + 64 + 128 + 128 + 256 (4 x 64) + 1,024 > 1,500: 4 x 64 is refused, and every later one
         assert held == [(1, 64, 64 * MiB), (2, 64, 128 * MiB), (1, 128, 128 * MiB)]
-        assert report["total_bytes"] == (50 + 64 + 128 + 128) * MiB <= report["budget_bytes"] == 600 * MiB
+        assert ort.fixed_made == 3  # the refused shapes were predicted past the budget: never built
+        assert report["reserved_for_dynamic_bytes"] == 1024 * MiB
+        assert report["total_bytes"] == (50 + 64 + 128 + 128) * MiB
+        assert report["budget_bytes"] == 1500 * MiB
         assert report["dynamic_session_bytes"] == 50 * MiB
         assert (
             report["weights_shared"] is None
@@ -166,7 +172,8 @@ def test_weights_copied_instead_of_shared_fall_back_to_one_dynamic_session(gpu_e
     try:
         assert core.weights_shared is False and core.max_graphs == 0 and core.shapes == {}
         assert any("COPIED" in line for line in said)
-        assert not core.weights.values  # the shared copy is gone: one copy, the session's own
+        core.infer(a_batch(1, 64, 4))  # a shape never captured later either
+        assert core.gpu.call(lambda: (list(core.wanted), len(core.shapes))) == ([], 0)
         batch = a_batch(2, 64, 3)
         rerank, probs = core.infer(batch)
         want = plain.run(None, batch.inputs(core.input_names))
@@ -177,10 +184,25 @@ def test_weights_copied_instead_of_shared_fall_back_to_one_dynamic_session(gpu_e
 
 
 def test_concurrent_batches_of_one_length_run_as_one_and_each_caller_gets_its_rows(gpu_exports):
-    core = GpuGraphBackend(
+    lazy = GpuGraphBackend(
         gpu_exports["xprovence"] / "model.onnx", [64], device="cpu", batching=BUDGET, threads=THREADS
     )
+    try:  # a merged run never holds more rows than a captured shape (or the caller's own): no more
+        assert lazy._merge_limit(2, 64) == 2 and lazy._merge_limit(3, 64) == 4  # memory than a lone call's
+        lazy.capture(8, 64)
+        assert lazy._merge_limit(2, 64) == 8
+    finally:
+        lazy.close()
+    core = GpuGraphBackend(
+        gpu_exports["xprovence"] / "model.onnx",
+        [64],
+        device="cpu",
+        batching=BUDGET,
+        warm="all",
+        threads=THREADS,
+    )
     try:
+        assert core._merge_limit(1, 64) == 16  # every serving shape captured: up to the token budget's
         batches = [a_batch(rows, 64, seed) for seed, rows in enumerate((2, 3, 1, 2))]
         solo = [core.infer(b) for b in batches]
         go, busy = threading.Event(), threading.Event()

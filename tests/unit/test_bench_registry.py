@@ -35,7 +35,12 @@ def test_the_registry_lists_what_the_flags_make_possible():
         "api-in-process c16 (int8)",
         "api-in-process c16 merged (int8)",
     ]
-    gpu = registry(BenchOptions({"fp16": Path("f")}, Path("d.jsonl"), device="cuda"), "provence")
+    assert not [
+        p for p in registry(BenchOptions({"fp32": Path("f")}, Path("d")), "provence") if p.group == "api"
+    ]
+    gpu = registry(
+        BenchOptions({"fp16": Path("f")}, Path("d.jsonl"), device="cuda", serving=True), "provence"
+    )
     assert [n for n in names(gpu) if n.startswith("api")] == [
         f"api-in-process c{c}{how} (fp16)" for c in (1, 4, 16) for how in ("", " merged")
     ]  # serving on the GPU: the GPU graph's fp16 export, unmerged against merged

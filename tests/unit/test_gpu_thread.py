@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from engine.backends.gpu_memory import DeviceMemory, MemoryBudget, Shape
+from engine.backends.gpu_memory import DeviceMemory, MemoryBudget
 from engine.backends.gpu_shared import IDLE_AFTER_S, GpuThread
 from engine.errors import BackendError
 from engine.settings import memory_limit
@@ -201,21 +201,28 @@ class FakeMemory(DeviceMemory):
         self._read = lambda: (self.now, 10**12)
 
 
-def test_the_budget_predicts_a_shape_from_the_largest_per_token_cost_and_stops_at_it():
-    memory = FakeMemory(1000)
-    budget = MemoryBudget(memory, 0.5)  # 500 bytes of the 1000 free at load
-    assert budget.budget == 500 and budget.fits(64, 64)  # nothing seen yet: no prediction
+def test_the_budget_fits_a_fixed_and_a_per_token_cost_and_stops_at_it():
+    memory = FakeMemory(10_000)
+    budget = MemoryBudget(memory, 0.5)  # 5,000 bytes of the 10,000 free at load
+    budget.reserve_tokens = 1000  # the dynamic session's largest batch
+    assert budget.budget == 5000 and budget.fits(64, 64)  # nothing measured yet: no prediction
     mark = budget.mark()
     memory.now -= 100
     budget.weights = budget.took(mark)
-    budget.shapes[(1, 64)] = Shape(1, 64, 128, 0.5)  # 2 bytes a token
-    assert budget.predicted(2, 64) == 256
-    assert budget.fits(1, 128) and not budget.fits(2, 128)  # 100 + 128 + 256 <= 500; + 512 is not
-    budget.shapes[(1, 128)] = Shape(1, 128, 300, 0.5)
-    assert budget.over() and budget.used == 528
+    assert budget.keep(1, 64, 228, 0.5)  # 100 bytes a session holds whatever its size, 2 a token
+    assert budget.cost() == (0.0, 228 / 64)  # one shape: all of its bytes per token (over-predicts)
+    assert budget.keep(2, 64, 356, 0.5)
+    fixed, per_token = budget.cost()
+    assert round(fixed) == 100 and round(per_token, 6) == 2
+    assert budget.predicted(4, 128) == 100 + 2 * 512
+    # held 684; 8 x 128 would add 2,148 and the reserve 2,000: 4,832 <= 5,000; 16 x 128 would not
+    assert budget.fits(8, 128) and not budget.fits(16, 128)
+    assert not budget.keep(16, 128, 4200, 1.0)  # passed the budget when made: refused, not held
+    assert budget.refused == [(16, 128)] and budget.used == 684 and not budget.over()
+    assert budget.measured[-1] == (2048, 4200)  # its figures still teach the prediction
     report = budget.report()
-    assert report["budget_bytes"] == 500 and report["total_bytes"] == 528
-    assert [s["bytes"] for s in report["shapes"]] == [128, 300]
+    assert report["budget_bytes"] == 5000 and report["total_bytes"] == 684
+    assert [s["bytes"] for s in report["shapes"]] == [228, 356] and report["refused_shapes"] == ["16x128"]
     unmeasured = MemoryBudget(DeviceMemory("cpu"), 0.8)
     assert unmeasured.budget is None and unmeasured.fits(512, 512) and not unmeasured.over()
-    assert MemoryBudget(FakeMemory(10**9), memory_limit("1KiB")).budget == 1024
+    assert MemoryBudget(FakeMemory(10**9), memory_limit("1MiB")).budget == 2**20

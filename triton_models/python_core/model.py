@@ -149,6 +149,7 @@ class _GpuGraph:
             path,
             lengths,
             device=params.get("device", "cuda"),
+            device_id=int(params.get("instance_device_id", "0") or 0),  # this instance's GPU (KIND_GPU)
             batching=budget,
             outputs=tuple(output_names),
             log=lambda m: print(m, flush=True),  # Triton's log (the stub's stdout is a pipe)
@@ -195,6 +196,7 @@ class TritonPythonModel:
         # what the config declares: rerank_score and sentence_probs, or a compressor's token_probs
         outputs = [o["name"] for o in self.config["output"]]
         graph = os.path.join(folder, params.get("graph", "model.onnx"))
+        params["instance_device_id"] = args.get("model_instance_device_id", "0")  # Triton's, per instance
         self.runtime = RUNTIMES[runtime](graph, params, outputs)
         self.input_names = self.runtime.input_names
         # false: each request of a dynamic batch runs alone, so its answer never depends on
