@@ -327,3 +327,30 @@ def test_the_docs_defaults_are_the_codes(page, pattern, sources):
     assert found, f"{page}: the claim {pattern!r} is gone; update DOCUMENTED_DEFAULTS with the page"
     stated = [float(g) for g in found.groups()]
     assert stated == [_defaults(family)[what] for family, what in sources], (page, found.group(0))
+
+
+#: where each page says what an LLMLingua-2 checkpoint's --precision auto tries (the paragraph)
+LINGUA_AUTO_CLAIMS = [
+    ("families.md", "`prune export` without `--precision` is `--precision auto` here too"),
+    ("precisions.md", "An LLMLingua-2 checkpoint's auto chooses"),
+    ("precisions.md", "An LLMLingua-2 checkpoint's `auto` (`export/lingua_auto.py`) has"),
+]
+
+
+@pytest.mark.parametrize(
+    "page, start", LINGUA_AUTO_CLAIMS, ids=[f"{p}:{s[:30]}" for p, s in LINGUA_AUTO_CLAIMS]
+)
+def test_the_docs_name_lingua_autos_candidates_as_the_code_tries_them(page, start):
+    """docs/families.md said fp16 and OpenVINO were not candidates of LLMLingua-2's auto, where the
+    export tries OpenVINO's bf16 (export/lingua_auto.py): each page's paragraph names fp32, INT8 and
+    ov-bf16 as candidates, and says nothing of the precisions the code does not try (NOT_TRIED)
+    before it says they are not candidates."""
+    from export.lingua_auto import NOT_TRIED
+
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    paragraph = " ".join(text[text.index(start) :].split("\n\n")[0].split())
+    tried = re.split(r"[Nn]ot candidates", paragraph)[0]
+    for name in ("fp32", "INT8", "ov-bf16"):
+        assert name in tried, (page, name, tried)
+    for name in NOT_TRIED:  # fp16, ov-int8, ov-int8-bf16
+        assert not re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", tried), (page, name, tried)
