@@ -17,6 +17,7 @@ from engine.cli.flags import (
     add_tags,
     batching,
     call_options,
+    compressor_named,
     input_file,
     model_path,
     output_file,
@@ -153,6 +154,13 @@ def run(args) -> int:
             compressor=load_compressor(args),
         )
     t_load = time.perf_counter() - t0
+    compressor = compressor_named(args, pruner)
+    if compressor and options.compress_rate is None and options.compress_target_token is None:
+        args.log(
+            f"{compressor} is loaded beside the pruner: --compress-rate or --compress-target-token"
+            + (" (or an --input line's compress_rate, compress_target_token)" if args.input else "")
+            + " runs it on what each call keeps; without them nothing is compressed"
+        )
     if args.input:
         return _run_file(pruner, args, options)
     t1 = time.perf_counter()
@@ -217,8 +225,8 @@ def _print_results(args, pruner, results, unknown: str | None, timings: str) -> 
             for s in r.sentences:
                 print(f"  [{'x' if s.kept else ' '}] {s.probability:.3f}  {s.text[:100]}")
             print("\npruned_context:\n" + r.pruned_context)
-        if r.compressed_context is not None:
-            print("\ncompressed_context:\n" + r.compressed_context)
+        if r.compressed_context is not None and (r.compressed_context or r.pruned_context):
+            print("\ncompressed_context:\n" + (r.compressed_context or "(nothing kept)"))
 
 
 def _read_contexts(args) -> list[str]:
