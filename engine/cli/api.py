@@ -99,7 +99,7 @@ def run(args) -> int:
     compressor = compressor_named(args, pruner)
     args.log(
         f"prune api: {label} ({kind}, {pruner.describe()}) on http://{args.host}:{args.port}"
-        + (f"; {compressor}, for a call's compress_rate / compress_target_token" if compressor else "")
+        + (f"; {compressor} for compress_rate / compress_target_token" if compressor else "")
         + service_note(args)
         + ("" if args.api_key else "; no API key")
     )
