@@ -354,3 +354,23 @@ def test_the_docs_name_lingua_autos_candidates_as_the_code_tries_them(page, star
         assert name in tried, (page, name, tried)
     for name in NOT_TRIED:  # fp16, ov-int8, ov-int8-bf16
         assert not re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", tried), (page, name, tried)
+
+
+def test_the_system_packages_ci_installs_are_documented_with_their_command():
+    """.ci/run installs the Debian packages two tests need (libb64-0d for perf_analyzer's
+    rehearsal, chromium for the page's browser tests); a fresh machine without it had only a
+    skip to go by: docs/installing.md and docs/development.md give the apt-get command for each,
+    and each test's skip names it."""
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    packages = re.findall(r"apt-get install -y -q (\S+)", ci)
+    assert {"libb64-0d", "chromium"} <= set(packages), packages
+    for page in ("installing.md", "development.md"):
+        text = " ".join((ROOT / "docs" / page).read_text(encoding="utf-8").split())
+        commands = [c.split() for c in re.findall(r"apt-get install ([\w .-]+)", text)]
+        missing = [p for p in packages if not any(p in c for c in commands)]
+        assert not missing, (page, missing)
+    skips = "".join(
+        (ROOT / "tests" / f).read_text(encoding="utf-8")
+        for f in ("packaging/test_perf_analyzer.py", "server/test_page.py")
+    )
+    assert all(f"apt-get install {p}" in skips for p in packages), packages
