@@ -115,8 +115,7 @@ _ALL = [
     Setting(
         "device",
         "cpu",
-        "where the model runs: cpu, or cuda (ONNX Runtime's CUDA provider, pip install "
-        "'prune-engine[gpu]'; with --backend torch, torch on the GPU)",
+        "where the model runs: cpu, or cuda (ONNX Runtime's CUDA provider, pip install 'prune-engine[gpu]')",
         choices=("cpu", "cuda"),
     ),
     Setting(

@@ -205,6 +205,19 @@ def _config(family_name: str, vocab_size: int) -> dict:
             "id2label": {"0": "LABEL_0"},
             "label2id": {"LABEL_0": 0},
         }
+    if family_name == "xprovence-v2":
+        # naver/xprovence-reranker-bgem3-v2: the hub's code is modeling_xprovence_hf.py (classes
+        # XProvence, XProvenceConfig), the backbone BGE-M3's XLM-R with its 8,194 positions; the
+        # weights' names are v1's (naver's training code, bergen's XLMRobertaForCompressionAndRanking)
+        return {
+            "_name_or_path": "naver/xprovence-reranker-bgem3-v2",
+            "architectures": ["XProvence"],
+            "auto_map": {"AutoModel": "modeling_xprovence_hf.XProvence"},
+            **roberta,
+            "max_position_embeddings": 8194,
+            "id2label": {"0": "LABEL_0"},
+            "label2id": {"LABEL_0": 0},
+        }
     if family_name == "open_provence":
         return {
             "model_type": "open_provence",
@@ -329,18 +342,23 @@ def make_test_checkpoint(
     seed: int = 0,
     sizes: dict[str, int] | None = None,
     backbone: str | None = None,
+    version: str | None = None,
 ) -> Path:
     """Write a tiny random-weight checkpoint of `family_name` into `out`; `sizes` overrides
     the dimensions (hidden_size, num_hidden_layers, num_attention_heads, intermediate_size:
     e.g. a Provence-size model for speed measurements, whose speed the weights do not change).
     `backbone="modernbert"` makes an OpenProvence checkpoint on ModernBERT (with a WordPiece
-    tokenizer: the tokenizer type does not matter to the engine, which reads tokenizer.json)."""
+    tokenizer: the tokenizer type does not matter to the engine, which reads tokenizer.json).
+    `version="v2"` lays an XProvence checkpoint out as naver/xprovence-reranker-bgem3-v2."""
     fam = get_family(family_name)
     out = Path(out)
     if backbone not in (None, "modernbert") or (backbone and fam.name != "open_provence"):
         raise ValueError(f"no {backbone!r} test checkpoint for {family_name} (open_provence has modernbert)")
+    if version not in (None, "v2") or (version and fam.name != "xprovence"):
+        raise ValueError(f"no {version!r} test checkpoint for {family_name} (xprovence has v2)")
     tok = make_tokenizer("bert" if fam.backbone == "auto" or backbone else fam.backbone)
-    config = _modernbert_open_provence(tok) if backbone else _config(fam.name, len(tok))
+    layout = f"{fam.name}-{version}" if version else fam.name
+    config = _modernbert_open_provence(tok) if backbone else _config(layout, len(tok))
     if sizes:
         target = config.get("base_model_config", config)  # OpenProvence nests its backbone's
         target.update(sizes)

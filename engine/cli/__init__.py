@@ -94,7 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
 class _Parser(argparse.ArgumentParser):
     """argparse's parser (the subcommands' too) with its errors on one line, as every other
     input error of `prune` (`prune run: error: ...`, exit 2): the usage is --help's, and a
-    misspelt option of a subcommand is told its nearest ("did you mean --passages-file?")."""
+    misspelt option of a subcommand is told its nearest ("did you mean --passages-file?"). No
+    option is abbreviated (`prune run --text x` is an error, not `--text-model x`): every
+    subcommand's parser is one of these."""
+
+    def __init__(self, *args, **kwargs):
+        """argparse's parser with `allow_abbrev` off, whatever the caller says."""
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def parse_known_args(self, args=None, namespace=None):
         """argparse's, remembering the words it was given (a subcommand: its own)."""
@@ -119,10 +126,22 @@ class _Parser(argparse.ArgumentParser):
         hints = []
         for word in getattr(self, "given", []):
             name = word.split("=", 1)[0]
-            if name.startswith("--") and not any(k.startswith(name) for k in known):
-                near = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-                hints += [f"did you mean {near[0]} (not {name})?"] if near else []
+            if not name.startswith("--") or name in known:
+                continue
+            same, longer = _SAME_JOB.get(name), [k for k in known if k.startswith(name)]
+            near = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            if same in known:
+                hints.append(f"did you mean {same} (not {name})?")
+            elif longer:
+                hints.append(f"options are not abbreviated: {name} is not {' or '.join(longer[:3])}")
+            elif near:
+                hints.append(f"did you mean {near[0]} (not {name})?")
         return "".join(f"; {h}" for h in hints)
+
+
+#: a flag of one subcommand and the flag another names the same input with: `prune compress
+#: --text` is the prompt, `prune run --context` a passage (a hint for either where it is unknown)
+_SAME_JOB = {"--text": "--context", "--context": "--text"}
 
 
 def _logger(args):

@@ -15,6 +15,7 @@ from engine.cli.flags import (
     add_setting,
     api_imports,
     batching,
+    compressor_named,
     model_path,
     port_number,
     positive_float,
@@ -97,8 +98,10 @@ def run(args) -> int:
         default_encoder=not args.server and model_is_default(args),
     )
     kind = "llmlingua2, POST /v1/compress" if isinstance(pruner, Compressor) else pruner.family.name
+    compressor = compressor_named(args, pruner)
     args.log(
         f"prune api: {label} ({kind}, {pruner.describe()}) on http://{args.host}:{args.port}"
+        + (f"; {compressor} for compress_rate / compress_target_token" if compressor else "")
         + service_note(args)
         + ("" if args.api_key else "; no API key")
     )

@@ -60,7 +60,10 @@ def add(new) -> None:
     )
     add_setting(c, "threads")
     add_setting(
-        c, "device", "; cuda runs an export (fp16 is the GPU's precision) on ONNX Runtime's CUDA provider"
+        c,
+        "device",
+        "; cuda runs an export (fp16 is the GPU's precision) on ONNX Runtime's CUDA provider, a checkpoint "
+        "runs in PyTorch on the CPU (the folder decides which)",
     )
     c.set_defaults(func=run)
 

@@ -134,6 +134,16 @@ def load_compressor(args):
     return Compressor.load(args.compressor, threads=args.threads, device=getattr(args, "device", "cpu"))
 
 
+def compressor_named(args, pruner) -> str:
+    """The compressor loaded beside `pruner` in words ("compressor lingua-int8 (LLMLingua-2 ... )"),
+    as start-up lines name it; "" when there is none."""
+    compressor = getattr(pruner, "compressor", None)
+    if compressor is None:
+        return ""
+    name = Path(args.compressor).name if getattr(args, "compressor", None) else "(given)"
+    return f"compressor {name} ({compressor.describe()})"
+
+
 def add_batching(p: argparse.ArgumentParser) -> None:
     """--max-batch-tokens, --max-batch-size, --threads."""
     add_setting(p, "max_batch_tokens")

@@ -17,6 +17,7 @@ from engine.cli.flags import (
     add_tags,
     batching,
     call_options,
+    compressor_named,
     input_file,
     model_path,
     output_file,
@@ -46,7 +47,7 @@ def add(new) -> None:
     r.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="how to reach --server")
     add_setting(r, "timeout")
     r.add_argument("--family", help="family override for --backend torch")
-    add_setting(r, "device")
+    add_setting(r, "device", "; with --backend torch, torch on the GPU")
     r.add_argument(
         "--dtype",
         choices=TORCH_DTYPES,
@@ -153,6 +154,13 @@ def run(args) -> int:
             compressor=load_compressor(args),
         )
     t_load = time.perf_counter() - t0
+    compressor = compressor_named(args, pruner)
+    if compressor and options.compress_rate is None and options.compress_target_token is None:
+        args.log(
+            f"{compressor} is loaded beside the pruner: --compress-rate or --compress-target-token"
+            + (" (or an --input line's compress_rate, compress_target_token)" if args.input else "")
+            + " runs it on what each call keeps; without them nothing is compressed"
+        )
     if args.input:
         return _run_file(pruner, args, options)
     t1 = time.perf_counter()
@@ -217,8 +225,8 @@ def _print_results(args, pruner, results, unknown: str | None, timings: str) -> 
             for s in r.sentences:
                 print(f"  [{'x' if s.kept else ' '}] {s.probability:.3f}  {s.text[:100]}")
             print("\npruned_context:\n" + r.pruned_context)
-        if r.compressed_context is not None:
-            print("\ncompressed_context:\n" + r.compressed_context)
+        if r.compressed_context is not None and (r.compressed_context or r.pruned_context):
+            print("\ncompressed_context:\n" + (r.compressed_context or "(nothing kept)"))
 
 
 def _read_contexts(args) -> list[str]:
@@ -230,11 +238,19 @@ def _read_contexts(args) -> list[str]:
             continue
         input_file(f, "--context-file")
         try:
-            contexts.append(path.read_text(encoding="utf-8"))
+            text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
             raise PruneError(
                 f"--context-file {f}: not UTF-8 text ({exc.reason} at byte {exc.start})"
             ) from None
+        records = _passage_lines(text)
+        if records:
+            raise PruneError(
+                f"--context-file {f}: holds {records} JSON lines of passages (--passages-file's format), "
+                "but --context-file takes a whole file as one passage of plain text: "
+                f"use --passages-file {f}"
+            )
+        contexts.append(text)
     for f in args.passages_file or []:
         input_file(f, "--passages-file")
         contexts.extend(_read_passages_file(f))
@@ -258,10 +274,48 @@ def _read_passages_file(name: str) -> list[str]:
                 )
             out.append(text)
     except (FileNotFoundError, ValueError) as exc:
-        raise PruneError(f"--passages-file {exc}") from None
+        plain = "not valid JSON" in str(exc) and not out and _first_line(name)[:1] not in ("{", '"', "[")
+        raise PruneError(
+            f"--passages-file {exc}"
+            + (
+                "; --passages-file reads JSON lines (a JSON string or an object with text, one passage a "
+                f"line): a plain-text file holding one passage is --context-file {name}"
+                if plain
+                else ""
+            )
+        ) from None
     if not out:
         raise PruneError(f"--passages-file {name}: no passages")
     return out
+
+
+def _first_line(name: str) -> str:
+    """The first non-blank line of a text file, stripped ("" when it has none or is unreadable)."""
+    try:
+        with open(name, encoding="utf-8", errors="replace") as fh:
+            return next((line.strip() for line in fh if line.strip()), "")
+    except OSError:
+        return ""
+
+
+def _passage_lines(text: str) -> int:
+    """How many passages `text` holds as --passages-file reads them, when it is such a file
+    (every non-blank line a JSON string or an object with a text string, a file of two lines at
+    least, or of one that is an object with text); 0 for anything else, plain text or one JSON
+    document (a tool's answer, say, which is a passage as it stands)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            return 0
+    passages = all(
+        isinstance(r, str) or (isinstance(r, dict) and isinstance(r.get("text"), str)) for r in records
+    )
+    if not passages or not records or (len(records) == 1 and not isinstance(records[0], dict)):
+        return 0
+    return len(records)
 
 
 def _run_file(pruner, args, options: CallOptions) -> int:

@@ -380,9 +380,9 @@ UNKNOWN_SHARE_WARNING = 0.15
 
 #: what to run instead on such text: the multilingual models the engine exports (docs/families.md)
 MULTILINGUAL = (
-    "XProvence (prune export --model naver/xprovence-reranker-bgem3-v1 --out xprovence) or Zilliz's "
-    "bilingual model (prune export --model zilliz/semantic-highlight-bilingual-v1 --out zilliz-bilingual), "
-    "then --model FOLDER"
+    "XProvence (prune export --model naver/xprovence-reranker-bgem3-v2 --out build/xprovence) or Zilliz's "
+    "bilingual model (prune export --model zilliz/semantic-highlight-bilingual-v1 --out build/zilliz-bilingual), "
+    "then --model build/xprovence or build/zilliz-bilingual"
 )
 
 _WORD = re.compile(r"\S+")

@@ -100,12 +100,14 @@ _PROVENCE = Family(
 
 FAMILIES: dict[str, Family] = {
     "provence": _PROVENCE,
-    # Provence's heads and rules on XLM-RoBERTa
+    # Provence's heads and rule on XLM-RoBERTa (naver/xprovence-reranker-bgem3-v2, and v1: one
+    # layout); the threshold is process()'s default on the model card, 0.3 (0.7 prunes more)
     "xprovence": replace(
         _PROVENCE,
         name="xprovence",
         backbone="xlm-roberta",
-        description="naver/xprovence-reranker-bgem3: XLM-RoBERTa + rerank and token heads",
+        rules=replace(_PROVENCE.rules, threshold=0.3),
+        description="naver/xprovence-reranker-bgem3-v2 (and v1): XLM-RoBERTa + rerank and token heads",
         usual_tokenizer="BAAI/bge-reranker-v2-m3 (XLM-RoBERTa's)",
         reference_splitter="spacy_xx",
     ),
@@ -262,6 +264,10 @@ def detect_family(
     for arch in archs:
         if arch in _ARCHITECTURES:
             return FAMILIES[_ARCHITECTURES[arch]]
+    # XProvence's hub code names its classes XProvence* (v1 XProvenceForSequenceClassification, v2
+    # XProvence, both in modeling_xprovence_hf.py): any of them, or a model_type of that name
+    if model_type == "xprovence" or any("xprovence" in a.lower() for a in archs):
+        return FAMILIES["xprovence"]
     if model_type == "provence":
         return FAMILIES["provence"]
     if any(a in _ENCODER_ARCHITECTURES for a in archs) or (

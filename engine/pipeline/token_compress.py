@@ -51,8 +51,11 @@ def compress_results(results: list[Any], rules: Any, compress: Compress | None) 
         return results
     check_compressor(rules, compress)
     todo = [k for k, r in enumerate(results) if r.pruned_context.strip()]
-    spans = compress(
-        [results[k].pruned_context for k in todo], rules.compress_rate, rules.compress_target_token
+    # a call that kept nothing has nothing to compress (the compressor refuses an empty list)
+    spans = (
+        compress([results[k].pruned_context for k in todo], rules.compress_rate, rules.compress_target_token)
+        if todo
+        else []
     )
     if len(spans) != len(todo):
         raise RuntimeError(f"the compressor answered {len(spans)} texts for {len(todo)}")

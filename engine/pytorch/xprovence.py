@@ -1,4 +1,4 @@
-"""XProvence (naver/xprovence-reranker-bgem3): XLM-RoBERTa with rerank and token heads."""
+"""XProvence (naver/xprovence-reranker-bgem3-v2, and v1): XLM-RoBERTa with rerank and token heads."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from engine.pytorch.pooling import backbone_config, pool_token_probs
 
 
 class XProvenceModel(nn.Module):
-    """naver/xprovence-reranker-bgem3: `roberta.*` (with pooler), `classifier.*` on the
+    """naver/xprovence-reranker-bgem3-v2 and v1: `roberta.*` (with pooler), `classifier.*` on the
     pooled output (rerank logit = column 0), `token_classifier.*` (Linear(h, 2))."""
 
     def __init__(self, config: Any):

@@ -339,3 +339,43 @@ def test_open_provence_on_modernbert_exports_and_matches_pytorch(tmp_path):
             assert x.reranking_score == pytest.approx(y.reranking_score, abs=1e-5)
         blocks[window] = a[0].blocks
     assert blocks[None] > blocks[1024] >= 1 and blocks[None] > 1
+
+
+def test_xprovence_v2s_layout_is_the_family_and_exports_as_pytorch_runs_it(tmp_path):
+    """naver/xprovence-reranker-bgem3-v2 (its hub code modeling_xprovence_hf.py, classes
+    XProvence and XProvenceConfig; BGE-M3's 8,194 positions; v1's tensor names, those of naver's
+    training code): detected as xprovence from its class name and from its tensors alone,
+    loaded strictly without remote code, with process()'s default threshold (0.3, the card's),
+    a 512 window by default within 8,192; exported (parity is checked inside), the export prunes
+    as the checkpoint does in PyTorch."""
+    from export.checkpoints import make_test_checkpoint
+    from export.onnx import export_model
+
+    ck = make_test_checkpoint("xprovence", tmp_path / "v2", version="v2")
+    config, names = read_config(ck), weight_names(ck)
+    assert config["auto_map"]["AutoModel"] == "modeling_xprovence_hf.XProvence"
+    assert detect_family(config, names, ck).name == "xprovence"
+    assert detect_family({"model_type": "xlm-roberta"}, names).name == "xprovence"
+    for arch in ("XProvence", "XProvenceForSequenceClassification", "XProvenceForTokenClassification"):
+        assert detect_family({"architectures": [arch], "model_type": "xlm-roberta"}).name == "xprovence"
+    assert detect_family({"model_type": "xprovence"}).name == "xprovence"
+    loaded = load_checkpoint(ck)
+    assert (loaded.family.name, loaded.max_positions, loaded.max_length) == ("xprovence", 8192, 512)
+    assert loaded.family.rules.threshold == 0.3 and loaded.family.rules.title == "first_sentence"
+    export_model(ck, tmp_path / "export", log=lambda m: None)
+    exported = Pruner.load(tmp_path / "export", threads=1)
+    reference = Pruner.load(ck, backend="torch", threads=1)
+    assert exported.family.rules.threshold == 0.3
+    question = "When was the stadium built?"
+    passages = [
+        "Stade. The stadium was built in 1923. It holds 80,000 people. Football is played there.",
+        "Paris is the capital of France. Le chat est sur la table. 北京是中国的首都。",
+    ]
+    got, want = exported.prune(question, passages), reference.prune(question, passages)
+    for g, w in zip(got, want):
+        assert [s.text for s in g.sentences] == [s.text for s in w.sentences]
+        np.testing.assert_allclose(
+            [s.probability for s in g.sentences], [s.probability for s in w.sentences], atol=1e-5
+        )
+        assert g.reranking_score == pytest.approx(w.reranking_score, abs=1e-4)
+        assert g.pruned_context == w.pruned_context and g.threshold == 0.3

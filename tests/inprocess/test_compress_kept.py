@@ -106,6 +106,25 @@ def test_without_a_compressor_or_with_a_bad_value_the_call_is_refused(exported, 
     assert pruner.prune(QUESTION, PASSAGES, compress_rate=1)[0].compressed_context is None
 
 
+def test_a_call_that_keeps_nothing_compresses_nothing(pruner):
+    """Every passage emptied (threshold 1) with compress_rate: the call answers, each result's
+    compressed text empty (the compressor, given no text, refused the call before), over Python
+    and HTTP."""
+    from fastapi.testclient import TestClient
+
+    from engine.http.app import ApiConfig, create_app
+
+    results = pruner.prune(QUESTION, PASSAGES, threshold=1.0, passage_margin=-1, compress_rate=0.5)
+    assert [(r.pruned_context, r.compressed_context, r.compressed_spans) for r in results] == [
+        ("", "", [])
+    ] * 3
+    body = {"question": QUESTION, "passages": PASSAGES, "threshold": 1.0, "compress_rate": 0.5}
+    with TestClient(create_app(pruner, ApiConfig(model_name="p")).app) as c:
+        reply = c.post("/v1/prune", json=body)
+    assert reply.status_code == 200, reply.text
+    assert [r["compressed_context"] for r in reply.json()["results"]] == ["", "", ""]
+
+
 def test_http_and_prune_run_answer_as_python(pruner, exported, lingua_checkpoints, capsys):
     from fastapi.testclient import TestClient
 
@@ -155,3 +174,56 @@ def test_teis_rerank_takes_the_compress_options_as_engine_extras(pruner):
             c.post("/rerank", json={"query": QUESTION, "texts": PASSAGES, "compress_rate": 2}).status_code
             == 422
         )
+
+
+def test_prune_run_says_a_compressor_waits_for_a_rate_and_prints_no_empty_compressed_text(
+    exported, lingua_checkpoints, capsys
+):
+    """`prune run --compressor DIR` without --compress-rate said nothing of the compressor it
+    loaded, and with a rate printed an empty `compressed_context:` block under every emptied
+    passage: a line now says the compressor waits for --compress-rate / --compress-target-token,
+    and only a passage that keeps something shows its compressed text."""
+    from engine.cli import main
+
+    argv = [
+        "run",
+        "--model",
+        str(exported["provence"]),
+        "--compressor",
+        str(lingua_checkpoints["xlm-roberta"]),
+    ]
+    argv += ["--question", QUESTION, *[x for p in PASSAGES for x in ("--context", p)]]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    name = lingua_checkpoints["xlm-roberta"].name
+    assert f"compressor {name} (LLMLingua-2" in out.err
+    assert "--compress-rate or --compress-target-token runs it on what each call keeps" in out.err
+    assert "compressed_context:" not in out.out
+    for threshold, emptied in (("1", 3), ("0", 0)):
+        assert (
+            main([*argv, "--threshold", threshold, "--passage-margin", "-1", "--compress-rate", "0.5"]) == 0
+        )
+        out = capsys.readouterr()
+        assert "is loaded beside the pruner" not in out.err  # a rate was given
+        blocks = out.out.split("\n## passage ")[1:]
+        assert sum("compressed_context:" not in b for b in blocks) == emptied, out.out
+        for b in blocks:
+            if "compressed_context:" in b:
+                assert b.split("compressed_context:\n", 1)[1].strip(), b
+
+
+def test_prune_apis_start_up_line_names_the_compressor(exported, lingua_checkpoints, capsys, monkeypatch):
+    """`prune api --model MODEL --compressor DIR` said nothing of the compressor on start-up."""
+    import uvicorn
+
+    from engine.cli import main
+
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: None)  # start-up only, no server
+    argv = ["api", "--model", str(exported["provence"]), "--port", "0", "--threads", "1"]
+    assert main([*argv, "--compressor", str(lingua_checkpoints["xlm-roberta"])]) == 0
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("prune api: ")]
+    name = lingua_checkpoints["xlm-roberta"].name
+    assert f"; compressor {name} (LLMLingua-2" in line and "compress_rate / compress_target_token" in line
+    assert main(argv) == 0
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("prune api: ")]
+    assert "compressor" not in line

@@ -126,7 +126,8 @@ def test_the_retrieval_examples_pasted_output(default_cache, capsys, monkeypatch
 def test_the_http_apis_pasted_output(default_cache, lingua_exports, monkeypatch):
     """The README's and docs/http-api.md's curl calls, sent to the app with the default
     model (the LLMLingua-2 section's to one with the tiny LLMLingua-2 checkpoint's INT8 export,
-    as the page made it: `prune test-checkpoint --family llmlingua2`, the tests' XLM-R one): the
+    as the page made it: `prune test-checkpoint --family llmlingua2`, the tests' XLM-R one; its
+    "compressor beside a pruner" part's to the default model with that export beside it): the
     same JSON back (ids and scores as printed, a fresh Cohere id aside)."""
     pytest.importorskip("fastapi")
     import json
@@ -141,10 +142,19 @@ def test_the_http_apis_pasted_output(default_cache, lingua_exports, monkeypatch)
     client = TestClient(create_app(pruner, ApiConfig(model_name="default")))
     compressor = Compressor.load(lingua_exports["xlm-roberta", "int8"])
     lingua = TestClient(create_app(compressor, ApiConfig(model_name="lingua-int8")))
+    both = TestClient(
+        create_app(Pruner.load("default", compressor=compressor), ApiConfig(model_name="default"))
+    )
     api = (ROOT / "docs" / "http-api.md").read_text(encoding="utf-8")
     at = api.index("## LLMLingua-2")
+    beside = api.index("### A compressor beside a pruner", at)
     end = api.index("\n## ", at + 1)
-    pages = [(README, client), (api[:at] + api[end:], client), (api[at:end], lingua)]
+    pages = [
+        (README, client),
+        (api[:at] + api[end:], client),
+        (api[at:beside], lingua),
+        (api[beside:end], both),
+    ]
     calls = 0
     for page, client in pages:
         for block in _blocks(page):
@@ -160,7 +170,7 @@ def test_the_http_apis_pasted_output(default_cache, lingua_exports, monkeypatch)
                     got["id"] = documented["id"]
                 assert _close(got, documented), (route, got)
                 calls += 1
-    assert calls >= 5
+    assert calls >= 7
 
 
 def _close(a, b, tol=1e-5) -> bool:

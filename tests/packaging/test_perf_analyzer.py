@@ -49,7 +49,10 @@ def perf_analyzer(tmp_path_factory):
         env={"LD_LIBRARY_PATH": str(target / "nvidia" / "cuda_runtime" / "lib")},
     )
     if "libb64" in check.stderr:
-        pytest.skip("perf_analyzer needs Debian's libb64-0d (apt-get install libb64-0d; .ci/run installs it)")
+        pytest.skip(
+            "perf_analyzer needs Debian's libb64-0d: apt-get install libb64-0d, as root "
+            "(.ci/run installs it when run as root; docs/installing.md)"
+        )
     assert check.returncode == 0 and TRITON_RELEASE in check.stdout + check.stderr, (
         check.stdout + check.stderr
     )

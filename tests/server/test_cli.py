@@ -700,7 +700,7 @@ def test_run_warns_once_of_text_the_model_does_not_know(exported, tmp_path, caps
     assert main(call) == 0
     out = capsys.readouterr().out
     assert out.count("# warning:") == 1 and "2 of 3 passage(s) (index 0, 1) are largely unknown" in out
-    assert "naver/xprovence-reranker-bgem3-v1" in out and "zilliz/semantic-highlight-bilingual-v1" in out
+    assert "naver/xprovence-reranker-bgem3-v2" in out and "zilliz/semantic-highlight-bilingual-v1" in out
     assert out.count(", unknown_share ") == 2
     assert main([*call, "--json"]) == 0
     got = capsys.readouterr()

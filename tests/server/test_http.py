@@ -483,4 +483,4 @@ def test_prune_says_which_passages_the_model_does_not_know_and_the_log_says_it_o
         assert "unknown_share" not in tei[0] and "unknown_share" not in cohere["results"][0]
     lines = [r.getMessage() for r in caplog.records if r.name == "prune.api"]
     assert len(lines) == 1 and lines[0].startswith("1 of 2 passage(s) (index 1) are largely unknown"), lines
-    assert "naver/xprovence-reranker-bgem3-v1" in lines[0]
+    assert "naver/xprovence-reranker-bgem3-v2" in lines[0]

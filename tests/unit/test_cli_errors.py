@@ -21,7 +21,8 @@ BATCH = json.dumps({"question": "Who built it?", "passages": ["It was built in 1
 
 # (subcommand and its flags, a piece of the one line it must print); run in a folder that
 # holds q.jsonl (a good batch file), folder/ (a folder), bad.txt (not UTF-8), cut.jsonl (a
-# line cut short), tab.jsonl (a raw tab inside a string on line 3) and nothing else
+# line cut short), tab.jsonl (a raw tab inside a string on line 3), passages.jsonl (two
+# passages, --passages-file's format), plain.txt (a passage of plain text) and nothing else
 CASES = [
     # run
     ("run --input missing.jsonl", "--input missing.jsonl: no such file"),
@@ -42,6 +43,27 @@ CASES = [
         "run --question q --passage-file q.jsonl",  # a misspelt flag: its nearest, and the subcommand's --help
         "prune run: error: unrecognized arguments: --passage-file q.jsonl; did you mean --passages-file "
         "(not --passage-file)? (prune run --help shows the usage)",
+    ),
+    # no option is abbreviated: `--text` was taken as --text-model and the passage ignored (exit 0)
+    ("run --question q --text x", "unrecognized arguments: --text x; did you mean --context (not --text)?"),
+    ("compress --model m --context x", "did you mean --text (not --context)?"),
+    (
+        "run --question q --cont x",
+        "--cont x; options are not abbreviated: --cont is not --context or --context-file",
+    ),
+    ("compress --model m --tex x", "options are not abbreviated: --tex is not --text-model or --text"),
+    ("-q run --ques q --context c", "options are not abbreviated: --ques is not --question"),
+    # a passages file given as one passage, a passage given as a passages file: what to use instead
+    (
+        "run --question q --context-file passages.jsonl",
+        "--context-file passages.jsonl: holds 2 JSON lines of passages (--passages-file's format), but "
+        "--context-file takes a whole file as one passage of plain text: use --passages-file passages.jsonl",
+    ),
+    (
+        "run --question q --passages-file plain.txt",
+        "--passages-file plain.txt: line 1: not valid JSON: expecting value at column 1; --passages-file reads "
+        "JSON lines (a JSON string or an object with text, one passage a line): a plain-text file holding "
+        "one passage is --context-file plain.txt",
     ),
     ("run --input q.jsonl --group 0", "argument --group: invalid positive integer value: '0'"),
     ("run --question q --context c --top-k 0", "top_k must be a positive integer"),
@@ -125,6 +147,8 @@ def workdir(tmp_path, monkeypatch):
     (tmp_path / "bad.txt").write_bytes(b"\xff\xfe not UTF-8")
     (tmp_path / "cut.jsonl").write_text(BATCH[:-1] + "\n")
     (tmp_path / "tab.jsonl").write_text('"one"\n\n{"text": "a\tb"}\n')  # a tab inside a string (line 3)
+    (tmp_path / "passages.jsonl").write_text('{"text": "It was built in 1923."}\n"It holds 80,000."\n')
+    (tmp_path / "plain.txt").write_text("The stadium was built in 1923.\nIt holds 80,000 people.\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PRUNE_CACHE", str(tmp_path / "cache"))
 
@@ -173,6 +197,48 @@ def test_a_real_process_prints_one_line_too(tmp_path):
         timeout=60,
     )
     assert (out.returncode, out.stderr) == (2, "prune fidelity: error: --data missing.jsonl: no such file\n")
+
+
+def test_no_parser_of_prune_takes_an_abbreviation():
+    """Every parser (prune's and each subcommand's) refuses an abbreviated option: argparse's
+    default took `prune run --text x` as `--text-model x` and ran without the passage."""
+    from engine.cli import build_parser
+
+    top = build_parser()
+    parsers = {"prune": top, **top.commands}
+    assert set(top.commands) >= {m.__name__.rsplit(".", 1)[1].replace("_", "-") for m in COMMANDS}
+    for name, parser in parsers.items():
+        assert parser.allow_abbrev is False, name
+        for action in parser._actions:
+            for option in action.option_strings:
+                short = option[:-1]
+                if not option.startswith("--") or len(short) < 3 or short in parser._option_string_actions:
+                    continue
+                # argparse's own lookup of an option word: None or several matches, never this option
+                found = parser._parse_optional(short)
+                assert found is None or found[0] is None or found[0] is not action, (name, short, option)
+
+
+def test_a_help_names_backend_only_where_the_command_takes_it():
+    """`prune compress --help` said "with --backend torch" (the shared --device help), an option
+    compress refuses, as does bench: a subcommand's help names --backend only where it has one, or
+    as another command's (`prune run --backend ...`); compress's says how its model runs instead."""
+    import re
+
+    from engine.cli import build_parser
+
+    for name, parser in build_parser().commands.items():
+        text = " ".join(parser.format_help().split())
+        own = [m for m in re.findall(r"(prune [\w-]+ )?--backend", text) if not m]
+        assert "--backend" in parser._option_string_actions or not own, (name, text)
+    compress = " ".join(build_parser().commands["compress"].format_help().split())
+    assert "a checkpoint runs in PyTorch on the CPU" in compress, compress
+
+
+def test_prune_run_with_an_abbreviation_exits_2_and_runs_nothing(workdir, capsys, monkeypatch):
+    """The issue's case, end to end: `prune run --text "x"` exits 2 before any model is loaded."""
+    code, err = _run(["run", "--question", "q", "--context", "c", "--text", "x"], capsys)
+    assert code == 2 and "unrecognized arguments: --text x" in err, (code, err)
 
 
 @pytest.mark.parametrize(

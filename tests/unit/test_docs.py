@@ -327,3 +327,50 @@ def test_the_docs_defaults_are_the_codes(page, pattern, sources):
     assert found, f"{page}: the claim {pattern!r} is gone; update DOCUMENTED_DEFAULTS with the page"
     stated = [float(g) for g in found.groups()]
     assert stated == [_defaults(family)[what] for family, what in sources], (page, found.group(0))
+
+
+#: where each page says what an LLMLingua-2 checkpoint's --precision auto tries (the paragraph)
+LINGUA_AUTO_CLAIMS = [
+    ("families.md", "`prune export` without `--precision` is `--precision auto` here too"),
+    ("precisions.md", "An LLMLingua-2 checkpoint's auto chooses"),
+    ("precisions.md", "An LLMLingua-2 checkpoint's `auto` (`export/lingua_auto.py`) has"),
+]
+
+
+@pytest.mark.parametrize(
+    "page, start", LINGUA_AUTO_CLAIMS, ids=[f"{p}:{s[:30]}" for p, s in LINGUA_AUTO_CLAIMS]
+)
+def test_the_docs_name_lingua_autos_candidates_as_the_code_tries_them(page, start):
+    """docs/families.md said fp16 and OpenVINO were not candidates of LLMLingua-2's auto, where the
+    export tries OpenVINO's bf16 (export/lingua_auto.py): each page's paragraph names fp32, INT8 and
+    ov-bf16 as candidates, and says nothing of the precisions the code does not try (NOT_TRIED)
+    before it says they are not candidates."""
+    from export.lingua_auto import NOT_TRIED
+
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    paragraph = " ".join(text[text.index(start) :].split("\n\n")[0].split())
+    tried = re.split(r"[Nn]ot candidates", paragraph)[0]
+    for name in ("fp32", "INT8", "ov-bf16"):
+        assert name in tried, (page, name, tried)
+    for name in NOT_TRIED:  # fp16, ov-int8, ov-int8-bf16
+        assert not re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", tried), (page, name, tried)
+
+
+def test_the_system_packages_ci_installs_are_documented_with_their_command():
+    """.ci/run installs the Debian packages two tests need (libb64-0d for perf_analyzer's
+    rehearsal, chromium for the page's browser tests); a fresh machine without it had only a
+    skip to go by: docs/installing.md and docs/development.md give the apt-get command for each,
+    and each test's skip names it."""
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    packages = re.findall(r"apt-get install -y -q (\S+)", ci)
+    assert {"libb64-0d", "chromium"} <= set(packages), packages
+    for page in ("installing.md", "development.md"):
+        text = " ".join((ROOT / "docs" / page).read_text(encoding="utf-8").split())
+        commands = [c.split() for c in re.findall(r"apt-get install ([\w .-]+)", text)]
+        missing = [p for p in packages if not any(p in c for c in commands)]
+        assert not missing, (page, missing)
+    skips = "".join(
+        (ROOT / "tests" / f).read_text(encoding="utf-8")
+        for f in ("packaging/test_perf_analyzer.py", "server/test_page.py")
+    )
+    assert all(f"apt-get install {p}" in skips for p in packages), packages

@@ -114,7 +114,23 @@ def test_shares_per_passage_and_the_one_warning_of_a_call():
     line = unknown_warning(results(0.0, 0.62, None, 0.31))
     assert line.startswith("2 of 4 passage(s) (index 1, 3) are largely unknown")
     assert "up to 62%" in line
-    assert "naver/xprovence-reranker-bgem3-v1" in line and "zilliz/semantic-highlight-bilingual-v1" in line
+    assert "naver/xprovence-reranker-bgem3-v2" in line and "zilliz/semantic-highlight-bilingual-v1" in line
+
+
+def test_the_warnings_commands_are_the_readmes():
+    """The export commands the warning suggests are the README's, word for word (the warning said
+    `--out xprovence` where the README says `build/xprovence`), and the folder it says to pass
+    is the one they write."""
+    import re
+
+    from engine.pipeline.encode import MULTILINGUAL
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    commands = re.findall(r"prune export --model \S+ --out [^\s)]+", MULTILINGUAL)
+    assert len(commands) == 2, MULTILINGUAL
+    lines = set(readme.splitlines())
+    assert all(c in lines for c in commands), commands
+    assert all(f"--model {c.split()[-1]}" in MULTILINGUAL.replace(" or ", " --model ") for c in commands)
 
 
 def _result(share):
@@ -161,7 +177,7 @@ def test_the_api_logs_a_line_then_at_most_one_a_minute(caplog):
         assert not caplog.records
         notes.note([_result(0.6)])
         notes.note([_result(0.7)])
-        assert len(caplog.records) == 1 and "naver/xprovence-reranker-bgem3-v1" in caplog.text
+        assert len(caplog.records) == 1 and "naver/xprovence-reranker-bgem3-v2" in caplog.text
         notes.last = -math.inf  # a minute later
         notes.note([_result(0.6)])
     assert len(caplog.records) == 2 and caplog.records[1].message.endswith(
