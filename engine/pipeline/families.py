@@ -101,12 +101,12 @@ _PROVENCE = Family(
 FAMILIES: dict[str, Family] = {
     "provence": _PROVENCE,
     # Provence's heads and rule on XLM-RoBERTa (naver/xprovence-reranker-bgem3-v2, and v1: one
-    # layout); the threshold is process()'s default on the model card, 0.3 (0.7 prunes more)
+    # layout); the threshold is the training code's default, 0.1, as Provence's (the v2 card's
+    # examples call process() with 0.3, or 0.7 to prune more: a call's threshold)
     "xprovence": replace(
         _PROVENCE,
         name="xprovence",
         backbone="xlm-roberta",
-        rules=replace(_PROVENCE.rules, threshold=0.3),
         description="naver/xprovence-reranker-bgem3-v2 (and v1): XLM-RoBERTa + rerank and token heads",
         usual_tokenizer="BAAI/bge-reranker-v2-m3 (XLM-RoBERTa's)",
         reference_splitter="spacy_xx",

@@ -345,7 +345,7 @@ def test_xprovence_v2s_layout_is_the_family_and_exports_as_pytorch_runs_it(tmp_p
     """naver/xprovence-reranker-bgem3-v2 (its hub code modeling_xprovence_hf.py, classes
     XProvence and XProvenceConfig; BGE-M3's 8,194 positions; v1's tensor names, those of naver's
     training code): detected as xprovence from its class name and from its tensors alone,
-    loaded strictly without remote code, with process()'s default threshold (0.3, the card's),
+    loaded strictly without remote code, with the training code's default threshold (0.1, Provence's),
     a 512 window by default within 8,192; exported (parity is checked inside), the export prunes
     as the checkpoint does in PyTorch."""
     from export.checkpoints import make_test_checkpoint
@@ -361,11 +361,11 @@ def test_xprovence_v2s_layout_is_the_family_and_exports_as_pytorch_runs_it(tmp_p
     assert detect_family({"model_type": "xprovence"}).name == "xprovence"
     loaded = load_checkpoint(ck)
     assert (loaded.family.name, loaded.max_positions, loaded.max_length) == ("xprovence", 8192, 512)
-    assert loaded.family.rules.threshold == 0.3 and loaded.family.rules.title == "first_sentence"
+    assert loaded.family.rules.threshold == 0.1 and loaded.family.rules.title == "first_sentence"
     export_model(ck, tmp_path / "export", log=lambda m: None)
     exported = Pruner.load(tmp_path / "export", threads=1)
     reference = Pruner.load(ck, backend="torch", threads=1)
-    assert exported.family.rules.threshold == 0.3
+    assert exported.family.rules.threshold == 0.1
     question = "When was the stadium built?"
     passages = [
         "Stade. The stadium was built in 1923. It holds 80,000 people. Football is played there.",
