@@ -378,4 +378,4 @@ def test_xprovence_v2s_layout_is_the_family_and_exports_as_pytorch_runs_it(tmp_p
             [s.probability for s in g.sentences], [s.probability for s in w.sentences], atol=1e-5
         )
         assert g.reranking_score == pytest.approx(w.reranking_score, abs=1e-4)
-        assert g.pruned_context == w.pruned_context and g.threshold == 0.3
+        assert g.pruned_context == w.pruned_context and g.threshold == 0.1
