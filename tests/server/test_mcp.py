@@ -445,25 +445,26 @@ def held(local):
 
 
 def test_a_call_runs_off_the_event_loop(held, local):
-    """While a call runs on its worker thread, the server answers other requests."""
+    """While a call runs on its worker thread (0.8 s here), the server answers other requests: the
+    client and this in-process server share one event loop, which a call run on it would hold."""
     s, state = held
-    state["delay"] = 0.6
+    state["delay"] = 0.8
     try:
 
         async def both():
+            t0 = time.monotonic()
             call = asyncio.ensure_future(
                 s.client.call_tool("prune_context", {"question": "When?", "passages": ["x"]})
             )
             await asyncio.sleep(0.1)
-            t0 = time.monotonic()
             await s.client.list_tools()
             listed = time.monotonic() - t0
-            return await call, listed
+            return await call, listed, time.monotonic() - t0
 
-        result, listed = s.run(both())
+        result, listed, called = s.run(both())
     finally:
         state["delay"] = 0.0
-    assert listed < 0.3, listed
+    assert listed < 0.5 <= 0.8 <= called, (listed, called)
     assert ok(result)["results"] == expected_passages(local[0].prune("When?", ["x"]))
 
 
