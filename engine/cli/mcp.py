@@ -50,7 +50,7 @@ def add(new) -> None:
         "server at http://HOST:PORT/mcp",
     )
     add_setting(m, "host", "; prune mcp: with --transport streamable-http")
-    m.add_argument("--port", type=port_number, default=8000, help="the port of --transport streamable-http")
+    add_setting(m, "port", "; prune mcp: with --transport streamable-http", type=port_number)
     add_setting(m, "api_key", "; prune mcp: its streamable-http requests (401 without it)")
     add_setting(
         m, "request_timeout", "; prune mcp: a tool call's, past it an error result", type=positive_float
