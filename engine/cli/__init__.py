@@ -5,6 +5,7 @@ prune run     --model build/provence --question "..." --context-file doc.txt
 prune compress --model LLMLINGUA2_CHECKPOINT --rate 0.33 --force-tokens "\\n" "?" --file prompt.txt
 prune index   --db rag.db --data docs.jsonl
 prune ask     --db rag.db --question "..."
+prune mcp     --model build/provence --compressor build/lingua   (an MCP server for agents, on stdio)
 prune test-checkpoint --family all --out build/test-checkpoints
 """
 
@@ -25,6 +26,7 @@ from engine.cli import (
     export,
     fidelity,
     index,
+    mcp,
     repository,
     run,
     serve,
@@ -42,6 +44,7 @@ COMMANDS = (
     fidelity,
     repository,
     api,
+    mcp,
     serve,
     bench,
     capacity,

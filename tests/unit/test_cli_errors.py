@@ -106,6 +106,14 @@ CASES = [
     ("api --port 70000", "argument --port: invalid port (0-65535) value: '70000'"),
     ("api --request-timeout 0", "argument --request-timeout: invalid positive number"),
     ("api --port 8123 --model-service-port 8123", "--port and --model-service-port are both 8123"),
+    # mcp
+    ("mcp --model missing-model", "missing-model: no such model folder"),
+    (
+        "mcp --transport streamable-http --port 70000",
+        "argument --port: invalid port (0-65535) value: '70000'",
+    ),
+    ("mcp --transport sse", "argument --transport: invalid choice: 'sse'"),
+    ("mcp --request-timeout 0", "argument --request-timeout: invalid positive number"),
     # serve
     ("serve --model-repository missing-repo", "--model-repository missing-repo: no such folder"),
     ("serve --model-repository folder --grpc-port -1", "argument --grpc-port: invalid port"),

@@ -232,6 +232,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "engine.http.opensearch_api",
             "engine.http.compress_api",
             "engine.http.milvus",
+            "engine.http.mcp_server",
             "engine.http.app",
             "engine.http.api_thread",
         ),
