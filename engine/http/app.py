@@ -292,7 +292,7 @@ async def health_endpoint(api: Api):
 )
 async def info(api: Api):
     """The model, its family and defaults, the engine, the limits and the version."""
-    if api.compressor is not None:
+    if api.family is None:  # the model served is an LLMLingua-2 compressor
         return compress_api.info(api, _version())
     config, pruner = api.config, api.pruner
     rules, defaults = info_rules(api.family)
@@ -308,6 +308,7 @@ async def info(api: Api):
         max_concurrent=config.max_concurrent,
         request_timeout=config.request_timeout,
         version=_version(),
+        compressor=compress_api.beside(api),
     )
 
 

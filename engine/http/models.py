@@ -428,8 +428,20 @@ Defaults = create_model(
 )
 
 
+class CompressorBeside(BaseModel):
+    """`/info`'s `compressor`: the LLMLingua-2 compressor loaded beside the pruner (`prune api
+    --compressor DIR`), which answers POST /v1/compress and a call's `compress_rate`."""
+
+    model: str = Field(description="its name (the folder's)")
+    family: Literal["llmlingua2"] = "llmlingua2"
+    tokenizer: str = Field(description="the word rule: wordpiece (mBERT) or sentencepiece (XLM-R)")
+    engine: str
+    routes: list[str] = Field(description="the POST routes it serves")
+
+
 class InfoResponse(BaseModel):
-    """`/info`'s answer: the model, its family and defaults, the engine, the limits."""
+    """`/info`'s answer: the model, its family and defaults, the engine, the limits (and the
+    compressor beside the pruner, if one is loaded)."""
 
     model: str
     family: str
@@ -442,6 +454,9 @@ class InfoResponse(BaseModel):
     max_concurrent: int
     request_timeout: float
     version: str
+    compressor: CompressorBeside | None = Field(
+        None, description="the LLMLingua-2 compressor beside the pruner (POST /v1/compress); null: none"
+    )
 
 
 def info_rules(family: Family) -> tuple[RulesBody, Defaults]:

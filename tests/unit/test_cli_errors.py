@@ -84,6 +84,14 @@ CASES = [
     ("api --port 70000", "argument --port: invalid port (0-65535) value: '70000'"),
     ("api --request-timeout 0", "argument --request-timeout: invalid positive number"),
     ("api --port 8123 --model-service-port 8123", "--port and --model-service-port are both 8123"),
+    (
+        "api --server localhost:1 --compressor folder",
+        "--compressor loads beside an in-process pruner (--model)",
+    ),
+    (
+        "api --model folder --compressor folder",
+        "--compressor folder: not an LLMLingua-2 checkpoint or export",
+    ),
     # serve
     ("serve --model-repository missing-repo", "--model-repository missing-repo: no such folder"),
     ("serve --model-repository folder --grpc-port -1", "argument --grpc-port: invalid port"),
