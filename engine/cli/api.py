@@ -53,7 +53,7 @@ def add(new) -> None:
         "; with --model default on cuda, the default model's fp16 GPU graph, exported on first use",
     )
     add_batching(h)
-    add_compressor(h)
+    add_compressor(h, "; the API also answers POST /v1/compress with it, so one address serves both jobs")
     h.set_defaults(func=run)
 
 
@@ -64,6 +64,7 @@ def run(args) -> int:
     from engine.pruner import Pruner
 
     check_ports(args)
+    check_compressor_flag(args, is_compressor)
     if args.server:
         name = args.text_model or "default_text"
         args.log(f"connecting to the text model {name!r} on {args.server} (gRPC) ...")
@@ -101,7 +102,11 @@ def run(args) -> int:
     compressor = compressor_named(args, pruner)
     args.log(
         f"prune api: {label} ({kind}, {pruner.describe()}) on http://{args.host}:{args.port}"
-        + (f"; {compressor} for compress_rate / compress_target_token" if compressor else "")
+        + (
+            f"; {compressor} for compress_rate / compress_target_token and POST /v1/compress"
+            if compressor
+            else ""
+        )
         + service_note(args)
         + ("" if args.api_key else "; no API key")
     )
@@ -116,6 +121,26 @@ def run(args) -> int:
     finally:
         pruner.close()
     return 0
+
+
+def check_compressor_flag(args, is_compressor) -> None:
+    """A PruneError (one line) before anything loads when --compressor cannot sit beside the model:
+    a Triton text model (--server), a --model that is itself a compressor, or a folder that is not
+    an LLMLingua-2 checkpoint or export."""
+    if not getattr(args, "compressor", None):
+        return
+    if args.server:
+        raise PruneError(
+            "--compressor loads beside an in-process pruner (--model); with --server, serve the compressor "
+            "from its own `prune api --model LLMLINGUA2_DIR`"
+        )
+    if args.model and is_compressor(args.model):
+        raise PruneError(f"--model {args.model} is itself an LLMLingua-2 compressor: drop --compressor")
+    if not is_compressor(args.compressor):
+        raise PruneError(
+            f"--compressor {args.compressor}: not an LLMLingua-2 checkpoint or export (its config.json or "
+            "manifest.json says which a folder is)"
+        )
 
 
 def add_encoder(p) -> None:
@@ -208,6 +233,7 @@ def api_app(args, pruner, label: str, remote: bool, default_encoder: bool = Fals
         request_timeout=args.request_timeout,
         max_body_bytes=args.max_body_bytes,
         model_name=label,
+        compressor_name=Path(args.compressor).name if getattr(args, "compressor", None) else "llmlingua2",
         model_service=service,
     )
     return create_app(pruner, config, embedder, log=args.log)

@@ -115,13 +115,13 @@ def port_number(text: str) -> int:
 port_number.__name__ = "port (0-65535)"
 
 
-def add_compressor(p: argparse.ArgumentParser) -> None:
+def add_compressor(p: argparse.ArgumentParser, more: str = "") -> None:
     """--compressor: a token compressor beside the pruner (LLMLingua-2), for compress_rate."""
     p.add_argument(
         "--compressor",
         metavar="DIR",
         help="an LLMLingua-2 checkpoint or export beside the pruner: a call's compress_rate or "
-        "compress_target_token runs it on what the call keeps (on --device: cuda takes an export)",
+        "compress_target_token runs it on what the call keeps (on --device: cuda takes an export)" + more,
     )
 
 

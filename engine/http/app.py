@@ -292,7 +292,7 @@ async def health_endpoint(api: Api):
 )
 async def info(api: Api):
     """The model, its family and defaults, the engine, the limits and the version."""
-    if api.compressor is not None:
+    if api.family is None:  # the model served is an LLMLingua-2 compressor
         return compress_api.info(api, _version())
     config, pruner = api.config, api.pruner
     rules, defaults = info_rules(api.family)
@@ -309,6 +309,7 @@ async def info(api: Api):
         request_timeout=config.request_timeout,
         version=_version(),
         device=api.device_reports() or None,
+        compressor=compress_api.beside(api),
     )
 
 

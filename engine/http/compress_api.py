@@ -9,9 +9,10 @@ The body is engine.pipeline.lingua_decide.CompressOptions' fields (one definitio
 `context` (a string or a list of them); a field it does not know is refused (422 naming the
 nearest), as /v1/prune refuses one; the call's limits are the pruner's (contexts, characters).
 `prune api --model` on an LLMLingua-2 checkpoint or export serves this route, /health, /info
-and /metrics; the pruning routes answer 404 saying the model is a compressor, and this route
-on a pruning model answers 404 saying it is not one (`refusals`, read once: the app's guard
-looks the path up).
+and /metrics; the pruning routes answer 404 saying the model is a compressor. `prune api --model
+PRUNER --compressor DIR` serves both jobs at one address: the pruning routes and this one, on the
+compressor loaded beside the pruner (/info's `compressor` names it). A pruning model without one
+answers 404 here saying so (`refusals`, read once: the app's guard looks the path up).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, Literal, get_type_hints
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field, create_model
 
-from engine.http.models import POST_ERRORS, ErrorBody, StrictRequest
+from engine.http.models import POST_ERRORS, CompressorBeside, ErrorBody, StrictRequest
 from engine.http.opensearch_api import PATHS as opensearch_paths
 from engine.http.state import ApiState
 from engine.pipeline.lingua_decide import CompressOptions
@@ -140,17 +141,34 @@ async def compress_endpoint(req: CompressRequest, request: Request):  # type: ig
 
 def refusals(api: ApiState) -> dict[str, str]:
     """The routes not served for the loaded model, each with why (a pruning route on a
-    compressor, or /v1/compress on a pruner): read once when the app is made."""
-    if api.compressor is not None:
+    compressor, or /v1/compress on a pruner with no compressor beside it): read once when the app
+    is made."""
+    if api.family is None:  # the model served is the compressor
         return {
             path: f"the loaded model ({api.config.model_name}) is an LLMLingua-2 compressor: it serves POST "
             f"{PATH}, not {path} (a pruning model does: prune api --model PRUNING_MODEL)"
             for path in PRUNING_PATHS
         }
+    if api.compressor is not None:  # a pruner with a compressor beside it: both jobs
+        return {}
     return {
-        PATH: f"the loaded model ({api.config.model_name}) is a pruning model (family {api.family.name}): "  # type: ignore[union-attr]
-        f"{PATH} needs an LLMLingua-2 compressor (prune api --model LLMLINGUA2_CHECKPOINT_OR_EXPORT)"
+        PATH: f"the loaded model ({api.config.model_name}) is a pruning model (family {api.family.name}): "
+        f"{PATH} needs an LLMLingua-2 compressor (prune api --model LLMLINGUA2_CHECKPOINT_OR_EXPORT, or "
+        "--compressor LLMLINGUA2_DIR beside this model)"
     }
+
+
+def beside(api: ApiState) -> CompressorBeside | None:
+    """`/info`'s `compressor` for a pruner: the compressor loaded beside it, or None."""
+    c = api.compressor
+    if c is None or api.family is None:
+        return None
+    return CompressorBeside(
+        model=api.config.compressor_name,
+        tokenizer=getattr(c, "tokenizer_kind", "?"),
+        engine=c.describe(),
+        routes=[PATH],
+    )
 
 
 def info(api: ApiState, version: str) -> CompressorInfo:
@@ -184,4 +202,5 @@ __all__ = [
     "router",
     "refusals",
     "info",
+    "beside",
 ]

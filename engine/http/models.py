@@ -428,8 +428,20 @@ Defaults = create_model(
 )
 
 
+class CompressorBeside(BaseModel):
+    """`/info`'s `compressor`: the LLMLingua-2 compressor loaded beside the pruner (`prune api
+    --compressor DIR`), which answers POST /v1/compress and a call's `compress_rate`."""
+
+    model: str = Field(description="its name (the folder's)")
+    family: Literal["llmlingua2"] = "llmlingua2"
+    tokenizer: str = Field(description="the word rule: wordpiece (mBERT) or sentencepiece (XLM-R)")
+    engine: str
+    routes: list[str] = Field(description="the POST routes it serves")
+
+
 class InfoResponse(BaseModel):
-    """`/info`'s answer: the model, its family and defaults, the engine, the limits."""
+    """`/info`'s answer: the model, its family and defaults, the engine, the limits (and the
+    compressor beside the pruner, if one is loaded)."""
 
     model: str
     family: str
@@ -446,6 +458,9 @@ class InfoResponse(BaseModel):
         default=None,
         description="the GPU graph's figures (model, and a compressor beside it): memory budget, weights "
         "(shared in place or not), dynamic session, each captured shape's bytes and capture seconds, total",
+    )
+    compressor: CompressorBeside | None = Field(
+        None, description="the LLMLingua-2 compressor beside the pruner (POST /v1/compress); null: none"
     )
 
 

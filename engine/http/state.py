@@ -37,6 +37,7 @@ class ApiConfig:
     max_body_bytes: int = DEFAULTS.max_body_bytes
     body_timeout: float = 10.0  # seconds the body may take to arrive
     model_name: str = "prune-engine"
+    compressor_name: str = "llmlingua2"  # the public name of a compressor beside the pruner (--compressor)
     model_service: str | None = None  # host:port of Milvus's model service (gRPC), or none
 
     def authorizes(self, credentials: str | None) -> bool:
@@ -275,8 +276,9 @@ class ApiState:
     routes: frozenset[str] = frozenset()
     embedder: Any = None  # the retrieval encoder Milvus's Embedding calls use, if any
     log: Callable[[str], None] | None = None  # where the server's own notes go (the CLI's stderr)
-    #: an LLMLingua-2 compressor (engine.compressor.Compressor) when that is what is served: then
-    #: `pruner` is it too, `family` None, and only /v1/compress among the POST routes is offered
+    #: the LLMLingua-2 compressor (engine.compressor.Compressor) that answers /v1/compress: the model
+    #: served (then `pruner` is it too, `family` None, and only /v1/compress among the POST routes is
+    #: offered), or the one loaded beside a pruner (`prune api --compressor`: both jobs served); None
     compressor: Any = None
     #: the routes this model does not serve, each with why (engine.http.compress_api.refusals): a 404
     refused: dict[str, str] = field(default_factory=dict)
@@ -293,16 +295,16 @@ class ApiState:
         log: Callable[[str], None] | None = None,
     ) -> ApiState:
         """The state of an app serving `pruner` (and `embedder`) as `config` says; `pruner` may be an
-        LLMLingua-2 compressor (its `kind` says so)."""
+        LLMLingua-2 compressor (its `kind` says so), or a pruner with one beside it (its `compressor`)."""
         metrics = Metrics()
-        compressor = pruner if getattr(pruner, "kind", None) == "compressor" else None
+        served = pruner if getattr(pruner, "kind", None) == "compressor" else None
         probe = None
-        if compressor is not None:
-            probe = lambda: compressor.compress("The engine is up and answers.", rate=0.5)  # noqa: E731
+        if served is not None:
+            probe = lambda: served.compress("The engine is up and answers.", rate=0.5)  # noqa: E731
         state = cls(
             pruner=pruner,
-            compressor=compressor,
-            family=None if compressor is not None else pruner.family,  # type: ignore[arg-type]
+            compressor=served if served is not None else getattr(pruner, "compressor", None),
+            family=None if served is not None else pruner.family,  # type: ignore[arg-type]
             config=config,
             routes=routes,
             embedder=embedder,

@@ -184,3 +184,30 @@ def test_prune_compress_input_jsonl_is_the_http_bodies_line_by_line(
     assert "6 lines, 3 errors" in capsys.readouterr().err
     assert main(["compress", "--model", model, "--text", EN, "--output", str(out)]) == 2
     assert "--output is for --input" in capsys.readouterr().err
+
+
+def test_a_pruner_with_a_compressor_beside_it_serves_both_jobs(exported, compressor):
+    """`prune api --model PRUNER --compressor DIR`: one address answers /v1/prune and /v1/compress
+    (the compressor loaded beside the pruner), and /info names both."""
+    from engine.pruner import Pruner
+
+    pruner = Pruner.load(exported["provence"], threads=1, compressor=compressor)
+    config = ApiConfig(model_name="provence-tiny", compressor_name="lingua-tiny")
+    with TestClient(create_app(pruner, config).app) as c:
+        body = BODIES[0]
+        got = c.post("/v1/compress", json=body)
+        assert got.status_code == 200, got.text
+        options = {k: v for k, v in body.items() if k != "context"}
+        assert got.json() == json.loads(json.dumps(compressor.compress(body["context"], **options).to_dict()))
+        pruned = c.post("/v1/prune", json={"question": "Why not repair it?", "passages": [EN]})
+        assert pruned.status_code == 200 and pruned.json()["model"] == "provence-tiny"
+        info = c.get("/info").json()
+        assert info["family"] == "provence" and info["model"] == "provence-tiny"
+        assert info["compressor"] == {
+            "model": "lingua-tiny",
+            "family": "llmlingua2",
+            "tokenizer": "sentencepiece",
+            "engine": compressor.describe(),
+            "routes": ["/v1/compress"],
+        }
+    pruner.close()

@@ -114,6 +114,14 @@ CASES = [
     ),
     ("mcp --transport sse", "argument --transport: invalid choice: 'sse'"),
     ("mcp --request-timeout 0", "argument --request-timeout: invalid positive number"),
+    (
+        "api --server localhost:1 --compressor folder",
+        "--compressor loads beside an in-process pruner (--model)",
+    ),
+    (
+        "api --model folder --compressor folder",
+        "--compressor folder: not an LLMLingua-2 checkpoint or export",
+    ),
     # serve
     ("serve --model-repository missing-repo", "--model-repository missing-repo: no such folder"),
     ("serve --model-repository folder --grpc-port -1", "argument --grpc-port: invalid port"),

@@ -71,6 +71,7 @@ FRAMEWORKS = (
     "langchain_classic",
     "llama_index",
     "haystack",
+    "litellm",
     "engine.integrations",
 )
 
