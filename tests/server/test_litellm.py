@@ -11,6 +11,7 @@ function: the proxy's own key and team metadata, without a database)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -28,19 +29,22 @@ import pytest
 
 from tests.utils import free_ports
 
-pytest.importorskip("litellm", reason="the dev extra's litellm[proxy]")
+#: LiteLLM offline: at import it fetches its model cost map and Anthropic's beta headers, with retries
+OFFLINE = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS": "True"}
+# found, not imported: the proxy runs it in a process of its own, and its import takes seconds
+if importlib.util.find_spec("litellm") is None:
+    pytest.skip("needs the dev extra's litellm[proxy]", allow_module_level=True)
 
 pytestmark = pytest.mark.server
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "litellm" / "config.yaml"
 PAGE = (ROOT / "docs" / "integrations.md").read_text(encoding="utf-8")
-SECTION = PAGE[PAGE.index("## LiteLLM") :]
+SECTION = PAGE[PAGE.index("## LiteLLM") :].split("\n## ", 1)[0]  # up to the page's next section
 MASTER_KEY = "sk-master-test"
 #: the engine's API key (prune api --api-key; the hook reads it from PRUNE_ENGINE_API_KEY): never logged
 ENGINE_KEY = "engine-key-never-logged"
 #: what keeps LiteLLM off the network (docs/integrations.md says so)
-OFFLINE = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS": "True"}
 QUESTION = "Why did the council not repair the bridge?"
 PASSAGES = [
     "The council met on Tuesday to talk about the old bridge. Most members wanted a new one. "
