@@ -185,6 +185,7 @@ def test_gpu_py_stopped_by_timeout_keeps_what_it_measured(tmp_path):
             "600",
             "--cut-layers",
             "0",
+            "--no-check",  # the GPU check is the dry run's (tests/packaging/test_gpu_script.py)
         ],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
@@ -219,7 +220,7 @@ def test_gpu_py_stopped_by_timeout_keeps_what_it_measured(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.gpu", "--tiny", "--device", "cpu", "--out", str(rerun)]
         + ["--keep", str(tmp_path / "m"), "--lengths", "16", "--batches", "1", "--dtypes", "float32"]
-        + ["--attn", "eager", "--iters", "1", "--cut-layers", "0", "--peers", "eager"],
+        + ["--attn", "eager", "--iters", "1", "--cut-layers", "0", "--peers", "eager", "--no-check"],
         cwd=ROOT,
         capture_output=True,
         text=True,
