@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from engine.errors import InputError, ModelLoadError
-from engine.pruner import check_cancelled
+from engine.cancellation import check_cancelled
 from engine.pipeline.budget import tiktoken_encoding
 from engine.pipeline.inputs import Limits, check_unicode, default_limits
 from engine.pipeline.lingua_decide import CompressOptions, CompressResult, WordCounter, decide, plan

@@ -15,6 +15,10 @@ class Backend(ABC):
     name: str = "backend"
     #: Largest batch the core accepts in one call (None: no limit).
     max_batch_size: int | None = None
+    #: Whether `infer_many` sends a call's batches together (a remote core, its transport's deadline
+    #: bounding them); else a call's batches run one by one, its cancellation checked between them
+    #: (engine.cancellation.infer_batches).
+    sends_together: bool = False
 
     @abstractmethod
     def infer(self, batch: ModelBatch) -> tuple[np.ndarray, np.ndarray]:

@@ -8,7 +8,7 @@ tools for agents, on the official `mcp` SDK (pip install 'prune-engine[mcp]').
 
 The models run in this process, each call on a worker thread (the event loop stays free), at most
 `workers` at once and within `timeout` seconds (past it the call's work stops at its next batch:
-engine.pruner.run_cancellable). The engine checks every call as it checks any other (its limits:
+engine.cancellation.run_cancellable). The engine checks every call as it checks any other (its limits:
 passages and characters per call); its InputError, or any of its errors, is the tool's error
 result with the engine's message, and the server goes on serving. Over streamable HTTP the app
 is `http_app`'s: the SDK's DNS-rebinding protection on a loopback host, the request body bounded,
@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 
 from engine.errors import PruneError
 from engine.pipeline.inputs import CallOptions
-from engine.pruner import run_cancellable
+from engine.cancellation import run_cancellable
 
 #: the tools' names
 PRUNE_TOOL, COMPRESS_TOOL = "prune_context", "compress_text"

@@ -22,7 +22,7 @@ from engine.pipeline.families import Family
 from engine.pipeline.inputs import CallOptions
 from engine.pipeline.encode import unknown_warning
 from engine.protocol import PrunerProtocol
-from engine.pruner import run_cancellable
+from engine.cancellation import run_cancellable
 from engine.settings import DEFAULTS
 
 
@@ -326,7 +326,7 @@ class ApiState:
     async def in_pool(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` in the worker pool, at most `max_concurrent` at once (Busy past it),
         within the deadline (asyncio.TimeoutError past it). A call given up on (past the
-        deadline, or its caller gone) is told to stop (engine.pruner.run_cancellable): a call still queued
+        deadline, or its caller gone) is told to stop (engine.cancellation.run_cancellable): a call still queued
         never starts, one running stops at its next batch, so the pool is free again within
         one batch's time."""
         with self.in_flight.slot():

@@ -20,7 +20,7 @@ import numpy as np
 
 from engine.backends.onnxruntime import thread_denormals
 from engine.errors import InputError, ModelLoadError
-from engine.pruner import check_cancelled
+from engine.cancellation import check_cancelled
 
 ENCODER_FILE = "encoder.json"
 ENCODER_GRAPH = "encoder.onnx"
@@ -166,7 +166,7 @@ class Embedder:
 
     def embed(self, ids: Sequence[Sequence[int]], *, batch_size: int = BATCH_SIZE) -> np.ndarray:
         """L2-normalised embeddings of token id sequences (`tokenize`'s), [N, dim] float32; a
-        caller that gave up on the call (engine.pruner.check_cancelled) stops it between two batches."""
+        caller that gave up on the call (engine.cancellation.check_cancelled) stops it between two batches."""
         out = np.zeros((len(ids), self.dim), dtype=np.float32)
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # little padding
         for b in range(0, len(order), batch_size):

@@ -186,6 +186,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "engine.errors",
             "engine.settings",
             "engine.protocol",
+            "engine.cancellation",
             "engine.pipeline.*",
             "engine.machine.*",
             "engine.datafiles",
@@ -209,6 +210,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "the pruner and its loading",
         (
             "engine.pruner",
+            "engine.measuring",
             "engine.compressor",
             "engine.batchfile",
             "engine.fidelity_check",
