@@ -119,11 +119,11 @@ class Compressor:
     @classmethod
     def connect(cls, url: str, model: str, **kwargs: Any) -> Any:
         """The same API on a compressor's text model (`<name>_text`) of a Triton server (`prune
-        repository` on the export): a TritonCompressor (engine.triton.compress_client; keywords
-        protocol, timeout, retries, backoff, ready_timeout)."""
-        from engine.triton.compress_client import TritonCompressor  # the public door's import upward
+        repository` on the export): a TritonCompressor (engine.remote.connect.connect_compressor;
+        keywords protocol, timeout, retries, backoff, ready_timeout)."""
+        from engine.remote.connect import connect_compressor  # the public doors' import upward (test_layout)
 
-        return TritonCompressor.connect(url, model, **kwargs)
+        return connect_compressor(url, model, **kwargs)
 
     def kept_words(
         self, texts: list[str], rate: float | None, target_token: int | None

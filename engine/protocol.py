@@ -1,7 +1,7 @@
 """The Pruner protocol: what every pruner offers, wherever its model runs.
 
 Two classes satisfy it: `engine.pruner.Pruner` (in-process, or a Triton core model with
-client-side tokenization) and `engine.triton.text_pruner.TritonTextPruner` (a Triton text
+client-side tokenization) and `engine.remote.text_pruner.TritonTextPruner` (a Triton text
 model: text in, results out). `Pruner.load` and `Pruner.connect` return one of them; code
 above the pruner (batch files, the HTTP API, the framework adapters) is written against
 this protocol alone. Both check their input with `engine.pipeline.inputs`, so a bad call gets the

@@ -136,11 +136,11 @@ class Pruner(FromSpec):
 
     @classmethod
     def connect(cls, url: str | Sequence[str], model: str, **kwargs: Any) -> PrunerProtocol:
-        """The same API on a model of a Triton server: `engine.triton.connect.connect` (see
+        """The same API on a model of a Triton server: `engine.remote.connect.connect` (see
         there for the keywords: protocol, tokenizer, batching, timeout, retries, backoff,
         concurrency, ready_timeout, replica_options). A text model gives a
         `TritonTextPruner`, a core model a `Pruner` that tokenizes here."""
-        from engine.triton.connect import connect  # the public door's one import upward (test_layout)
+        from engine.remote.connect import connect  # the public doors' import upward (test_layout)
 
         return connect(url, model, **kwargs)
 

@@ -1,7 +1,7 @@
 """Opening a model for the in-process pruner: an exported folder for ONNX Runtime, or a
 checkpoint for PyTorch. `Pruner.load` is the door; this module does the work and returns
 the pieces a `Pruner` is made of (its core, tokenizer and spec). The Triton half of
-loading, `Pruner.connect`, is `engine.triton.connect`."""
+loading, `Pruner.connect`, is `engine.remote.connect`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Thin clients of the HTTP API: `/v1/prune` (the Pruner API on a URL) and `/v1/compress` (the
 Compressor's `compress` on a URL).
 
-    from engine.http.pruner_client import HttpCompressor, HttpPruner
+    from engine.remote.http_client import HttpCompressor, HttpPruner
     with HttpPruner("http://127.0.0.1:8080", api_key=None) as pruner:
         results = pruner.prune(question, passages)      # list[PruneResult], as in-process
     result = HttpCompressor("http://127.0.0.1:8080").compress(context, rate=0.33)  # a CompressResult
