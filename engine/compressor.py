@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.backends.base import TokenCore
 from engine.errors import InputError, ModelLoadError
 from engine.cancellation import check_cancelled
 from engine.pipeline.budget import tiktoken_encoding
@@ -67,14 +68,14 @@ class Compressor:
     def __init__(
         self,
         tokenizer: LinguaTokenizer,
-        core: Any,
+        core: TokenCore,
         encoding: Any,
         limits: Limits | None = None,
         batch_chunks: int | None = None,
     ):
         self.tokenizer, self.core = tokenizer, core
         #: chunks per model run (BATCH_CHUNKS): the core's own (1 on a CPU), else BATCH_CHUNKS
-        self.batch_chunks = batch_chunks or getattr(core, "batch_chunks", None) or BATCH_CHUNKS
+        self.batch_chunks = batch_chunks or core.batch_chunks or BATCH_CHUNKS
         self.count = WordCounter(encoding)
         #: a call's limits (contexts, characters): the pruner's, PRUNE_MAX_PASSAGES and PRUNE_MAX_CALL_CHARS
         self.limits = limits or default_limits()
@@ -261,9 +262,7 @@ class Compressor:
     def close(self) -> None:
         """Release what the core holds (the GPU graph's sessions, device weights and thread; an ONNX
         Runtime or PyTorch session goes with the object); as Pruner.close."""
-        close = getattr(self.core, "close", None)
-        if close is not None:
-            close()
+        self.core.close()
 
     def describe(self) -> str:
         """The model's runtime and tokenizer, in words."""

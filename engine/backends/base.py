@@ -1,4 +1,8 @@
-"""The one small interface every accelerated core implements."""
+"""The interfaces every core implements: `Core`, what a core of either model kind offers (its
+name, health, device figures, description, close), and each kind's call: `Backend`, a pruner's
+(`infer(batch) -> (rerank_score, sentence_probs)`), and `TokenCore`, a compressor's
+(`token_probs(input_ids, attention_mask) -> token_probs`). One module per backend under
+engine/backends/ implements them (docs/development.md, "Adding a backend")."""
 
 from __future__ import annotations
 
@@ -9,8 +13,31 @@ import numpy as np
 from engine.pipeline.encode import BatchingConfig, ModelBatch
 
 
-class Backend(ABC):
-    """Runs padded batches: `infer(batch) -> (rerank_score [B], sentence_probs [B, S])`."""
+class Core(ABC):
+    """What every core offers, whichever model kind it runs: the model's graph and what runs it."""
+
+    name: str = "core"
+
+    def health(self) -> bool:
+        """Whether the core answers (in-process cores always do)."""
+        return True
+
+    def close(self) -> None:
+        """Release the core's resources."""
+        pass
+
+    def report(self) -> dict | None:
+        """The device's figures (the GPU graph's memory, captured shapes, merged runs) for /info and
+        /metrics; None for a core without any."""
+        return None
+
+    def describe(self) -> str:
+        """What runs the model, in words (for logs and /info)."""
+        return self.name
+
+
+class Backend(Core):
+    """A pruner's core: runs padded batches, `infer(batch) -> (rerank_score [B], sentence_probs [B, S])`."""
 
     name: str = "backend"
     #: Largest batch the core accepts in one call (None: no limit).
@@ -36,19 +63,17 @@ class Backend(ABC):
         """All batches of one call; remote backends send them concurrently."""
         return [self.infer(b) for b in batches]
 
-    def health(self) -> bool:
-        """Whether the core answers (in-process cores always do)."""
-        return True
 
-    def close(self) -> None:
-        """Release the core's resources."""
-        pass
+class TokenCore(Core):
+    """A compressor's core (LLMLingua-2): a token classifier's probability of label 1 per token,
+    `token_probs(input_ids [B, L], attention_mask [B, L]) -> float32 [B, L]`."""
 
-    def report(self) -> dict | None:
-        """The device's figures (the GPU graph's memory, captured shapes, merged runs) for /info and
-        /metrics; None for a core without any."""
-        return None
+    name: str = "token core"
+    #: chunks per run: 1 where each chunk runs best alone, at its own length (a CPU:
+    #: engine.compressor.BATCH_CHUNKS says why); the rows its shapes are sized for (the GPU graph);
+    #: None: the Compressor's BATCH_CHUNKS
+    batch_chunks: int | None = None
 
-    def describe(self) -> str:
-        """What runs the model, in words (for logs and /info)."""
-        return self.name
+    @abstractmethod
+    def token_probs(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """The probabilities (float32, [B, L]) of one padded batch of chunks."""
