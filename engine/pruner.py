@@ -109,22 +109,10 @@ class Pruner(FromSpec):
         (`LoadOptions.from_env`). `compressor`: a token compressor beside the pruner (an
         engine.Compressor: `Compressor.load(DIR)` of an LLMLingua-2 checkpoint or export) that a
         call's `compress_rate` / `compress_target_token` runs on what it keeps."""
-        from engine.models.loading import LoadOptions, open_model
+        from engine.models.loading import LoadOptions, ModelKind, open_model
 
-        if isinstance(backend, LoadOptions):  # Pruner.load(path, options)
-            backend, options = None, backend
-        if options is not None and not isinstance(options, LoadOptions):
-            raise InputError(
-                f"options must be a LoadOptions, got {type(options).__name__} (the family module's "
-                "options are module_options=)"
-            )
-        if backend is not None:
-            shortcuts["backend"] = backend
-        if options is None:
-            options = LoadOptions.from_env(**shortcuts)
-        elif shortcuts:  # over the options given, the environment aside
-            options = LoadOptions.from_env({}, **{**vars(options), **shortcuts})
-        core, tokenizer, spec = open_model(path, options, log)
+        options = LoadOptions.given(backend, options, **shortcuts)
+        core, tokenizer, spec = open_model(path, options, log, ModelKind.PRUNER)
         pruner = cls(core, tokenizer, spec, options.batching)
         if compressor is not None:
             if not callable(getattr(compressor, "kept_words", None)):

@@ -425,7 +425,8 @@ class OnnxRuntimeBackend(Backend):
 class OrtTokenProbs(TokenCore):
     """A compressor's core on ONNX Runtime (its session: `ort_session`, as a pruner's): an
     LLMLingua-2 export's probability of label 1 per token, the graph's `token_probs`; `device`
-    "cuda": ONNX Runtime's CUDA provider, which falling back to the CPU is an error."""
+    "cuda": ONNX Runtime's CUDA provider, which falling back to the CPU is an error (`tensorrt`:
+    its TensorRT provider first)."""
 
     name = "onnxruntime"
 
@@ -434,13 +435,21 @@ class OrtTokenProbs(TokenCore):
         graph: str | Path,
         *,
         intra_op_threads: int | None = None,
+        providers: list[Any] | None = None,
         arena: str = DEFAULTS.ort_arena,
         denormals: str = DEFAULTS.ort_denormals,
         device: str = "cpu",
+        tensorrt: dict[str, Any] | None = None,
     ):
         self.graph = Path(graph)
         made = ort_session(
-            self.graph, intra_op_threads=intra_op_threads, arena=arena, denormals=denormals, device=device
+            self.graph,
+            intra_op_threads=intra_op_threads,
+            providers=providers,
+            arena=arena,
+            denormals=denormals,
+            device=device,
+            tensorrt=tensorrt,
         )
         self.session, self.runs, self.flush = made.session, made.runs, made.flush
         self.provider = self.session.get_providers()[0]

@@ -181,8 +181,21 @@ class OvTokenProbs(TokenCore):
     name = "openvino"
     batch_chunks = 1
 
-    def __init__(self, graph: str | Path, *, precision: str = "fp32", threads: int | None = None):
-        self.session = OvSession(Path(graph), precision=precision, threads=threads, outputs=("token_probs",))
+    def __init__(
+        self,
+        graph: str | Path,
+        *,
+        precision: str = "fp32",
+        threads: int | None = None,
+        shape_cache: int | None = None,
+    ):
+        self.session = OvSession(
+            Path(graph),
+            precision=precision,
+            threads=threads,
+            shape_cache=shape_cache,
+            outputs=("token_probs",),
+        )
 
     def token_probs(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """The graph's token_probs (float32, [B, L]) of one padded batch."""

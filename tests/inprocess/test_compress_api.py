@@ -141,7 +141,10 @@ def test_a_pruner_does_not_offer_compress():
 
 
 def test_prune_api_knows_a_compressor_from_a_pruner(lingua_checkpoints, lingua_exports, tmp_path):
-    from engine.compressor import is_compressor
+    from engine.models.loading import ModelKind, model_kind
+
+    def is_compressor(folder):
+        return model_kind(folder) is ModelKind.COMPRESSOR
 
     assert is_compressor(lingua_checkpoints["bert"]) and is_compressor(lingua_exports["bert", "int8"])
     (tmp_path / "manifest.json").write_text('{"format": "prune-engine/1", "family": "xprovence"}')
