@@ -45,8 +45,6 @@ BATCH_CHUNKS = 16
 class Compressor:
     """An LLMLingua-2 token classifier with llmlingua's decisions around it."""
 
-    #: what the HTTP API and the CLI tell a compressor from a pruner by
-    kind = "compressor"
     family_name = "llmlingua2"
 
     def __init__(
@@ -112,14 +110,14 @@ class Compressor:
         context-level filter off: none dropped), at `rate` or `target_token`: what a pruner's call
         with compress_rate / compress_target_token runs on its pruned texts
         (engine.pipeline.token_compress)."""
-        options: dict[str, Any] = {"use_context_level_filter": False}
+        arguments: dict[str, Any] = {"use_context_level_filter": False}
         if target_token is not None:
-            options["target_token"] = target_token
+            arguments["target_token"] = target_token
         else:
-            options["rate"] = rate
-        return self.compress(texts, **options).kept_spans
+            arguments["rate"] = rate
+        return self.compress(texts, **arguments).kept_spans
 
-    def compress(self, context: str | list[str], **options: Any) -> CompressResult:
+    def compress(self, context: str | list[str], **arguments: Any) -> CompressResult:
         """compress_prompt_llmlingua2 on `context` (a string or a list of them), with its argument
         names (rate, target_token, force_tokens, force_reserve_digit, drop_consecutive,
         use_context_level_filter, context_level_rate, force_context_ids, return_word_label, ...)."""
@@ -127,7 +125,7 @@ class Compressor:
         if not isinstance(contexts, list) or not contexts or not all(isinstance(c, str) for c in contexts):
             raise InputError("context must be a string or a non-empty list of strings")
         self._check_size(contexts)
-        opts = CompressOptions.of(**options)
+        opts = CompressOptions.of(**arguments)
         tok = self.tokenizer
         if opts.target_token > 0 and not any(contexts) or not any(c.strip() for c in contexts):
             raise InputError("context is empty: nothing to compress")

@@ -38,6 +38,7 @@ from engine.pipeline.token_compress import check_compressor
 from engine.protocol import FromSpec, PrunerProtocol
 
 if TYPE_CHECKING:
+    from engine.compressor import Compressor
     from engine.models.loading import LoadOptions
 
 
@@ -71,7 +72,7 @@ class Pruner(FromSpec):
         batching: BatchingConfig | None = None,
         min_context_tokens: int = 64,
         limits: Limits | None = None,
-        compressor: Any = None,
+        compressor: Compressor | None = None,
     ):
         self.backend = backend
         #: the token compressor beside the pruner (engine.compressor.Compressor, LLMLingua-2) that a
@@ -91,7 +92,7 @@ class Pruner(FromSpec):
         options: "LoadOptions | None" = None,
         *,
         log: Any = None,
-        compressor: Any = None,
+        compressor: Compressor | None = None,
         **shortcuts: Any,
     ) -> "Pruner":
         """Load an exported model folder (ONNX Runtime, or OpenVINO), or a checkpoint
