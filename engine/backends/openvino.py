@@ -38,7 +38,7 @@ PRECISIONS = RUNTIMES["openvino"]
 
 
 @functools.cache
-def openvino_core():
+def openvino_instance():
     """The process's one `openvino.Core` (or a clear error naming the extra), kept until the
     process ends, as OpenVINO recommends (one Core per application). Not one per model: the
     CPU plugin gives a thread that compiles a model an alternate signal stack of each Core's
@@ -53,10 +53,10 @@ def openvino_core():
     return ov.Core()
 
 
-def bf16_supported(core=None) -> bool:
-    """Whether OpenVINO's CPU plugin computes bf16 natively here."""
-    core = core or openvino_core()
-    return "BF16" in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+def bf16_supported(ov=None) -> bool:
+    """Whether OpenVINO's CPU plugin computes bf16 natively here (`ov`: openvino_instance())."""
+    ov = ov or openvino_instance()
+    return "BF16" in ov.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 
 
 class OvSession:
@@ -74,14 +74,14 @@ class OvSession:
         shape_cache: int | None = None,
         outputs: tuple[str, ...] = GRAPH_OUTPUTS,
     ):
-        core = openvino_core()
+        ov = openvino_instance()
         if not graph.is_file():
             raise ModelLoadError(f"{graph}: no graph")
         if precision not in PRECISIONS:
             raise ModelLoadError(
                 f"OpenVINO inference precision must be one of {PRECISIONS}, got {precision!r}"
             )
-        if precision == "bf16" and not bf16_supported(core):
+        if precision == "bf16" and not bf16_supported(ov):
             raise ModelLoadError(_bf16_missing())
         if threads is not None and threads < 1:
             raise ModelLoadError(f"threads must be at least 1, got {threads}")
@@ -97,8 +97,8 @@ class OvSession:
         if shape_cache is not None:
             config["CPU_RUNTIME_CACHE_CAPACITY"] = int(shape_cache)
         try:
-            model = core.read_model(str(graph))
-            self.compiled = core.compile_model(model, "CPU", config)
+            model = ov.read_model(str(graph))
+            self.compiled = ov.compile_model(model, "CPU", config)
         except Exception as exc:
             raise ModelLoadError(
                 f"{graph}: OpenVINO cannot load the graph ({type(exc).__name__}: {exc})"

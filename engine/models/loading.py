@@ -96,7 +96,7 @@ class LoadOptions:
         return self.merge_calls == "on" or (self.merge_calls == "auto" and self.device == "cuda")
 
     @property
-    def runtime(self) -> str | None:
+    def named_backend(self) -> str | None:
         """The backend these options name: `backend`, or openvino for a bf16 precision."""
         return "openvino" if self.precision == "bf16" else self.backend
 
@@ -202,7 +202,7 @@ def runtime_for(path: Path, manifest: Any, o: LoadOptions, log: Any) -> tuple[st
     options name them (`backend`; a bf16 `precision` is OpenVINO's); else, for the manifest's own
     graph on the CPU without TensorRT, the runtime the manifest prefers where this machine has it
     (`preferred_runtime`: `prune export --precision auto`'s pick); else ONNX Runtime."""
-    backend, precision = o.runtime, o.precision
+    backend, precision = o.named_backend, o.precision
     if backend is None and o.graph is None and o.device == "cpu" and not o.tensorrt:
         backend, precision = preferred_runtime(path, manifest, log)
     return backend or "onnxruntime", precision
@@ -214,9 +214,9 @@ def open_pruner(path: str | Path, o: LoadOptions, log: Any = None) -> Opened:
     if str(path) == "default" and not Path("default").exists():
         from engine.models.default_model import default_model
 
-        path = default_model(o.runtime, o.device)
+        path = default_model(o.named_backend, o.device)
     path = Path(path)
-    if o.runtime == "torch":
+    if o.named_backend == "torch":
         from engine.backends.torch import TorchBackend
 
         return Opened(

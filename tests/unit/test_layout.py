@@ -76,7 +76,7 @@ FRAMEWORKS = (
     "engine.integrations",
 )
 
-RULES = {
+IMPORT_RULES = {
     "the spine, backends/{base,onnxruntime,triton}, triton/ and remote/ never import torch, transformers or export": (
         CLIENT_SAFE,
         ("torch", "transformers", "export"),
@@ -117,9 +117,9 @@ def violations(files: list[Path], forbidden: tuple[str, ...]) -> dict[str, list[
     return out
 
 
-@pytest.mark.parametrize("rule", list(RULES))
+@pytest.mark.parametrize("rule", list(IMPORT_RULES))
 def test_import_rule(rule):
-    files, forbidden = RULES[rule]
+    files, forbidden = IMPORT_RULES[rule]
     assert files, "the rule covers no file: the layout moved under it"
     assert violations(files, forbidden) == {}, rule
 
