@@ -1,4 +1,4 @@
-"""`POST /v1/compress` (engine/http/compress_api.py): LLMLingua-2 over HTTP in front of the
+"""`POST /v1/compress` (its handler in engine/http/app.py, its body types in engine/http/compress_api.py): LLMLingua-2 over HTTP in front of the
 Compressor, on a tiny checkpoint's export: the answer is `Compressor.compress`'s result on the
 same input, bad input is 422 naming the field, and each model kind's app refuses the other's
 routes with a 404 that says what is loaded."""
