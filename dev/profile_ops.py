@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     study = Study("profile", "dev.profile_ops", argv)
     from engine.models.default_model import ensure_default_model
-    from engine.pruner import Pruner, workload_batches
+    from engine.measuring import workload_batches
+    from engine.pruner import Pruner
     from engine.datafiles import load_rag_data
     from export.checkpoints import make_test_checkpoint
     from export.onnx import export_model

@@ -6,8 +6,9 @@
 
 The public names, imported from here: `Pruner`, `Compressor` (LLMLingua-2, and its
 `CompressResult`), `CallOptions` (a call's options),
-`LoadOptions` (how a model is opened), `PruneResult` and `Sentence` (what a call
-returns), `PrunerProtocol` (what every pruner offers), and the errors (`PruneError` and its
+`LoadOptions` (how a model of either kind is opened), `PruneResult` and `Sentence` (what a call
+returns), `PrunerProtocol` and `CompressorProtocol` (what every pruner and every compressor
+offers), and the errors (`PruneError` and its
 kinds). Each is loaded on first use, so `import engine` costs nothing until then.
 """
 
@@ -27,6 +28,7 @@ _PUBLIC = {
     "PruneResult": "engine.pipeline.results",
     "Sentence": "engine.pipeline.results",
     "PrunerProtocol": "engine.protocol",
+    "CompressorProtocol": "engine.protocol",
     "PruneError": "engine.errors",
     "InputError": "engine.errors",
     "ModelLoadError": "engine.errors",

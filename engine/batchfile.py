@@ -216,8 +216,8 @@ def compress_file(
                 raise InputError(unknown_name(unknown[0], ["id", "context", *names]))
             if "context" not in row:
                 raise InputError("the line has no context")
-            options = {**(defaults or {}), **{k: v for k, v in row.items() if k not in ("id", "context")}}
-            record = {"id": ident, **compressor.compress(row["context"], **options).to_dict()}
+            arguments = {**(defaults or {}), **{k: v for k, v in row.items() if k not in ("id", "context")}}
+            record = {"id": ident, **compressor.compress(row["context"], **arguments).to_dict()}
         except InputError as exc:
             counts["errors"] += 1
             record = {"id": ident, "line": number, "error": str(exc)}

@@ -5,8 +5,9 @@
     result = compressor.compress(prompt, rate=0.33, force_tokens=["\\n", "?"])
     result.compressed_prompt, result.origin_tokens, result.compressed_tokens, result.kept_spans
 
-`Compressor.load` opens a checkpoint (PyTorch) or its export (`prune export`: ONNX Runtime, the
-CPU provider, fp32 or the gated INT8). `compress` takes
+`Compressor.load` opens a checkpoint (PyTorch) or its export (`prune export`: fp32, the gated INT8,
+fp16, auto's pick), through the one loader a pruner's export goes through
+(engine.models.loading.open_model: the same LoadOptions, the same rule for the backend). `compress` takes
 `PromptCompressor.compress_prompt(use_llmlingua2=True)`'s argument names and
 returns its fields (`CompressResult.to_dict()` is its dict). The text side and the decisions are
 engine.pipeline's (lingua_words.py, lingua_decide.py); the model runs once per chunk, chunks
@@ -16,25 +17,22 @@ sorted by length and padded to the longest of their batch (the reference pads ea
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from engine.errors import InputError, ModelLoadError
-from engine.pruner import check_cancelled
+from engine.backends.base import TokenCore
+from engine.errors import InputError
+from engine.cancellation import check_cancelled
 from engine.pipeline.budget import tiktoken_encoding
 from engine.pipeline.inputs import Limits, check_unicode, default_limits
 from engine.pipeline.lingua_decide import CompressOptions, CompressResult, WordCounter, decide, plan
 from engine.pipeline.lingua_words import (
     Chunk,
     LinguaTokenizer,
-    check_folder,
-    is_lingua_checkpoint,
     merge_words,
     word_spans,
 )
-from engine.pipeline.spec import MANIFEST, CompressorManifest, Runtime
-from engine.settings import setting
 
 #: chunks per model batch on a GPU (and through Triton's GPU core): one padded batch keeps it busy.
 #: On a CPU each chunk runs alone at its own length (`batch_chunks` 1): with XLM-R large on 2 cores
@@ -44,37 +42,22 @@ from engine.settings import setting
 BATCH_CHUNKS = 16
 
 
-def is_compressor(model: str | Path) -> bool:
-    """Whether `model` is what Compressor.load opens: an LLMLingua-2 checkpoint (its config.json
-    says so) or its export (a manifest of kind compressor). No error: False for anything else."""
-    folder = Path(model)
-    if (folder / MANIFEST).is_file():
-        try:
-            CompressorManifest.read(folder)
-        except ModelLoadError:
-            return False
-        return True
-    return is_lingua_checkpoint(folder)
-
-
 class Compressor:
     """An LLMLingua-2 token classifier with llmlingua's decisions around it."""
 
-    #: what the HTTP API and the CLI tell a compressor from a pruner by
-    kind = "compressor"
     family_name = "llmlingua2"
 
     def __init__(
         self,
         tokenizer: LinguaTokenizer,
-        core: Any,
+        core: TokenCore,
         encoding: Any,
         limits: Limits | None = None,
         batch_chunks: int | None = None,
     ):
         self.tokenizer, self.core = tokenizer, core
         #: chunks per model run (BATCH_CHUNKS): the core's own (1 on a CPU), else BATCH_CHUNKS
-        self.batch_chunks = batch_chunks or getattr(core, "batch_chunks", None) or BATCH_CHUNKS
+        self.batch_chunks = batch_chunks or core.batch_chunks or BATCH_CHUNKS
         self.count = WordCounter(encoding)
         #: a call's limits (contexts, characters): the pruner's, PRUNE_MAX_PASSAGES and PRUNE_MAX_CALL_CHARS
         self.limits = limits or default_limits()
@@ -85,45 +68,40 @@ class Compressor:
     def load(
         cls,
         model: str | Path,
+        backend: Any = None,
+        options: Any = None,
         *,
-        threads: int | None = None,
-        device: str = "cpu",
-        runtime: Runtime | None = None,
+        log: Any = None,
+        **shortcuts: Any,
     ) -> "Compressor":
         """An LLMLingua-2 checkpoint folder (config.json, safetensors, tokenizer.json), run in
         PyTorch on the CPU, or its export (manifest.json, model.onnx, tokenizer.json: `prune
-        export`), run in ONNX Runtime with the engine's session settings (PRUNE_ORT_ARENA,
-        PRUNE_ORT_DENORMALS; threads: PRUNE_INTRA_OP_THREADS when not given) on `device`: cpu, or
-        cuda (ONNX Runtime's CUDA provider: pip install 'prune-engine[gpu]'). An fp16 export is the
-        GPU's precision, and on cuda runs as the GPU graph (engine.backends.gpu_token_probs.GpuTokenProbs:
-        one copy of the weights, batches of chunks padded to 64-512 tokens and captured as CUDA
-        graphs, at most PRUNE_GPU_GRAPHS shapes); the CPU runs it too, slowly. `runtime`: how a CPU
-        runs the export (engine.pipeline.spec.Runtime: OpenVINO bf16, say); None: the runtime its
-        manifest prefers where this machine has it (`prune export --precision auto`'s pick), else
-        ONNX Runtime."""
-        folder = Path(model)
-        if (folder / MANIFEST).is_file():
-            return cls._load_export(folder, threads, device, runtime)
-        if device != "cpu":
-            raise ModelLoadError(
-                f"device {device!r} runs an export: prune export --model {folder} --precision fp16 (or fp32), "
-                "then load the export"
-            )
-        from engine.backends.torch import TorchTokenProbs
+        export`), opened as `Pruner.load` opens a pruner's (engine.models.loading.open_model): the
+        same `options` (an engine.models.loading.LoadOptions, also taken as the second argument)
+        and keyword shortcuts (`threads=2`, `device="cuda"`, `backend="openvino"`,
+        `precision="bf16"`, `providers=`, `tensorrt=True` or a cache folder, ...), over the
+        `PRUNE_*` variables in force (PRUNE_INTRA_OP_THREADS, PRUNE_ORT_ARENA,
+        PRUNE_ORT_DENORMALS, ...). With no backend, an export runs on the runtime its manifest
+        prefers where this machine has it (`prune export --precision auto`'s pick: OpenVINO bf16),
+        else ONNX Runtime, saying why (to `log`, else as a warning). On device cuda (ONNX Runtime's
+        CUDA provider: pip install 'prune-engine[gpu]') an fp16 export runs as the GPU graph
+        (engine.backends.gpu_token_probs.GpuTokenProbs: one copy of the weights, batches of chunks
+        padded to 64-512 tokens and captured as CUDA graphs, at most PRUNE_GPU_GRAPHS shapes), any
+        other on the process's GPU thread; the CPU runs an fp16 export too, slowly."""
+        from engine.models.loading import LoadOptions, ModelKind, open_model
 
-        check_folder(model)
-        tokenizer = LinguaTokenizer.from_folder(model)
-        core = TorchTokenProbs.load(model, tokenizer.size, threads=threads)
-        return cls(tokenizer, core, tiktoken_encoding("gpt-3.5-turbo"))
+        options = LoadOptions.given(backend, options, **shortcuts)
+        core, tokenizer, _ = open_model(model, options, log, ModelKind.COMPRESSOR)
+        return cls(tokenizer, cast(TokenCore, core), tiktoken_encoding("gpt-3.5-turbo"))
 
     @classmethod
     def connect(cls, url: str, model: str, **kwargs: Any) -> Any:
         """The same API on a compressor's text model (`<name>_text`) of a Triton server (`prune
-        repository` on the export): a TritonCompressor (engine.triton.compress_client; keywords
-        protocol, timeout, retries, backoff, ready_timeout)."""
-        from engine.triton.compress_client import TritonCompressor  # the public door's import upward
+        repository` on the export): a TritonCompressor (engine.remote.connect.connect_compressor;
+        keywords protocol, timeout, retries, backoff, ready_timeout)."""
+        from engine.remote.connect import connect_compressor  # the public doors' import upward (test_layout)
 
-        return TritonCompressor.connect(url, model, **kwargs)
+        return connect_compressor(url, model, **kwargs)
 
     def kept_words(
         self, texts: list[str], rate: float | None, target_token: int | None
@@ -132,66 +110,14 @@ class Compressor:
         context-level filter off: none dropped), at `rate` or `target_token`: what a pruner's call
         with compress_rate / compress_target_token runs on its pruned texts
         (engine.pipeline.token_compress)."""
-        options: dict[str, Any] = {"use_context_level_filter": False}
+        arguments: dict[str, Any] = {"use_context_level_filter": False}
         if target_token is not None:
-            options["target_token"] = target_token
+            arguments["target_token"] = target_token
         else:
-            options["rate"] = rate
-        return self.compress(texts, **options).kept_spans
+            arguments["rate"] = rate
+        return self.compress(texts, **arguments).kept_spans
 
-    @classmethod
-    def _load_export(
-        cls, folder: Path, threads: int | None, device: str = "cpu", runtime: Runtime | None = None
-    ) -> "Compressor":
-        manifest = CompressorManifest.read(folder)
-        tokenizer = LinguaTokenizer.from_folder(folder)
-        if tokenizer.size != manifest.embedding_rows:
-            raise ModelLoadError(
-                f"{folder}: the graph has {manifest.embedding_rows} embedding rows, the tokenizer with "
-                f"llmlingua's added tokens {tokenizer.size}: the export and its tokenizer do not belong together"
-            )
-        graph = folder / manifest.graph
-        threads = threads if threads is not None else setting("threads")
-        backend, precision = "onnxruntime", manifest.precision
-        if runtime is not None:
-            if device != "cpu":
-                raise ModelLoadError(f"runtime {runtime} runs on the CPU, not on device {device!r}")
-            backend, precision = runtime.backend, runtime.precision
-        elif device == "cpu" and manifest.runtime is not None:  # auto's pick: OpenVINO bf16, where it runs
-            from engine.models.loading import preferred_runtime
-
-            backend, precision = preferred_runtime(folder, manifest, None)
-        if backend == "openvino":
-            from engine.backends.openvino import OvTokenProbs
-
-            core: Any = OvTokenProbs(graph, precision=precision, threads=threads)
-        elif device == "cuda" and manifest.precision == "fp16":
-            from engine.backends.gpu_token_probs import GpuTokenProbs  # one copy of the weights, CUDA graphs
-
-            from engine.models.loading import gpu_graph_settings
-
-            core = GpuTokenProbs(graph, **gpu_graph_settings())
-        else:
-            from engine.backends.onnxruntime import OrtTokenProbs
-
-            def make() -> Any:
-                return OrtTokenProbs(
-                    graph,
-                    intra_op_threads=threads,
-                    arena=setting("ort_arena"),
-                    denormals=setting("ort_denormals"),
-                    device=device,
-                )
-
-            if device == "cuda":  # made and run on the process's GPU thread, as every CUDA model
-                from engine.backends.gpu_token_probs import OnGpuThread
-
-                core = OnGpuThread(make)
-            else:
-                core = make()
-        return cls(tokenizer, core, tiktoken_encoding("gpt-3.5-turbo"))
-
-    def compress(self, context: str | list[str], **options: Any) -> CompressResult:
+    def compress(self, context: str | list[str], **arguments: Any) -> CompressResult:
         """compress_prompt_llmlingua2 on `context` (a string or a list of them), with its argument
         names (rate, target_token, force_tokens, force_reserve_digit, drop_consecutive,
         use_context_level_filter, context_level_rate, force_context_ids, return_word_label, ...)."""
@@ -199,7 +125,7 @@ class Compressor:
         if not isinstance(contexts, list) or not contexts or not all(isinstance(c, str) for c in contexts):
             raise InputError("context must be a string or a non-empty list of strings")
         self._check_size(contexts)
-        opts = CompressOptions.of(**options)
+        opts = CompressOptions.of(**arguments)
         tok = self.tokenizer
         if opts.target_token > 0 and not any(contexts) or not any(c.strip() for c in contexts):
             raise InputError("context is empty: nothing to compress")
@@ -261,9 +187,7 @@ class Compressor:
     def close(self) -> None:
         """Release what the core holds (the GPU graph's sessions, device weights and thread; an ONNX
         Runtime or PyTorch session goes with the object); as Pruner.close."""
-        close = getattr(self.core, "close", None)
-        if close is not None:
-            close()
+        self.core.close()
 
     def describe(self) -> str:
         """The model's runtime and tokenizer, in words."""

@@ -27,4 +27,4 @@ class SettingError(PruneError, ValueError):
 
 class Cancelled(PruneError):
     """The caller gave up on the call (its deadline passed): its work stopped between two
-    batches (engine.pruner.check_cancelled)."""
+    batches (engine.cancellation.check_cancelled)."""

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from engine.datafiles import progress as progress_bar
-from engine.pruner import model_scores, windows_of
+from engine.measuring import model_scores, windows_of
 from engine.datafiles import read_jsonl
 
 THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)

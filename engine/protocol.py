@@ -1,7 +1,8 @@
-"""The Pruner protocol: what every pruner offers, wherever its model runs.
+"""The protocols of the two model kinds: what every pruner offers (PrunerProtocol) and what every
+compressor offers (CompressorProtocol), wherever its model runs.
 
-Two classes satisfy it: `engine.pruner.Pruner` (in-process, or a Triton core model with
-client-side tokenization) and `engine.triton.text_pruner.TritonTextPruner` (a Triton text
+Pruners: two classes satisfy it: `engine.pruner.Pruner` (in-process, or a Triton core model with
+client-side tokenization) and `engine.remote.text_pruner.TritonTextPruner` (a Triton text
 model: text in, results out). `Pruner.load` and `Pruner.connect` return one of them; code
 above the pruner (batch files, the HTTP API, the framework adapters) is written against
 this protocol alone. Both check their input with `engine.pipeline.inputs`, so a bad call gets the
@@ -16,6 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 from engine.pipeline.results import PruneResult
 from engine.pipeline.families import Family
 from engine.pipeline.inputs import CallOptions, Limits
+from engine.pipeline.lingua_decide import CompressResult
 from engine.pipeline.spec import ModelSpec
 
 
@@ -66,6 +68,30 @@ class PrunerProtocol(Protocol):
     def __enter__(self) -> Any: ...
 
     def __exit__(self, *exc: Any) -> None: ...
+
+
+@runtime_checkable
+class CompressorProtocol(Protocol):
+    """What every LLMLingua-2 compressor offers (in-process `engine.compressor.Compressor`, a
+    Triton text model's `TritonCompressor`, an HTTP API's `HttpCompressor`): compress, limits,
+    tokenizer_kind, describe, close. Code above the compressor (the HTTP API, the MCP server, the
+    adapters) is written against it."""
+
+    limits: Limits  # what one call may hold (contexts, characters)
+
+    @property
+    def tokenizer_kind(self) -> str:
+        """The word rule: wordpiece (mBERT) or sentencepiece (XLM-R)."""
+
+    def compress(self, context: str | list[str], **arguments: Any) -> CompressResult:
+        """compress_prompt(use_llmlingua2=True) on `context`, with its argument names."""
+        ...
+
+    def describe(self) -> str:
+        """What runs the model, in words."""
+
+    def close(self) -> None:
+        """Release connections and sessions."""
 
 
 class FromSpec:

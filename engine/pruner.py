@@ -4,16 +4,13 @@
     results = pruner.prune(question, [p1, p2, ...], threshold=0.1)
 
 Pipeline (engine.pipeline's modules): split sentences (text) -> tokenize once, build blocks, sort
-and pack them by a token budget (encode) -> backend.infer -> merge blocks and decide (decide).
-A call's cancellation lives here too (`run_cancellable`, `check_cancelled`): a caller that gives
-up sets the call's stop event, and the work stops between two model batches.
+and pack them by a token budget (encode) -> backend.infer, the call's cancellation checked between
+batches (engine.cancellation) -> merge blocks and decide (decide).
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Sequence
-from contextvars import ContextVar
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.backends.base import Backend
-from engine.errors import BackendError, Cancelled, InputError, PruneError
+from engine.cancellation import infer_batches
+from engine.errors import BackendError, InputError, PruneError
 from engine.pipeline import text as textmod
 from engine.pipeline.decide import Scored, decide_passages, merge_blocks, window_decisions
 from engine.pipeline.results import PruneResult
@@ -40,6 +38,7 @@ from engine.pipeline.token_compress import check_compressor
 from engine.protocol import FromSpec, PrunerProtocol
 
 if TYPE_CHECKING:
+    from engine.compressor import Compressor
     from engine.models.loading import LoadOptions
 
 
@@ -73,7 +72,7 @@ class Pruner(FromSpec):
         batching: BatchingConfig | None = None,
         min_context_tokens: int = 64,
         limits: Limits | None = None,
-        compressor: Any = None,
+        compressor: Compressor | None = None,
     ):
         self.backend = backend
         #: the token compressor beside the pruner (engine.compressor.Compressor, LLMLingua-2) that a
@@ -93,7 +92,7 @@ class Pruner(FromSpec):
         options: "LoadOptions | None" = None,
         *,
         log: Any = None,
-        compressor: Any = None,
+        compressor: Compressor | None = None,
         **shortcuts: Any,
     ) -> "Pruner":
         """Load an exported model folder (ONNX Runtime, or OpenVINO), or a checkpoint
@@ -111,22 +110,10 @@ class Pruner(FromSpec):
         (`LoadOptions.from_env`). `compressor`: a token compressor beside the pruner (an
         engine.Compressor: `Compressor.load(DIR)` of an LLMLingua-2 checkpoint or export) that a
         call's `compress_rate` / `compress_target_token` runs on what it keeps."""
-        from engine.models.loading import LoadOptions, open_model
+        from engine.models.loading import LoadOptions, ModelKind, open_model
 
-        if isinstance(backend, LoadOptions):  # Pruner.load(path, options)
-            backend, options = None, backend
-        if options is not None and not isinstance(options, LoadOptions):
-            raise InputError(
-                f"options must be a LoadOptions, got {type(options).__name__} (the family module's "
-                "options are module_options=)"
-            )
-        if backend is not None:
-            shortcuts["backend"] = backend
-        if options is None:
-            options = LoadOptions.from_env(**shortcuts)
-        elif shortcuts:  # over the options given, the environment aside
-            options = LoadOptions.from_env({}, **{**vars(options), **shortcuts})
-        core, tokenizer, spec = open_model(path, options, log)
+        options = LoadOptions.given(backend, options, **shortcuts)
+        core, tokenizer, spec = open_model(path, options, log, ModelKind.PRUNER)
         pruner = cls(core, tokenizer, spec, options.batching)
         if compressor is not None:
             if not callable(getattr(compressor, "kept_words", None)):
@@ -138,11 +125,11 @@ class Pruner(FromSpec):
 
     @classmethod
     def connect(cls, url: str | Sequence[str], model: str, **kwargs: Any) -> PrunerProtocol:
-        """The same API on a model of a Triton server: `engine.triton.connect.connect` (see
+        """The same API on a model of a Triton server: `engine.remote.connect.connect` (see
         there for the keywords: protocol, tokenizer, batching, timeout, retries, backoff,
         concurrency, ready_timeout, replica_options). A text model gives a
         `TritonTextPruner`, a core model a `Pruner` that tokenizes here."""
-        from engine.triton.connect import connect  # the public door's one import upward (test_layout)
+        from engine.remote.connect import connect  # the public doors' import upward (test_layout)
 
         return connect(url, model, **kwargs)
 
@@ -249,7 +236,7 @@ class Pruner(FromSpec):
     def finish(self, call: "Call", outputs: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[PruneResult]:
         """Everything after the model: merge blocks, decide, build and order results.
         `outputs` holds (rerank_score [B], sentence_probs [B, S]) per batch of the call."""
-        return self._finish_blocks(call, _block_outputs(call.blocks, call.batches, outputs))
+        return self._finish_blocks(call, block_outputs(call.blocks, call.batches, outputs))
 
     def _finish_blocks(
         self, call: "Call", per_block: Sequence[tuple[float, np.ndarray]]
@@ -353,7 +340,7 @@ class Pruner(FromSpec):
     def _run_blocks(self, blocks: Sequence[Block]) -> list[tuple[float, np.ndarray]]:
         """Model outputs per block: (rerank score, probabilities of its sentence slots)."""
         batches = self._batches(blocks)
-        return _block_outputs(blocks, batches, infer_batches(self.backend, batches))
+        return block_outputs(blocks, batches, infer_batches(self.backend, batches))
 
     def close(self) -> None:
         """Release the core's sessions or connections."""
@@ -366,7 +353,7 @@ class Pruner(FromSpec):
         self.close()
 
 
-def _block_outputs(
+def block_outputs(
     blocks: Sequence[Block], batches: Sequence[ModelBatch], outputs: Sequence[tuple[np.ndarray, np.ndarray]]
 ) -> list[tuple[float, np.ndarray]]:
     """Model outputs per block: (rerank score, probabilities of its sentence slots),
@@ -387,112 +374,3 @@ def _block_outputs(
                 )
             out[b] = (float(rerank[row]), np.asarray(probs[row, :n_slots], dtype=np.float64))
     return out  # type: ignore[return-value]
-
-
-# ---------------------------------------------------------------------- what the measuring tools use
-def call_blocks(
-    pruner: Pruner,
-    question: str,
-    passages: Sequence[str],
-    spans: Sequence[Sequence[tuple[int, int]]],
-    windows: str | None = None,
-) -> list[Block]:
-    """The blocks a call on these sentence spans is cut into, the way `windows` says (the
-    family's default if None): each block's tokens and sentence slots, before batching."""
-    return pruner._prepare(
-        question,
-        list(passages),
-        CallOptions.of(windows=windows, lexical_weight=0.0),
-        [list(sp) for sp in spans],
-        batched=False,
-    ).blocks
-
-
-def call_batches(
-    pruner: Pruner,
-    question: str,
-    passages: Sequence[str],
-    spans: Sequence[Sequence[tuple[int, int]]],
-    windows: str | None = None,
-) -> list[ModelBatch]:
-    """The padded batches a call on these sentence spans runs in, cut the way `windows` says
-    (the family's default if None): what `prune bench`, `--precision auto` and NNCF's
-    calibration time or feed."""
-    call = pruner._prepare(
-        question,
-        list(passages),
-        CallOptions.of(windows=windows, lexical_weight=0.0),
-        [list(sp) for sp in spans],
-    )
-    return call.batches
-
-
-def model_scores(
-    pruner: Pruner,
-    question: str,
-    passages: Sequence[str],
-    spans: Sequence[Sequence[tuple[int, int]]],
-    windows: str | None = None,
-) -> list[Scored]:
-    """The model's own scores per passage on the given sentence spans (no lexical fusion, no
-    decision but the token windows' own at the family's defaults): what `prune eval` and
-    `prune fidelity` measure. The same route as `prune`: `prepare`, the model, the scores."""
-    call = pruner.prepare(question, passages, sentences=spans, windows=windows, lexical_weight=0.0)
-    outputs = infer_batches(pruner.backend, call.batches)
-    return pruner._scores(call, _block_outputs(call.blocks, call.batches, outputs))
-
-
-def workload_batches(pruner: Pruner, queries) -> list[ModelBatch]:
-    """The padded batches the engine sends for a workload (one call per query, the engine's
-    sentences): what `prune bench` and `--precision auto` time the model on."""
-    out: list[ModelBatch] = []
-    for q in queries:
-        out += call_batches(pruner, q.question, q.passages, [textmod.split_sentences(p) for p in q.passages])
-    return out
-
-
-def windows_of(pruner: Pruner, windows: str | None) -> str:
-    """The windowing a call that passes `windows` runs (None: the model's default)."""
-    return pruner.spec.family.rules.resolve(CallOptions.of(windows=windows)).windows
-
-
-# A call's cancellation: a caller that gives up on a call (the HTTP API past `--request-timeout`,
-# a gRPC call past its deadline) sets the call's stop event, and the work stops at its next
-# check, between two model batches, so an abandoned call frees its worker within one batch's
-# time instead of running to its end. The caller runs `run_cancellable(stop, pruner.prune, ...)`
-# in its pool and sets `stop` to give up; the work calls `check_cancelled()` between batches.
-# A call run without a stop event (the Python API, the CLI) is never cancelled.
-
-#: the stop event of the call running in this thread (or task), if its caller can give up on it
-_STOP: ContextVar[threading.Event | None] = ContextVar("prune_call_stop", default=None)
-
-
-def run_cancellable(stop: threading.Event, fn: Callable[..., Any], *args: Any) -> Any:
-    """`fn(*args)` as a call that stops at its next `check_cancelled()` once `stop` is set."""
-    token = _STOP.set(stop)
-    try:
-        return fn(*args)
-    finally:
-        _STOP.reset(token)
-
-
-def check_cancelled() -> None:
-    """Raise Cancelled if the caller of the call running here has given up on it."""
-    stop = _STOP.get()
-    if stop is not None and stop.is_set():
-        raise Cancelled("the call was abandoned by its caller (past its deadline); its work stopped")
-
-
-def infer_batches(backend: Any, batches: Sequence[Any]) -> list[Any]:
-    """`backend.infer_many(batches)`, with `check_cancelled()` before each batch where the core runs them
-    one after another in this thread (an in-process core: the Backend's own `infer_many`). A
-    remote core, which sends a call's batches together, gets them at once: its transport's
-    deadline bounds it."""
-    check_cancelled()
-    if getattr(type(backend), "infer_many", None) is not Backend.infer_many:
-        return backend.infer_many(batches)
-    out = []
-    for batch in batches:
-        check_cancelled()
-        out.append(backend.infer(batch))
-    return out

@@ -255,7 +255,7 @@ _ALL = [
         "text_model",
         None,
         "the Triton text model a --server call goes to (prune run, ask, api), the "
-        "one prune serve's HTTP API serves, and the one python -m engine.triton.probe checks (default: "
+        "one prune serve's HTTP API serves, and the one python -m engine.remote.probe checks (default: "
         "prune serve: the repository's only *_text model; else default_text, what prune repository writes "
         "with no --name)",
     ),

@@ -320,7 +320,7 @@ def time_candidates(
     interleaved rounds, medians (engine.machine.timing): its `seconds` and `speedup` over fp32, in
     its entry of `candidates`; the number of batches."""
     from engine.machine.timing import model_passes
-    from engine.pruner import workload_batches
+    from engine.measuring import workload_batches
 
     calls = [SimpleNamespace(question=q, passages=ps) for q, ps in _calls(docs)]
     batches = workload_batches(pruners["fp32"], calls)

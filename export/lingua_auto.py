@@ -208,7 +208,7 @@ def _load(folders: dict[str, Path], threads: int | None) -> dict[str, Any]:
     from engine.compressor import Compressor
 
     return {
-        p: Compressor.load(f, threads=threads, runtime=OV_BF16 if p == "ov-bf16" else None)
+        p: Compressor.load(f, threads=threads, **(dataclasses.asdict(OV_BF16) if p == "ov-bf16" else {}))
         for p, f in folders.items()
     }
 

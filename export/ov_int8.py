@@ -77,7 +77,8 @@ def calibration_feeds(
     fp32: Path, texts: list[str] | None = None, questions: list[str] | None = None
 ) -> list[dict[str, Any]]:
     """The engine's padded batches of the calibration texts, one feed per block (row)."""
-    from engine.pruner import Pruner, call_batches
+    from engine.measuring import call_batches
+    from engine.pruner import Pruner
     from engine.pipeline.text import split_sentences
 
     pruner = Pruner.load(fp32, threads=1)

@@ -11,7 +11,7 @@ Two models, as for a pruner (export/triton_repository.py):
   backend;
 - the text model `<name>_text` (python backend, CPU): a JSON call in (POST /v1/compress's
   fields), llmlingua's result out (triton_models/python_compress/model.py), its chunks sent to
-  the core over BLS. `Compressor.connect` (engine/triton/compress_client.py) calls it.
+  the core over BLS. `Compressor.connect` (engine/remote/compress_client.py) calls it.
 
 The OpenVINO and TensorRT targets are the pruners' only: refused with what to use instead.
 """

@@ -33,7 +33,7 @@ import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from engine.compressor import is_compressor
+from engine.models.loading import ModelKind, model_kind
 from engine.errors import ExportError
 from engine.pipeline.spec import RUNTIMES as MANIFEST_RUNTIMES
 from engine.pipeline.spec import MANIFEST, CompressorManifest, Manifest
@@ -352,7 +352,9 @@ def build_repository(model_folder: str | Path, out: str | Path, opts: Repository
     if not name.replace("-", "").replace("_", "").isalnum():
         raise ExportError(f"model name {name!r}: use letters, digits, - and _")
     text_name = name + TEXT_SUFFIX if opts.text_model else None
-    if (model_folder / MANIFEST).is_file() and is_compressor(model_folder):  # an LLMLingua-2 export
+    if (model_folder / MANIFEST).is_file() and model_kind(
+        model_folder
+    ) is ModelKind.COMPRESSOR:  # an LLMLingua-2 export
         from export.triton_compressor import build_compressor_repository
 
         # auto's ov-bf16 pick: OpenVINO bf16 on the cpu target

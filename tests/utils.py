@@ -21,7 +21,11 @@ from typing import Any
 
 import numpy as np
 
-FAMILY_NAMES = ["provence", "xprovence", "open_provence", "opensearch", "embedding"]
+from engine.pipeline.families import FAMILIES
+
+#: every family of the engine's table (engine.pipeline.families.FAMILIES), in its order: a family
+#: added there gets its test checkpoint and every per-family test without a change here
+FAMILY_NAMES = list(FAMILIES)
 #: the fp16 GPU graphs' exports (conftest.gpu_exports): every family, and OpenProvence on ModernBERT
 GPU_FAMILIES = FAMILY_NAMES + ["open_provence-modernbert"]
 

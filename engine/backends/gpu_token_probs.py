@@ -7,10 +7,11 @@ from __future__ import annotations
 import bisect
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
+from engine.backends.base import TokenCore
 from engine.backends.gpu_graph import GpuGraphBackend
 from engine.backends.gpu_shared import GpuThread
 from engine.errors import BackendError
@@ -22,8 +23,8 @@ LINGUA_LENGTHS = (64, 128, 256, 384, 512)
 LINGUA_ROWS = 16
 
 
-class GpuTokenProbs:
-    """An LLMLingua-2 fp16 export on the GPU graph (GpuGraphBackend: one copy of the weights on the
+class GpuTokenProbs(TokenCore):
+    """A compressor's core on the GPU graph: an LLMLingua-2 fp16 export (GpuGraphBackend: one copy of the weights on the
     device, captured shapes, one GPU thread): each batch of chunks padded to the next of
     LINGUA_LENGTHS (positions the attention mask leaves out, whose ids do not reach the others)
     and run in the captured shape that holds its rows; `token_probs` as OrtTokenProbs's. `device`
@@ -64,12 +65,13 @@ class GpuTokenProbs:
         return self.backend.describe()
 
 
-class OnGpuThread:
+class OnGpuThread(TokenCore):
     """A compressor's core (OrtTokenProbs on the CUDA provider, say) made and run on the process's
     GPU thread (GpuThread.shared()), as every CUDA model of the process is: a GPU graph's capture
-    beside it would fail on its copies from another thread."""
+    beside it would fail on its copies from another thread (a pruner's core runs there as
+    engine.backends.merging.MergingBackend(thread=GpuThread.shared()))."""
 
-    def __init__(self, make: Any):
+    def __init__(self, make: Callable[[], TokenCore]):
         self.gpu = GpuThread.shared()
         try:
             self.core = self.gpu.call(make)
@@ -78,19 +80,22 @@ class OnGpuThread:
             raise
         self._let_go = weakref.finalize(self, self.gpu.release)
         self.name = self.core.name
-        self.batch_chunks = getattr(self.core, "batch_chunks", None)
+        self.batch_chunks = self.core.batch_chunks
 
     def token_probs(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """The core's token_probs, on the GPU thread."""
         return self.gpu.call(self.core.token_probs, input_ids, attention_mask)
 
     def close(self) -> None:
-        """Close the core on the GPU thread (where it has a close), then let go of the thread."""
+        """Close the core on the GPU thread, then let go of the thread."""
         if self._let_go.alive:
-            close = getattr(self.core, "close", None)
-            if close is not None and self.gpu.thread.is_alive():
-                self.gpu.call(close)
+            if self.gpu.thread.is_alive():
+                self.gpu.call(self.core.close)
             self._let_go()
+
+    def report(self) -> dict | None:
+        """The core's device figures."""
+        return self.core.report()
 
     def describe(self) -> str:
         """The core's description, and where it runs."""

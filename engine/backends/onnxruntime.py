@@ -6,12 +6,13 @@ import contextlib
 import ctypes
 import platform
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from engine.backends.base import Backend
+from engine.backends.base import Backend, TokenCore
 from engine.pipeline.encode import ModelBatch
 from engine.errors import BackendError, ModelLoadError
 from engine.settings import DEFAULTS, checked
@@ -268,11 +269,83 @@ def check_cuda_ran(ran: str, providers: list[str], missing: list[str]) -> None:
     )
 
 
+@dataclass
+class OrtSession:
+    """An ONNX Runtime session as `ort_session` makes every one of the engine's: the session, the
+    run options of a batch by its size (`runs`), whether denormals are flushed, and whether a
+    TensorRT provider asked for fell back to CUDA."""
+
+    session: Any
+    runs: ArenaRuns
+    arena: str
+    flush: bool
+    tensorrt_fallback: bool = False
+
+
+def ort_session(
+    graph: Path,
+    *,
+    intra_op_threads: int | None = None,
+    inter_op_threads: int | None = None,
+    providers: list[Any] | None = None,
+    arena: str = DEFAULTS.ort_arena,
+    denormals: str = DEFAULTS.ort_denormals,
+    device: str = "cpu",
+    tensorrt: dict[str, Any] | None = None,
+    log: Any = None,
+) -> OrtSession:
+    """The one way the engine makes an ONNX Runtime session of `graph` (a pruner's core, a
+    compressor's, the retrieval embedder): the options (`session_options`), the providers for
+    `device` ("cuda": ONNX Runtime's CUDA provider, falling back to the CPU an error; `tensorrt`:
+    its TensorRT provider first), this thread's floating-point state kept, and a ModelLoadError
+    naming the graph for what cannot load."""
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        raise ModelLoadError(
+            "onnxruntime is not installed: pip install 'prune-engine[cpu]' (or [gpu] for onnxruntime-gpu)"
+        ) from exc
+    if not graph.is_file():
+        raise ModelLoadError(f"{graph}: no ONNX graph")
+    if device not in DEVICES:
+        raise ModelLoadError(f"device must be one of {DEVICES}, got {device!r}")
+    if tensorrt is not None and device != "cuda":
+        raise ModelLoadError("ONNX Runtime's TensorRT provider needs device='cuda' (--device cuda)")
+    mode = arena_mode(arena)
+    opts, runs = session_options(ort, intra_op_threads, inter_op_threads, mode, denormals)
+    say = log or (lambda m: None)
+    missing: list[str] = []
+    if device == "cuda":
+        require_cuda()
+        missing = preload_cuda_libraries(ort)
+    try:
+        with thread_denormals(False):  # ORT's first session sets this thread's flags: undone
+            session = ort.InferenceSession(
+                str(graph),
+                sess_options=opts,
+                providers=session_providers(ort, device, providers, tensorrt, say),
+            )
+    except Exception as exc:
+        raise ModelLoadError(
+            f"{graph}: ONNX Runtime cannot load the graph ({type(exc).__name__}: {exc})"
+        ) from exc
+    ran = session.get_providers()[0]
+    if device == "cuda":
+        check_cuda_ran(ran, session.get_providers(), missing)
+    # the TensorRT provider was asked for but is not what runs (its libraries did not load and ONNX
+    # Runtime quietly fell back to CUDA): a "tensorrt" figure would be CUDA's
+    fallback = tensorrt is not None and ran != "TensorrtExecutionProvider"
+    if fallback and "TensorrtExecutionProvider" in ort.get_available_providers():
+        say(TENSORRT_FALLBACK)
+    return OrtSession(session, runs, mode, denormals == "flush", fallback)
+
+
 class OnnxRuntimeBackend(Backend):
-    """`device="cuda"` runs ONNX Runtime's CUDA provider (onnxruntime-gpu) with IO binding:
-    the inputs are copied to the GPU once per batch, and only the small pooled outputs
-    (B floats and B x S probabilities) come back. `tensorrt` puts ONNX Runtime's TensorRT
-    provider first (`tensorrt_options`), where the installed onnxruntime-gpu has it."""
+    """A pruner's core on ONNX Runtime (its session: `ort_session`). `device="cuda"` runs ONNX
+    Runtime's CUDA provider (onnxruntime-gpu) with IO binding: the inputs are copied to the GPU
+    once per batch, and only the small pooled outputs (B floats and B x S probabilities) come
+    back. `tensorrt` puts ONNX Runtime's TensorRT provider first (`tensorrt_options`), where the
+    installed onnxruntime-gpu has it."""
 
     name = "onnxruntime"
 
@@ -290,47 +363,22 @@ class OnnxRuntimeBackend(Backend):
         log: Any = None,
         denormals: str = DEFAULTS.ort_denormals,
     ):
-        try:
-            import onnxruntime as ort
-        except ImportError as exc:
-            raise ModelLoadError(
-                "onnxruntime is not installed: pip install 'prune-engine[cpu]' (or [gpu] for onnxruntime-gpu)"
-            ) from exc
         graph = Path(graph)
-        if not graph.is_file():
-            raise ModelLoadError(f"{graph}: no ONNX graph")
-        if device not in DEVICES:
-            raise ModelLoadError(f"device must be one of {DEVICES}, got {device!r}")
-        if tensorrt is not None and device != "cuda":
-            raise ModelLoadError("ONNX Runtime's TensorRT provider needs device='cuda' (--device cuda)")
-        self.arena = arena_mode(arena)
-        self.flush = denormals == "flush"
-        opts, self.runs = session_options(ort, intra_op_threads, inter_op_threads, self.arena, denormals)
+        made = ort_session(
+            graph,
+            intra_op_threads=intra_op_threads,
+            inter_op_threads=inter_op_threads,
+            providers=providers,
+            arena=arena,
+            denormals=denormals,
+            device=device,
+            tensorrt=tensorrt,
+            log=log,
+        )
+        self.session, self.runs, self.arena, self.flush = made.session, made.runs, made.arena, made.flush
+        #: the TensorRT provider was asked for but is not what runs (OrtSession.tensorrt_fallback)
+        self.tensorrt_fallback = made.tensorrt_fallback
         self.device = device
-        say = log or (lambda m: None)
-        missing: list[str] = []
-        if device == "cuda":
-            require_cuda()
-            missing = preload_cuda_libraries(ort)
-        try:
-            with thread_denormals(False):  # ORT's first session sets this thread's flags: undone
-                self.session = ort.InferenceSession(
-                    str(graph),
-                    sess_options=opts,
-                    providers=session_providers(ort, device, providers, tensorrt, say),
-                )
-        except Exception as exc:
-            raise ModelLoadError(
-                f"{graph}: ONNX Runtime cannot load the graph ({type(exc).__name__}: {exc})"
-            ) from exc
-        ran = self.session.get_providers()[0]
-        if device == "cuda":
-            check_cuda_ran(ran, self.session.get_providers(), missing)
-        #: the TensorRT provider was asked for but is not what runs (its libraries did not
-        #: load and ONNX Runtime quietly fell back to CUDA): a "tensorrt" figure would be CUDA's
-        self.tensorrt_fallback = tensorrt is not None and ran != "TensorrtExecutionProvider"
-        if self.tensorrt_fallback and "TensorrtExecutionProvider" in ort.get_available_providers():
-            say(TENSORRT_FALLBACK)
         self.io_binding = (device == "cuda") if io_binding is None else bool(io_binding)
         self.input_names = [i.name for i in self.session.get_inputs()]
         outputs = [o.name for o in self.session.get_outputs()]
@@ -374,11 +422,11 @@ class OnnxRuntimeBackend(Backend):
         )
 
 
-class OrtTokenProbs:
-    """An LLMLingua-2 export in ONNX Runtime: the probability of label 1 per token, the graph's
-    `token_probs`; the session made as OnnxRuntimeBackend makes its own (options, threads, arena,
-    denormals, and `device` "cuda": ONNX Runtime's CUDA provider, which falling back to the CPU
-    is an error)."""
+class OrtTokenProbs(TokenCore):
+    """A compressor's core on ONNX Runtime (its session: `ort_session`, as a pruner's): an
+    LLMLingua-2 export's probability of label 1 per token, the graph's `token_probs`; `device`
+    "cuda": ONNX Runtime's CUDA provider, which falling back to the CPU is an error (`tensorrt`:
+    its TensorRT provider first)."""
 
     name = "onnxruntime"
 
@@ -387,42 +435,27 @@ class OrtTokenProbs:
         graph: str | Path,
         *,
         intra_op_threads: int | None = None,
+        providers: list[Any] | None = None,
         arena: str = DEFAULTS.ort_arena,
         denormals: str = DEFAULTS.ort_denormals,
         device: str = "cpu",
+        tensorrt: dict[str, Any] | None = None,
     ):
-        try:
-            import onnxruntime as ort
-        except ImportError as exc:
-            raise ModelLoadError("onnxruntime is not installed: pip install 'prune-engine[cpu]'") from exc
         self.graph = Path(graph)
-        if not self.graph.is_file():
-            raise ModelLoadError(f"{self.graph}: no ONNX graph")
-        if device not in DEVICES:
-            raise ModelLoadError(f"device must be one of {DEVICES}, got {device!r}")
-        self.flush = denormals == "flush"
-        opts, self.runs = session_options(ort, intra_op_threads, None, arena_mode(arena), denormals)
-        missing: list[str] = []
-        if device == "cuda":
-            require_cuda()
-            missing = preload_cuda_libraries(ort)
-        try:
-            with thread_denormals(False):
-                self.session = ort.InferenceSession(
-                    str(self.graph),
-                    sess_options=opts,
-                    providers=session_providers(ort, device, None, None, lambda m: None),
-                )
-        except Exception as exc:
-            raise ModelLoadError(
-                f"{self.graph}: ONNX Runtime cannot load the graph ({type(exc).__name__}: {exc})"
-            ) from exc
+        made = ort_session(
+            self.graph,
+            intra_op_threads=intra_op_threads,
+            providers=providers,
+            arena=arena,
+            denormals=denormals,
+            device=device,
+            tensorrt=tensorrt,
+        )
+        self.session, self.runs, self.flush = made.session, made.runs, made.flush
         self.provider = self.session.get_providers()[0]
         #: chunks per run: one at a time on the CPU (no padding; engine.compressor.BATCH_CHUNKS says
         #: why), else None: the Compressor's batches
         self.batch_chunks = 1 if self.provider == "CPUExecutionProvider" else None
-        if device == "cuda":
-            check_cuda_ran(self.provider, self.session.get_providers(), missing)
         inputs = [i.name for i in self.session.get_inputs()]
         outputs = [o.name for o in self.session.get_outputs()]
         if inputs != ["input_ids", "attention_mask"] or outputs != ["token_probs"]:

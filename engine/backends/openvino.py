@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.backends.base import Backend
+from engine.backends.base import Backend, TokenCore
 from engine.pipeline.encode import ModelBatch
 from engine.machine.cpu import BF16_FLAGS, cpu_flags
 from engine.errors import BackendError, ModelLoadError
@@ -38,7 +38,7 @@ PRECISIONS = RUNTIMES["openvino"]
 
 
 @functools.cache
-def openvino_core():
+def openvino_instance():
     """The process's one `openvino.Core` (or a clear error naming the extra), kept until the
     process ends, as OpenVINO recommends (one Core per application). Not one per model: the
     CPU plugin gives a thread that compiles a model an alternate signal stack of each Core's
@@ -53,47 +53,36 @@ def openvino_core():
     return ov.Core()
 
 
-def bf16_supported(core=None) -> bool:
-    """Whether OpenVINO's CPU plugin computes bf16 natively here."""
-    core = core or openvino_core()
-    return "BF16" in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+def bf16_supported(ov=None) -> bool:
+    """Whether OpenVINO's CPU plugin computes bf16 natively here (`ov`: openvino_instance())."""
+    ov = ov or openvino_instance()
+    return "BF16" in ov.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 
 
-class OpenVinoBackend(Backend):
-    """An ONNX graph or OpenVINO IR (`graph`: .onnx or .xml) on OpenVINO's CPU plugin; `outputs`:
-    the graph's first outputs (a pruner's; an LLMLingua-2 export's: OvTokenProbs)."""
-
-    name = "openvino"
+class OvSession:
+    """The one way the engine opens a graph on OpenVINO's CPU plugin (a pruner's core, a
+    compressor's): an ONNX graph or OpenVINO IR (`graph`: .onnx or .xml) compiled at `precision`
+    with `threads` and `shape_cache` (the module's doc), `outputs` the graph's first outputs, and
+    an InferRequest per thread."""
 
     def __init__(
         self,
-        graph: str | Path,
+        graph: Path,
         *,
         precision: str = "fp32",
         threads: int | None = None,
         shape_cache: int | None = None,
         outputs: tuple[str, ...] = GRAPH_OUTPUTS,
     ):
-        core = openvino_core()
-        graph = Path(graph)
+        ov = openvino_instance()
         if not graph.is_file():
             raise ModelLoadError(f"{graph}: no graph")
         if precision not in PRECISIONS:
             raise ModelLoadError(
                 f"OpenVINO inference precision must be one of {PRECISIONS}, got {precision!r}"
             )
-        if precision == "bf16" and not bf16_supported(core):
-            flags = cpu_flags()
-            have = sorted(f for f in flags or () if f.startswith(("avx512", "amx")))
-            seen = (
-                "its flags cannot be read here"
-                if flags is None
-                else f"this one has {', '.join(have) or 'no AVX-512 or AMX flags'}"
-            )
-            raise ModelLoadError(
-                f"bf16 needs a CPU that computes in bf16 ({' or '.join(BF16_FLAGS)}) and OpenVINO's CPU plugin "
-                f"says this one does not ({seen}): use fp32, or the static INT8 export"
-            )
+        if precision == "bf16" and not bf16_supported(ov):
+            raise ModelLoadError(_bf16_missing())
         if threads is not None and threads < 1:
             raise ModelLoadError(f"threads must be at least 1, got {threads}")
         if shape_cache is not None and shape_cache < 0:
@@ -108,8 +97,8 @@ class OpenVinoBackend(Backend):
         if shape_cache is not None:
             config["CPU_RUNTIME_CACHE_CAPACITY"] = int(shape_cache)
         try:
-            model = core.read_model(str(graph))
-            self.compiled = core.compile_model(model, "CPU", config)
+            model = ov.read_model(str(graph))
+            self.compiled = ov.compile_model(model, "CPU", config)
         except Exception as exc:
             raise ModelLoadError(
                 f"{graph}: OpenVINO cannot load the graph ({type(exc).__name__}: {exc})"
@@ -123,11 +112,6 @@ class OpenVinoBackend(Backend):
         self._outputs = tuple(self.compiled.output(name) for name in outputs)
         self._local = threading.local()
         self.graph, self.precision, self.threads = graph, precision, threads
-
-    def infer(self, batch: ModelBatch) -> tuple[np.ndarray, np.ndarray]:
-        """(rerank_score [B], sentence_probs [B, S]) of one padded batch."""
-        rerank, probs = self.run(batch.inputs(self.input_names), batch.shape)
-        return rerank, probs
 
     def run(self, feeds: dict[str, np.ndarray], shape: Any = None) -> tuple[np.ndarray, ...]:
         """The outputs (float32 copies) of one padded batch, on this thread's InferRequest."""
@@ -146,23 +130,79 @@ class OpenVinoBackend(Backend):
         return f"openvino CPU, {self.precision} inference, {kind} graph {self.graph.name}"
 
 
-class OvTokenProbs:
-    """An LLMLingua-2 export's graph on OpenVINO's CPU plugin (what its manifest's `runtime` asks
-    for: bf16 inference where the CPU computes bf16), `token_probs` as OrtTokenProbs's; each chunk
-    alone, as on ONNX Runtime's CPU provider (engine.compressor.BATCH_CHUNKS says why)."""
+def _bf16_missing() -> str:
+    """Why bf16 cannot run here, naming this CPU's flags."""
+    flags = cpu_flags()
+    have = sorted(f for f in flags or () if f.startswith(("avx512", "amx")))
+    seen = (
+        "its flags cannot be read here"
+        if flags is None
+        else f"this one has {', '.join(have) or 'no AVX-512 or AMX flags'}"
+    )
+    return (
+        f"bf16 needs a CPU that computes in bf16 ({' or '.join(BF16_FLAGS)}) and OpenVINO's CPU plugin "
+        f"says this one does not ({seen}): use fp32, or the static INT8 export"
+    )
+
+
+class OpenVinoBackend(Backend):
+    """A pruner's core on OpenVINO's CPU plugin (its graph opened by OvSession)."""
+
+    name = "openvino"
+
+    def __init__(
+        self,
+        graph: str | Path,
+        *,
+        precision: str = "fp32",
+        threads: int | None = None,
+        shape_cache: int | None = None,
+    ):
+        self.session = OvSession(Path(graph), precision=precision, threads=threads, shape_cache=shape_cache)
+        self.input_names = self.session.input_names
+        self.graph, self.precision, self.threads = self.session.graph, precision, threads
+
+    def infer(self, batch: ModelBatch) -> tuple[np.ndarray, np.ndarray]:
+        """(rerank_score [B], sentence_probs [B, S]) of one padded batch."""
+        rerank, probs = self.session.run(batch.inputs(self.input_names), batch.shape)
+        return rerank, probs
+
+    def describe(self) -> str:
+        """The runtime, graph and inference precision, in words."""
+        return self.session.describe()
+
+
+class OvTokenProbs(TokenCore):
+    """A compressor's core on OpenVINO's CPU plugin (its graph opened by OvSession, as a pruner's):
+    an LLMLingua-2 export's graph at the precision its manifest's `runtime` asks for (bf16 inference
+    where the CPU computes bf16), `token_probs` as OrtTokenProbs's; each chunk alone, as on ONNX
+    Runtime's CPU provider (engine.compressor.BATCH_CHUNKS says why)."""
 
     name = "openvino"
     batch_chunks = 1
 
-    def __init__(self, graph: str | Path, *, precision: str = "fp32", threads: int | None = None):
-        self.backend = OpenVinoBackend(graph, precision=precision, threads=threads, outputs=("token_probs",))
+    def __init__(
+        self,
+        graph: str | Path,
+        *,
+        precision: str = "fp32",
+        threads: int | None = None,
+        shape_cache: int | None = None,
+    ):
+        self.session = OvSession(
+            Path(graph),
+            precision=precision,
+            threads=threads,
+            shape_cache=shape_cache,
+            outputs=("token_probs",),
+        )
 
     def token_probs(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """The graph's token_probs (float32, [B, L]) of one padded batch."""
         feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
-        (probs,) = self.backend.run(feeds, input_ids.shape)
+        (probs,) = self.session.run(feeds, input_ids.shape)
         return probs
 
     def describe(self) -> str:
         """The runtime, graph and inference precision, in words."""
-        return self.backend.describe()
+        return self.session.describe()

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.backends.base import Backend
+from engine.backends.base import Backend, TokenCore
 from engine.pipeline.encode import ModelBatch
 from engine.errors import BackendError
 
@@ -69,8 +69,9 @@ class TorchBackend(Backend):
         return cls(tm.module, threads=threads, device=device, dtype=dtype), tm.tokenizer, tm.spec
 
 
-class TorchTokenProbs:
-    """A token classifier in PyTorch (LLMLingua-2): the probability of label 1 per token."""
+class TorchTokenProbs(TokenCore):
+    """A compressor's core in PyTorch: a token classifier (LLMLingua-2), the probability of label 1
+    per token."""
 
     name = "torch"
     #: chunks per run: one at a time, on the CPU (engine.compressor.BATCH_CHUNKS says why)

@@ -25,6 +25,7 @@ class TritonBackend(Backend):
     """The token-level core model on Triton, through `transport` (one server or replicas)."""
 
     name = "triton"
+    sends_together = True
 
     def __init__(self, transport: Transport):
         self.transport = transport

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.pipeline.spec import Manifest
-from engine.pruner import workload_batches
+from engine.measuring import workload_batches
 from engine.bench.session import BenchPath, Session
 from engine.machine.describe import machine_info
 from engine.bench.runs import PathResult, client_share, output_bytes, padding_share

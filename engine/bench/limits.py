@@ -122,12 +122,12 @@ def openvino_gemm_rates(
     computes bf16) and static int8 (GFLOP/s, GOP/s), one stream of `threads` threads."""
     import tempfile
 
-    from engine.backends.openvino import bf16_supported, openvino_core
+    from engine.backends.openvino import bf16_supported, openvino_instance
 
-    core = openvino_core()
+    ov = openvino_instance()
     out: dict[str, Any] = {}
     cases = [("fp32_gflops", "fp32", "f32"), ("int8_gops", "qdq", "f32")]
-    if bf16_supported(core):
+    if bf16_supported(ov):
         cases.insert(1, ("bf16_gflops", "fp32", "bf16"))
     for key, kind, hint in cases:
         model, a = _gemm_graph(kind, m, k, n)
@@ -141,7 +141,7 @@ def openvino_gemm_rates(
         with tempfile.TemporaryDirectory(prefix="prune-gemm-") as tmp:
             path = Path(tmp) / "gemm.onnx"
             path.write_bytes(model.SerializeToString())
-            request = core.compile_model(core.read_model(str(path)), "CPU", config).create_infer_request()
+            request = ov.compile_model(ov.read_model(str(path)), "CPU", config).create_infer_request()
 
         class _Run:  # median_run_seconds's session interface
             def run(self, _outputs, feed):

@@ -14,7 +14,7 @@ from engine.bench.registry import select, registry
 from engine.bench.runs import BenchStopped, PathResult, Stop, core_input_data, perf_analyzer, text_input_data
 from engine.bench.session import BenchOptions, BenchPath, Runner, Session
 from engine.datafiles import load_rag_data
-from engine.pruner import workload_batches
+from engine.measuring import workload_batches
 
 
 def workload(session: Session) -> list:

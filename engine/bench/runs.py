@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from engine.pruner import call_batches, workload_batches
+from engine.measuring import call_batches, workload_batches
 
 
 @dataclass

@@ -60,22 +60,31 @@ def add(new) -> None:
 def run(args) -> int:
     """Run `prune api`; the exit status."""
     uvicorn, _, _ = api_imports()
-    from engine.compressor import Compressor, is_compressor
+    from engine.compressor import Compressor
+    from engine.models.loading import ModelKind, model_kind
     from engine.pruner import Pruner
 
     check_ports(args)
-    check_compressor_flag(args, is_compressor)
+    check_compressor_flag(args)
     if args.server:
         name = args.text_model or "default_text"
         args.log(f"connecting to the text model {name!r} on {args.server} (gRPC) ...")
         pruner = Pruner.connect(args.server, name, timeout=args.request_timeout)
         label = f"{name}@{args.server}"
-    elif args.model and is_compressor(args.model):
+    elif args.model and model_kind(args.model) is ModelKind.COMPRESSOR:
         if getattr(args, "model_service_port", None) is not None:
             raise PruneError(
                 "--model-service-port serves a pruning model; an LLMLingua-2 compressor serves HTTP only"
             )
-        pruner = Compressor.load(args.model, threads=args.threads, device=args.device)
+        pruner = Compressor.load(
+            args.model,
+            args.backend,
+            threads=args.threads,
+            precision=args.inference_precision,
+            device=args.device,
+            log=args.log,
+            merge_calls=args.merge_calls,
+        )
         label = Path(args.model).name
     else:
         model = model_path(args)
@@ -123,10 +132,15 @@ def run(args) -> int:
     return 0
 
 
-def check_compressor_flag(args, is_compressor) -> None:
+def check_compressor_flag(args) -> None:
     """A PruneError (one line) before anything loads when --compressor cannot sit beside the model:
     a Triton text model (--server), a --model that is itself a compressor, or a folder that is not
     an LLMLingua-2 checkpoint or export."""
+    from engine.models.loading import ModelKind, model_kind
+
+    def is_compressor(folder: str) -> bool:
+        return model_kind(folder) is ModelKind.COMPRESSOR
+
     if not getattr(args, "compressor", None):
         return
     if args.server:

@@ -90,10 +90,10 @@ def run(args) -> int:
             prompt = f.read()
     if not prompt.strip():
         raise PruneError("the prompt is empty")
-    options = _options(args)
-    CompressOptions(**options)  # checked before the model loads
+    arguments = _arguments(args)
+    CompressOptions(**arguments)  # checked before the model loads
     compressor = _open(args)
-    result = compressor.compress(prompt, **options)
+    result = compressor.compress(prompt, **arguments)
     if args.json:
         print(json.dumps(result.to_dict(), ensure_ascii=False))
         return 0
@@ -120,8 +120,8 @@ def _open(args):
     return Compressor.connect(args.server, args.text_model, protocol=args.protocol, timeout=args.timeout)
 
 
-def _options(args) -> dict:
-    """compress's options from the flags."""
+def _arguments(args) -> dict:
+    """compress's keyword arguments from the flags."""
     return dict(
         rate=args.rate,
         target_token=args.target_token,
@@ -139,7 +139,7 @@ def _batch(args) -> int:
 
     input_file(args.input, "--input")
     output_file(args.output, "--output")
-    defaults = _options(args)
+    defaults = _arguments(args)
     CompressOptions(**defaults)  # checked before the model loads
     compressor = _open(args)
     source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")

@@ -122,12 +122,13 @@ def run(args) -> int:
 
 def load(args):
     """(pruner or None, compressor or None, what the start line calls them) of --model and --compressor."""
-    from engine.compressor import Compressor, is_compressor
+    from engine.compressor import Compressor
+    from engine.models.loading import ModelKind, model_kind
 
     def lingua(folder: str) -> Compressor:
         return Compressor.load(folder, threads=args.threads, device=args.device)
 
-    if args.model and is_compressor(args.model):
+    if args.model and model_kind(args.model) is ModelKind.COMPRESSOR:
         if args.compressor:
             raise PruneError(
                 "--model is an LLMLingua-2 compressor already: drop --compressor, or give a pruner"

@@ -31,7 +31,7 @@ import numpy as np
 
 from engine.pipeline.decide import fuse_scores, lexical_sentence_scores
 from engine.pipeline.families import FAMILIES
-from engine.pruner import model_scores, windows_of
+from engine.measuring import model_scores, windows_of
 from engine.datafiles import PruneSample, load_prune_data
 from engine.datafiles import progress as progress_bar
 from engine.evaluate.bm25 import bm25_sentence_scores

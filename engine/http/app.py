@@ -1,56 +1,62 @@
-"""The HTTP API: TEI's and Cohere's rerank protocols and the engine's own prune endpoint,
-in front of any pruner (`engine.protocol.PrunerProtocol`): the in-process `Pruner` or a
-Triton text model through its client (one server or replicas).
+"""The HTTP API: TEI's and Cohere's rerank protocols, the engine's own prune endpoint,
+OpenSearch's highlighter and LLMLingua-2's /v1/compress, in front of the model served, typed by
+the jobs it offers (engine.http.served.Served): any pruner (`engine.protocol.PrunerProtocol`: the
+in-process `Pruner` or a Triton text model through its client), any compressor
+(`engine.protocol.CompressorProtocol`), or a pruner with a compressor beside it.
 
     app = create_app(Pruner.load("default"), ApiConfig(api_key="..."))
     uvicorn.run(app, host="127.0.0.1", port=8080)
 
 Why FastAPI on Starlette and uvicorn: request and response models (pydantic) give each
 wrong field a 422 naming it and an OpenAPI schema for free, and it is what TEI-style
-Python services (Infinity) are written in. The pruner runs in a bounded thread pool, never
-on the event loop; one pruner serves every request.
+Python services (Infinity) are written in. The model runs in a bounded thread pool, never
+on the event loop; one model serves every request.
 
 Hardening (docs/http-api.md): loopback by default (the CLI), an optional Bearer API key
 compared in constant time, the body size checked before it is read and a slow body cut
 off, the engine's input limits, at most `max_concurrent` requests in flight (429 with
 Retry-After past it), a deadline per request (504), and JSON errors, never a traceback.
 
-The parts, each importable and testable alone: `ApiState` (on `app.state.api`: the pruner,
-the config, the worker pool, health, metrics, the requests in flight), the handlers on
-`router` (module-level functions that take the state as a dependency), the exception
-handlers (`EXCEPTION_HANDLERS`), the API key and metrics middleware (`guard`), the body
-limit (`_BodyLimit`, outermost); `create_app` only wires them.
+The parts, each importable and testable alone: `ApiState` (on `app.state.api`: the model served,
+the config, the worker pool, health, metrics, the requests in flight), every route's handler on
+`router` (module-level functions that take the state as a dependency, each POST route registered
+with its job), the body types (each route family's types module: models.py, opensearch_api.py,
+compress_api.py), the exception handlers (engine.http.error_handlers), the API key, refusal and
+metrics middleware (`guard`), the body limit (`_BodyLimit`, outermost); `create_app` only wires
+them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
 from typing import Annotated, Any
 
-from engine.errors import InputError, PruneError
-from engine.http.state import ApiConfig, ApiState, Busy
+from engine.http.served import Job, Served
+from engine.http.state import ApiConfig, ApiState
 from engine.pipeline.inputs import CallOptions, check_tags
-from engine.protocol import PrunerProtocol
+from engine.protocol import CompressorProtocol, PrunerProtocol
 
 try:
     from fastapi import APIRouter, Depends, FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, PlainTextResponse, Response
-    from starlette.exceptions import HTTPException as StarletteHTTPException
+    from fastapi.responses import PlainTextResponse, Response
 
-    from engine.http import compress_api
+    from engine.http import compress_api as compress
     from engine.http import opensearch_api as opensearch
+    from engine.http.error_handlers import EXCEPTION_HANDLERS, error_response
     from engine.http.models import (
         POST_ERRORS,
         ApiError,
+        CohereApiVersion,
+        CohereBilledUnits,
         CohereDocumentOut,
+        CohereMeta,
         CohereRerankRequest,
         CohereRerankResponse,
         CohereResult,
+        CompressorBeside,
         ErrorBody,
         HealthResponse,
         InfoResponse,
@@ -90,14 +96,6 @@ PAGE_HEADERS = {
 OPEN_PATHS = ("/health", "/metrics", *PAGE_FILES)
 
 
-# --------------------------------------------------------------------------- errors
-
-
-def _error(kind: ApiError, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    """The answer of error `kind` with `message` (TEI's body, Cohere's `message` beside it)."""
-    return JSONResponse(kind.body(message), status_code=kind.status, headers=headers)
-
-
 class _BodyLimit:
     """Pure ASGI middleware: a declared Content-Length over the limit is refused before
     anything is read; the body is then read here, chunk by chunk, and refused as soon as it
@@ -115,18 +113,20 @@ class _BodyLimit:
             try:
                 size = int(declared)
             except ValueError:
-                return await _error(ApiError.UNREADABLE, "Content-Length is not a number")(
+                return await error_response(ApiError.UNREADABLE, "Content-Length is not a number")(
                     scope, receive, send
                 )
             if size > self.limit:
-                refused = _error(ApiError.TOO_LARGE, f"the body is {size} bytes; the limit is {self.limit}")
+                refused = error_response(
+                    ApiError.TOO_LARGE, f"the body is {size} bytes; the limit is {self.limit}"
+                )
                 return await refused(scope, receive, send)
         body, more = bytearray(), True
         while more:
             try:
                 message = await asyncio.wait_for(receive(), self.timeout)
             except asyncio.TimeoutError:
-                late = _error(
+                late = error_response(
                     ApiError.BODY_TIMEOUT,
                     f"the body did not arrive within {self.timeout:g} s of its last part",
                 )
@@ -136,7 +136,9 @@ class _BodyLimit:
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > self.limit:
-                refused = _error(ApiError.TOO_LARGE, f"the body is over the limit of {self.limit} bytes")
+                refused = error_response(
+                    ApiError.TOO_LARGE, f"the body is over the limit of {self.limit} bytes"
+                )
                 return await refused(scope, receive, send)
         sent = False
 
@@ -151,6 +153,10 @@ class _BodyLimit:
 
 
 # --------------------------------------------------------------------------- the handlers
+# Every route's handler is here, a module-level function over the app's state (`api: Api`); every
+# body type is its route family's types module's (models.py: the pruning routes' and what every
+# route shares; opensearch_api.py; compress_api.py). Each POST route is registered with its job
+# (`post`), and a route whose job the served model does not offer is refused (engine.http.served).
 
 
 async def api_state(request: Request) -> ApiState:
@@ -162,13 +168,22 @@ async def api_state(request: Request) -> ApiState:
 Api = Annotated[ApiState, Depends(api_state)]
 #: the API's routes (create_app includes them; the highlighting page's are added there)
 router = APIRouter()
+#: each POST route's job: the served model offers it, or the route answers 404 saying why
+ROUTE_JOBS: dict[str, Job] = {}
 
 
-@router.post(
+def post(job: Job, path: str, **kwargs: Any) -> Any:
+    """`router.post(path, ...)` for a route of `job` (recorded in ROUTE_JOBS), with the errors every
+    POST route may answer."""
+    ROUTE_JOBS[path] = job
+    return router.post(path, responses=POST_ERRORS, **kwargs)
+
+
+@post(
+    Job.PRUNE,
     "/rerank",
     response_model=list[TeiRank],
     response_model_exclude_none=True,
-    responses=POST_ERRORS,
     summary="Rerank and prune texts (TEI's /rerank)",
 )
 async def rerank(req: TeiRerankRequest, api: Api):
@@ -188,18 +203,18 @@ async def rerank(req: TeiRerankRequest, api: Api):
     ]
 
 
-@router.post(
+@post(
+    Job.PRUNE,
     "/v1/rerank",
     response_model=CohereRerankResponse,
     response_model_exclude_none=True,
-    responses=POST_ERRORS,
     summary="Rerank documents (Cohere's v1 rerank)",
 )
-@router.post(
+@post(
+    Job.PRUNE,
     "/v2/rerank",
     response_model=CohereRerankResponse,
     response_model_exclude_none=True,
-    responses=POST_ERRORS,
     summary="Rerank documents (Cohere's v2 rerank)",
 )
 async def cohere(req: CohereRerankRequest, api: Api):
@@ -217,15 +232,17 @@ async def cohere(req: CohereRerankRequest, api: Api):
             )
             for r in ranked
         ],
-        meta={"api_version": {"version": "2"}, "billed_units": {"search_units": 1}},
+        meta=CohereMeta(
+            api_version=CohereApiVersion(version="2"), billed_units=CohereBilledUnits(search_units=1)
+        ),
     )
 
 
-@router.post(
+@post(
+    Job.PRUNE,
     "/v1/prune",
     response_model=PruneResponse,
     response_model_exclude_unset=True,
-    responses=POST_ERRORS,
     summary="Prune passages: the engine's full result",
 )
 async def prune_endpoint(req: PruneRequest, api: Api):
@@ -238,25 +255,25 @@ async def prune_endpoint(req: PruneRequest, api: Api):
     )
 
 
-@router.post(
+@post(
+    Job.PRUNE,
     opensearch.PATHS[0],
     response_model=opensearch.OpenSearchResponse,
-    responses=POST_ERRORS,
     summary="OpenSearch's semantic highlighter: the remote model's contract (UTF-16 offsets)",
 )
-@router.post(
+@post(
+    Job.PRUNE,
     opensearch.PATHS[1],
     response_model=opensearch.OpenSearchResponse,
-    responses=POST_ERRORS,
     summary="The same (the path earlier releases served)",
 )
-@router.post(
+@post(
+    Job.PRUNE,
     opensearch.PATHS[2],
     response_model=opensearch.OpenSearchResponse,
-    responses=POST_ERRORS,
     summary="The same at TorchServe's path, as OpenSearch's own connector names it",
 )
-async def opensearch_highlight(req: opensearch.OpenSearchRequest, api: Api):  # type: ignore[valid-type]
+async def opensearch_highlight(req: opensearch.OpenSearchRequest, api: Api):
     """OpenSearch's remote semantic-highlighting model: each document's kept sentences as
     UTF-16 spans, one list per document of a batch (engine/http/opensearch_api.py)."""
     t0 = time.perf_counter()
@@ -267,6 +284,19 @@ async def opensearch_highlight(req: opensearch.OpenSearchRequest, api: Api):  # 
         highlights=spans if batch else spans[0],
         processing_time_ms=round(1000 * (time.perf_counter() - t0), 3),
     )
+
+
+@post(
+    Job.COMPRESS,
+    compress.PATH,
+    response_model=compress.CompressResponse,
+    response_model_exclude_none=True,
+    summary="Compress a prompt with LLMLingua-2 (compress_prompt's arguments and fields)",
+)
+async def compress_endpoint(req: compress.CompressRequest, api: Api):
+    """compress_prompt(use_llmlingua2=True) on the body's context, with its options."""
+    result = await api.compress(req.context, req.model_dump(exclude={"context"}))
+    return compress.CompressResponse(**result.to_dict())
 
 
 @router.get(
@@ -281,24 +311,29 @@ async def health_endpoint(api: Api):
     try:
         checked = await api.health.check()
     except Exception as exc:
-        return _error(ApiError.UNHEALTHY, f"the engine did not answer: {type(exc).__name__}: {exc}"[:500])
+        return error_response(
+            ApiError.UNHEALTHY, f"the engine did not answer: {type(exc).__name__}: {exc}"[:500]
+        )
     return HealthResponse(status="ok", checked=checked)
 
 
 @router.get(
     "/info",
-    response_model=InfoResponse | compress_api.CompressorInfo,
+    response_model=InfoResponse | compress.CompressorInfo,
     summary="model, family, defaults, limits, version",
 )
 async def info(api: Api):
-    """The model, its family and defaults, the engine, the limits and the version."""
-    if api.family is None:  # the model served is an LLMLingua-2 compressor
-        return compress_api.info(api, _version())
-    config, pruner = api.config, api.pruner
-    rules, defaults = info_rules(api.family)
+    """The model, its family and defaults (a compressor: its word rule and compress's defaults),
+    the engine, the limits and the version."""
+    config, served = api.config, api.served
+    if served.pruner is None:
+        return compressor_info(api)
+    pruner = served.pruner
+    rules, defaults = info_rules(pruner.family)
+    beside = served.compressor
     return InfoResponse(
         model=config.model_name,
-        family=api.family.name,
+        family=pruner.family.name,
         rules=rules,
         defaults=defaults,
         engine=pruner.describe(),
@@ -308,8 +343,33 @@ async def info(api: Api):
         max_concurrent=config.max_concurrent,
         request_timeout=config.request_timeout,
         version=_version(),
-        device=api.device_reports() or None,
-        compressor=compress_api.beside(api),
+        device=served.reports() or None,
+        compressor=None
+        if beside is None
+        else CompressorBeside(
+            model=config.compressor_name,
+            tokenizer=beside.tokenizer_kind,
+            engine=beside.describe(),
+            routes=[compress.PATH],
+        ),
+    )
+
+
+def compressor_info(api: ApiState) -> compress.CompressorInfo:
+    """`/info` when the model served is a compressor."""
+    c, config = api.compressor, api.config
+    return compress.CompressorInfo(
+        model=config.model_name,
+        tokenizer=c.tokenizer_kind,
+        engine=c.describe(),
+        routes=[compress.PATH],
+        defaults=compress.compress_defaults(),
+        limits=c.limits.to_dict(),
+        max_body_bytes=config.max_body_bytes,
+        max_concurrent=config.max_concurrent,
+        request_timeout=config.request_timeout,
+        version=_version(),
+        device=api.served.reports() or None,
     )
 
 
@@ -330,73 +390,7 @@ def page_handler(path: str):
     return serve
 
 
-# --------------------------------------------------------------------------- errors and middleware
-
-
-async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-    """422: the field at fault, or why the body is not JSON."""
-    first = exc.errors()[0] if exc.errors() else {}
-    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-    if first.get("type") == "unknown_field":  # engine.http.models.StrictRequest: it names the field
-        return _error(ApiError.INVALID, (f"{where}: " if where else "") + first.get("msg", "unknown field"))
-    if first.get("type") == "json_invalid":
-        why, at = first.get("ctx", {}).get("error", "invalid"), first.get("loc", ("", "?"))[-1]
-        return _error(ApiError.INVALID, f"the body is not valid JSON ({why} at character {at})")
-    if isinstance(exc.body, (bytes, bytearray)) and tuple(first.get("loc", ())) == ("body",):
-        return _error(ApiError.INVALID, not_json_message(request.headers.get("content-type")))
-    return _error(ApiError.INVALID, f"{where or 'body'}: {first.get('msg', 'invalid')}")
-
-
-def not_json_message(content_type: str | None) -> str:
-    """What a body not read as JSON, for its Content-Type (curl -d sends a form's), is told."""
-    sent = (
-        f"this request's Content-Type is {content_type}"
-        if content_type
-        else "this request has no Content-Type"
-    )
-    return (
-        f"the body must be JSON sent with Content-Type: application/json ({sent}; "
-        "with curl, add -H 'Content-Type: application/json')"
-    )
-
-
-async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    """A status the framework raised (404, 405, an unreadable body) as the API's error."""
-    detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
-    if exc.status_code == 400 and "parsing the body" in detail:
-        detail = "the body cannot be read as JSON (is it UTF-8?)"
-    return _error(ApiError.of_status(exc.status_code), detail)
-
-
-async def busy(request: Request, exc: Busy) -> JSONResponse:
-    """429 with Retry-After."""
-    return _error(ApiError.OVERLOADED, str(exc), headers={"Retry-After": "1"})
-
-
-async def late(request: Request, exc: asyncio.TimeoutError) -> JSONResponse:
-    """504: past the request's deadline."""
-    return _error(ApiError.TIMEOUT, f"no answer within {request.app.state.api.config.request_timeout:g} s")
-
-
-async def bad_input(request: Request, exc: InputError) -> JSONResponse:
-    """422: the engine's input limits."""
-    return _error(ApiError.INVALID, str(exc))
-
-
-async def engine_failed(request: Request, exc: PruneError) -> JSONResponse:
-    """503: the engine failed."""
-    return _error(ApiError.BACKEND, str(exc))
-
-
-#: each exception the handlers may raise, and its answer
-EXCEPTION_HANDLERS = {
-    RequestValidationError: invalid,
-    StarletteHTTPException: http_error,
-    Busy: busy,
-    asyncio.TimeoutError: late,
-    InputError: bad_input,
-    PruneError: engine_failed,
-}
+# --------------------------------------------------------------------------- middleware
 
 
 async def guard(request: Request, call_next):
@@ -407,11 +401,11 @@ async def guard(request: Request, call_next):
     route = path if path in api.routes else "other"  # bounded label values
     if path not in OPEN_PATHS and not api.config.authorizes(request.headers.get("authorization")):
         api.metrics.requests.labels(route, "401").inc()
-        return _error(ApiError.UNAUTHORIZED, "a valid API key is required: Authorization: Bearer KEY")
+        return error_response(ApiError.UNAUTHORIZED, "a valid API key is required: Authorization: Bearer KEY")
     refused = api.refused.get(path)
     if refused is not None:  # a compressor's app and a pruner's serve each other's routes with a 404
         api.metrics.requests.labels(route, "404").inc()
-        return _error(ApiError.NOT_OFFERED, refused)
+        return error_response(ApiError.NOT_OFFERED, refused)
     t0 = time.perf_counter()
     response = await call_next(request)
     api.metrics.latency.labels(route).observe(time.perf_counter() - t0)
@@ -439,9 +433,14 @@ async def _lifespan(app):
 
 
 def create_app(
-    pruner: PrunerProtocol, config: ApiConfig = ApiConfig(), embedder: Any = None, log: Any = None
+    model: PrunerProtocol | CompressorProtocol,
+    config: ApiConfig = ApiConfig(),
+    embedder: Any = None,
+    log: Any = None,
 ) -> Any:
-    """The ASGI app serving `pruner` (which it does not close: its owner does), and, when
+    """The ASGI app serving `model` (which it does not close: its owner does): a pruner (and the
+    compressor beside it, an in-process Pruner's) or a compressor, typed by the jobs it offers
+    (engine.http.served.Served), the routes of the others refused with a 404 saying why; and, when
     `config.model_service` is set, Milvus's model service beside it (engine/http/milvus.py;
     `embedder` answers its Embedding calls; `log` is told the port it binds when asked for 0)."""
     app = FastAPI(
@@ -458,11 +457,15 @@ def create_app(
     )
     app.middleware("http")(guard)
     app.include_router(router)
-    app.include_router(compress_api.router)
     for path in PAGE_FILES:
         app.get(path, include_in_schema=False)(page_handler(path))
-    app.state.api = api = ApiState.of(pruner, config, routes=route_paths(app), embedder=embedder, log=log)
-    api.refused = compress_api.refusals(api)
+    served = Served.of(model)
+    app.state.api = api = ApiState.of(served, config, routes=route_paths(app), embedder=embedder, log=log)
+    api.refused = {
+        path: served.refusal(job, path, config.model_name)
+        for path, job in ROUTE_JOBS.items()
+        if job not in served.jobs
+    }
     return _BodyLimit(app, config.max_body_bytes, config.body_timeout)
 
 
@@ -470,8 +473,7 @@ def route_paths(app: FastAPI) -> frozenset[str]:
     """Every path `app` serves (the metrics' route labels): the router's and the app's own
     (the schema, its pages, the highlighting page). An included router is one entry of
     `app.routes` without a path in some FastAPI versions, so its routes are read from it."""
-    routers = (*router.routes, *compress_api.router.routes)
-    return frozenset({r.path for r in routers} | {r.path for r in app.routes if hasattr(r, "path")})
+    return frozenset({r.path for r in router.routes} | {r.path for r in app.routes if hasattr(r, "path")})
 
 
 def _page_file(name: str) -> bytes:

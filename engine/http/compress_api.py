@@ -1,6 +1,6 @@
-"""`POST /v1/compress`: LLMLingua-2 over HTTP, with `PromptCompressor.compress_prompt`'s argument
-names (llmlingua 0.2.2, use_llmlingua2=True) and its result fields, plus `kept_spans` and
-`kept_contexts`.
+"""`POST /v1/compress`'s body types (its handler is engine.http.app's, as every route's): LLMLingua-2
+over HTTP, with `PromptCompressor.compress_prompt`'s argument names (llmlingua 0.2.2,
+use_llmlingua2=True) and its result fields, plus `kept_spans` and `kept_contexts`.
 
     curl -s localhost:8080/v1/compress -H 'Content-Type: application/json' \\
          -d '{"context": "...", "rate": 0.33, "force_tokens": ["\\n", "?"]}'
@@ -12,7 +12,7 @@ nearest), as /v1/prune refuses one; the call's limits are the pruner's (contexts
 and /metrics; the pruning routes answer 404 saying the model is a compressor. `prune api --model
 PRUNER --compressor DIR` serves both jobs at one address: the pruning routes and this one, on the
 compressor loaded beside the pruner (/info's `compressor` names it). A pruning model without one
-answers 404 here saying so (`refusals`, read once: the app's guard looks the path up).
+answers 404 here saying so (engine.http.served: the route's job not offered).
 """
 
 from __future__ import annotations
@@ -20,14 +20,12 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any, Literal, get_type_hints
 
-from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field, create_model
 
-from engine.http.models import POST_ERRORS, CompressorBeside, ErrorBody, StrictRequest
-from engine.http.opensearch_api import PATHS as opensearch_paths
-from engine.http.state import ApiState
+from engine.http.models import StrictRequest
 from engine.pipeline.lingua_decide import CompressOptions
 
+#: the route
 PATH = "/v1/compress"
 
 #: what each option does, in the body's schema (the reference's names and defaults)
@@ -118,89 +116,10 @@ class CompressorInfo(BaseModel):
     )
 
 
-#: the POST routes of a pruning model, which a compressor does not serve
-PRUNING_PATHS = frozenset({"/rerank", "/v1/rerank", "/v2/rerank", "/v1/prune", *opensearch_paths})
-
-router = APIRouter()
-
-
-@router.post(
-    PATH,
-    response_model=CompressResponse,
-    response_model_exclude_none=True,
-    responses=POST_ERRORS,
-    summary="Compress a prompt with LLMLingua-2 (compress_prompt's arguments and fields)",
-)
-async def compress_endpoint(req: CompressRequest, request: Request):  # type: ignore[valid-type]
-    """compress_prompt(use_llmlingua2=True) on the body's context, with its options."""
-    api: ApiState = request.app.state.api
-    options = req.model_dump(exclude={"context"})  # type: ignore[attr-defined]
-    result = await api.compress(req.context, options)  # type: ignore[attr-defined]
-    return CompressResponse(**result.to_dict())
-
-
-def refusals(api: ApiState) -> dict[str, str]:
-    """The routes not served for the loaded model, each with why (a pruning route on a
-    compressor, or /v1/compress on a pruner with no compressor beside it): read once when the app
-    is made."""
-    if api.family is None:  # the model served is the compressor
-        return {
-            path: f"the loaded model ({api.config.model_name}) is an LLMLingua-2 compressor: it serves POST "
-            f"{PATH}, not {path} (a pruning model does: prune api --model PRUNING_MODEL)"
-            for path in PRUNING_PATHS
-        }
-    if api.compressor is not None:  # a pruner with a compressor beside it: both jobs
-        return {}
+def compress_defaults() -> dict[str, Any]:
+    """compress's options when a call gives none: CompressRequest's defaults, by their names."""
     return {
-        PATH: f"the loaded model ({api.config.model_name}) is a pruning model (family {api.family.name}): "
-        f"{PATH} needs an LLMLingua-2 compressor (prune api --model LLMLINGUA2_CHECKPOINT_OR_EXPORT, or "
-        "--compressor LLMLINGUA2_DIR beside this model)"
-    }
-
-
-def beside(api: ApiState) -> CompressorBeside | None:
-    """`/info`'s `compressor` for a pruner: the compressor loaded beside it, or None."""
-    c = api.compressor
-    if c is None or api.family is None:
-        return None
-    return CompressorBeside(
-        model=api.config.compressor_name,
-        tokenizer=getattr(c, "tokenizer_kind", "?"),
-        engine=c.describe(),
-        routes=[PATH],
-    )
-
-
-def info(api: ApiState, version: str) -> CompressorInfo:
-    """`/info` for a compressor."""
-    defaults = {
         name: list(spec.default) if isinstance(spec.default, list) else spec.default
-        for name, spec in CompressRequest.model_fields.items()  # type: ignore[attr-defined]
+        for name, spec in CompressRequest.model_fields.items()
         if name != "context"
     }
-    c = api.compressor
-    return CompressorInfo(
-        model=api.config.model_name,
-        tokenizer=c.tokenizer_kind,
-        engine=c.describe(),
-        routes=[PATH],
-        defaults=defaults,
-        limits=c.limits.to_dict(),
-        max_body_bytes=api.config.max_body_bytes,
-        max_concurrent=api.config.max_concurrent,
-        request_timeout=api.config.request_timeout,
-        version=version,
-        device=api.device_reports() or None,
-    )
-
-
-__all__ = [
-    "CompressRequest",
-    "CompressResponse",
-    "CompressorInfo",
-    "ErrorBody",
-    "router",
-    "refusals",
-    "info",
-    "beside",
-]

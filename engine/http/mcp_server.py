@@ -8,7 +8,7 @@ tools for agents, on the official `mcp` SDK (pip install 'prune-engine[mcp]').
 
 The models run in this process, each call on a worker thread (the event loop stays free), at most
 `workers` at once and within `timeout` seconds (past it the call's work stops at its next batch:
-engine.pruner.run_cancellable). The engine checks every call as it checks any other (its limits:
+engine.cancellation.run_cancellable). The engine checks every call as it checks any other (its limits:
 passages and characters per call); its InputError, or any of its errors, is the tool's error
 result with the engine's message, and the server goes on serving. Over streamable HTTP the app
 is `http_app`'s: the SDK's DNS-rebinding protection on a loopback host, the request body bounded,
@@ -19,7 +19,7 @@ descriptions are made here from the loaded models (their limits, the pruner's de
 """
 
 import threading
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any, Callable, Literal
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -28,10 +28,12 @@ from pydantic import BaseModel, Field
 
 from engine.errors import PruneError
 from engine.pipeline.inputs import CallOptions
-from engine.pruner import run_cancellable
+from engine.cancellation import run_cancellable
 
 #: the tools' names
 PRUNE_TOOL, COMPRESS_TOOL = "prune_context", "compress_text"
+#: the SDK's log levels
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
 class BudgetUse(BaseModel):
@@ -119,7 +121,7 @@ def create_server(
     *,
     workers: int = 1,
     timeout: float = 60.0,
-    log_level: str = "WARNING",
+    log_level: LogLevel = "WARNING",
 ) -> MCPServer:
     """The MCP server of `pruner` (an engine.Pruner: prune_context) and `compressor` (an
     engine.Compressor: compress_text); at least one of them."""
@@ -131,7 +133,7 @@ def create_server(
         "prune-engine",
         version=engine.__version__,
         instructions=_instructions(pruner, compressor),
-        log_level=log_level,  # type: ignore[arg-type]
+        log_level=log_level,
     )
     calls = Calls(workers, timeout)
     if pruner is not None:
@@ -290,9 +292,9 @@ def add_compress_tool(server: MCPServer, compressor: Any, calls: Calls) -> None:
 
 
 def _compress(compressor: Any, text: Any, rate: Any, target_token: Any, force_tokens: Any) -> Any:
-    """Compressor.compress with the options the call set (unset: compress_prompt's defaults)."""
-    options = {"rate": rate, "target_token": target_token, "force_tokens": force_tokens}
-    return compressor.compress(text, **{k: v for k, v in options.items() if v is not None})
+    """Compressor.compress with the arguments the call set (unset: compress_prompt's defaults)."""
+    arguments = {"rate": rate, "target_token": target_token, "force_tokens": force_tokens}
+    return compressor.compress(text, **{k: v for k, v in arguments.items() if v is not None})
 
 
 def http_app(server: MCPServer, host: str, max_body_bytes: int, api_key: str | None = None) -> Any:

@@ -21,8 +21,10 @@ from engine.errors import Cancelled, InputError, PruneError
 from engine.pipeline.families import Family
 from engine.pipeline.inputs import CallOptions
 from engine.pipeline.encode import unknown_warning
-from engine.protocol import PrunerProtocol
-from engine.pruner import run_cancellable
+from engine.http.served import Served
+from engine.pipeline.lingua_decide import CompressResult
+from engine.protocol import CompressorProtocol, PrunerProtocol
+from engine.cancellation import run_cancellable
 from engine.settings import DEFAULTS
 
 
@@ -70,10 +72,9 @@ class Health:
     one at a time (concurrent checks share it), within the request timeout. So readiness
     does not flap when the server is busy, and still turns 503 when the engine fails."""
 
-    def __init__(self, pruner: PrunerProtocol, timeout: float, probe: Callable[[], Any] | None = None):
-        self.pruner, self.timeout = pruner, timeout
-        #: the health inference (a compressor's is a compress call)
-        self.probe = probe or (lambda: pruner.prune("Is the engine up?", ["The engine is up."]))
+    def __init__(self, probe: Callable[[], Any], timeout: float):
+        #: the health inference (engine.http.served.Served.probe: a pruner's prune call, a compressor's compress)
+        self.probe, self.timeout = probe, timeout
         self.ok_at: float | None = None
         self.failed_at: float | None = None
         self._probe: asyncio.Future | None = None
@@ -262,12 +263,11 @@ class UnknownText:
 
 @dataclass
 class ApiState:
-    """What the handlers serve from (`app.state.api`): the pruner and its family, the config,
-    the worker pool, health, metrics, the requests in flight, and the app's routes (the
-    metrics' label values)."""
+    """What the handlers serve from (`app.state.api`): the model served (typed by its jobs:
+    engine.http.served.Served), the config, the worker pool, health, metrics, the requests in
+    flight, and the app's routes (the metrics' label values)."""
 
-    pruner: PrunerProtocol
-    family: Family | None  # None: a compressor
+    served: Served
     config: ApiConfig
     pool: ThreadPoolExecutor
     health: Health
@@ -276,11 +276,7 @@ class ApiState:
     routes: frozenset[str] = frozenset()
     embedder: Any = None  # the retrieval encoder Milvus's Embedding calls use, if any
     log: Callable[[str], None] | None = None  # where the server's own notes go (the CLI's stderr)
-    #: the LLMLingua-2 compressor (engine.compressor.Compressor) that answers /v1/compress: the model
-    #: served (then `pruner` is it too, `family` None, and only /v1/compress among the POST routes is
-    #: offered), or the one loaded beside a pruner (`prune api --compressor`: both jobs served); None
-    compressor: Any = None
-    #: the routes this model does not serve, each with why (engine.http.compress_api.refusals): a 404
+    #: the routes this model does not serve, each with why (Served.refusal): a 404
     refused: dict[str, str] = field(default_factory=dict)
     #: the log line of calls on text the model's vocabulary largely lacks
     unknown: UnknownText = field(default_factory=UnknownText)
@@ -288,34 +284,47 @@ class ApiState:
     @classmethod
     def of(
         cls,
-        pruner: PrunerProtocol,
+        served: Served,
         config: ApiConfig,
         routes: frozenset[str] = frozenset(),
         embedder: Any = None,
         log: Callable[[str], None] | None = None,
     ) -> ApiState:
-        """The state of an app serving `pruner` (and `embedder`) as `config` says; `pruner` may be an
-        LLMLingua-2 compressor (its `kind` says so), or a pruner with one beside it (its `compressor`)."""
+        """The state of an app serving `served` (and `embedder`) as `config` says."""
         metrics = Metrics()
-        served = pruner if getattr(pruner, "kind", None) == "compressor" else None
-        probe = None
-        if served is not None:
-            probe = lambda: served.compress("The engine is up and answers.", rate=0.5)  # noqa: E731
         state = cls(
-            pruner=pruner,
-            compressor=served if served is not None else getattr(pruner, "compressor", None),
-            family=None if served is not None else pruner.family,  # type: ignore[arg-type]
+            served=served,
             config=config,
             routes=routes,
             embedder=embedder,
             log=log,
             pool=ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="prune-api"),
-            health=Health(pruner, timeout=config.request_timeout, probe=probe),
+            health=Health(served.probe, timeout=config.request_timeout),
             metrics=metrics,
             in_flight=InFlight(config.max_concurrent, metrics.in_flight),
         )
-        metrics.watch_devices(state.device_reports)
+        metrics.watch_devices(served.reports)
         return state
+
+    @property
+    def pruner(self) -> PrunerProtocol:
+        """The pruner served (a route of the pruning job reaches a handler only where there is one:
+        the guard refuses it otherwise)."""
+        if self.served.pruner is None:
+            raise LookupError("no pruner is served")
+        return self.served.pruner
+
+    @property
+    def compressor(self) -> CompressorProtocol:
+        """The compressor served, or beside the pruner (as `pruner`, for the compressing job's routes)."""
+        if self.served.compressor is None:
+            raise LookupError("no compressor is served")
+        return self.served.compressor
+
+    @property
+    def family(self) -> Family:
+        """The pruner's family (its scores' meaning, its defaults)."""
+        return self.pruner.family
 
     async def prune(
         self, question: str, texts: list[str], options: CallOptions | None = None
@@ -326,7 +335,7 @@ class ApiState:
     async def in_pool(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` in the worker pool, at most `max_concurrent` at once (Busy past it),
         within the deadline (asyncio.TimeoutError past it). A call given up on (past the
-        deadline, or its caller gone) is told to stop (engine.pruner.run_cancellable): a call still queued
+        deadline, or its caller gone) is told to stop (engine.cancellation.run_cancellable): a call still queued
         never starts, one running stops at its next batch, so the pool is free again within
         one batch's time."""
         with self.in_flight.slot():
@@ -358,10 +367,11 @@ class ApiState:
 
     def _prune_many_now(self, queries: list[dict[str, Any]]) -> list[list[PruneResult]]:
         try:
-            out = self.pruner.prune_many(queries)
-            failed = next((o for o in out if isinstance(o, Exception)), None)
-            if failed is not None:
-                raise failed
+            out: list[list[PruneResult]] = []
+            for each in self.pruner.prune_many(queries):
+                if isinstance(each, Exception):
+                    raise each
+                out.append(each)
         except PruneError as exc:
             if not isinstance(exc, (InputError, Cancelled)):
                 self.health.failed(exc)
@@ -369,16 +379,17 @@ class ApiState:
         self.health.succeeded()
         self.metrics.passages.inc(sum(len(q["passages"]) for q in queries))
         for results in out:
-            self.unknown.note(results)  # type: ignore[arg-type]
-        return out  # type: ignore[return-value]
+            self.unknown.note(results)
+        return out
 
-    async def compress(self, context: str | list[str], options: dict[str, Any]) -> Any:
-        """One call of the compressor in the worker pool (`in_pool`): its CompressResult."""
-        return await self.in_pool(self._compress_now, context, options)
+    async def compress(self, context: str | list[str], arguments: dict[str, Any]) -> CompressResult:
+        """One call of the compressor in the worker pool (`in_pool`), with compress_prompt's keyword
+        `arguments`: its CompressResult."""
+        return await self.in_pool(self._compress_now, context, arguments)
 
-    def _compress_now(self, context: str | list[str], options: dict[str, Any]) -> Any:
+    def _compress_now(self, context: str | list[str], arguments: dict[str, Any]) -> CompressResult:
         try:
-            result = self.compressor.compress(context, **options)
+            result = self.compressor.compress(context, **arguments)
         except PruneError as exc:
             if not isinstance(exc, (InputError, Cancelled)):
                 self.health.failed(exc)
@@ -386,20 +397,6 @@ class ApiState:
         self.health.succeeded()
         self.metrics.passages.inc(1 if isinstance(context, str) else len(context))
         return result
-
-    def device_reports(self) -> dict[str, dict]:
-        """The device figures of what is served (role "model"), and of a compressor beside a pruner
-        (role "compressor"), where the core has them (the GPU graph's)."""
-        models = {"model": self.pruner, "compressor": getattr(self.pruner, "compressor", None)}
-        out = {}
-        for role, model in models.items():
-            # the in-process core: a Pruner's backend, a Compressor's core (a remote model has neither)
-            core = getattr(model, "backend", None) or getattr(model, "core", None)
-            report = getattr(core, "report", None)
-            figures = report() if report is not None else None
-            if figures:
-                out[role] = figures
-        return out
 
     def score(self, r: PruneResult, raw: bool) -> float:
         """A result's score as the rerank endpoints give it (in [0, 1] unless `raw`)."""

@@ -9,7 +9,7 @@
   pruned, messages compressed, in place, through `prune api`; engine.integrations.chat_context)
 
 Each pruning adapter wraps any pruner: an in-process `Pruner`, a Triton text model
-(`Pruner.connect`), or the HTTP API's URL (`engine.http.pruner_client.HttpPruner`); each
+(`Pruner.connect`), or the HTTP API's URL (`engine.remote.http_client.HttpPruner`); each
 LLMLingua-2 adapter a `Compressor` or the URL of its `/v1/compress` (`HttpCompressor`). Nothing
 in the engine imports them.
 """

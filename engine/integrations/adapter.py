@@ -135,7 +135,7 @@ def resolve_pruner(pruner: Any) -> Any:
     if isinstance(pruner, (str, Path)):
         text = str(pruner)
         if text.startswith(("http://", "https://")):
-            from engine.http.pruner_client import HttpPruner
+            from engine.remote.http_client import HttpPruner
 
             return HttpPruner(text)
         from engine.pruner import Pruner

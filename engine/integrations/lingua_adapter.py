@@ -89,7 +89,7 @@ def resolve_compressor(compressor: Any) -> Any:
     if isinstance(compressor, (str, Path)):
         text = str(compressor)
         if text.startswith(("http://", "https://")):
-            from engine.http.pruner_client import HttpCompressor
+            from engine.remote.http_client import HttpCompressor
 
             return HttpCompressor(text)
         from engine.compressor import Compressor

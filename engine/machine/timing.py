@@ -4,7 +4,7 @@ them (engine.bench.harness adds a study's report around them).
 
 - `interleave`: rounds in which every variant runs once, so that drift (turbo, a
   neighbour's load) hits them alike; each variant's seconds per round, and `medians`;
-- `model_passes`: (with engine.pruner.workload_batches, the padded batches a pruner sends for some calls)
+- `model_passes`: (with engine.measuring.workload_batches, the padded batches a pruner sends for some calls)
   and each pruner's model alone over them;
 - `cpu_model`: the CPU's name, for the report beside the figures.
 """

@@ -1,19 +1,31 @@
-"""Opening a model for the in-process pruner: an exported folder for ONNX Runtime, or a
-checkpoint for PyTorch. `Pruner.load` is the door; this module does the work and returns
-the pieces a `Pruner` is made of (its core, tokenizer and spec). The Triton half of
-loading, `Pruner.connect`, is `engine.triton.connect`."""
+"""Opening a model in this process, the one loader of both model kinds: a folder's kind from its
+manifest (a pruner's export, or an LLMLingua-2 compressor's: kind compressor) or, for a
+checkpoint, its config (`model_kind`); its backend by one rule (`runtime_for`); its core made as
+the options say (`LoadOptions`, the same for both kinds), on a GPU on the process's one GPU
+thread. `Pruner.load` and `Compressor.load` are the doors; this module does the work and returns
+the pieces they are made of (`Opened`: the core, the tokenizer, a pruner's spec). The remote half
+of loading, `Pruner.connect` and `Compressor.connect`, is `engine.remote.connect`."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from engine.backends.base import Backend
+from engine.backends.base import Backend, TokenCore
 from engine.errors import InputError, ModelLoadError
 from engine.pipeline.encode import BatchingConfig
-from engine.pipeline.spec import Manifest, ModelSpec, Runtime, manifest_tokenizer
+from engine.pipeline.lingua_words import is_lingua_checkpoint
+from engine.pipeline.spec import (
+    MANIFEST,
+    CompressorManifest,
+    Manifest,
+    ModelSpec,
+    Runtime,
+    manifest_tokenizer,
+)
 from engine.settings import DEFAULTS, TORCH_ATTENTIONS, TORCH_DTYPES, checked, setting
 
 BACKENDS = ("onnxruntime", "openvino", "torch")
@@ -22,10 +34,12 @@ PRECISIONS = ("fp32", "bf16")
 
 @dataclass(frozen=True)
 class LoadOptions:
-    """How a model is opened: the one definition of `Pruner.load`'s options, checked when
-    made (InputError). The settings that have a `PRUNE_*` variable (threads, arena, the
-    batcher's budget) are read from the environment once, by `from_env`, where a process
-    starts (the CLI, the API, `Pruner.load` without options), and passed down from there."""
+    """How a model is opened: the one definition of `Pruner.load`'s and `Compressor.load`'s
+    options, checked when made (InputError). The settings that have a `PRUNE_*` variable
+    (threads, arena, the batcher's budget) are read from the environment once, by `from_env`,
+    where a process starts (the CLI, the API, a door without options), and passed down from
+    there. The torch fields and `batching` are a pruner's; `merge_calls` merges where a core
+    merges (a pruner's in-process core, the GPU graph of either kind)."""
 
     backend: str | None = None  # onnxruntime, openvino, torch; None: the export's runtime, else onnxruntime
     precision: str | None = None  # OpenVINO's inference precision, fp32 or bf16 (bf16 needs backend openvino)
@@ -82,7 +96,7 @@ class LoadOptions:
         return self.merge_calls == "on" or (self.merge_calls == "auto" and self.device == "cuda")
 
     @property
-    def runtime(self) -> str | None:
+    def named_backend(self) -> str | None:
         """The backend these options name: `backend`, or openvino for a bf16 precision."""
         return "openvino" if self.precision == "bf16" else self.backend
 
@@ -117,40 +131,111 @@ class LoadOptions:
         )
         return cls(**given)
 
+    @classmethod
+    def given(cls, backend: Any = None, options: Any = None, **shortcuts: Any) -> LoadOptions:
+        """A door's options (`Pruner.load`'s, `Compressor.load`'s): `options` (a LoadOptions, also
+        taken as the door's second argument, `backend`), with the `shortcuts` (its field names:
+        `threads=2`, `device="cuda"`, `tensorrt=True` or a cache folder) over them or, without
+        options, over the `PRUNE_*` variables in force (`from_env`)."""
+        if isinstance(backend, LoadOptions):  # Pruner.load(path, options)
+            backend, options = None, backend
+        if options is not None and not isinstance(options, LoadOptions):
+            raise InputError(
+                f"options must be a LoadOptions, got {type(options).__name__} (the family module's "
+                "options are module_options=)"
+            )
+        if backend is not None:
+            shortcuts["backend"] = backend
+        if options is None:
+            return cls.from_env(**shortcuts)
+        if shortcuts:  # over the options given, the environment aside
+            return cls.from_env({}, **{**vars(options), **shortcuts})
+        return options
 
-def open_model(path: str | Path, options: LoadOptions, log: Any = None) -> tuple[Backend, Any, ModelSpec]:
-    """(core, tokenizer, spec) of an exported model folder (ONNX Runtime or OpenVINO) or a
-    checkpoint (backend torch), opened as `options` say; `log` hears what was chosen
-    instead of what was asked. With no backend, an export runs where its manifest's
-    `runtime` says (`prune export --precision auto`'s pick), else on ONNX Runtime."""
-    o = options
+
+class ModelKind(Enum):
+    """What a model folder holds: a pruner's model or an LLMLingua-2 compressor's."""
+
+    PRUNER = "pruner"
+    COMPRESSOR = "compressor"
+
+
+def model_kind(path: str | Path) -> ModelKind:
+    """The kind of the model at `path`: COMPRESSOR for an LLMLingua-2 export (a manifest of kind
+    compressor, read whole) or checkpoint (its config.json says so), PRUNER for anything else
+    (what Pruner.load then opens, or refuses saying why). No error."""
+    folder = Path(path)
+    if (folder / MANIFEST).is_file():
+        try:
+            CompressorManifest.read(folder)
+        except ModelLoadError:
+            return ModelKind.PRUNER
+        return ModelKind.COMPRESSOR
+    return ModelKind.COMPRESSOR if is_lingua_checkpoint(folder) else ModelKind.PRUNER
+
+
+class Opened(NamedTuple):
+    """A model opened: its core (a pruner's Backend, a compressor's TokenCore), its tokenizer, and
+    a pruner's spec (None for a compressor)."""
+
+    core: Backend | TokenCore
+    tokenizer: Any
+    spec: ModelSpec | None
+
+
+def open_model(
+    path: str | Path, options: LoadOptions, log: Any = None, kind: ModelKind | None = None
+) -> Opened:
+    """The model at `path` opened as `options` say, as `kind` (a door's; None: the folder's own,
+    `model_kind`): a pruner's export (ONNX Runtime or OpenVINO) or checkpoint (backend torch;
+    "default": the default model), or a compressor's export or checkpoint (PyTorch, its one
+    backend for a checkpoint). A folder of the other kind is refused, naming its door. `log` hears
+    what was chosen instead of what was asked."""
+    kind = kind or model_kind(path)
+    if kind is ModelKind.COMPRESSOR:
+        return open_compressor(Path(path), options, log)
+    return open_pruner(path, options, log)
+
+
+def runtime_for(path: Path, manifest: Any, o: LoadOptions, log: Any) -> tuple[str, str | None]:
+    """The one rule that picks an export's backend, for both kinds: (backend, precision) as the
+    options name them (`backend`; a bf16 `precision` is OpenVINO's); else, for the manifest's own
+    graph on the CPU without TensorRT, the runtime the manifest prefers where this machine has it
+    (`preferred_runtime`: `prune export --precision auto`'s pick); else ONNX Runtime."""
+    backend, precision = o.named_backend, o.precision
+    if backend is None and o.graph is None and o.device == "cpu" and not o.tensorrt:
+        backend, precision = preferred_runtime(path, manifest, log)
+    return backend or "onnxruntime", precision
+
+
+def open_pruner(path: str | Path, o: LoadOptions, log: Any = None) -> Opened:
+    """A pruner's (core, tokenizer, spec): an exported folder (ONNX Runtime or OpenVINO, by
+    `runtime_for`) or a checkpoint (backend torch); "default": the default model."""
     if str(path) == "default" and not Path("default").exists():
         from engine.models.default_model import default_model
 
-        path = default_model(o.runtime, o.device)
+        path = default_model(o.named_backend, o.device)
     path = Path(path)
-    if o.runtime == "torch":
+    if o.named_backend == "torch":
         from engine.backends.torch import TorchBackend
 
-        return TorchBackend.from_checkpoint(
-            path,
-            family=o.family,
-            options=dict(o.module_options or {}),
-            attn=o.attn,
-            threads=o.threads,
-            device=o.device,
-            dtype=o.dtype,
+        return Opened(
+            *TorchBackend.from_checkpoint(
+                path,
+                family=o.family,
+                options=dict(o.module_options or {}),
+                attn=o.attn,
+                threads=o.threads,
+                device=o.device,
+                dtype=o.dtype,
+            )
         )
     manifest = Manifest.read(path)
     spec = manifest.spec(name=path.name)
     tokenizer = manifest_tokenizer(path, manifest, spec.family)
     graph_file = path / (o.graph or manifest.graph)
-    backend, precision = o.runtime, o.precision
-    if backend is None and o.graph is None and o.device == "cpu" and not o.tensorrt:
-        backend, precision = preferred_runtime(path, manifest, log)
-    if (
-        backend or "onnxruntime"
-    ) == "openvino" or graph_file.suffix == ".xml":  # an IR export runs on OpenVINO
+    backend, precision = runtime_for(path, manifest, o, log)
+    if backend == "openvino" or graph_file.suffix == ".xml":  # an IR export runs on OpenVINO
         if o.device != "cpu" or o.tensorrt:
             raise InputError("the OpenVINO backend runs on the CPU (device='cpu', no TensorRT)")
         from engine.backends.openvino import OpenVinoBackend
@@ -167,10 +252,88 @@ def open_model(path: str | Path, options: LoadOptions, log: Any = None) -> tuple
         from engine.backends.merging import MergingBackend
 
         core = MergingBackend(core, o.batching)
-    return core, tokenizer, spec
+    return Opened(core, tokenizer, spec)
 
 
-def preferred_runtime(path: Path, manifest: Manifest, log: Any) -> tuple[str, str]:
+def open_compressor(folder: Path, o: LoadOptions, log: Any = None) -> Opened:
+    """A compressor's (core, tokenizer): an LLMLingua-2 export on the backend `runtime_for` picks
+    (ONNX Runtime, OpenVINO; an fp16 export on device cuda: the GPU graph), or a checkpoint on
+    PyTorch, the CPU (a checkpoint's one backend here)."""
+    from engine.pipeline.lingua_words import LinguaTokenizer, check_folder
+
+    if not (folder / MANIFEST).is_file():
+        if o.device != "cpu":
+            raise ModelLoadError(
+                f"device {o.device!r} runs an export: prune export --model {folder} --precision fp16 (or fp32), "
+                "then load the export"
+            )
+        from engine.backends.torch import TorchTokenProbs
+
+        check_folder(folder)
+        tokenizer = LinguaTokenizer.from_folder(folder)
+        return Opened(TorchTokenProbs.load(folder, tokenizer.size, threads=o.threads), tokenizer, None)
+    manifest = CompressorManifest.read(folder)
+    tokenizer = LinguaTokenizer.from_folder(folder)
+    if tokenizer.size != manifest.embedding_rows:
+        raise ModelLoadError(
+            f"{folder}: the graph has {manifest.embedding_rows} embedding rows, the tokenizer with "
+            f"llmlingua's added tokens {tokenizer.size}: the export and its tokenizer do not belong together"
+        )
+    graph = folder / (o.graph or manifest.graph)
+    backend, precision = runtime_for(folder, manifest, o, log)
+    if backend == "torch":
+        raise InputError(f"{folder} is an export: backend torch runs the checkpoint it was made from")
+    if backend == "openvino":
+        if o.device != "cpu" or o.tensorrt:
+            raise InputError("the OpenVINO backend runs on the CPU (device='cpu', no TensorRT)")
+        from engine.backends.openvino import OvTokenProbs
+
+        core: TokenCore = OvTokenProbs(
+            graph, precision=precision or "fp32", threads=o.threads, shape_cache=o.shape_cache
+        )
+    elif o.device == "cuda" and manifest.precision == "fp16" and not o.tensorrt and o.graph is None:
+        from engine.backends.gpu_token_probs import GpuTokenProbs  # one copy of the weights, CUDA graphs
+
+        core = GpuTokenProbs(graph, log=log, **{**gpu_graph_settings(), "merge": o.merges})
+    else:
+        core = _ort_token_probs(folder, graph, o)
+    return Opened(core, tokenizer, None)
+
+
+def _ort_token_probs(folder: Path, graph: Path, o: LoadOptions) -> TokenCore:
+    """A compressor's core on ONNX Runtime; on a GPU, made and run on the process's GPU thread."""
+    from engine.backends.onnxruntime import OrtTokenProbs, tensorrt_options
+
+    trt = None
+    if o.tensorrt:
+        from engine.backends.gpu_token_probs import LINGUA_LENGTHS, LINGUA_ROWS
+
+        trt = tensorrt_options(
+            ["input_ids", "attention_mask"],
+            list(LINGUA_LENGTHS),
+            LINGUA_ROWS,
+            o.tensorrt_cache or folder / "trt-cache",
+        )
+
+    def make() -> TokenCore:
+        return OrtTokenProbs(
+            graph,
+            intra_op_threads=o.threads,
+            providers=None if o.providers is None else list(o.providers),
+            arena=o.arena,
+            denormals=o.denormals,
+            device=o.device,
+            tensorrt=trt,
+        )
+
+    if o.device != "cuda":
+        return make()
+    from engine.backends.gpu_token_probs import OnGpuThread  # every CUDA model on the one GPU thread
+
+    return OnGpuThread(make)
+
+
+def preferred_runtime(path: Path, manifest: Manifest | CompressorManifest, log: Any) -> tuple[str, str]:
     """(backend, precision) for an export loaded without a backend or precision named: its
     manifest's `runtime` where this machine can run it; else ONNX Runtime, saying why (to
     `log`, else as a warning): the same graph, so the same results within fp32's
@@ -190,7 +353,7 @@ def preferred_runtime(path: Path, manifest: Manifest, log: Any) -> tuple[str, st
     else:
         import warnings
 
-        warnings.warn(message, RuntimeWarning, stacklevel=4)
+        warnings.warn(message, RuntimeWarning, stacklevel=6)  # the door's caller
     return "onnxruntime", "fp32"
 
 

@@ -1,11 +1,11 @@
-"""One set of input rules for every way into the engine, and the rules a call resolves to.
+"""One set of input checks for every way into the engine, and the rules a call resolves to.
 
-The in-process `Pruner`, the text-model client (`engine.triton.text_pruner`) and the text
+The in-process `Pruner`, the text-model client (`engine.remote.text_pruner`) and the text
 model's own decoding (`engine.triton.wire.read_request`, on the server) check a call with
 these functions, so the same bad input gets the same `InputError` and message wherever it
 is sent. Torch-free.
 
-The rules:
+The checks:
 - the question is a non-empty str (not only whitespace) of valid Unicode (no lone
   surrogate: it cannot be encoded as UTF-8);
 - passages are a str (one passage) or a sequence of str, each valid Unicode; an empty or

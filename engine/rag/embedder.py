@@ -20,7 +20,7 @@ import numpy as np
 
 from engine.backends.onnxruntime import thread_denormals
 from engine.errors import InputError, ModelLoadError
-from engine.pruner import check_cancelled
+from engine.cancellation import check_cancelled
 
 ENCODER_FILE = "encoder.json"
 ENCODER_GRAPH = "encoder.onnx"
@@ -105,24 +105,18 @@ class Embedder:
             raise ModelLoadError(
                 f"{manifest_path}: format {manifest.get('format')!r}, expected {ENCODER_FORMAT!r}"
             )
-        try:
-            import onnxruntime as ort
-        except ImportError as exc:
-            raise ModelLoadError("onnxruntime is not installed: pip install 'prune-engine[cpu]'") from exc
         from tokenizers import Tokenizer
-        from engine.backends.onnxruntime import session_options
+        from engine.backends.onnxruntime import ort_session
         from engine.models.loading import LoadOptions
 
         o = LoadOptions.from_env(threads=threads)  # PRUNE_INTRA_OP_THREADS, PRUNE_ORT_ARENA, ..._DENORMALS
-        opts, runs = session_options(ort, o.threads, arena=o.arena, denormals=o.denormals)
-        with thread_denormals(False):  # ORT's first session sets this thread's flags: undone
-            session = ort.InferenceSession(
-                str(folder / manifest["graph"]), sess_options=opts, providers=["CPUExecutionProvider"]
-            )
+        made = ort_session(
+            folder / manifest["graph"], intra_op_threads=o.threads, arena=o.arena, denormals=o.denormals
+        )
         tokenizer = Tokenizer.from_file(str(folder / manifest["tokenizer"]))
         tokenizer.no_padding()
         tokenizer.no_truncation()
-        return cls(folder, manifest, session, tokenizer, runs, flush=o.denormals == "flush")
+        return cls(folder, manifest, made.session, tokenizer, made.runs, flush=made.flush)
 
     def token_counts(self, texts: Sequence[str]) -> list[int]:
         """Tokens of each text without the special tokens."""
@@ -166,7 +160,7 @@ class Embedder:
 
     def embed(self, ids: Sequence[Sequence[int]], *, batch_size: int = BATCH_SIZE) -> np.ndarray:
         """L2-normalised embeddings of token id sequences (`tokenize`'s), [N, dim] float32; a
-        caller that gave up on the call (engine.pruner.check_cancelled) stops it between two batches."""
+        caller that gave up on the call (engine.cancellation.check_cancelled) stops it between two batches."""
         out = np.zeros((len(ids), self.dim), dtype=np.float32)
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # little padding
         for b in range(0, len(order), batch_size):

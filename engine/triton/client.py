@@ -1,7 +1,7 @@
 """The transport to a model on Triton servers, over gRPC (default) or HTTP.
 
 `Transport` is what the token-level core (`engine.backends.triton.TritonBackend`) and the
-text-model pruner (`engine.triton.text_pruner`) send their requests through. Two
+text-model pruner (`engine.remote.text_pruner`) send their requests through. Two
 implement it: `TritonClient`, one server, and `engine.triton.replicas.ReplicaSet`,
 several replicas of one model with failover. Both classify errors with `retryable`.
 

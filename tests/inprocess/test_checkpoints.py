@@ -11,7 +11,8 @@ from safetensors.torch import load_file, save_file
 from engine.errors import ModelLoadError
 from engine.pipeline.families import detect_family, get_family, read_config
 from engine.pytorch.modeling import load_checkpoint, weight_names
-from engine.pruner import Pruner, call_blocks
+from engine.measuring import call_blocks
+from engine.pruner import Pruner
 from engine.pytorch.torch_model import load_hf_tokenizer
 from tests.utils import FAMILY_NAMES
 

@@ -1,4 +1,4 @@
-"""`POST /v1/compress` (engine/http/compress_api.py): LLMLingua-2 over HTTP in front of the
+"""`POST /v1/compress` (its handler in engine/http/app.py, its body types in engine/http/compress_api.py): LLMLingua-2 over HTTP in front of the
 Compressor, on a tiny checkpoint's export: the answer is `Compressor.compress`'s result on the
 same input, bad input is 422 naming the field, and each model kind's app refuses the other's
 routes with a 404 that says what is loaded."""
@@ -141,7 +141,10 @@ def test_a_pruner_does_not_offer_compress():
 
 
 def test_prune_api_knows_a_compressor_from_a_pruner(lingua_checkpoints, lingua_exports, tmp_path):
-    from engine.compressor import is_compressor
+    from engine.models.loading import ModelKind, model_kind
+
+    def is_compressor(folder):
+        return model_kind(folder) is ModelKind.COMPRESSOR
 
     assert is_compressor(lingua_checkpoints["bert"]) and is_compressor(lingua_exports["bert", "int8"])
     (tmp_path / "manifest.json").write_text('{"format": "prune-engine/1", "family": "xprovence"}')

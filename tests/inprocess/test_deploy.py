@@ -1,7 +1,7 @@
 """deploy/kubernetes: every core-API manifest is valid against the Kubernetes schema
 (kubernetes-validate, strict: unknown fields fail), and the manifests agree with the code:
 ports with `prune serve`'s and `prune api`'s, probes with engine.triton.server's and
-engine.triton.probe's, model names with what
+engine.remote.probe's, model names with what
 `prune repository` writes, the restricted admin APIs with `prune serve`'s, the Triton image
 with the tritonclient pin."""
 
@@ -81,9 +81,9 @@ def test_manifests_match_the_code():
     assert f"http://127.0.0.1:{_serve_default('--http-port')}{HEALTH_READY}" in startup
     # liveness: a real inference through the text model (a dead stub keeps Triton "ready")
     live = c["livenessProbe"]["exec"]["command"]
-    assert live[:3] == ["python3", "-m", "engine.triton.probe"]
+    assert live[:3] == ["python3", "-m", "engine.remote.probe"]
     assert live[live.index("--url") + 1] == f"127.0.0.1:{ports['grpc']}"
-    from engine.triton.probe import main as probe_main
+    from engine.remote.probe import main as probe_main
 
     with pytest.raises(SystemExit) as parsed:  # the probe takes exactly these flags
         probe_main([*live[3:], "--help"])
@@ -159,5 +159,5 @@ def test_dockerfile_matches_the_client_pin():
     dep = _one("Deployment", "prune-triton")
     assert "command" not in dep["spec"]["template"]["spec"]["containers"][0]  # the image's entrypoint
     assert (
-        "[api,triton]" in text and "engine.triton.probe" in text
+        "[api,triton]" in text and "engine.remote.probe" in text
     )  # what the API container and the probe need

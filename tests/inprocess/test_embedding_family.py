@@ -14,7 +14,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoTokenizer
 
 from engine.cli import main
-from engine.pruner import Pruner, call_blocks
+from engine.measuring import call_blocks
+from engine.pruner import Pruner
 
 pytestmark = pytest.mark.inprocess
 

@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from engine.pruner import call_blocks
+from engine.measuring import call_blocks
 
 import engine.pruner as pruner_module
 from engine.errors import InputError

@@ -4,6 +4,8 @@ command and the machine. Tiny checkpoint, tiny prompts, one repeat; no timing is
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import pytest
@@ -140,26 +142,27 @@ def test_the_gpu_paths_run_end_to_end_with_the_gpu_graph_on_the_cpu(
     llmlingua = pytest.importorskip("llmlingua", reason="the dev extra's llmlingua==0.2.2")
     import engine.backends.onnxruntime as ort_backend
     from engine.backends.gpu_token_probs import GpuTokenProbs
+    import engine.models.loading as loading
     from engine.cli import main
-    from engine.compressor import Compressor
 
     monkeypatch.setattr(ort_backend, "require_cuda", lambda: None)
     made = llmlingua.PromptCompressor.__init__
     monkeypatch.setattr(
         llmlingua.PromptCompressor, "__init__", lambda self, **kw: made(self, **{**kw, "device_map": "cpu"})
     )
-    load = Compressor._load_export.__func__
+    load = loading.open_compressor
     loaded: list[tuple[str, str]] = []
 
-    def on_the_cpu(cls, folder, threads, device="cpu", runtime=None):
-        cpu = load(cls, folder, threads, "cpu", runtime)
-        loaded.append((folder.name, device))
-        if device == "cuda" and "fp16" in folder.name:
-            cpu.core = GpuTokenProbs(folder / "model.onnx", device="cpu", threads=1)
-            cpu.batch_chunks = 16
+    def on_the_cpu(folder, options, log=None):
+        if not (folder / "manifest.json").is_file():  # a checkpoint: as it is
+            return load(folder, options, log)
+        cpu = load(folder, dataclasses.replace(options, device="cpu"), log)
+        loaded.append((folder.name, options.device))
+        if options.device == "cuda" and "fp16" in folder.name:
+            return cpu._replace(core=GpuTokenProbs(folder / "model.onnx", device="cpu", threads=1))
         return cpu
 
-    monkeypatch.setattr(Compressor, "_load_export", classmethod(on_the_cpu))
+    monkeypatch.setattr(loading, "open_compressor", on_the_cpu)
     argv = ["bench", "--checkpoint", str(lingua_checkpoints["xlm-roberta"]), "--data"]
     argv += [str(DATA / "squad-dev-rag.jsonl"), "--device", "cuda", "--prompt-tokens", "400"]
     assert main([*argv, "--repeats", "1", "--threads", "1", "--out", str(tmp_path), "--quiet"]) == 0

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.pruner import Pruner, call_blocks
+from engine.measuring import call_blocks
+from engine.pruner import Pruner
 from export.onnx import export_model
 
 pytestmark = pytest.mark.inprocess

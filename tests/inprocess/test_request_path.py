@@ -1,7 +1,8 @@
 """The modules a `POST /v1/prune` runs code in, from the handler to the backend.
 
 A newcomer following a request reads these and no others: the HTTP API's handler, its wire
-types and its state; the pruner, which orders the steps; the call's options and rules, the
+types and its state; the call's cancellation (the worker runs it cancellable, the batches are
+checked between them); the pruner, which orders the steps; the call's options and rules, the
 sentences, the tokens, the decisions; the backend. The set is the layout's promise
 (docs/development.md): a change that puts another module on the path changes it here, on
 purpose. Traced on a warm server (the second request), for a trained family and the default one.
@@ -20,6 +21,7 @@ REQUEST_PATH = {
     "http/app.py",
     "http/models.py",
     "http/state.py",
+    "cancellation.py",
     "pruner.py",
     "pipeline/inputs.py",
     "pipeline/text.py",
@@ -70,7 +72,7 @@ def traced_modules(pruner) -> set[str]:
 
 
 @pytest.mark.parametrize("family", ["provence", "embedding"])
-def test_a_prune_request_runs_code_in_nine_modules(exported, family):
+def test_a_prune_request_runs_code_in_ten_modules(exported, family):
     from engine.pruner import Pruner
 
     pruner = Pruner.load(exported[family], threads=1)

@@ -53,7 +53,8 @@ def test_fp16_conversion_loads_and_agrees_on_onnxruntime_1_31(
     old_ort, exported, checkpoints, family, tmp_path
 ):
     import onnxruntime as ort
-    from engine.pruner import Pruner, call_batches
+    from engine.measuring import call_batches
+    from engine.pruner import Pruner
     from engine.pipeline.text import split_sentences
 
     heads, hidden = encoder_dims(json.loads((checkpoints[family] / "config.json").read_text()))

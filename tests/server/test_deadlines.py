@@ -2,7 +2,7 @@
 a call past its deadline: each `prune()` returns, with a clear error, within `timeout`
 (retries and backoff included), over gRPC and HTTP, for the text model and the core model.
 And a call past the API's deadline stops using the server's workers: its work stops at the
-next batch (engine.pruner.check_cancelled), so `prune api` is idle again soon after the 504 or the
+next batch (engine.cancellation.check_cancelled), so `prune api` is idle again soon after the 504 or the
 DEADLINE_EXCEEDED, and the next call is answered."""
 
 import socket

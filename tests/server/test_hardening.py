@@ -12,7 +12,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from engine.errors import InputError, ModelLoadError, SettingError
-from engine.pruner import Pruner, call_batches
+from engine.measuring import call_batches
+from engine.pruner import Pruner
 from engine.triton.server import ADMIN_HEADER, TritonServer
 from tests.utils import free_ports
 from tests.utils import PASSAGES, QUESTION

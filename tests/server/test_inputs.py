@@ -86,7 +86,7 @@ CLIENT_ONLY = {
 def entry_points(server, pruners):
     """name -> prune(question, passages, **options), each with the call limits LIMITS."""
     from engine.pruner import Pruner
-    from engine.triton.text_pruner import TritonTextPruner
+    from engine.remote.text_pruner import TritonTextPruner
     from engine.triton.wire import read_request
 
     base = pruners["xprovence"][0]

@@ -294,7 +294,7 @@ def test_haystack_passes_documents_without_text_through(engine):
 def test_the_http_client_checks_input_as_in_process_and_names_server_errors(pruners):
     from engine.errors import BackendError, InputError
     from engine.http.app import ApiConfig
-    from engine.http.pruner_client import HttpPruner
+    from engine.remote.http_client import HttpPruner
 
     local = pruners["xprovence"][0]
     with serve_api(local, ApiConfig(api_key="k")) as url:

@@ -135,7 +135,7 @@ def test_a_manifest_sets_or_clears_the_default(exported):
 def test_the_default_family_text_model_and_http_api_run_the_same_default(pruners, server):
     from tests.utils import serve_api
 
-    from engine.http.pruner_client import HttpPruner
+    from engine.remote.http_client import HttpPruner
     from engine.pruner import Pruner
 
     local = pruners["embedding"][0]

@@ -197,7 +197,7 @@ def test_the_text_model_gates_a_call_cut_into_requests_as_in_process(pruners, se
 def test_the_http_api_and_its_client_gate_as_in_process(pruners):
     import urllib.request
 
-    from engine.http.pruner_client import HttpPruner
+    from engine.remote.http_client import HttpPruner
     from tests.utils import serve_api
 
     local = pruners["embedding"][0]

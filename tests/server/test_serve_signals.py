@@ -275,7 +275,7 @@ def test_a_dead_stub_turns_the_apis_health_503_and_back(small_repository, pruner
         probe = [
             sys.executable,
             "-m",
-            "engine.triton.probe",
+            "engine.remote.probe",
             "--url",
             f"127.0.0.1:{ports[1]}",
             "--model",
@@ -294,7 +294,7 @@ def test_a_dead_stub_turns_the_apis_health_503_and_back(small_repository, pruner
         os.kill(stub, signal.SIGKILL)
         # the liveness probe sees it too (in a thread beside the /health polls, since the restart
         # comes within seconds; the probe as a process is run above)
-        from engine.triton.probe import main as probe_main
+        from engine.remote.probe import main as probe_main
 
         dead: list[int] = []
         prober = threading.Thread(target=lambda: dead.append(probe_main(probe[3:])))

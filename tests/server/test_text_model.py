@@ -21,7 +21,7 @@ from tritonclient.grpc import model_config_pb2
 from engine.pipeline.encode import BatchingConfig
 from engine.errors import InputError
 from engine.pruner import Pruner
-from engine.triton.text_pruner import TritonTextPruner
+from engine.remote.text_pruner import TritonTextPruner
 from export.triton_repository import RepositoryOptions, build_repository
 from tests.utils import (
     CORE_MAX_BATCH,

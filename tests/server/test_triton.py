@@ -19,7 +19,8 @@ from tritonclient.grpc import model_config_pb2
 
 from engine.pipeline.encode import BatchingConfig
 from engine.errors import BackendError, ExportError
-from engine.pruner import Pruner, call_batches, call_blocks
+from engine.measuring import call_batches, call_blocks
+from engine.pruner import Pruner
 from engine.triton.server import TritonServer
 from export.triton_repository import RepositoryOptions, build_repository
 from tests.utils import CORE_MAX_BATCH, FAMILY_NAMES, free_ports, load_test, run_in_threads

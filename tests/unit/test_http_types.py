@@ -80,7 +80,7 @@ def test_in_flight_refuses_past_its_limit_and_gives_its_places_back():
 
 
 def test_a_body_not_sent_as_json_is_told_the_content_type():
-    from engine.http.app import not_json_message
+    from engine.http.error_handlers import not_json_message
 
     for sent in ("application/x-www-form-urlencoded", None):
         message = not_json_message(sent)

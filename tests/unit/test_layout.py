@@ -48,6 +48,7 @@ CLIENT_SAFE = SPINE + _modules(
     "engine/backends/onnxruntime.py",
     "engine/backends/triton.py",
     "engine/triton/*.py",
+    "engine/remote/*.py",
 )
 #: who may import the torch modelling (engine.pytorch)
 TORCH_MODELLING_USERS = _modules(
@@ -75,8 +76,8 @@ FRAMEWORKS = (
     "engine.integrations",
 )
 
-RULES = {
-    "the spine, backends/{base,onnxruntime,triton} and triton/ never import torch, transformers or export": (
+IMPORT_RULES = {
+    "the spine, backends/{base,onnxruntime,triton}, triton/ and remote/ never import torch, transformers or export": (
         CLIENT_SAFE,
         ("torch", "transformers", "export"),
     ),
@@ -116,9 +117,9 @@ def violations(files: list[Path], forbidden: tuple[str, ...]) -> dict[str, list[
     return out
 
 
-@pytest.mark.parametrize("rule", list(RULES))
+@pytest.mark.parametrize("rule", list(IMPORT_RULES))
 def test_import_rule(rule):
-    files, forbidden = RULES[rule]
+    files, forbidden = IMPORT_RULES[rule]
     assert files, "the rule covers no file: the layout moved under it"
     assert violations(files, forbidden) == {}, rule
 
@@ -158,6 +159,7 @@ def test_the_layout_has_the_documented_packages():
         "engine/models",
         "engine/backends",
         "engine/triton",
+        "engine/remote",
         "engine/pytorch",
         "engine/bench",
         "engine/evaluate",
@@ -176,8 +178,8 @@ def test_the_layout_has_the_documented_packages():
 
 #: the layers, lowest first (docs/development.md): a module imports its own layer and the
 #: ones below, never one above. An entry names one module, or ends in ".*" for a package
-#: whose modules are all of its layer; the spine's modules (and those of the packages split
-#: across layers) are named one by one, so a module nobody placed has no layer
+#: whose modules are all of its layer; the top-level modules are named one by one, so a module
+#: nobody placed has no layer
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "the spine and the client pipeline",
@@ -186,58 +188,33 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "engine.errors",
             "engine.settings",
             "engine.protocol",
+            "engine.cancellation",
             "engine.pipeline.*",
             "engine.machine.*",
             "engine.datafiles",
-            "engine.triton",
-            "engine.http",
         ),
-    ),  # the last two: their packages' empty __init__
+    ),
     (
         "cores and transports",
         (
             "engine.backends.*",
             "engine.pytorch.*",
-            "engine.triton.client",
-            "engine.triton.replicas",
-            "engine.triton.wire",
-            "engine.triton.watchdog",
-            "engine.triton.server",
+            "engine.triton.*",
         ),
     ),
     (
         "the pruner and its loading",
         (
             "engine.pruner",
+            "engine.measuring",
             "engine.compressor",
             "engine.batchfile",
             "engine.fidelity_check",
             "engine.models.*",
         ),
     ),
-    (
-        "remote pruners",
-        (
-            "engine.triton.text_pruner",
-            "engine.triton.compress_client",
-            "engine.triton.connect",
-            "engine.triton.probe",
-            "engine.http.pruner_client",
-        ),
-    ),
-    (
-        "the HTTP API",
-        (
-            "engine.http.models",
-            "engine.http.state",
-            "engine.http.opensearch_api",
-            "engine.http.compress_api",
-            "engine.http.milvus",
-            "engine.http.mcp_server",
-            "engine.http.app",
-            "engine.http.api_thread",
-        ),
-    ),
+    ("remote models", ("engine.remote.*",)),
+    ("the HTTP API and the MCP server", ("engine.http.*",)),
     (
         "the applications, the measuring tools and the exporter",
         (
@@ -251,11 +228,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("the command line", ("engine.cli.*", "engine.__main__")),
 ]
-#: imports upward on purpose: `Pruner.connect` and `Compressor.connect`, the public API's doors to
-#: their Triton clients
+#: imports upward on purpose, the house's one circle: `Pruner.connect` and `Compressor.connect`, the
+#: public API's doors to the remote models' one module of connecting (engine.remote.connect)
 UPWARD_DOORS = {
-    ("engine.pruner", "engine.triton.connect"),
-    ("engine.compressor", "engine.triton.compress_client"),
+    ("engine.pruner", "engine.remote.connect"),
+    ("engine.compressor", "engine.remote.connect"),
 }
 
 
@@ -300,9 +277,9 @@ def test_every_module_has_a_layer():
 
 
 def test_a_module_has_a_layer_only_where_an_entry_places_it():
-    """A new module of the spine, or of a package split across layers, has none until it is
-    named; a package entry ("engine.bench.*") places its package and every module in it."""
-    assert layer_of("engine.new_module") is None and layer_of("engine.triton.new_module") is None
+    """A new top-level module has none until it is named; a package entry ("engine.bench.*")
+    places its package and every module in it."""
+    assert layer_of("engine.new_module") is None and layer_of("engine.models") is not None
     assert layer_of("engine.benchmark") is None
     assert layer_of("engine.bench") == layer_of("engine.bench.new_module") == layer_of("export.onnx")
     assert layer_of("engine.machine.timing") == layer_of("engine.errors") == 0

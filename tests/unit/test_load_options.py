@@ -34,7 +34,7 @@ def test_load_options_are_checked_when_made():
     ):
         with pytest.raises(PruneError):
             LoadOptions(**bad)
-    assert LoadOptions(precision="bf16").runtime == "openvino"
+    assert LoadOptions(precision="bf16").named_backend == "openvino"
     assert LoadOptions(threads=0).threads is None  # 0: every core, as ONNX Runtime says
     with pytest.raises(InputError, match="unknown load option 'thread'; the options are backend"):
         LoadOptions.from_env({}, thread=2)

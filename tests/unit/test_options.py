@@ -96,10 +96,10 @@ def test_every_surface_takes_every_option_by_its_name():
     for name in OPTION_NAMES:
         assert name in dests and option_help(name) in dests[name].help, name
     # the Python API: every pruner takes CallOptions, or its names as keywords
-    from engine.http.pruner_client import HttpPruner
+    from engine.remote.http_client import HttpPruner
     from engine.protocol import PrunerProtocol
     from engine.pruner import Pruner
-    from engine.triton.text_pruner import TritonTextPruner
+    from engine.remote.text_pruner import TritonTextPruner
 
     for cls in (Pruner, TritonTextPruner, HttpPruner, PrunerProtocol):
         for method in ("prune", "aprune"):

@@ -78,7 +78,7 @@ def test_a_manifest_overrides_by_the_same_names():
 
 def test_the_http_client_reads_the_servers_rules_without_a_mapping():
     from engine.http.models import info_rules
-    from engine.http.pruner_client import HttpPruner
+    from engine.remote.http_client import HttpPruner
 
     fam = get_family("embedding")
     fam = fam.__class__(

@@ -20,6 +20,7 @@ import os
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from engine.backends.base import TokenCore
 from engine.compressor import Compressor
 from engine.errors import BackendError, InputError
 from engine.pipeline.budget import tiktoken_encoding
@@ -29,8 +30,10 @@ from engine.pipeline.spec import CompressorManifest
 from engine.triton.wire import INPUT_ERROR_PREFIX
 
 
-class _BLSTokenProbs:
+class _BLSTokenProbs(TokenCore):
     """The core model as the Compressor sees it: token_probs(ids, mask) over a BLS request."""
+
+    name = "bls"
 
     def __init__(self, model, timeout_us):
         self.model, self.timeout_us = model, timeout_us

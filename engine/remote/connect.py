@@ -1,6 +1,8 @@
-"""The Triton half of loading: `Pruner.connect`'s work. A served text model gives a
-`TritonTextPruner` (text in, results out); a core model gives a `Pruner` whose core is
-the server (the client splits and tokenizes)."""
+"""The Triton half of loading, the public API's doors' work: `Pruner.connect`'s (a served text
+model gives a `TritonTextPruner`, text in, results out; a core model gives a `Pruner` whose core is
+the server, the client splitting and tokenizing) and `Compressor.connect`'s (a compressor's text
+model gives a `TritonCompressor`). The one import upward of the house runs to this module
+(docs/development.md, "Import rules")."""
 
 from __future__ import annotations
 
@@ -78,7 +80,7 @@ def connect(
             ready_timeout=ready_timeout,
         )
     if transport.is_text_model:
-        from engine.triton.text_pruner import TritonTextPruner
+        from engine.remote.text_pruner import TritonTextPruner
 
         return TritonTextPruner(transport)
     try:
@@ -106,3 +108,12 @@ def connect(
     if missing:
         raise ModelLoadError(f"model {model!r} lacks inputs {sorted(missing)}")
     return Pruner(core, tok, spec, batching)
+
+
+def connect_compressor(url: str, model: str, **kwargs: Any) -> Any:
+    """`Compressor.connect`'s work: the Compressor API (compress, describe, close) on a compressor's
+    text model `model` of the Triton server at `url` (host:port); the keywords are TritonClient's
+    (protocol, timeout, retries, backoff, ready_timeout)."""
+    from engine.remote.compress_client import TritonCompressor
+
+    return TritonCompressor.connect(url, model, **kwargs)

@@ -25,7 +25,6 @@ from engine.triton.wire import input_error
 class TritonCompressor:
     """Compressor's API (compress, describe, close) on a compressor's Triton text model."""
 
-    kind = "compressor"
     family_name = "llmlingua2"
 
     def __init__(self, transport: Any):
@@ -51,11 +50,11 @@ class TritonCompressor:
 
         return cls(TritonClient(url, model, **kwargs))
 
-    def compress(self, context: str | list[str], **options: Any) -> CompressResult:
+    def compress(self, context: str | list[str], **arguments: Any) -> CompressResult:
         """Compressor.compress, run by the server: the same arguments, the same result."""
         c = self.transport
         try:
-            body = json.dumps({"context": context, **options}, ensure_ascii=False)
+            body = json.dumps({"context": context, **arguments}, ensure_ascii=False)
         except (TypeError, ValueError) as exc:
             raise InputError(f"the call's arguments are not JSON: {exc}") from None
         request = c.tc.InferInput("request", [1], "BYTES")

@@ -1,6 +1,6 @@
 """A real inference through a served text model, as a health probe:
 
-    python -m engine.triton.probe --url 127.0.0.1:8001 --model default_text
+    python -m engine.remote.probe --url 127.0.0.1:8001 --model default_text
 
 Exit 0 when the model answered, 1 (and why, on stderr) when it did not. Triton keeps a
 model whose python-backend stub died "ready" while it fails every request, so its own
@@ -21,7 +21,7 @@ QUESTION, PASSAGES = "Is the engine up?", ["The engine is up."]
 
 def probe(url: str, model: str, timeout: float) -> str | None:
     """None when the model answered, else why not."""
-    from engine.triton.connect import connect
+    from engine.remote.connect import connect
 
     try:
         pruner = connect(url, model, timeout=timeout, retries=0, ready_timeout=timeout)
@@ -35,9 +35,9 @@ def probe(url: str, model: str, timeout: float) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m engine.triton.probe`: exit 0 when a real inference through the text model answers."""
+    """`python -m engine.remote.probe`: exit 0 when a real inference through the text model answers."""
     p = argparse.ArgumentParser(
-        prog="python -m engine.triton.probe", description=__doc__.split("\n\n")[0].rstrip(":") + "."
+        prog="python -m engine.remote.probe", description=__doc__.split("\n\n")[0].rstrip(":") + "."
     )
     p.add_argument(
         "--url", default="127.0.0.1:8001", help="the server's gRPC address (default 127.0.0.1:8001)"

@@ -1,7 +1,7 @@
 """Thin clients of the HTTP API: `/v1/prune` (the Pruner API on a URL) and `/v1/compress` (the
 Compressor's `compress` on a URL).
 
-    from engine.http.pruner_client import HttpCompressor, HttpPruner
+    from engine.remote.http_client import HttpCompressor, HttpPruner
     with HttpPruner("http://127.0.0.1:8080", api_key=None) as pruner:
         results = pruner.prune(question, passages)      # list[PruneResult], as in-process
     result = HttpCompressor("http://127.0.0.1:8080").compress(context, rate=0.33)  # a CompressResult
@@ -86,6 +86,11 @@ class _HttpClient:
             self._info = self._request("/info")
         return self._info
 
+    @property
+    def limits(self) -> Limits:
+        """The server's input limits (from /info)."""
+        return Limits(**self.info["limits"])
+
     def describe(self) -> str:
         """The server's URL and model, in words."""
         return f"HTTP API {self.url} ({self.info.get('engine', '?')})"
@@ -115,11 +120,6 @@ class HttpPruner(_HttpClient):
     def max_length(self) -> int:
         """The server's model window in tokens (from `/info`)."""
         return int(self.info["max_length"])
-
-    @property
-    def limits(self) -> Limits:
-        """The server's input limits (from /info)."""
-        return Limits(**self.info["limits"])
 
     def prune(
         self,
@@ -161,15 +161,18 @@ class HttpCompressor(_HttpClient):
     """`compress` and `acompress` on a server's `/v1/compress` (`prune api --model` on an LLMLingua-2
     checkpoint or export): engine.compressor.Compressor's on a URL."""
 
-    kind = "compressor"
+    @property
+    def tokenizer_kind(self) -> str:
+        """The server's word rule, wordpiece or sentencepiece (from /info)."""
+        return str(self.info["tokenizer"])
 
-    def compress(self, context: str | list[str], **options: Any) -> CompressResult:
+    def compress(self, context: str | list[str], **arguments: Any) -> CompressResult:
         """`Compressor.compress` through the server's `/v1/compress` (one request: one call)."""
-        CompressOptions.of(**options)  # the same InputError as in-process, before anything is sent
-        d = self._request("/v1/compress", {"context": context, **options})
+        CompressOptions.of(**arguments)  # the same InputError as in-process, before anything is sent
+        d = self._request("/v1/compress", {"context": context, **arguments})
         d["kept_spans"] = [[tuple(s) for s in spans] for spans in d["kept_spans"]]
         return CompressResult(**d)
 
-    async def acompress(self, context: str | list[str], **options: Any) -> CompressResult:
+    async def acompress(self, context: str | list[str], **arguments: Any) -> CompressResult:
         """`compress` for asyncio code (runs in a worker thread)."""
-        return await asyncio.to_thread(self.compress, context, **options)
+        return await asyncio.to_thread(self.compress, context, **arguments)
