@@ -51,6 +51,7 @@ from engine.pipeline.encode import BatchingConfig, ModelBatch
 from engine.pipeline.spec import GRAPH_OUTPUTS
 from engine.errors import BackendError, ModelLoadError
 from engine.settings import DEFAULTS
+from engine.settings import memory_limit as parse_memory_limit
 
 #: rows of a captured shape: a batch runs in the smallest that holds it (padding < 2x)
 GRAPH_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -121,6 +122,12 @@ class GpuGraphBackend(Backend):
             raise ModelLoadError(f"{graph}: no ONNX graph")
         if isinstance(warm, str) and warm not in ("all", "lazy"):
             raise ModelLoadError(f"warm must be 'all', 'lazy' or a list of shapes, got {warm!r}")
+        try:
+            memory_limit = parse_memory_limit(memory_limit)
+        except ValueError as exc:
+            raise ModelLoadError(
+                f"gpu_memory {exc}: a share of the free memory (0.8) or a size (24GiB)"
+            ) from exc
         self.lengths = tuple(sorted(set(int(n) for n in lengths)))
         self.batch_budget = batching or BatchingConfig()
         self.cuda_graphs = bool(cuda_graphs) and device == "cuda"
@@ -357,7 +364,9 @@ class GpuGraphBackend(Backend):
             self.merged["batches"] += len(payloads)
         outputs = self._run(self._shape_for(sum(sizes), feeds[self.input_names[0]].shape[1]), feeds)
         ends = np.cumsum(sizes)
-        return [tuple(out[end - n : end].copy() for out in outputs) for n, end in zip(sizes, ends)]
+        return [
+            tuple(out[end - n : end] for out in outputs) for n, end in zip(sizes, ends)
+        ]  # fresh arrays (run)
 
     # ------------------------------------------------------------------ callers
     def serving_shapes(self) -> list[tuple[int, int]]:

@@ -19,7 +19,6 @@ from typing import Any, Callable
 import numpy as np
 
 from engine.errors import BackendError
-from engine.settings import memory_limit
 
 
 class DeviceMemory:
@@ -35,18 +34,9 @@ class DeviceMemory:
         if device == "cuda":
             self._read = _cuda_memory(device_id) or _nvml_memory(device_id)
 
-    @property
-    def measured(self) -> bool:
-        """Whether this device's memory can be read."""
-        return self._read is not None
-
     def free(self) -> int | None:
         """Free bytes on the device now (None: not measured)."""
         return None if self._read is None else self._read()[0]
-
-    def total(self) -> int | None:
-        """The device's bytes (None: not measured)."""
-        return None if self._read is None else self._read()[1]
 
 
 def _cuda_memory(device_id: int) -> Callable[[], tuple[int, int]] | None:
@@ -114,9 +104,9 @@ class MemoryBudget:
     setting: a share of the free memory when the model started loading, or bytes). Where the
     memory cannot be read (the CPU provider) nothing is measured and no capture is refused."""
 
-    def __init__(self, memory: DeviceMemory, limit: str | float | int):
+    def __init__(self, memory: DeviceMemory, limit: float | int):
         self.memory = memory
-        self.limit = memory_limit(limit)
+        self.limit = limit  # parsed (engine.settings.memory_limit)
         self.free_at_load = memory.free()
         self.budget: int | None = None
         if self.free_at_load is not None:
@@ -170,11 +160,10 @@ class MemoryBudget:
     def fits(self, rows: int, length: int) -> bool:
         """Whether a shape of rows x length is predicted to stay within the budget, with room left
         for the dynamic session's largest batch."""
-        cost = self.cost()
-        if self.budget is None or cost is None:
+        cost, shape = self.cost(), self.predicted(rows, length)
+        if self.budget is None or cost is None or shape is None:
             return True
-        reserve = cost[1] * self.reserve_tokens
-        return self.used + cost[0] + cost[1] * rows * length + reserve <= self.budget
+        return self.used + shape + cost[1] * self.reserve_tokens <= self.budget
 
     def keep(self, rows: int, length: int, took: int | None, seconds: float) -> bool:
         """Record a shape just captured; whether it stays (False: it passed the budget, and is refused)."""

@@ -58,9 +58,6 @@ class GpuThread:
         self._users = 0
         self._stopping = False
         self._last_job = 0.0
-        #: runs that merged several jobs, and the jobs they carried
-        self.merged_runs = 0
-        self.merged_jobs = 0
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
 
@@ -197,9 +194,6 @@ class GpuThread:
                 results = [job.fn(*job.args)]
             else:
                 results = job.fn([j.args[0] for j in live])
-                if len(live) > 1:
-                    self.merged_runs += 1
-                    self.merged_jobs += len(live)
         except BaseException as exc:  # handed to every caller of the run; the thread goes on
             for j in live or [job]:
                 if not j.done.done():

@@ -294,7 +294,7 @@ def open_compressor(folder: Path, o: LoadOptions, log: Any = None) -> Opened:
     elif o.device == "cuda" and manifest.precision == "fp16" and not o.tensorrt and o.graph is None:
         from engine.backends.gpu_token_probs import GpuTokenProbs  # one copy of the weights, CUDA graphs
 
-        core = GpuTokenProbs(graph, log=log, **{**gpu_graph_settings(), "merge": o.merges})
+        core = GpuTokenProbs(graph, log=log, merge=o.merges, **gpu_graph_settings())
     else:
         core = _ort_token_probs(folder, graph, o)
     return Opened(core, tokenizer, None)
@@ -375,14 +375,13 @@ def runtime_missing(runtime: Runtime) -> str | None:
 
 
 def gpu_graph_settings(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The GPU graph's settings in force (PRUNE_GPU_GRAPHS, PRUNE_GPU_WARM, PRUNE_GPU_MEMORY,
-    PRUNE_MERGE_CALLS: auto merges on the GPU), as GpuGraphBackend's keywords."""
+    """The GPU graph's settings in force (PRUNE_GPU_GRAPHS, PRUNE_GPU_WARM, PRUNE_GPU_MEMORY), as
+    GpuGraphBackend's keywords; whether it merges is each caller's (LoadOptions.merges)."""
     env = None if environ is None else dict(environ)
     return {
         "max_graphs": setting("gpu_graphs", env),
         "warm": setting("gpu_warm", env),
         "memory_limit": setting("gpu_memory", env),
-        "merge": setting("merge_calls", env) != "off",
     }
 
 
@@ -400,7 +399,8 @@ def _onnxruntime(
             device="cuda",
             batching=o.batching,
             log=log,
-            **{**gpu_graph_settings(), "merge": o.merges},
+            merge=o.merges,
+            **gpu_graph_settings(),
         )
     trt = None
     if o.tensorrt:
