@@ -45,8 +45,6 @@ BATCH_CHUNKS = 16
 class Compressor:
     """An LLMLingua-2 token classifier with llmlingua's decisions around it."""
 
-    family_name = "llmlingua2"
-
     def __init__(
         self,
         tokenizer: LinguaTokenizer,

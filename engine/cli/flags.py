@@ -125,13 +125,22 @@ def add_compressor(p: argparse.ArgumentParser, more: str = "") -> None:
     )
 
 
-def load_compressor(args):
-    """The --compressor given, loaded (an engine.Compressor) on the pruner's --device, or None."""
-    if not getattr(args, "compressor", None):
+def load_compressor(args, folder: str | None = None):
+    """`folder` (by default the --compressor given) loaded as an engine.Compressor with the
+    command's --threads, --device, --merge-calls and notes, or None where there is none."""
+    folder = folder or getattr(args, "compressor", None)
+    if not folder:
         return None
     from engine.compressor import Compressor
 
-    return Compressor.load(args.compressor, threads=args.threads, device=getattr(args, "device", "cpu"))
+    merge = {"merge_calls": args.merge_calls} if getattr(args, "merge_calls", None) else {}
+    return Compressor.load(
+        folder,
+        threads=args.threads,
+        device=getattr(args, "device", "cpu"),
+        log=getattr(args, "log", None),
+        **merge,
+    )
 
 
 def compressor_named(args, pruner) -> str:

@@ -13,6 +13,7 @@ from engine.cli.flags import (
     add_openvino,
     add_setting,
     batching,
+    load_compressor,
     model_path,
     port_number,
     positive_float,
@@ -126,7 +127,7 @@ def load(args):
     from engine.models.loading import ModelKind, model_kind
 
     def lingua(folder: str) -> Compressor:
-        return Compressor.load(folder, threads=args.threads, device=args.device)
+        return load_compressor(args, folder)
 
     if args.model and model_kind(args.model) is ModelKind.COMPRESSOR:
         if args.compressor:

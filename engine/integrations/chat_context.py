@@ -22,12 +22,12 @@ The rules (docs/integrations.md, "LiteLLM"):
 from __future__ import annotations
 
 import copy
-import difflib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from engine.errors import InputError
+from engine.pipeline.option_schema import unknown_name
 from engine.pipeline.inputs import CallOptions, check_compress_rate, check_compress_target_token
 from engine.pipeline.lingua_decide import CompressOptions
 
@@ -118,9 +118,7 @@ SETTING_NAMES = tuple(f.name for f in fields(HookSettings))
 def _setting(name: str, value: Any, where: str) -> Any:
     """A layer's setting `name`, checked and in its kind."""
     if name not in _KINDS:
-        near = difflib.get_close_matches(name, SETTING_NAMES, n=1)
-        hint = f"; did you mean {near[0]!r}?" if near else f"; the settings are {', '.join(SETTING_NAMES)}"
-        raise InputError(f"{where}: unknown setting {name!r}{hint}")
+        raise InputError(f"{where}: {unknown_name(name, SETTING_NAMES, 'setting')}")
     if name in _CHECKS:  # the same words as /v1/prune's compress_rate and compress_target_token
         try:
             return _CHECKS[name](value)  # None: unset (the engine's default, or the other one)

@@ -50,6 +50,7 @@ from engine.integrations.chat_context import (
     prompt_tokens,
     rewritten,
     text_at,
+    texts_of,
 )
 
 #: the environment variables the engine's URL and API key are read from when the config has none
@@ -243,7 +244,8 @@ class PruneEngineGuardrail(CustomGuardrail):
             why = str(exc)
         else:
             new = rewritten(messages, changes)
-            before, after = prompt_tokens(messages, count_tokens), prompt_tokens(new, count_tokens)
+            before = prompt_tokens(messages, count_tokens)
+            after = before + _changed_tokens(new, changes) - _changed_tokens(messages, changes)
             outcome = Outcome(_ms(t0), None, before, after, len(work.prune), len(work.compress))
             log.info(
                 "prune-engine: %d passages pruned, %d texts compressed: %d -> %d tokens in %.0f ms",
@@ -309,6 +311,18 @@ def _layers(data: dict[str, Any]) -> list[tuple[str, Any]]:
     if request is not None:
         out.append(("request metadata", request))
     return out
+
+
+def _changed_tokens(messages: list, changes: dict[Target, str]) -> int:
+    """The tokens of the texts `changes` touch (a whole message text or part each: the other texts
+    are the same before and after, and counting them twice is the proxy's loop's time)."""
+    touched = {(t.message, t.part) for t in changes}
+    return sum(
+        count_tokens(text)
+        for i in {m for m, _ in touched}
+        for part, text in texts_of(messages[i])
+        if (i, part) in touched
+    )
 
 
 def count_tokens(text: str) -> int:

@@ -25,8 +25,6 @@ from engine.triton.wire import input_error
 class TritonCompressor:
     """Compressor's API (compress, describe, close) on a compressor's Triton text model."""
 
-    family_name = "llmlingua2"
-
     def __init__(self, transport: Any):
         self.transport = transport
         if transport.metadata_inputs != ["request"] or "result" not in transport.metadata_outputs:

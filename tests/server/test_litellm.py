@@ -30,6 +30,7 @@ import pytest
 from tests.utils import free_ports
 
 #: LiteLLM offline: at import it fetches its model cost map and Anthropic's beta headers, with retries
+#: what keeps LiteLLM off the network (docs/integrations.md says so)
 OFFLINE = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS": "True"}
 # found, not imported: the proxy runs it in a process of its own, and its import takes seconds
 if importlib.util.find_spec("litellm") is None:
@@ -44,7 +45,6 @@ SECTION = PAGE[PAGE.index("## LiteLLM") :].split("\n## ", 1)[0]  # up to the pag
 MASTER_KEY = "sk-master-test"
 #: the engine's API key (prune api --api-key; the hook reads it from PRUNE_ENGINE_API_KEY): never logged
 ENGINE_KEY = "engine-key-never-logged"
-#: what keeps LiteLLM off the network (docs/integrations.md says so)
 QUESTION = "Why did the council not repair the bridge?"
 PASSAGES = [
     "The council met on Tuesday to talk about the old bridge. Most members wanted a new one. "
@@ -345,7 +345,7 @@ def test_the_page_shows_the_example_and_one_engine_serves_both_jobs(engine):
 
 
 def test_the_pages_request_reaches_the_upstream_with_its_tool_result_pruned_by_the_engine(
-    proxy, engine, upstream
+    proxy, engine, upstream, monkeypatch
 ):
     headers, text = call(proxy, DOC_REQUEST)
     assert json.loads(text)["choices"][0]["message"]["content"] == "ok"
@@ -361,6 +361,16 @@ def test_the_pages_request_reaches_the_upstream_with_its_tool_result_pruned_by_t
     assert headers["x-prune-engine-pruned"] == "2" and headers["x-prune-engine-compressed"] == "0"
     assert int(headers["x-prune-engine-tokens-after"]) < int(headers["x-prune-engine-tokens-before"])
     assert float(headers["x-prune-engine-ms"]) > 0 and "x-prune-engine-skipped" not in headers
+    # the headers' counts are the whole prompt's, before and as the upstream got it (LiteLLM's counter)
+    for name, value in OFFLINE.items():
+        monkeypatch.setenv(name, value)
+    from engine.integrations.chat_context import prompt_tokens
+    from engine.integrations.litellm import count_tokens
+
+    assert int(headers["x-prune-engine-tokens-before"]) == prompt_tokens(
+        DOC_REQUEST["messages"], count_tokens
+    )
+    assert int(headers["x-prune-engine-tokens-after"]) == prompt_tokens(sent["messages"], count_tokens)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
