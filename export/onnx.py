@@ -44,6 +44,7 @@ from export.folders import step_path as _step_path
 from export.optimize import convert_fp16, encoder_dims, fix_graph, optimize_graph, quantize_int8
 from export.parity import FP16_TOLERANCE, INT8_TOLERANCE, PARITY_TOLERANCE, Parity
 from export.samples import sample_batches
+from export.tensorrt import TRT_GRAPH
 
 DEFAULT_OPSET = 17
 PRECISIONS = ("fp32", "int8", "fp16")
@@ -379,10 +380,10 @@ def save_tensorrt_graph(fp32: Path, stage: Path, external: bool) -> dict[str, in
     fixes = fix_graph(proto)
     onnx.save_model(
         proto,
-        str(stage / "model.trt.onnx"),
+        str(stage / TRT_GRAPH),
         save_as_external_data=external,
         all_tensors_to_one_file=True,
-        location="model.trt.onnx.data",
+        location=TRT_GRAPH + ".data",
     )
     return fixes
 

@@ -23,6 +23,9 @@ import numpy as np
 
 from engine.errors import ExportError
 
+#: the export's plain fp32 graph for TensorRT (prune export --tensorrt writes it)
+TRT_GRAPH = "model.trt.onnx"
+
 Shape = tuple[int, int]
 Profile = dict[str, tuple[Shape, Shape, Shape]]
 
@@ -94,7 +97,7 @@ def write_build_script(
 ) -> Path:
     """A trtexec script that builds the plan in `folder`, where TensorRT is."""
     whole = profiles(input_names, buckets, max_batch_size, groups=(max(buckets),))[0]
-    cmd = trtexec_command("model.trt.onnx", "model.plan", whole, precision)
+    cmd = trtexec_command(TRT_GRAPH, "model.plan", whole, precision)
     script = folder / "build_tensorrt.sh"
     script.write_text(
         "#!/usr/bin/env bash\n# Build the TensorRT plan inside NVIDIA's TensorRT or Triton container.\n"
@@ -224,7 +227,7 @@ def export_tensorrt(
             "--tensorrt; the trtexec command in export.tensorrt takes --int8/--fp8 for such graphs"
         )
     manifest = Manifest.read(folder)
-    trt_graph = folder / "model.trt.onnx"
+    trt_graph = folder / TRT_GRAPH
     if not trt_graph.is_file():
         raise ExportError(
             f"{trt_graph} is missing: export with --tensorrt (TensorRT needs the plain "
@@ -235,7 +238,7 @@ def export_tensorrt(
     script = write_build_script(folder, names, list(manifest.buckets), max_batch_size, precision)
     profile_list = profiles(names, list(manifest.buckets), max_batch_size)
     built = {
-        "onnx": "model.trt.onnx",
+        "onnx": TRT_GRAPH,
         "graph_fixes": changed,
         "precision": precision,
         "max_batch_size": max_batch_size,
@@ -253,7 +256,7 @@ def export_tensorrt(
             "to build model.plan"
         )
         return built
-    plan = build_engine(folder / "model.trt.onnx", folder / "model.plan", profile_list, precision)
+    plan = build_engine(folder / TRT_GRAPH, folder / "model.plan", profile_list, precision)
     spec = manifest.spec(name=folder.name)
     encoder = Encoder(manifest_tokenizer(folder, manifest, spec.family), spec)
     report = check_engine(plan, trt_graph, sample_batches(encoder), tolerance=0.02)

@@ -37,6 +37,7 @@ from engine.models.loading import ModelKind, model_kind
 from engine.errors import ExportError
 from engine.pipeline.spec import RUNTIMES as MANIFEST_RUNTIMES
 from engine.pipeline.spec import MANIFEST, CompressorManifest, Manifest
+from export.tensorrt import TRT_GRAPH
 from export.triton_config import core_parameters, parameters, tensor
 from triton_models import CORE, TEXT, template
 from engine.settings import DEFAULTS, checked
@@ -214,10 +215,6 @@ def _warmup(manifest: Manifest, batched: bool) -> str:
         tensors = "\n".join(parts)
         warmups.append(f'  {{\n    name: "warmup_{length}"\n    batch_size: 1\n{tensors}\n  }}')
     return "model_warmup [\n" + ",\n".join(warmups) + "\n]\n"
-
-
-#: the export's plain fp32 graph for TensorRT (prune export --tensorrt writes it)
-TRT_GRAPH = "model.trt.onnx"
 
 
 def served_graph(folder: Path, manifest: Manifest, opts: RepositoryOptions) -> tuple[Path, str | None]:

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from engine.backends.gpu_memory import DeviceMemory
+from engine.pipeline.encode import ModelBatch
 from engine.pipeline.families import FAMILIES
 
 #: every family of the engine's table (engine.pipeline.families.FAMILIES), in its order: a family
@@ -541,3 +543,26 @@ def start_serve(repo, ports, api_port=0, *extra):
     threading.Thread(target=pump, daemon=True).start()
     assert ready.wait(120), "".join(lines[-30:])
     return proc, lines
+
+
+#: the ONNX Runtime classes whose calls make or run a session (on the GPU thread, in the GPU tests)
+SESSION_CALLS = ("InferenceSession", "IOBinding", "OrtValue", "SessionOptions")
+
+
+def a_batch(rows: int, length: int, seed: int) -> ModelBatch:
+    """A padded batch of random ids, its last seed % 7 + 1 positions padding, a sentence every 16 tokens."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(5, 100, size=(rows, length)).astype(np.int64)
+    mask = np.ones_like(ids)
+    mask[:, length - 1 - seed % 7 :] = 0
+    sid = np.tile(np.arange(length) // 16, (rows, 1)).astype(np.int64)
+    sid[mask == 0] = -1
+    return ModelBatch(ids, mask, sid, np.zeros_like(ids), list(range(rows)))
+
+
+class FakeDevice(DeviceMemory):
+    """A GPU with `free` bytes free, which a test (or its sessions) lowers."""
+
+    def __init__(self, free: int):
+        self.device_id, self.now = 0, free
+        self._read = lambda: (self.now, 80 * 2**30)

@@ -161,9 +161,7 @@ def _cases(rows: list[dict], peak: Any) -> list[str]:
 
 
 def _checks(rows: list[dict]) -> list[str]:
-    checks = [
-        r for r in rows if "max_abs_dprob" in r and r.get("kind") != "check"
-    ]  # the GPU check's rows have their table
+    checks = [r for r in rows if "max_abs_dprob" in r]
     if not checks:
         return []
     body = [

@@ -11,14 +11,11 @@
   backend's own report, as /info and /metrics show it), whether the weights were shared in
   place; and the captured 32 x 512 against fp32 PyTorch on the same batch.
 
-    python -m benchmarks.gpu_run.serving --device cuda --full FP16_EXPORT --checkpoint CK   (gpu.py runs them)
+gpu.py runs both: the first in its GPU check (check.py), the second once the full export is done.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import threading
 import time
 from pathlib import Path
@@ -146,29 +143,6 @@ def check_full_size(graph: Path, checkpoint: Path, device: str) -> dict:
         f"{FIDELITY_SHAPE[0]} x {FIDELITY_SHAPE[1]} against fp32 PyTorch: max |dp| {dprob:.2e} (<= {MAX_DPROB}), "
         f"decisions at 0.5 {100 * agree:.2f}% equal",
         report=report,
-        max_abs_dprob=dprob,
-        decisions_equal=agree,
+        full_size_dprob=dprob,  # not max_abs_dprob: the fidelity table's rows name their model
+        full_size_decisions_equal=agree,
     )
-
-
-def main(argv=None) -> int:
-    """Run both checks; exit 1 if one failed."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    ap.add_argument("--work", default="/tmp/prune-gpu-serving", help="where the tiny test models are made")
-    ap.add_argument("--full", help="the full model's fp16 export (its folder)")
-    ap.add_argument("--checkpoint", help="the full model's checkpoint (the fp32 PyTorch reference)")
-    ap.add_argument("--out", help="the rows as JSON")
-    a = ap.parse_args(argv)
-    rows = [check_two_models(Path(a.work), a.device)]
-    if a.full and a.checkpoint:
-        rows.append(check_full_size(Path(a.full) / "model.onnx", Path(a.checkpoint), a.device))
-    for r in rows:
-        print(f"{r['check']}: {r['result']}: {r['figure']}")
-    if a.out:
-        Path(a.out).write_text(json.dumps(rows, indent=2, default=str))
-    return 1 if any(r["result"] == "FAIL" for r in rows) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

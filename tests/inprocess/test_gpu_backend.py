@@ -20,22 +20,11 @@ from engine.backends.gpu_shared import SHARE_MIN_BYTES, SharedWeights
 from engine.pipeline.encode import BatchingConfig, ModelBatch
 from engine.errors import BackendError
 from engine.pruner import Pruner
-from tests.utils import FAMILY_NAMES, PASSAGES, QUESTION, THREADS, Recorder, unwrapped
+from tests.utils import FAMILY_NAMES, PASSAGES, QUESTION, SESSION_CALLS, THREADS, Recorder, a_batch, unwrapped
 
 pytestmark = pytest.mark.inprocess
 
 BUDGET = BatchingConfig(max_batch_tokens=1024, max_batch_size=64)
-SESSION_CALLS = ("InferenceSession", "IOBinding", "OrtValue", "SessionOptions")
-
-
-def a_batch(rows: int, length: int, seed: int) -> ModelBatch:
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(5, 100, size=(rows, length)).astype(np.int64)
-    mask = np.ones_like(ids)
-    mask[:, length - 1 - seed % 7 :] = 0
-    sid = np.tile(np.arange(length) // 16, (rows, 1)).astype(np.int64)
-    sid[mask == 0] = -1
-    return ModelBatch(ids, mask, sid, np.zeros_like(ids), list(range(rows)))
 
 
 def settled(core: GpuGraphBackend, timeout: float = 60.0) -> None:

@@ -16,33 +16,14 @@ import onnxruntime
 import pytest
 
 from engine.backends.gpu_graph import GpuGraphBackend
-from engine.backends.gpu_memory import DeviceMemory
-from engine.pipeline.encode import BatchingConfig, ModelBatch
+from engine.pipeline.encode import BatchingConfig
 from engine.pruner import Pruner
-from tests.utils import PASSAGES, QUESTION, THREADS, Recorder
+from tests.utils import PASSAGES, QUESTION, SESSION_CALLS, THREADS, FakeDevice, Recorder, a_batch
 
 pytestmark = pytest.mark.inprocess
 
 BUDGET = BatchingConfig(max_batch_tokens=1024, max_batch_size=64)
 MiB = 2**20
-
-
-def a_batch(rows: int, length: int, seed: int) -> ModelBatch:
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(5, 100, size=(rows, length)).astype(np.int64)
-    mask = np.ones_like(ids)
-    mask[:, length - 1 - seed % 7 :] = 0
-    sid = np.tile(np.arange(length) // 16, (rows, 1)).astype(np.int64)
-    sid[mask == 0] = -1
-    return ModelBatch(ids, mask, sid, np.zeros_like(ids), list(range(rows)))
-
-
-class FakeDevice(DeviceMemory):
-    """A GPU with `free` bytes free; MeteredOrt's sessions take from it."""
-
-    def __init__(self, free: int):
-        self.device_id, self.now = 0, free
-        self._read = lambda: (self.now, 80 * 2**30)
 
 
 class MeteredOrt:
@@ -304,12 +285,7 @@ def test_a_pruner_and_a_compressor_run_on_the_one_gpu_thread(recorded_models):
         for a, b in zip(alone_p[k % 3], out):  # the pruner's decisions as alone, within fp16's tolerance
             assert [s.kept for s in a.sentences] == [s.kept for s in b.sentences]
             assert abs(a.reranking_score - b.reranking_score) <= 2e-3
-    session_calls = [
-        c
-        for c in recorder.calls
-        if c.name.split(".")[0].rstrip("()")
-        in ("InferenceSession", "IOBinding", "OrtValue", "SessionOptions")
-    ]
+    session_calls = [c for c in recorder.calls if c.name.split(".")[0].rstrip("()") in SESSION_CALLS]
     assert len({c.name for c in session_calls if c.name == "InferenceSession.run_with_iobinding"}) == 1
     assert {c.thread for c in session_calls} == {pruner.backend.gpu.thread.ident}  # made and run there
     ordered = sorted(session_calls, key=lambda c: c.start)

@@ -15,6 +15,7 @@ from engine.backends.gpu_memory import DeviceMemory, MemoryBudget
 from engine.backends.gpu_shared import IDLE_AFTER_S, GpuThread
 from engine.errors import BackendError
 from engine.settings import memory_limit
+from tests.utils import FakeDevice
 
 pytestmark = pytest.mark.unit
 
@@ -194,16 +195,8 @@ def test_a_memory_setting_that_is_neither_is_refused(text):
         memory_limit(text)
 
 
-class FakeMemory(DeviceMemory):
-    """A device with `free` bytes free, which the test lowers."""
-
-    def __init__(self, free: int):
-        self.device_id, self.now = 0, free
-        self._read = lambda: (self.now, 10**12)
-
-
 def test_the_budget_fits_a_fixed_and_a_per_token_cost_and_stops_at_it():
-    memory = FakeMemory(10_000)
+    memory = FakeDevice(10_000)
     budget = MemoryBudget(memory, 0.5)  # 5,000 bytes of the 10,000 free at load
     budget.reserve_tokens = 1000  # the dynamic session's largest batch
     assert budget.budget == 5000 and budget.fits(64, 64)  # nothing measured yet: no prediction
@@ -226,4 +219,4 @@ def test_the_budget_fits_a_fixed_and_a_per_token_cost_and_stops_at_it():
     assert [s["bytes"] for s in report["shapes"]] == [228, 356] and report["refused_shapes"] == ["16x128"]
     unmeasured = MemoryBudget(DeviceMemory("cpu"), 0.8)
     assert unmeasured.budget is None and unmeasured.fits(512, 512) and not unmeasured.over()
-    assert MemoryBudget(FakeMemory(10**9), memory_limit("1MiB")).budget == 2**20
+    assert MemoryBudget(FakeDevice(10**9), memory_limit("1MiB")).budget == 2**20
