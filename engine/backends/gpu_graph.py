@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.base import Backend
-from engine.backends.gpu_memory import DeviceMemory, MemoryBudget
+from engine.backends.gpu_memory import DeviceMemory, MemoryBudget, parsed_limit
 from engine.backends.gpu_shared import BoundSession, GpuThread, SharedWeights
 from engine.backends.onnxruntime import (
     check_cuda_ran,
@@ -51,7 +51,6 @@ from engine.pipeline.encode import BatchingConfig, ModelBatch
 from engine.pipeline.spec import GRAPH_OUTPUTS
 from engine.errors import BackendError, ModelLoadError
 from engine.settings import DEFAULTS
-from engine.settings import memory_limit as parse_memory_limit
 
 #: rows of a captured shape: a batch runs in the smallest that holds it (padding < 2x)
 GRAPH_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -122,12 +121,7 @@ class GpuGraphBackend(Backend):
             raise ModelLoadError(f"{graph}: no ONNX graph")
         if isinstance(warm, str) and warm not in ("all", "lazy"):
             raise ModelLoadError(f"warm must be 'all', 'lazy' or a list of shapes, got {warm!r}")
-        try:
-            memory_limit = parse_memory_limit(memory_limit)
-        except ValueError as exc:
-            raise ModelLoadError(
-                f"gpu_memory {exc}: a share of the free memory (0.8) or a size (24GiB)"
-            ) from exc
+        memory_limit = parsed_limit(memory_limit)
         self.lengths = tuple(sorted(set(int(n) for n in lengths)))
         self.batch_budget = batching or BatchingConfig()
         self.cuda_graphs = bool(cuda_graphs) and device == "cuda"
@@ -363,10 +357,7 @@ class GpuGraphBackend(Backend):
             self.merged["runs"] += 1
             self.merged["batches"] += len(payloads)
         outputs = self._run(self._shape_for(sum(sizes), feeds[self.input_names[0]].shape[1]), feeds)
-        ends = np.cumsum(sizes)
-        return [
-            tuple(out[end - n : end] for out in outputs) for n, end in zip(sizes, ends)
-        ]  # fresh arrays (run)
+        return [tuple(out[e - n : e] for out in outputs) for n, e in zip(sizes, np.cumsum(sizes))]  # fresh
 
     # ------------------------------------------------------------------ callers
     def serving_shapes(self) -> list[tuple[int, int]]:

@@ -18,7 +18,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from engine.errors import BackendError
+from engine.errors import BackendError, ModelLoadError
+from engine.settings import memory_limit
 
 
 class DeviceMemory:
@@ -96,6 +97,15 @@ class Shape:
     length: int
     bytes: int | None
     seconds: float
+
+
+def parsed_limit(value: str | float | int) -> float | int:
+    """A `gpu_memory` setting parsed (engine.settings.memory_limit); ModelLoadError if it is neither
+    a share nor a size."""
+    try:
+        return memory_limit(value)
+    except ValueError as exc:
+        raise ModelLoadError(f"gpu_memory {exc}: a share of the free memory (0.8) or a size (24GiB)") from exc
 
 
 class MemoryBudget:
